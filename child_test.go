@@ -1,0 +1,5 @@
+package jetflow
+
+const childEnv = "JETFLOW_TEST_CHILD"
+
+func runChildWorker() int { return 0 }

@@ -1,0 +1,370 @@
+package jetflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Topology is the deployment setting of the engine's streams and buckets
+// (replicas, the broker's duplicate window, retention). Every process of a
+// deployment must use the same value.
+type Topology = jetstream.Topology
+
+// Outcome says what a start did.
+type Outcome string
+
+const (
+	// OutcomeCreated: this start created the run.
+	OutcomeCreated Outcome = "created"
+	// OutcomeExisting: the run already existed; the start was absorbed as a
+	// duplicate and the existing run is returned.
+	OutcomeExisting Outcome = "existing"
+)
+
+// RunStatus is a run's lifecycle state.
+type RunStatus string
+
+// Run states; all but running are final.
+const (
+	StatusRunning   RunStatus = RunStatus(state.StatusRunning)
+	StatusCompleted RunStatus = RunStatus(state.StatusCompleted)
+	StatusFailed    RunStatus = RunStatus(state.StatusFailed)
+	StatusCancelled RunStatus = RunStatus(state.StatusCancelled)
+)
+
+// Terminal reports whether s is final.
+func (s RunStatus) Terminal() bool { return state.Status(s).Terminal() }
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// Name identifies this client in the duplicate audit (default "go-sdk").
+	Name string
+	// Topology must match the workers'.
+	Topology Topology
+	// RequestTimeout bounds StartByName's request to a worker (default 10s).
+	RequestTimeout time.Duration
+}
+
+// Client starts runs and reads them. It is safe for concurrent use.
+type Client struct {
+	nc     *nats.Conn
+	cfg    ClientConfig
+	assets *jetstream.Assets
+	admit  *dedupe.Admitter
+}
+
+// NewClient provisions the engine's streams and buckets (idempotently) on nc
+// and returns a client. The connection stays the caller's to close.
+func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, error) {
+	if cfg.Name == "" {
+		cfg.Name = "go-sdk"
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 10 * time.Second
+	}
+	assets, err := jetstream.Provision(ctx, nc, cfg.Topology)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil)}, nil
+}
+
+// StartOption configures one start.
+type StartOption func(*startOptions)
+
+type startOptions struct {
+	runID  string
+	source string
+}
+
+// WithRunID sets the run ID: the caller's idempotency key, such as
+// "stripe-evt_123" or "order-42" (1..128 characters of [A-Za-z0-9_=-]).
+// Without it a unique ID is generated and every start creates a new run.
+func WithRunID(id string) StartOption { return func(o *startOptions) { o.runID = id } }
+
+// WithSource overrides the client name recorded in the audit for this start.
+func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
+
+func (c *Client) startOpts(opts []StartOption) startOptions {
+	o := startOptions{source: c.cfg.Name}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.runID == "" {
+		o.runID = nuid.Next()
+	}
+	return o
+}
+
+// Handle is the result of a start: which run, and what the start did.
+type Handle[R any] struct {
+	// RunID identifies the run, the same for every start with this ID.
+	RunID string
+	// Outcome is OutcomeCreated for exactly one start of a run ID, and
+	// OutcomeExisting for every other one.
+	Outcome Outcome
+	// Status is the run's state when the start returned.
+	Status RunStatus
+	// Duplicates is how many duplicate starts the run has absorbed,
+	// counting this one when Outcome is OutcomeExisting.
+	Duplicates int64
+
+	client *Client
+}
+
+// Start starts a run of wf with input, or returns the run that already has
+// the run ID. It is idempotent on the run ID (WithRunID): any number of
+// calls, concurrent or retried, from any number of processes, at any time
+// within the retention, create exactly one run; every call returns its
+// handle, and exactly one of them says OutcomeCreated. A duplicate is not an
+// error. The stored input of an existing run is kept: a duplicate with
+// another input does not change it.
+//
+// A start returns once the run is durably accepted; the run is executed by a
+// worker that serves wf, whenever one is running.
+func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (*Handle[R], error) {
+	raw, err := json.Marshal(input)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
+	}
+	o := c.startOpts(opts)
+	res, err := c.admit.Admit(ctx, dedupe.Request{RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source})
+	if err != nil {
+		return nil, err
+	}
+	return &Handle[R]{
+		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
+		Duplicates: res.Duplicates, client: c,
+	}, nil
+}
+
+func outcome(o dedupe.Outcome) Outcome {
+	if o == dedupe.Created {
+		return OutcomeCreated
+	}
+	return OutcomeExisting
+}
+
+// Result waits until the run ends and returns its typed output, or a
+// *RunError if it failed. Calling it again returns the same result.
+func (h *Handle[R]) Result(ctx context.Context) (R, error) {
+	var out R
+	run, err := h.client.WaitRun(ctx, h.RunID)
+	if err != nil {
+		return out, err
+	}
+	if run.Error != nil {
+		return out, run.Error
+	}
+	if err := json.Unmarshal(run.Output, &out); err != nil {
+		return out, fmt.Errorf("%w: output of run %s does not decode into %T: %w", ErrMalformed, h.RunID, out, err)
+	}
+	return out, nil
+}
+
+// StartResult is the untyped result of StartByName.
+type StartResult struct {
+	RunID      string
+	Workflow   string
+	Outcome    Outcome
+	Status     RunStatus
+	Duplicates int64
+}
+
+// StartByName starts a run of the workflow called name with JSON input, by
+// asking a worker that serves it, so that an unknown workflow name
+// (ErrUnknownWorkflow), an input the workflow cannot decode (ErrInvalidInput)
+// or an invalid run ID (ErrInvalidRunID) is reported before anything is
+// stored. Repeat calls behave as Start's.
+func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (StartResult, error) {
+	if err := state.ValidateName(name); err != nil {
+		return StartResult{}, err
+	}
+	o := c.startOpts(opts)
+	body, err := json.Marshal(dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source})
+	if err != nil {
+		return StartResult{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
+		defer cancel()
+	}
+	msg, err := c.nc.RequestWithContext(ctx, dedupe.AdmitSubjectPrefix+name, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return StartResult{}, fmt.Errorf("%w: no worker serves %q", ErrUnknownWorkflow, name)
+	}
+	if err != nil {
+		return StartResult{}, fmt.Errorf("jetflow: start %s: %w", name, err)
+	}
+	var reply dedupe.StartReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return StartResult{}, fmt.Errorf("%w: start reply: %w", ErrMalformed, err)
+	}
+	if reply.Error != nil {
+		return StartResult{}, replyError(reply.Error)
+	}
+	return StartResult{
+		RunID: reply.RunID, Workflow: reply.Workflow, Outcome: Outcome(reply.Outcome),
+		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates,
+	}, nil
+}
+
+func replyError(e *dedupe.ReplyError) error {
+	var base error
+	switch e.Code {
+	case dedupe.CodeInvalidRunID:
+		base = ErrInvalidRunID
+	case dedupe.CodeInvalidInput:
+		base = ErrInvalidInput
+	case dedupe.CodeTooLarge:
+		base = ErrInputTooLarge
+	case dedupe.CodeMalformed:
+		base = ErrMalformed
+	default:
+		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
+	}
+	return fmt.Errorf("%w: %s", base, e.Message)
+}
+
+// Run is a run as stored.
+type Run struct {
+	RunID     string
+	Workflow  string
+	Status    RunStatus
+	Input     json.RawMessage
+	Output    json.RawMessage
+	Error     *RunError
+	Source    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// Duplicates is how many duplicate starts the run has absorbed.
+	Duplicates int64
+}
+
+// GetRun reads a run, or returns ErrRunNotFound.
+func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return Run{}, err
+	}
+	v, _, err := c.assets.Runs.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
+	if err != nil {
+		return Run{}, err
+	}
+	return c.toRun(ctx, v)
+}
+
+func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
+	r, err := state.DecodeRun(v)
+	if err != nil {
+		return Run{}, err
+	}
+	dups, err := dedupe.Duplicates(ctx, c.assets, r.RunID)
+	if err != nil {
+		return Run{}, err
+	}
+	run := Run{
+		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
+		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Duplicates: dups,
+	}
+	if r.Error != nil {
+		run.Error = &RunError{RunID: r.RunID, Status: run.Status, Kind: r.Error.Kind, Message: r.Error.Message}
+	}
+	return run, nil
+}
+
+// WaitRun waits until the run reaches a final state and returns it. It
+// returns ErrRunNotFound if the run does not exist when the wait begins,
+// and ctx's error if ctx ends first.
+func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return Run{}, err
+	}
+	w, err := c.assets.Runs.Raw().Watch(ctx, runID)
+	if err != nil {
+		return Run{}, fmt.Errorf("jetflow: watch run %s: %w", runID, err)
+	}
+	defer func() { _ = w.Stop() }()
+	seen := false
+	for {
+		select {
+		case <-ctx.Done():
+			return Run{}, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
+			}
+			if e == nil { // initial values delivered
+				if !seen {
+					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+				}
+				continue
+			}
+			seen = true
+			r, err := state.DecodeRun(e.Value())
+			if err != nil {
+				return Run{}, err
+			}
+			if r.Status.Terminal() {
+				return c.toRun(ctx, e.Value())
+			}
+		}
+	}
+}
+
+// StepRecord is one committed step of a run.
+type StepRecord struct {
+	StepID      string
+	Name        string
+	Seq         int
+	Attempt     int
+	Output      json.RawMessage
+	Error       string
+	Fatal       bool
+	CommittedAt time.Time
+}
+
+// Steps lists a run's committed steps in the order the workflow called
+// them: the run's history, as a tool reads it.
+func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, runID+".>")
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
+	}
+	var out []StepRecord
+	for key := range lister.Keys() {
+		v, _, err := c.assets.Steps.Get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		s, err := state.DecodeStep(v)
+		if err != nil {
+			return nil, err
+		}
+		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, CommittedAt: s.Committed}
+		if s.Error != nil {
+			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	return out, nil
+}

@@ -1,0 +1,39 @@
+// Package jetflow is a durable workflow engine on NATS JetStream for work
+// that must never happen twice: webhook handlers, orders and payments,
+// transactional email.
+//
+// # Runs and run IDs
+//
+// A service starts a run of a workflow under its own run ID, an idempotency
+// key such as "stripe-evt_123" or "order-42" (WithRunID). Every start with
+// that ID — a re-delivered webhook, a retried request, two replicas racing —
+// lands on the same run: exactly one start gets OutcomeCreated, every other
+// one gets OutcomeExisting with the run's state and how many duplicates it
+// has absorbed. This holds beyond the broker's duplicate window and across
+// NATS restarts, because the run record is written with create-if-absent.
+//
+// # Workflows and steps
+//
+// A workflow is a typed function with a stable name (NewWorkflow). Its body
+// orchestrates steps (Step) and is replayed, so it must be deterministic.
+// Each step has a deterministic step ID — run ID, step name, occurrence —
+// that StepInfo gives the running step, to pass as the Idempotency-Key of
+// external APIs. A step's result is committed before its task message is
+// acknowledged: a committed step never runs again; a step whose worker died
+// before the commit runs again with the same step ID.
+//
+// # Errors
+//
+// Step errors are retried with backoff (Retryable, RetryAfter) unless Fatal.
+// A step's final failure reaches the workflow as a *StepError it can handle.
+// A run that does not complete is reported as a *RunError. Sentinels
+// (ErrInvalidRunID, ErrUnknownWorkflow, ...) match with errors.Is.
+//
+// # Processes
+//
+// A Worker executes runs of the workflows in its registry (NewWorkers); a
+// Client starts and reads runs. Both take a *nats.Conn; cmd/worker starts an
+// embedded NATS server when no URL is given. See docs/ARCHITECTURE.md for the
+// streams, subjects and buckets, and for what happens on a crash between any
+// two writes.
+package jetflow

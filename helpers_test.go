@@ -1,0 +1,154 @@
+package jetflow
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChildWorker())
+	}
+	goleak.VerifyTestMain(m,
+		// nats-server keeps a few process-wide goroutines after shutdown.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine"),
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushLoop"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ipQueue[...]).pop"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// testEnv is one test's embedded server and connections.
+type testEnv struct {
+	t     *testing.T
+	srv   *jetstream.Embedded
+	topo  Topology
+	mu    sync.Mutex
+	conns []*nats.Conn
+}
+
+// newEnv starts an embedded nats-server with its own store directory and a
+// free port, shut down when the test ends.
+func newEnv(t *testing.T, topo Topology) *testEnv {
+	t.Helper()
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	env := &testEnv{t: t, srv: srv, topo: topo}
+	t.Cleanup(func() {
+		env.mu.Lock()
+		for _, nc := range env.conns {
+			nc.Close()
+		}
+		env.mu.Unlock()
+		srv.Shutdown()
+	})
+	return env
+}
+
+func (e *testEnv) conn() *nats.Conn {
+	e.t.Helper()
+	nc, err := e.srv.Connect(e.t.Name())
+	require.NoError(e.t, err)
+	e.mu.Lock()
+	e.conns = append(e.conns, nc)
+	e.mu.Unlock()
+	return nc
+}
+
+func (e *testEnv) client() *Client {
+	e.t.Helper()
+	c, err := NewClient(ctxT(e.t, 10*time.Second), e.conn(), ClientConfig{Topology: e.topo})
+	require.NoError(e.t, err)
+	return c
+}
+
+// worker starts a worker serving wfs, stopped when the test ends.
+func (e *testEnv) worker(cfg WorkerConfig, wfs ...Registrable) *Worker {
+	e.t.Helper()
+	ws := NewWorkers()
+	require.NoError(e.t, ws.Add(wfs...))
+	cfg.Topology = e.topo
+	cfg.Logger = zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
+	w, err := NewWorker(e.conn(), ws, cfg)
+	require.NoError(e.t, err)
+	require.NoError(e.t, w.Start(ctxT(e.t, 10*time.Second)))
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(e.t, w.Stop(ctx))
+	})
+	return w
+}
+
+// ctxT is a context bounded by d and by the test's end.
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// counter counts side effects by key, as an external system would.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newCounter() *counter { return &counter{n: make(map[string]int)} }
+
+func (c *counter) inc(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[key]++
+	return c.n[key]
+}
+
+func (c *counter) get(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+func (c *counter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+// threeSteps is a workflow of three steps, each recording its side effect
+// under its step ID in sideEffects.
+func threeSteps(name string, sideEffects *counter) *Workflow[int, int] {
+	return NewWorkflow(name, func(ctx *Context, in int) (int, error) {
+		sum := in
+		for _, step := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, step, func(sctx context.Context) (int, error) {
+				info, ok := StepInfo(sctx)
+				if !ok {
+					return 0, fmt.Errorf("no step info")
+				}
+				sideEffects.inc(info.StepID)
+				return sum + 1, nil
+			})
+			if err != nil {
+				return 0, err
+			}
+			sum = v
+		}
+		return sum, nil
+	})
+}

@@ -1,0 +1,296 @@
+// Package dedupe decides admission: for one run ID exactly one run record is
+// ever created (G1), and every later start gets that run back with its state
+// and the number of duplicates it has absorbed (G2).
+//
+// Two layers stand in front of a run. The broker's Nats-Msg-Id window on the
+// task stream absorbs most duplicates cheaply, but it is memory-only and
+// bounded in time. The authority is the runs bucket: the record is written
+// with create-if-absent, and a start learns whether it created the run by
+// comparing the writer token in the stored record with its own, which also
+// makes a create retried after a lost reply come back as "created".
+package dedupe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Outcome says what a start did.
+type Outcome int
+
+const (
+	// Created: this start created the run.
+	Created Outcome = iota + 1
+	// Existing: the run already existed; the start was absorbed.
+	Existing
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Created:
+		return "created"
+	case Existing:
+		return "existing"
+	default:
+		return "unknown"
+	}
+}
+
+// Request is one start.
+type Request struct {
+	RunID    string
+	Workflow string
+	Input    json.RawMessage
+	// Source names where the start came from (client name), for the audit.
+	Source string
+}
+
+// Result is the admission decision.
+type Result struct {
+	Outcome Outcome
+	// Run is the stored run record: the one just created, or the existing
+	// one with its current state.
+	Run state.Run
+	// Revision of Run in the runs bucket.
+	Revision uint64
+	// Duplicates is how many duplicate starts the run has absorbed,
+	// counting this one if it was a duplicate.
+	Duplicates int64
+	// Broker says whether the task stream already absorbed the start task
+	// (by message ID or because the start task is still pending).
+	Broker jetstream.Dedup
+}
+
+// Admitter admits starts. It is safe for concurrent use.
+type Admitter struct {
+	assets *jetstream.Assets
+	now    func() time.Time
+}
+
+// New returns an Admitter over provisioned assets. now may be nil.
+func New(assets *jetstream.Assets, now func() time.Time) *Admitter {
+	if now == nil {
+		now = time.Now
+	}
+	return &Admitter{assets: assets, now: now}
+}
+
+// Validate checks a request without touching NATS.
+func Validate(req Request) error {
+	if err := state.ValidateRunID(req.RunID); err != nil {
+		return err
+	}
+	if err := state.ValidateName(req.Workflow); err != nil {
+		return err
+	}
+	if len(req.Input) > state.MaxInputBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", state.ErrInputTooLarge, len(req.Input), state.MaxInputBytes)
+	}
+	if !json.Valid(req.Input) {
+		return fmt.Errorf("%w: input is not valid JSON", state.ErrCorrupt)
+	}
+	return nil
+}
+
+// Admit starts the run req.RunID or finds it. A repeat call with the same run
+// ID, from this or any other process and at any time within the retention,
+// gets Existing and the stored run, however the calls interleave; exactly one
+// call ever gets Created (a call retried internally after a lost reply
+// recognises its own write).
+//
+// The start task is published first, with Nats-Msg-Id = run ID, and carries
+// the whole request: if this process dies before the record is written, the
+// worker that receives the task writes it with the same token, so an
+// accepted start is never lost.
+func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
+	if err := Validate(req); err != nil {
+		return Result{}, err
+	}
+	token := nuid.Next()
+	task, err := state.Encode(state.Task{
+		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
+		Input: req.Input, Token: token, Source: req.Source,
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	broker, err := jetstream.PublishTask(ctx, a.assets.JS,
+		jetstream.TaskSubject(req.Workflow, req.RunID, ""), req.RunID, task)
+	if err != nil {
+		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
+	}
+	rec := a.newRecord(req, token)
+	var (
+		run     state.Run
+		rev     uint64
+		created bool
+	)
+	if broker != jetstream.Stored {
+		// Most likely a duplicate: read first, create only if absent.
+		run, rev, created, err = a.readOrCreate(ctx, rec)
+	} else {
+		run, rev, created, err = a.createOrRead(ctx, rec)
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
+	}
+	res := Result{Run: run, Revision: rev, Broker: broker}
+	if created {
+		res.Outcome = Created
+		return res, nil
+	}
+	res.Outcome = Existing
+	res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, req.Source)
+	if err != nil {
+		return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
+	}
+	return res, nil
+}
+
+// Materialize returns the run record a start task stands for, creating it
+// from the task if its publisher died before doing so. The stored record
+// always wins: a task from a duplicate start never changes the run.
+func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
+	rec := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
+	run, rev, _, err := a.readOrCreate(ctx, rec)
+	return run, rev, err
+}
+
+func (a *Admitter) newRecord(req Request, token string) state.Run {
+	now := a.now().UTC()
+	return state.Run{
+		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
+		Status: state.StatusRunning, Token: token, Source: req.Source,
+		CreatedAt: now, UpdatedAt: now,
+	}
+}
+
+// createAttempts bounds the retries of a run-record create that failed
+// without an answer (timeout, reconnect).
+const createAttempts = 5
+
+// createOrRead writes rec if absent, else reads the stored record. created
+// reports whether the stored record carries rec's token. A create that fails
+// for another reason than a conflict is retried: the write may have landed,
+// and the token tells.
+func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (state.Run, uint64, bool, error) {
+	b, err := state.Encode(rec)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	wait := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		rev, err := a.assets.Runs.Create(ctx, rec.RunID, b)
+		if err == nil {
+			return rec, rev, true, nil
+		}
+		if errors.Is(err, jetstream.ErrExists) {
+			break
+		}
+		if attempt == createAttempts || ctx.Err() != nil {
+			return state.Run{}, 0, false, err
+		}
+		select {
+		case <-ctx.Done():
+			return state.Run{}, 0, false, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+	v, rev, err := a.assets.Runs.GetExisting(ctx, rec.RunID)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	stored, err := state.DecodeRun(v)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	return stored, rev, stored.Token == rec.Token, nil
+}
+
+// readOrCreate reads the stored record and falls back to createOrRead when
+// there is none.
+func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (state.Run, uint64, bool, error) {
+	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return a.createOrRead(ctx, rec)
+	}
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	stored, err := state.DecodeRun(v)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	return stored, rev, stored.Token == rec.Token, nil
+}
+
+// recordDuplicate counts one more duplicate on the run's audit record with
+// compare-and-set, and returns the new count.
+func (a *Admitter) recordDuplicate(ctx context.Context, runID, source string) (int64, error) {
+	for {
+		now := a.now().UTC()
+		v, rev, err := a.assets.Audit.Get(ctx, runID)
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+			b, err := state.Encode(state.Audit{V: state.Version, Duplicates: 1, First: now, Last: now, LastSource: source})
+			if err != nil {
+				return 0, err
+			}
+			_, err = a.assets.Audit.Create(ctx, runID, b)
+			if err == nil {
+				return 1, nil
+			}
+			if !errors.Is(err, jetstream.ErrExists) {
+				return 0, err
+			}
+		case err != nil:
+			return 0, err
+		default:
+			au, err := state.DecodeAudit(v)
+			if err != nil {
+				return 0, err
+			}
+			au.Duplicates++
+			au.Last, au.LastSource = now, source
+			b, err := state.Encode(au)
+			if err != nil {
+				return 0, err
+			}
+			_, err = a.assets.Audit.Update(ctx, runID, b, rev)
+			if err == nil {
+				return au.Duplicates, nil
+			}
+			if !errors.Is(err, jetstream.ErrRevisionMismatch) {
+				return 0, err
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// Duplicates reads how many duplicate starts runID has absorbed.
+func Duplicates(ctx context.Context, assets *jetstream.Assets, runID string) (int64, error) {
+	v, _, err := assets.Audit.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	au, err := state.DecodeAudit(v)
+	if err != nil {
+		return 0, err
+	}
+	return au.Duplicates, nil
+}

@@ -1,0 +1,140 @@
+package dedupe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// AdmitSubjectPrefix is where workers answer start requests by request-reply:
+// jetflow.admit.<workflow>. With no worker serving a workflow, a request gets
+// "no responders", which callers report as an unknown workflow.
+const AdmitSubjectPrefix = "jetflow.admit."
+
+// StartRequest is the start envelope any NATS client can send.
+type StartRequest struct {
+	// RunID is the idempotency key; generated when empty.
+	RunID  string          `json:"run_id,omitempty"`
+	Input  json.RawMessage `json:"input"`
+	Source string          `json:"source,omitempty"`
+}
+
+// StartReply answers a StartRequest: an outcome, or an error.
+type StartReply struct {
+	Outcome    string       `json:"outcome,omitempty"`
+	RunID      string       `json:"run_id,omitempty"`
+	Workflow   string       `json:"workflow,omitempty"`
+	Status     state.Status `json:"status,omitempty"`
+	Duplicates int64        `json:"duplicates,omitempty"`
+	Error      *ReplyError  `json:"error,omitempty"`
+}
+
+// ReplyError is a typed error in a StartReply.
+type ReplyError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes of a StartReply.
+const (
+	CodeMalformed    = "malformed_request"
+	CodeInvalidRunID = "invalid_run_id"
+	CodeInvalidInput = "invalid_input"
+	CodeTooLarge     = "input_too_large"
+	CodeInternal     = "internal"
+)
+
+// DecodeStartRequest parses and validates an envelope. The run ID is
+// generated when absent.
+func DecodeStartRequest(workflow string, b []byte) (Request, error) {
+	var sr StartRequest
+	if err := json.Unmarshal(b, &sr); err != nil {
+		return Request{}, fmt.Errorf("%w: start envelope: %w", state.ErrCorrupt, err)
+	}
+	if len(sr.Input) == 0 {
+		sr.Input = json.RawMessage("null")
+	}
+	if sr.RunID == "" {
+		sr.RunID = nuid.Next()
+	}
+	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source}
+	return req, Validate(req)
+}
+
+// InputChecker decodes input into the workflow's input type; an error means
+// the run could never start.
+type InputChecker func(input json.RawMessage) error
+
+// Serve answers start requests for the given workflows through the same
+// Admit as the Go SDK. A malformed envelope, an invalid run ID or an input
+// the workflow cannot decode is answered with a typed error and stores
+// nothing. The returned function stops serving.
+func Serve(nc *nats.Conn, a *Admitter, checkers map[string]InputChecker, timeout time.Duration, log zerolog.Logger) (func() error, error) {
+	var subs []*nats.Subscription
+	stop := func() error {
+		var errs []error
+		for _, s := range subs {
+			errs = append(errs, s.Drain())
+		}
+		return errors.Join(errs...)
+	}
+	for name, check := range checkers {
+		s, err := nc.QueueSubscribe(AdmitSubjectPrefix+name, "jetflow_admit", func(m *nats.Msg) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			reply := handleStart(ctx, a, name, check, m.Data)
+			b, err := json.Marshal(reply)
+			if err == nil {
+				err = m.Respond(b)
+			}
+			if err != nil {
+				// The caller times out and may retry: the start is idempotent.
+				log.Warn().Err(err).Str("workflow", name).Msg("cannot answer start request")
+			}
+		})
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("jetflow: serve starts of %s: %w", name, err), stop())
+		}
+		subs = append(subs, s)
+	}
+	return stop, nil
+}
+
+func handleStart(ctx context.Context, a *Admitter, workflow string, check InputChecker, b []byte) StartReply {
+	req, err := DecodeStartRequest(workflow, b)
+	if err != nil {
+		return errorReply(err)
+	}
+	if err := check(req.Input); err != nil {
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
+	}
+	res, err := a.Admit(ctx, req)
+	if err != nil {
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}}
+	}
+	return StartReply{
+		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
+		Status: res.Run.Status, Duplicates: res.Duplicates,
+	}
+}
+
+func errorReply(err error) StartReply {
+	code := CodeMalformed
+	switch {
+	case errors.Is(err, state.ErrInvalidRunID):
+		code = CodeInvalidRunID
+	case errors.Is(err, state.ErrInputTooLarge):
+		code = CodeTooLarge
+	case errors.Is(err, state.ErrCorrupt), errors.Is(err, state.ErrInvalidName):
+		code = CodeMalformed
+	}
+	return StartReply{Error: &ReplyError{Code: code, Message: err.Error()}}
+}

@@ -1,0 +1,142 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors of the KV helpers. They are the only place raw JetStream error
+// codes are interpreted.
+var (
+	// ErrExists: a create-if-absent found the key already written.
+	ErrExists = errors.New("jetflow: key already exists")
+	// ErrRevisionMismatch: a compare-and-set found a newer revision.
+	ErrRevisionMismatch = errors.New("jetflow: revision mismatch")
+	// ErrNotFound: the key has no value.
+	ErrNotFound = errors.New("jetflow: key not found")
+)
+
+// KV wraps one bucket with the compare-and-set operations jetflow relies on.
+type KV struct {
+	js     natsjs.JetStream
+	kv     natsjs.KeyValue
+	prefix string
+}
+
+func newKV(js natsjs.JetStream, kv natsjs.KeyValue) *KV {
+	return &KV{js: js, kv: kv, prefix: "$KV." + kv.Bucket() + "."}
+}
+
+// Bucket is the bucket's name.
+func (k *KV) Bucket() string { return k.kv.Bucket() }
+
+// Raw is the underlying nats.go handle, for watches and listings.
+func (k *KV) Raw() natsjs.KeyValue { return k.kv }
+
+// Create writes value under key only if the key has never been written (or
+// has expired). It returns the new revision, or ErrExists. Unlike
+// natsjs.KeyValue.Create it costs one round trip on conflict: jetflow never
+// deletes keys, so there is no delete marker to overwrite.
+//
+// Create is not retry-safe by itself: after a lost reply a retry sees
+// ErrExists for its own write. Callers put a writer token in the value and
+// compare it (see dedupe).
+func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	return k.put(ctx, key, value, 0)
+}
+
+// Update writes value under key only if the key's latest revision is rev.
+// It returns the new revision, or ErrRevisionMismatch.
+func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return 0, fmt.Errorf("jetflow: update %s/%s: revision 0 is a create", k.Bucket(), key)
+	}
+	return k.put(ctx, key, value, rev)
+}
+
+func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	msg := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
+	ack, err := k.js.PublishMsg(ctx, msg, natsjs.WithExpectLastSequencePerSubject(rev))
+	if err != nil {
+		if IsWrongLastSequence(err) {
+			if rev == 0 {
+				return 0, fmt.Errorf("%w: %s/%s", ErrExists, k.Bucket(), key)
+			}
+			return 0, fmt.Errorf("%w: %s/%s at revision %d", ErrRevisionMismatch, k.Bucket(), key, rev)
+		}
+		return 0, fmt.Errorf("jetflow: write %s/%s: %w", k.Bucket(), key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// Get returns the latest value and revision of key, or ErrNotFound.
+func (k *KV) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	e, err := k.kv.Get(ctx, key)
+	if errors.Is(err, natsjs.ErrKeyNotFound) || errors.Is(err, natsjs.ErrKeyDeleted) {
+		return nil, 0, fmt.Errorf("%w: %s/%s", ErrNotFound, k.Bucket(), key)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+	}
+	return e.Value(), e.Revision(), nil
+}
+
+// GetExisting reads a key that a compare-and-set has just reported as
+// written. A read served by a lagging replica can still miss it, so a miss
+// is retried until ctx or a 5s bound ends; the key is never reported absent.
+func (k *KV) GetExisting(ctx context.Context, key string) ([]byte, uint64, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	wait := 5 * time.Millisecond
+	for {
+		v, rev, err := k.Get(ctx, key)
+		if !errors.Is(err, ErrNotFound) {
+			return v, rev, err
+		}
+		if time.Now().After(deadline) {
+			return nil, 0, fmt.Errorf("jetflow: %s/%s exists but cannot be read: %w", k.Bucket(), key, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// IsWrongLastSequence reports whether err is JetStream's compare-and-set
+// conflict: 10071 on a single replica, 10164 on a replicated stream.
+func IsWrongLastSequence(err error) bool {
+	var apiErr *natsjs.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// errCodeStoreFailed is JSStreamStoreFailedF; with the text below it means
+// the per-subject limit refused the message.
+const errCodeStoreFailed natsjs.ErrorCode = 10077
+
+// errCodeMsgIDInProcess is "duplicate message id is in process": on a
+// replicated stream a duplicate arrived while the original is still being
+// replicated. Retrying resolves it.
+const errCodeMsgIDInProcess natsjs.ErrorCode = 10158
+
+func isPerSubjectLimit(err error) bool {
+	var apiErr *natsjs.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStoreFailed &&
+		strings.Contains(apiErr.Description, "maximum messages per subject")
+}
+
+func isMsgIDInProcess(err error) bool {
+	var apiErr *natsjs.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeMsgIDInProcess
+}

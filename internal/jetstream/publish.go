@@ -1,0 +1,68 @@
+package jetstream
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// Dedup says which line of defence absorbed a task publish, if any.
+type Dedup int
+
+const (
+	// Stored: the task is new and stored.
+	Stored Dedup = iota
+	// DuplicateMsgID: the broker's Nats-Msg-Id window already had this ID.
+	DuplicateMsgID
+	// PendingSubject: a task for the same subject is still pending (not yet
+	// acknowledged), so this one was refused. Durable beyond the window.
+	PendingSubject
+)
+
+func (d Dedup) String() string {
+	switch d {
+	case DuplicateMsgID:
+		return "duplicate-msg-id"
+	case PendingSubject:
+		return "pending-subject"
+	default:
+		return "stored"
+	}
+}
+
+// PublishTask stores a task on subject with Nats-Msg-Id msgID. A duplicate
+// publish is not an error: the result says which layer absorbed it. On a
+// replicated stream a duplicate racing its original's replication is
+// retried until ctx ends.
+func PublishTask(ctx context.Context, js natsjs.JetStream, subject, msgID string, data []byte) (Dedup, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	wait := 10 * time.Millisecond
+	for {
+		ack, err := js.PublishMsg(ctx, msg, natsjs.WithMsgID(msgID), natsjs.WithExpectStream(TasksStream))
+		switch {
+		case err == nil && ack.Duplicate:
+			return DuplicateMsgID, nil
+		case err == nil:
+			return Stored, nil
+		case isPerSubjectLimit(err):
+			return PendingSubject, nil
+		case isMsgIDInProcess(err):
+			select {
+			case <-ctx.Done():
+				return Stored, fmt.Errorf("jetflow: publish task %s: %w", subject, err)
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 250*time.Millisecond)
+		default:
+			return Stored, fmt.Errorf("jetflow: publish task %s: %w", subject, err)
+		}
+	}
+}

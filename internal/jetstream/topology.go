@@ -1,0 +1,176 @@
+package jetstream
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the engine's NATS resources. They are part of the protocol other
+// languages speak (docs/ARCHITECTURE.md), so they never change silently.
+const (
+	TasksStream   = "JETFLOW_TASKS"
+	TaskSubjects  = "jetflow.task.>"
+	RunsBucket    = "jetflow_runs"
+	StepsBucket   = "jetflow_steps"
+	AuditBucket   = "jetflow_audit"
+	consumerPrefx = "jetflow_wf_"
+)
+
+// TaskSubject is the subject of the start task (stepID empty) or of the task
+// that runs stepID. One subject per start and per step lets the stream hold
+// at most one pending task per subject, which deduplicates tasks durably,
+// beyond the broker's duplicate window.
+func TaskSubject(workflow, runID, stepID string) string {
+	if stepID == "" {
+		return "jetflow.task." + workflow + "." + runID
+	}
+	return "jetflow.task." + workflow + "." + stepID
+}
+
+// ConsumerName is the durable consumer shared by every worker that serves
+// workflow.
+func ConsumerName(workflow string) string { return consumerPrefx + workflow }
+
+// Topology is the deployment setting for the engine's streams and buckets.
+// Every process of one deployment must use the same values: provisioning is
+// create-or-update, so the last process to start wins.
+type Topology struct {
+	// Replicas for streams and buckets: 1 on a single server, 3 on a
+	// three-node cluster.
+	Replicas int
+	// DuplicateWindow is the broker's Nats-Msg-Id window on the task stream
+	// (default 2 minutes). It is only the first line of dedup: admission is
+	// decided by the run bucket.
+	DuplicateWindow time.Duration
+	// Retention is how long run records, step results and audits are kept
+	// after their last write (default 30 days). A run ID is remembered for
+	// this long; a start after that creates a new run.
+	Retention time.Duration
+	// MemoryStorage keeps everything in memory (tests and benchmarks of the
+	// broker limit only).
+	MemoryStorage bool
+}
+
+// WithDefaults fills unset fields.
+func (t Topology) WithDefaults() Topology {
+	if t.Replicas == 0 {
+		t.Replicas = 1
+	}
+	if t.DuplicateWindow == 0 {
+		t.DuplicateWindow = 2 * time.Minute
+	}
+	if t.Retention == 0 {
+		t.Retention = 30 * 24 * time.Hour
+	}
+	return t
+}
+
+// Validate names the first bad field.
+func (t Topology) Validate() error {
+	switch {
+	case t.Replicas < 1 || t.Replicas > 5:
+		return fmt.Errorf("jetflow: topology: Replicas must be 1..5, got %d", t.Replicas)
+	case t.DuplicateWindow < 100*time.Millisecond:
+		return fmt.Errorf("jetflow: topology: DuplicateWindow must be at least 100ms, got %s", t.DuplicateWindow)
+	case t.Retention < time.Second:
+		return fmt.Errorf("jetflow: topology: Retention must be at least 1s, got %s", t.Retention)
+	case t.DuplicateWindow > t.Retention:
+		return fmt.Errorf("jetflow: topology: DuplicateWindow (%s) longer than Retention (%s)", t.DuplicateWindow, t.Retention)
+	}
+	return nil
+}
+
+// Assets are handles on the provisioned resources.
+type Assets struct {
+	JS    natsjs.JetStream
+	Tasks natsjs.Stream
+	Runs  *KV
+	Steps *KV
+	Audit *KV
+}
+
+// Provision creates or updates the task stream and the three buckets. It is
+// idempotent: every process calls it at start-up.
+func Provision(ctx context.Context, nc *nats.Conn, topo Topology) (*Assets, error) {
+	topo = topo.WithDefaults()
+	if err := topo.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := natsjs.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: jetstream context: %w", err)
+	}
+	storage := natsjs.FileStorage
+	if topo.MemoryStorage {
+		storage = natsjs.MemoryStorage
+	}
+	tasks, err := js.CreateOrUpdateStream(ctx, natsjs.StreamConfig{
+		Name:        TasksStream,
+		Description: "jetflow tasks: one message per pending start or step",
+		Subjects:    []string{TaskSubjects},
+		Retention:   natsjs.WorkQueuePolicy,
+		Storage:     storage,
+		Replicas:    topo.Replicas,
+		Duplicates:  topo.DuplicateWindow,
+		// At most one pending task per subject (per start, per step):
+		// a second publish while the first is pending is refused.
+		Discard:              natsjs.DiscardNew,
+		DiscardNewPerSubject: true,
+		MaxMsgsPerSubject:    1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TasksStream, err)
+	}
+	a := &Assets{JS: js, Tasks: tasks}
+	for _, b := range []struct {
+		name string
+		desc string
+		dst  **KV
+	}{
+		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs},
+		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps},
+		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit},
+	} {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, natsjs.KeyValueConfig{
+			Bucket:      b.name,
+			Description: b.desc,
+			History:     1,
+			TTL:         topo.Retention,
+			Storage:     storage,
+			Replicas:    topo.Replicas,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("jetflow: provision bucket %s: %w", b.name, err)
+		}
+		*b.dst = newKV(js, kv)
+	}
+	return a, nil
+}
+
+// ConsumerConfig is the per-workflow task consumer setting.
+type ConsumerConfig struct {
+	AckWait       time.Duration
+	MaxAckPending int
+}
+
+// EnsureConsumer creates or updates the durable consumer for workflow.
+func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, cc ConsumerConfig) (natsjs.Consumer, error) {
+	c, err := a.JS.CreateOrUpdateConsumer(ctx, TasksStream, natsjs.ConsumerConfig{
+		Durable:       ConsumerName(workflow),
+		Description:   "jetflow tasks of workflow " + workflow,
+		FilterSubject: "jetflow.task." + workflow + ".>",
+		AckPolicy:     natsjs.AckExplicitPolicy,
+		AckWait:       cc.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: cc.MaxAckPending,
+		DeliverPolicy: natsjs.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: consumer for workflow %s: %w", workflow, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,193 @@
+// Package state defines the records jetflow keeps on NATS: the run record in
+// the runs bucket, the step record in the steps bucket, the duplicate audit
+// record and the task message that drives a run. It owns their encoding and
+// the validation of every identifier that becomes part of a subject or a key,
+// so that no other package decodes outside bytes on its own.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Status is the lifecycle state of a run.
+type Status string
+
+// Run states. A run is created running; completed, failed and cancelled are
+// terminal and never change again.
+const (
+	StatusRunning   Status = "running"
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+)
+
+// Terminal reports whether s is a final state.
+func (s Status) Terminal() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// Valid reports whether s is one of the known states.
+func (s Status) Valid() bool {
+	return s == StatusRunning || s.Terminal()
+}
+
+// Version is the schema version written into every record.
+const Version = 1
+
+// ErrorInfo is an error as it is stored: its message and whether it was
+// fatal (not retried).
+type ErrorInfo struct {
+	Message string `json:"message"`
+	Fatal   bool   `json:"fatal,omitempty"`
+	// Kind names the class of the error: "step" for a step's final failure
+	// that the workflow did not handle, "workflow" for an error the workflow
+	// returned, "input" when the input could not be decoded, "panic".
+	Kind string `json:"kind,omitempty"`
+}
+
+// Run is the run record, stored under the run ID in the runs bucket. It is
+// created once with create-if-absent (the admission authority) and updated
+// only with compare-and-set on its revision.
+type Run struct {
+	V        int             `json:"v"`
+	RunID    string          `json:"run_id"`
+	Workflow string          `json:"workflow"`
+	Input    json.RawMessage `json:"input"`
+	Status   Status          `json:"status"`
+	// Token identifies the start call that created the record, so that a
+	// retried create after a lost reply recognises its own write.
+	Token     string          `json:"token"`
+	Source    string          `json:"source,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     *ErrorInfo      `json:"error,omitempty"`
+}
+
+// Step is the committed result of one step, stored under its step ID in the
+// steps bucket with create-if-absent. Once written it never changes.
+type Step struct {
+	V         int             `json:"v"`
+	StepID    string          `json:"step_id"`
+	RunID     string          `json:"run_id"`
+	Name      string          `json:"name"`
+	Seq       int             `json:"seq"`
+	Attempt   int             `json:"attempt"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     *ErrorInfo      `json:"error,omitempty"`
+	Worker    string          `json:"worker,omitempty"`
+	Committed time.Time       `json:"committed_at"`
+}
+
+// Audit counts the duplicate starts a run has absorbed.
+type Audit struct {
+	V          int       `json:"v"`
+	Duplicates int64     `json:"duplicates"`
+	First      time.Time `json:"first"`
+	Last       time.Time `json:"last"`
+	LastSource string    `json:"last_source,omitempty"`
+}
+
+// Task is the message on a workflow's task subject. A start task (StepID
+// empty) carries everything needed to create the run record, so that an
+// accepted start is never lost even if its publisher dies before creating
+// the record. A step task names the step it was published for.
+type Task struct {
+	V        int             `json:"v"`
+	RunID    string          `json:"run_id"`
+	Workflow string          `json:"workflow"`
+	StepID   string          `json:"step_id,omitempty"`
+	Input    json.RawMessage `json:"input"`
+	Token    string          `json:"token,omitempty"`
+	Source   string          `json:"source,omitempty"`
+	// Rev is the run record's revision when the task was published; zero on
+	// a start task.
+	Rev uint64 `json:"rev,omitempty"`
+}
+
+// ErrCorrupt is returned when stored or received bytes do not decode into a
+// valid record.
+var ErrCorrupt = errors.New("jetflow: malformed record")
+
+// Encode marshals a record. Records are plain structs, so this only fails on
+// a programming error, which is returned rather than hidden.
+func Encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: encode record: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeRun decodes and validates a run record.
+func DecodeRun(b []byte) (Run, error) {
+	var r Run
+	if err := decode(b, &r); err != nil {
+		return Run{}, err
+	}
+	if err := ValidateRunID(r.RunID); err != nil {
+		return Run{}, fmt.Errorf("%w: run record: %w", ErrCorrupt, err)
+	}
+	if err := ValidateName(r.Workflow); err != nil {
+		return Run{}, fmt.Errorf("%w: run record: %w", ErrCorrupt, err)
+	}
+	if !r.Status.Valid() {
+		return Run{}, fmt.Errorf("%w: run record: unknown status %q", ErrCorrupt, r.Status)
+	}
+	return r, nil
+}
+
+// DecodeStep decodes and validates a step record.
+func DecodeStep(b []byte) (Step, error) {
+	var s Step
+	if err := decode(b, &s); err != nil {
+		return Step{}, err
+	}
+	if s.StepID == "" || s.RunID == "" || s.Name == "" {
+		return Step{}, fmt.Errorf("%w: step record without identity", ErrCorrupt)
+	}
+	return s, nil
+}
+
+// DecodeAudit decodes an audit record.
+func DecodeAudit(b []byte) (Audit, error) {
+	var a Audit
+	if err := decode(b, &a); err != nil {
+		return Audit{}, err
+	}
+	if a.Duplicates < 0 {
+		return Audit{}, fmt.Errorf("%w: negative duplicate count", ErrCorrupt)
+	}
+	return a, nil
+}
+
+// DecodeTask decodes and validates a task message.
+func DecodeTask(b []byte) (Task, error) {
+	var t Task
+	if err := decode(b, &t); err != nil {
+		return Task{}, err
+	}
+	if err := ValidateRunID(t.RunID); err != nil {
+		return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
+	}
+	if err := ValidateName(t.Workflow); err != nil {
+		return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
+	}
+	if t.StepID == "" && t.Token == "" {
+		return Task{}, fmt.Errorf("%w: start task without token", ErrCorrupt)
+	}
+	if !json.Valid(t.Input) {
+		return Task{}, fmt.Errorf("%w: task input is not JSON", ErrCorrupt)
+	}
+	return t, nil
+}
+
+func decode(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package workflow
+
+import (
+	"sync"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// historyCache keeps the committed steps of recently active runs so that a
+// replay does not read every earlier step back from the steps bucket. It only
+// ever holds committed results, which never change, so a cached entry is
+// always correct; a miss falls back to the bucket.
+type historyCache struct {
+	mu    sync.Mutex
+	limit int
+	runs  map[string]map[string]state.Step
+	order []string // insertion order, for eviction
+}
+
+func newHistoryCache(limit int) *historyCache {
+	return &historyCache{limit: limit, runs: make(map[string]map[string]state.Step)}
+}
+
+func (c *historyCache) get(runID, stepID string) (state.Step, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.runs[runID][stepID]
+	return s, ok
+}
+
+func (c *historyCache) put(s state.Step) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	steps, ok := c.runs[s.RunID]
+	if !ok {
+		for len(c.order) >= c.limit && len(c.order) > 0 {
+			delete(c.runs, c.order[0])
+			c.order = c.order[1:]
+		}
+		steps = make(map[string]state.Step)
+		c.runs[s.RunID] = steps
+		c.order = append(c.order, s.RunID)
+	}
+	steps[s.StepID] = s
+}
+
+// forget drops a finished run. Its slot in order is reclaimed lazily.
+func (c *historyCache) forget(runID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.runs, runID)
+	if len(c.order) > 2*c.limit {
+		kept := c.order[:0]
+		for _, id := range c.order {
+			if _, ok := c.runs[id]; ok {
+				kept = append(kept, id)
+			}
+		}
+		c.order = kept
+	}
+}

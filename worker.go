@@ -1,0 +1,155 @@
+package jetflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/workflow"
+)
+
+// WorkerConfig configures a Worker. Zero fields take the defaults.
+type WorkerConfig struct {
+	// Name identifies the worker in logs and step records (default
+	// hostname-pid-random).
+	Name string
+	// Concurrency is how many tasks (steps) run at once (default 64).
+	Concurrency int
+	// AckWait is how long the broker waits for a task's acknowledgement
+	// before redelivering it to another worker (default 30s). Running steps
+	// extend it every AckWait/3, so it bounds how fast a crashed worker's
+	// step is picked up again, not how long a step may run.
+	AckWait time.Duration
+	// Topology must match the clients'.
+	Topology Topology
+	// Logger receives structured logs; the default discards them.
+	Logger zerolog.Logger
+
+	// hooks inject faults in tests.
+	hooks workflow.Hooks
+}
+
+// WithDefaults fills unset fields.
+func (c WorkerConfig) WithDefaults() WorkerConfig {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), nuid.Next()[:6])
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	return c
+}
+
+func (c WorkerConfig) validate() error {
+	switch {
+	case c.Concurrency < 1:
+		return fmt.Errorf("jetflow: worker config: Concurrency must be at least 1, got %d", c.Concurrency)
+	case c.AckWait < 100*time.Millisecond:
+		return fmt.Errorf("jetflow: worker config: AckWait must be at least 100ms, got %s", c.AckWait)
+	}
+	return nil
+}
+
+// Worker executes the runs of the workflows in its registry. Run as many
+// workers as you like against one NATS deployment: they share each
+// workflow's durable consumer.
+type Worker struct {
+	nc   *nats.Conn
+	ws   *Workers
+	cfg  WorkerConfig
+	log  zerolog.Logger
+	pool *workflow.Pool
+
+	mu        sync.Mutex
+	started   bool
+	stopServe func() error
+}
+
+// NewWorker returns a worker for the workflows in ws. It does not touch NATS
+// until Start.
+func NewWorker(nc *nats.Conn, ws *Workers, cfg WorkerConfig) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if len(ws.defs) == 0 {
+		return nil, errors.New("jetflow: worker has no workflows registered")
+	}
+	return &Worker{nc: nc, ws: ws, cfg: cfg, log: cfg.Logger.With().Str("worker", cfg.Name).Logger()}, nil
+}
+
+// Start provisions the engine's streams and buckets and each workflow's
+// consumer (idempotently), then starts executing tasks and answering start
+// requests. A second call fails.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("jetflow: worker already started")
+	}
+	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology)
+	if err != nil {
+		return err
+	}
+	admit := dedupe.New(assets, nil)
+	defs := make(map[string]workflow.Definition, len(w.ws.defs))
+	checkers := make(map[string]dedupe.InputChecker, len(w.ws.defs))
+	for name, wf := range w.ws.defs {
+		defs[name] = wf.definition()
+		checkers[name] = wf.checkInput()
+	}
+	exec := workflow.NewExecutor(workflow.Config{
+		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
+		WorkerID: w.cfg.Name, HeartbeatEvery: w.cfg.AckWait / 3, Hooks: w.cfg.hooks,
+	})
+	pool := workflow.NewPool(exec, w.cfg.Concurrency, w.log)
+	for name := range defs {
+		c, err := assets.EnsureConsumer(ctx, name, jetstream.ConsumerConfig{
+			AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency,
+		})
+		if err != nil {
+			return errors.Join(err, pool.Stop(ctx))
+		}
+		if err := pool.Consume(c); err != nil {
+			return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
+		}
+	}
+	stop, err := dedupe.Serve(w.nc, admit, checkers, 10*time.Second, w.log)
+	if err != nil {
+		return errors.Join(err, pool.Stop(ctx))
+	}
+	w.pool, w.stopServe, w.started = pool, stop, true
+	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
+	return nil
+}
+
+// Stop stops taking new tasks and start requests, hands back tasks that were
+// fetched but not started, and waits for running steps to finish, commit and
+// be acknowledged. If ctx ends first, running steps see their context
+// cancelled and their tasks are released uncommitted, for another worker to
+// run again with the same step IDs. Stop returns ctx's error in that case;
+// calling it again, or on a worker never started, returns nil.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.started {
+		return nil
+	}
+	w.started = false
+	err := errors.Join(w.stopServe(), w.pool.Stop(ctx))
+	w.log.Info().Err(err).Msg("worker stopped")
+	return err
+}
