@@ -1,5 +1,199 @@
 package jetflow
 
-const childEnv = "JETFLOW_TEST_CHILD"
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
 
-func runChildWorker() int { return 0 }
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/workflow"
+)
+
+// A crash test runs the worker in a child process (this test binary,
+// re-executed) and lets it SIGKILL itself at an exact point, so the broker
+// sees a real process death: no ack, no nak, no goodbye.
+const (
+	childEnv       = "JETFLOW_TEST_CHILD"
+	childURLEnv    = "JETFLOW_TEST_NATS_URL"
+	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit" or "mid-step"
+	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
+	crashStep      = "b"
+	childAckWait   = time.Second
+)
+
+// crashWorkflow has steps a, b, c; every attempt of every step reports its
+// step ID and attempt to the parent's effects server before returning.
+func crashWorkflow(effectsURL string, beforeReturn func(info StepDetails)) *Workflow[int, int] {
+	return NewWorkflow("crashy", func(ctx *Context, in int) (int, error) {
+		sum := in
+		for _, name := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
+				info, _ := StepInfo(sctx)
+				if err := reportEffect(sctx, effectsURL, info); err != nil {
+					return 0, err
+				}
+				if beforeReturn != nil {
+					beforeReturn(info)
+				}
+				return sum + 1, nil
+			}, WithBackoff(50*time.Millisecond, 100*time.Millisecond))
+			if err != nil {
+				return 0, err
+			}
+			sum = v
+		}
+		return sum, nil
+	})
+}
+
+func reportEffect(ctx context.Context, base string, info StepDetails) error {
+	q := url.Values{"step": {info.StepID}, "attempt": {strconv.Itoa(info.Attempt)}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // never returns
+}
+
+// runChildWorker is the child process's main.
+func runChildWorker() int {
+	crash := os.Getenv(childCrashEnv)
+	effects := os.Getenv(childEffectEnv)
+	var hooks workflow.Hooks
+	beforeReturn := func(StepDetails) {}
+	switch crash {
+	case "after-commit":
+		hooks.AfterCommit = func(stepID string) {
+			if stepID == "crash-1."+crashStep+".0" {
+				killSelf()
+			}
+		}
+	case "mid-step":
+		beforeReturn = func(info StepDetails) {
+			if info.StepName == crashStep && info.Attempt == 1 {
+				killSelf()
+			}
+		}
+	}
+	nc, err := jetstream.Connect(os.Getenv(childURLEnv), "child-worker")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer nc.Close()
+	ws := NewWorkers()
+	if err := ws.Add(crashWorkflow(effects, beforeReturn)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	w, err := NewWorker(nc, ws, WorkerConfig{
+		AckWait: childAckWait, hooks: hooks,
+		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := w.Start(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// effectLog is the parent's record of every step attempt the children made.
+type effectLog struct {
+	mu       sync.Mutex
+	attempts map[string][]int
+	changed  chan struct{}
+}
+
+func newEffectServer(t *testing.T) (*effectLog, string) {
+	l := &effectLog{attempts: make(map[string][]int), changed: make(chan struct{}, 1)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, err := strconv.Atoi(r.URL.Query().Get("attempt"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		l.mu.Lock()
+		l.attempts[r.URL.Query().Get("step")] = append(l.attempts[r.URL.Query().Get("step")], a)
+		l.mu.Unlock()
+		select {
+		case l.changed <- struct{}{}:
+		default:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return l, srv.URL
+}
+
+func (l *effectLog) get(stepID string) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int(nil), l.attempts[stepID]...)
+}
+
+// startChild starts a worker process; crash selects its fault.
+func startChild(t *testing.T, env *testEnv, crash, effectsURL string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		childEnv+"=1", childURLEnv+"="+env.srv.ClientURL(),
+		childCrashEnv+"="+crash, childEffectEnv+"="+effectsURL)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// waitKilled waits for a child to die by SIGKILL.
+func waitKilled(t *testing.T, cmd *exec.Cmd, d time.Duration) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		require.True(t, ok)
+		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child exited with %v, want SIGKILL", cmd.ProcessState)
+	case <-time.After(d):
+		t.Fatalf("child worker did not crash within %s", d)
+	}
+}

@@ -1,0 +1,104 @@
+package jetflow
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// blockingWorkflow's single step signals when it starts and returns when
+// release is closed or its context ends.
+func blockingWorkflow(started chan<- StepDetails, release <-chan struct{}, effects *counter) *Workflow[int, string] {
+	return NewWorkflow("blocking", func(ctx *Context, _ int) (string, error) {
+		return Step(ctx, "slow", func(sctx context.Context) (string, error) {
+			info, _ := StepInfo(sctx)
+			effects.inc(info.StepID)
+			started <- info
+			select {
+			case <-release:
+				return "done", nil
+			case <-sctx.Done():
+				return "", sctx.Err()
+			}
+		}, WithBackoff(10*time.Millisecond, 10*time.Millisecond))
+	})
+}
+
+// Stop lets a running step finish and commit before it returns: the run is
+// complete afterwards without the step running again.
+func TestStopFinishesInFlightStep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	started := make(chan StepDetails, 4)
+	release := make(chan struct{})
+	effects := newCounter()
+	wf := blockingWorkflow(started, release, effects)
+	ws := NewWorkers()
+	require.NoError(t, ws.Add(wf))
+	w, err := NewWorker(env.conn(), ws, WorkerConfig{Topology: env.topo})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 5*time.Second)))
+	c := env.client()
+	h, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("drain-1"))
+	require.NoError(t, err)
+	<-started
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctxT(t, 20*time.Second)) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v while a step was running", err)
+	default:
+	}
+	close(release)
+	require.NoError(t, <-stopped)
+
+	run, err := c.GetRun(ctxT(t, 5*time.Second), "drain-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, run.Status, "the drained step committed and the run finished")
+	out, err := h.Result(ctxT(t, 5*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "done", out)
+	require.Equal(t, 1, effects.get("drain-1.slow.0"))
+}
+
+// When the drain deadline passes, the running step is cancelled and its task
+// released uncommitted; another worker runs it again with the same step ID.
+func TestStopDeadlineReleasesStepToAnotherWorker(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	started := make(chan StepDetails, 4)
+	release := make(chan struct{})
+	effects := newCounter()
+	wf := blockingWorkflow(started, release, effects)
+	ws := NewWorkers()
+	require.NoError(t, ws.Add(wf))
+	w, err := NewWorker(env.conn(), ws, WorkerConfig{Topology: env.topo})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 5*time.Second)))
+	c := env.client()
+	h, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("drain-2"))
+	require.NoError(t, err)
+	first := <-started
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = w.Stop(ctx)
+	require.True(t, errors.Is(err, context.DeadlineExceeded), "Stop: %v", err)
+	steps, err := c.Steps(ctxT(t, 5*time.Second), "drain-2")
+	require.NoError(t, err)
+	require.Empty(t, steps, "a cancelled step must not be committed")
+
+	close(release)
+	env.worker(WorkerConfig{}, wf)
+	second := <-started
+	require.Equal(t, first.StepID, second.StepID)
+	require.Greater(t, second.Attempt, first.Attempt)
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "done", out)
+	require.Equal(t, 2, effects.get("drain-2.slow.0"))
+}
