@@ -85,7 +85,7 @@ func runChildWorker() int {
 	beforeReturn := func(StepDetails) {}
 	switch crash {
 	case "after-commit":
-		hooks.AfterCommit = func(stepID string) {
+		hooks.AfterCommit = func(stepID string, _ bool) {
 			if stepID == "crash-1."+crashStep+".0" {
 				killSelf()
 			}

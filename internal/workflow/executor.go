@@ -34,9 +34,14 @@ type Definition struct {
 
 // Hooks let tests inject faults at exact points. Nil hooks do nothing.
 type Hooks struct {
-	// AfterCommit runs after a step's result is committed and before the
-	// next task is published and the current one acknowledged.
-	AfterCommit func(stepID string)
+	// AfterCommit runs after a step's commit was attempted and before the
+	// next task is published and the current one acknowledged. won is false
+	// when another worker had committed the step first.
+	AfterCommit func(stepID string, won bool)
+	// NoHeartbeat stops running steps from extending their task's ack
+	// deadline, as a paused or partitioned worker would fail to: the task
+	// is redelivered while the step still runs (a zombie).
+	NoHeartbeat bool
 }
 
 // Config configures an Executor.
@@ -296,7 +301,7 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 	e.observeStep(c.run.Workflow, name, result, start)
 	e.cache.put(rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
-		h(id)
+		h(id, result != "lost-race")
 	}
 	return rec
 }
@@ -308,6 +313,9 @@ func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMes
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
+		if e.cfg.Hooks.NoHeartbeat {
+			return
+		}
 		t := time.NewTicker(e.cfg.HeartbeatEvery)
 		defer t.Stop()
 		for {
