@@ -1,0 +1,36 @@
+# jetflow developer tasks. `make test` is what CI runs (see .ci/run).
+GO ?= go
+PKGS := ./...
+
+.PHONY: all test race lint vet fmt bench bench-quick run
+
+all: lint test
+
+# The README's test command: every package, race detector on, fresh results.
+test:
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+race: test
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# gofmt and go vet always; staticcheck when installed
+# (go install honnef.co/go/tools/cmd/staticcheck@latest).
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck $(PKGS); else echo "staticcheck not installed; skipped"; fi
+
+# Engine figures next to the raw JetStream limits of the same run.
+bench:
+	$(GO) run ./bench
+
+bench-quick:
+	$(GO) run ./bench --quick
+
+# The main job: a worker with the embedded NATS server and the example workflows.
+run:
+	$(GO) run ./cmd/worker
