@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jetflow/jetflow"
+)
+
+// opTimeout bounds start and get.
+const opTimeout = 10 * time.Second
+
+// start asks a worker that serves workflow to start a run, so that an
+// unknown workflow, an undecodable input or an invalid run ID is refused
+// before anything is stored.
+func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input, runID string) error {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(input)); err != nil {
+		return fmt.Errorf("invalid JSON input: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	var opts []jetflow.StartOption
+	if runID != "" {
+		opts = append(opts, jetflow.WithRunID(runID))
+	}
+	res, err := c.StartByName(ctx, workflow, compact.Bytes(), opts...)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", workflow, err)
+	}
+	return out.start(res)
+}
+
+// get prints a run and its committed steps.
+func get(ctx context.Context, c *jetflow.Client, out *printer, runID string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	run, err := c.GetRun(ctx, runID)
+	if err != nil {
+		return err
+	}
+	steps, err := c.Steps(ctx, runID)
+	if err != nil {
+		return err
+	}
+	return out.run(run, steps)
+}
+
+// wait waits until the run ends and prints its result. A run that did not
+// complete is returned as its *jetflow.RunError.
+func wait(ctx context.Context, c *jetflow.Client, out *printer, runID string, timeout time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	run, err := c.WaitRun(wctx, runID)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("run %s did not end within %s", runID, timeout)
+	}
+	if err != nil {
+		return err
+	}
+	if err := out.result(run); err != nil {
+		return err
+	}
+	if run.Error != nil {
+		return run.Error
+	}
+	return nil
+}
+
+// printer writes results as text or JSON.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+func (p *printer) encode(v any) error {
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (p *printer) start(res jetflow.StartResult) error {
+	if p.json {
+		return p.encode(startJSON{
+			RunID: res.RunID, Workflow: res.Workflow, Outcome: string(res.Outcome),
+			Status: string(res.Status), Duplicates: res.Duplicates,
+		})
+	}
+	if res.Outcome == jetflow.OutcomeCreated {
+		_, err := fmt.Fprintf(p.w, "created run %s\n", res.RunID)
+		return err
+	}
+	_, err := fmt.Fprintf(p.w, "existing run %s (status %s, %d duplicates absorbed)\n", res.RunID, res.Status, res.Duplicates)
+	return err
+}
+
+func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
+	if p.json {
+		r := toRunJSON(run)
+		r.Steps = make([]stepJSON, 0, len(steps))
+		for _, s := range steps {
+			r.Steps = append(r.Steps, stepJSON{
+				StepID: s.StepID, Name: s.Name, Attempt: s.Attempt, Output: s.Output,
+				Error: s.Error, Fatal: s.Fatal, CommittedAt: s.CommittedAt,
+			})
+		}
+		return p.encode(r)
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "run:\t%s\n", run.RunID)
+	fmt.Fprintf(tw, "workflow:\t%s\n", run.Workflow)
+	fmt.Fprintf(tw, "status:\t%s\n", run.Status)
+	fmt.Fprintf(tw, "source:\t%s\n", run.Source)
+	fmt.Fprintf(tw, "created:\t%s\n", run.CreatedAt.Format(time.RFC3339Nano))
+	fmt.Fprintf(tw, "updated:\t%s\n", run.UpdatedAt.Format(time.RFC3339Nano))
+	fmt.Fprintf(tw, "duplicates:\t%d\n", run.Duplicates)
+	fmt.Fprintf(tw, "input:\t%s\n", run.Input)
+	if len(run.Output) > 0 {
+		fmt.Fprintf(tw, "output:\t%s\n", run.Output)
+	}
+	if run.Error != nil {
+		fmt.Fprintf(tw, "error:\t%s: %s\n", run.Error.Kind, run.Error.Message)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(steps) == 0 {
+		_, err := fmt.Fprintln(p.w, "steps: none committed")
+		return err
+	}
+	fmt.Fprintln(p.w, "steps:")
+	tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  STEP ID\tATTEMPT\tRESULT")
+	for _, s := range steps {
+		result := string(s.Output)
+		switch {
+		case s.Fatal:
+			result = "fatal error: " + s.Error
+		case s.Error != "":
+			result = "error: " + s.Error
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%s\n", s.StepID, s.Attempt, result)
+	}
+	return tw.Flush()
+}
+
+func (p *printer) result(run jetflow.Run) error {
+	if p.json {
+		return p.encode(toRunJSON(run))
+	}
+	if run.Error != nil {
+		// The error itself goes to stderr.
+		_, err := fmt.Fprintf(p.w, "run %s %s\n", run.RunID, run.Status)
+		return err
+	}
+	_, err := fmt.Fprintf(p.w, "run %s %s: %s\n", run.RunID, run.Status, run.Output)
+	return err
+}
+
+type startJSON struct {
+	RunID      string `json:"run_id"`
+	Workflow   string `json:"workflow"`
+	Outcome    string `json:"outcome"`
+	Status     string `json:"status"`
+	Duplicates int64  `json:"duplicates"`
+}
+
+type runJSON struct {
+	RunID      string          `json:"run_id"`
+	Workflow   string          `json:"workflow"`
+	Status     string          `json:"status"`
+	Source     string          `json:"source,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	Duplicates int64           `json:"duplicates"`
+	Input      json.RawMessage `json:"input,omitempty"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *runErrorJSON   `json:"error,omitempty"`
+	Steps      []stepJSON      `json:"steps,omitempty"`
+}
+
+type runErrorJSON struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+type stepJSON struct {
+	StepID      string          `json:"step_id"`
+	Name        string          `json:"name"`
+	Attempt     int             `json:"attempt"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	Fatal       bool            `json:"fatal,omitempty"`
+	CommittedAt time.Time       `json:"committed_at"`
+}
+
+func toRunJSON(run jetflow.Run) runJSON {
+	r := runJSON{
+		RunID: run.RunID, Workflow: run.Workflow, Status: string(run.Status), Source: run.Source,
+		CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt, Duplicates: run.Duplicates,
+		Input: run.Input, Output: run.Output,
+	}
+	if run.Error != nil {
+		r.Error = &runErrorJSON{Kind: run.Error.Kind, Message: run.Error.Message}
+	}
+	return r
+}

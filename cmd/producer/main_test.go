@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// nats-server keeps a few process-wide goroutines after shutdown.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine"),
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushLoop"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ipQueue[...]).pop"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+type greeting struct {
+	Name string `json:"name"`
+}
+
+// greet is the tiny workflow the tests serve: one step, and a failure for
+// the name "nobody".
+func greet() *jetflow.Workflow[greeting, string] {
+	return jetflow.NewWorkflow("greet", func(ctx *jetflow.Context, in greeting) (string, error) {
+		if in.Name == "nobody" {
+			return "", errors.New("cannot greet nobody")
+		}
+		return jetflow.Step(ctx, "say-hello", func(context.Context) (string, error) {
+			return "hello, " + in.Name, nil
+		})
+	})
+}
+
+// hold is a workflow whose one step runs until release is closed, so that
+// its runs stay running while a test looks at them.
+func hold(release <-chan struct{}) *jetflow.Workflow[greeting, string] {
+	return jetflow.NewWorkflow("hold", func(ctx *jetflow.Context, in greeting) (string, error) {
+		return jetflow.Step(ctx, "wait-for-release", func(sctx context.Context) (string, error) {
+			select {
+			case <-release:
+				return "released", nil
+			case <-sctx.Done():
+				return "", sctx.Err()
+			}
+		})
+	})
+}
+
+// cliFunc runs the producer against the test's server and returns the exit
+// code, stdout and stderr.
+type cliFunc func(args ...string) (code int, stdout, stderr string)
+
+// setup starts an embedded server and a worker serving greet and hold, and returns a
+// way to run the producer against them.
+func setup(t *testing.T) cliFunc {
+	t.Helper()
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect(t.Name())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	ws := jetflow.NewWorkers()
+	release := make(chan struct{})
+	require.NoError(t, ws.Add(greet(), hold(release)))
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	require.NoError(t, err)
+	startCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, w.Start(startCtx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	t.Cleanup(func() { close(release) }) // before Stop: cleanups run last-in first-out
+
+	url := srv.ClientURL()
+	return func(args ...string) (int, string, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var stdout, stderr bytes.Buffer
+		env := func(k string) string {
+			if k == "JETFLOW_NATS_URL" {
+				return url
+			}
+			return ""
+		}
+		code := run(ctx, args, env, &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	}
+}
+
+func TestStartGetWait(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+
+	code, out, errOut := producer("start", "greet", `{"name": "ada"}`, "--id", "evt_1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "created run evt_1\n", out)
+	require.Empty(t, errOut)
+
+	// The same ID again, with the flag first this time: the existing run.
+	code, out, errOut = producer("--id", "evt_1", "start", "greet", `{"name":"ada"}`)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `^existing run evt_1 \(status (running|completed), 1 duplicates absorbed\)\n$`, out)
+
+	code, out, errOut = producer("wait", "evt_1", "--timeout", "20s")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "run evt_1 completed: \"hello, ada\"\n", out)
+
+	code, out, errOut = producer("get", "evt_1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status:      completed\n")
+	require.Contains(t, out, "duplicates:  1\n")
+	require.Contains(t, out, `input:       {"name":"ada"}`)
+	require.Contains(t, out, `output:      "hello, ada"`)
+	require.Regexp(t, `evt_1\.say-hello\.0\s+1\s+"hello, ada"`, out)
+
+	code, out, errOut = producer("start", "greet", `{"name":"ada"}`, "--id", "evt_1", "--output", "json")
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"run_id":"evt_1","workflow":"greet","outcome":"existing","status":"completed","duplicates":2}`, out)
+
+	code, out, errOut = producer("get", "evt_1", "--output=json")
+	require.Equal(t, 0, code, errOut)
+	var run struct {
+		Status     string          `json:"status"`
+		Duplicates int             `json:"duplicates"`
+		Output     json.RawMessage `json:"output"`
+		Steps      []struct {
+			StepID  string `json:"step_id"`
+			Attempt int    `json:"attempt"`
+		} `json:"steps"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &run))
+	require.Equal(t, "completed", run.Status)
+	require.Equal(t, 2, run.Duplicates)
+	require.JSONEq(t, `"hello, ada"`, string(run.Output))
+	require.Len(t, run.Steps, 1)
+	require.Equal(t, "evt_1.say-hello.0", run.Steps[0].StepID)
+	require.Equal(t, 1, run.Steps[0].Attempt)
+}
+
+func TestStartGeneratesRunID(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	code, out, errOut := producer("start", "greet", `{"name":"bob"}`, "--output", "json")
+	require.Equal(t, 0, code, errOut)
+	var res struct {
+		RunID   string `json:"run_id"`
+		Outcome string `json:"outcome"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, "created", res.Outcome)
+	require.NotEmpty(t, res.RunID)
+
+	code, _, errOut = producer("wait", res.RunID)
+	require.Equal(t, 0, code, errOut)
+}
+
+func TestWaitFailedRun(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	code, _, errOut := producer("start", "greet", `{"name":"nobody"}`, "--id", "evt_2")
+	require.Equal(t, 0, code, errOut)
+
+	code, out, errOut := producer("wait", "evt_2")
+	require.Equal(t, 2, code)
+	require.Equal(t, "run evt_2 failed\n", out)
+	require.Equal(t, "error: jetflow: run evt_2 failed (workflow): cannot greet nobody\n", errOut)
+
+	code, out, _ = producer("get", "evt_2")
+	require.Equal(t, 0, code, "get succeeds on a failed run")
+	require.Contains(t, out, "error:       workflow: cannot greet nobody")
+	require.Contains(t, out, "steps: none committed")
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"UnknownWorkflow", []string{"start", "nope", `{}`}, 1, `error: start nope: jetflow: unknown workflow: no worker serves "nope"`},
+		{"InvalidJSON", []string{"start", "greet", `{"name":`}, 1, "error: invalid JSON input: unexpected end of JSON input"},
+		{"UndecodableInput", []string{"start", "greet", `"ada"`}, 1, "cannot unmarshal string into Go value of type main.greeting"},
+		{"InvalidRunID", []string{"start", "greet", `{}`, "--id", "evt 1"}, 1, "error: start greet: jetflow: invalid run ID"},
+		{"GetNotFound", []string{"get", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
+		{"WaitNotFound", []string{"wait", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
+		{"GetInvalidRunID", []string{"get", "a.b"}, 1, "error: jetflow: invalid run ID"},
+		{"NoCommand", nil, 1, "error: no command given"},
+		{"UnknownCommand", []string{"list"}, 1, `error: unknown command "list"`},
+		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
+		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
+		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},
+		{"BadOutput", []string{"get", "evt_1", "--output", "yaml"}, 1, `error: invalid value "yaml" for --output`},
+		{"BadFlag", []string{"get", "evt_1", "--verbose"}, 1, "error: flag provided but not defined: -verbose"},
+		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 1, "error: connect to nats://127.0.0.1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			code, out, errOut := producer(tc.args...)
+			require.Equal(t, tc.code, code, errOut)
+			require.Empty(t, out)
+			require.Contains(t, errOut, tc.want)
+			require.Equal(t, 1, bytes.Count([]byte(errOut), []byte("\n")), "one line: %q", errOut)
+		})
+	}
+}
+
+func TestRunningRun(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	code, out, errOut := producer("start", "hold", `{"name":"eve"}`, "--id", "evt_3")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "created run evt_3\n", out)
+	code, out, errOut = producer("start", "hold", `{"name":"eve"}`, "--id", "evt_3")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "existing run evt_3 (status running, 1 duplicates absorbed)\n", out)
+
+	code, out, errOut = producer("wait", "evt_3", "--timeout", "100ms")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Equal(t, "error: run evt_3 did not end within 100ms\n", errOut)
+
+	code, out, errOut = producer("get", "evt_3")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status:      running\n")
+	require.NotContains(t, out, "output:")
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-h"}, func(string) string { return "" }, &stdout, &stderr)
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout.String(), "Usage: producer")
+	require.Empty(t, stderr.String())
+}

@@ -1,0 +1,135 @@
+// Package orders is an example of what jetflow is for: an order workflow
+// started from a payment provider's webhook, whose charge step is safe to
+// retry because it passes its step ID as the Idempotency-Key of the payment
+// API.
+//
+// Start a run with the webhook's event ID as the run ID ("stripe-evt_123"):
+// however often the provider re-delivers the event, there is one run, and
+// the run's charge step, however often it is retried, makes one charge.
+package orders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetflow/jetflow"
+)
+
+// WorkflowName is the order workflow's stable name.
+const WorkflowName = "order"
+
+// Step names of the order workflow. With the run ID they make the step IDs,
+// such as "stripe-evt_123.charge.0".
+const (
+	StepReserve = "reserve-inventory"
+	StepCharge  = "charge"
+	StepConfirm = "send-confirmation"
+)
+
+// OrderInput is what the webhook handler passes to the workflow.
+type OrderInput struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+	Email       string `json:"email"`
+}
+
+// OrderResult is the workflow's output.
+type OrderResult struct {
+	OrderID        string `json:"order_id"`
+	ChargeID       string `json:"charge_id"`
+	ReservationID  string `json:"reservation_id"`
+	ConfirmationID string `json:"confirmation_id"`
+}
+
+// ChargeResult is the charge step's committed result.
+type ChargeResult struct {
+	ChargeID       string `json:"charge_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// Replayed is true when the payment service answered with a charge it
+	// had already made under the key: a retry after a lost response.
+	Replayed bool `json:"replayed"`
+}
+
+// OrderOptions tune the example.
+type OrderOptions struct {
+	// FlakyAfterCharge makes the first attempt of the charge step fail with
+	// a retryable error after the payment service has accepted the charge,
+	// as when the response is lost on the way back. The retry sends the
+	// same Idempotency-Key and gets the same charge back.
+	FlakyAfterCharge bool
+}
+
+// errLostResponse is the fault FlakyAfterCharge injects.
+var errLostResponse = errors.New("connection reset after the charge was accepted (simulated lost response)")
+
+// NewOrderWorkflow defines the order workflow, charging through pay.
+func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[OrderInput, OrderResult] {
+	// Short backoffs keep the demo quick; real payment calls would wait longer.
+	backoff := jetflow.WithBackoff(200*time.Millisecond, 2*time.Second)
+
+	return jetflow.NewWorkflow(WorkflowName, func(ctx *jetflow.Context, in OrderInput) (OrderResult, error) {
+		if err := in.validate(); err != nil {
+			return OrderResult{}, err
+		}
+
+		reservation, err := jetflow.Step(ctx, StepReserve, func(context.Context) (string, error) {
+			// A real inventory service would take the step ID as its
+			// idempotency key too; this one just names the reservation.
+			return "rsv_" + in.OrderID, nil
+		}, backoff)
+		if err != nil {
+			return OrderResult{}, err
+		}
+
+		charge, err := jetflow.Step(ctx, StepCharge, func(sctx context.Context) (ChargeResult, error) {
+			info, _ := jetflow.StepInfo(sctx)
+			ch, replayed, err := pay.Charge(sctx, info.StepID, ChargeRequest{
+				OrderID: in.OrderID, AmountCents: in.AmountCents, Currency: in.Currency,
+			})
+			if err != nil {
+				return ChargeResult{}, err
+			}
+			if opts.FlakyAfterCharge && info.Attempt == 1 {
+				return ChargeResult{}, jetflow.Retryable(fmt.Errorf("charge %s: %w", ch.ID, errLostResponse))
+			}
+			return ChargeResult{ChargeID: ch.ID, IdempotencyKey: info.StepID, Replayed: replayed}, nil
+		}, backoff)
+		if err != nil {
+			return OrderResult{}, err
+		}
+
+		confirmation, err := jetflow.Step(ctx, StepConfirm, func(sctx context.Context) (string, error) {
+			// An email provider keyed by the step ID sends one message
+			// however often this step is retried. No email is sent here.
+			info, _ := jetflow.StepInfo(sctx)
+			return "msg_" + info.StepID, nil
+		}, backoff)
+		if err != nil {
+			return OrderResult{}, err
+		}
+
+		return OrderResult{
+			OrderID: in.OrderID, ChargeID: charge.ChargeID,
+			ReservationID: reservation, ConfirmationID: confirmation,
+		}, nil
+	})
+}
+
+// validate is deterministic, so the workflow body may call it: a bad order
+// fails the run before any step runs.
+func (in OrderInput) validate() error {
+	switch {
+	case in.OrderID == "":
+		return errors.New("order_id is required")
+	case in.AmountCents <= 0:
+		return fmt.Errorf("order %s: amount_cents must be positive, got %d", in.OrderID, in.AmountCents)
+	case len(in.Currency) != 3:
+		return fmt.Errorf("order %s: currency must be a 3-letter code, got %q", in.OrderID, in.Currency)
+	case in.Email == "":
+		return fmt.Errorf("order %s: email is required", in.OrderID)
+	}
+	return nil
+}

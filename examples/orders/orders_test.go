@@ -1,0 +1,160 @@
+package orders
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
+)
+
+// bundle is one test's embedded NATS server, payment service, worker
+// serving the order workflow, and client.
+type bundle struct {
+	pay    *PaymentService
+	wf     *jetflow.Workflow[OrderInput, OrderResult]
+	client *jetflow.Client
+}
+
+func setup(t *testing.T, opts OrderOptions) *bundle {
+	t.Helper()
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	t.Cleanup(srv.Shutdown)
+
+	pay := startPayments(t)
+	wf := NewOrderWorkflow(NewPaymentClient(pay.URL(), nil), opts)
+
+	wnc, err := srv.Connect(t.Name() + "-worker")
+	require.NoError(t, err)
+	t.Cleanup(wnc.Close)
+	ws := jetflow.NewWorkers()
+	require.NoError(t, ws.Add(wf))
+	w, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 10*time.Second)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+
+	cnc, err := srv.Connect(t.Name() + "-client")
+	require.NoError(t, err)
+	t.Cleanup(cnc.Close)
+	c, err := jetflow.NewClient(ctxT(t, 10*time.Second), cnc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	return &bundle{pay: pay, wf: wf, client: c}
+}
+
+func testOrder() OrderInput {
+	return OrderInput{OrderID: "o-42", AmountCents: 1999, Currency: "usd", Email: "ada@example.com"}
+}
+
+func TestOrderCompletes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_1"))
+	require.NoError(t, err)
+	require.Equal(t, jetflow.OutcomeCreated, h.Outcome)
+
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, OrderResult{
+		OrderID: "o-42", ChargeID: "ch_1", ReservationID: "rsv_o-42",
+		ConfirmationID: "msg_stripe-evt_1.send-confirmation.0",
+	}, out)
+	require.Equal(t, 1, b.pay.Charges())
+	require.Equal(t, 1, b.pay.Requests("stripe-evt_1.charge.0"))
+
+	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "stripe-evt_1")
+	require.NoError(t, err)
+	require.Len(t, steps, 3)
+	for i, name := range []string{StepReserve, StepCharge, StepConfirm} {
+		require.Equal(t, "stripe-evt_1."+name+".0", steps[i].StepID)
+		require.Equal(t, 1, steps[i].Attempt)
+	}
+	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"stripe-evt_1.charge.0","replayed":false}`, string(steps[1].Output))
+}
+
+// TestChargeRetriedAfterLostResponseChargesOnce: the first attempt of the
+// charge step makes the charge and then fails, as if the response had been
+// lost. The retry sends the same step ID as Idempotency-Key, so the payment
+// service replays the charge instead of making a second one.
+func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{FlakyAfterCharge: true})
+
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_2"))
+	require.NoError(t, err)
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "ch_1", out.ChargeID)
+
+	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "stripe-evt_2")
+	require.NoError(t, err)
+	require.Len(t, steps, 3)
+	charge := steps[1]
+	require.Equal(t, "stripe-evt_2.charge.0", charge.StepID)
+	require.Equal(t, 2, charge.Attempt, "the charge step ran twice")
+	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"stripe-evt_2.charge.0","replayed":true}`, string(charge.Output))
+
+	require.Equal(t, 2, b.pay.Requests("stripe-evt_2.charge.0"), "both attempts reached the payment service")
+	require.Equal(t, 1, b.pay.Charges(), "but it charged once")
+}
+
+// TestDuplicateStartChargesOnce: a webhook delivered twice starts one run.
+func TestDuplicateStartChargesOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+	ctx := ctxT(t, 10*time.Second)
+
+	first, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	require.NoError(t, err)
+	require.Equal(t, jetflow.OutcomeCreated, first.Outcome)
+	second, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	require.NoError(t, err)
+	require.Equal(t, jetflow.OutcomeExisting, second.Outcome)
+	require.Equal(t, int64(1), second.Duplicates)
+
+	out1, err := first.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	out2, err := second.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, out1, out2)
+
+	// A re-delivery after the run completed still lands on it.
+	third, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	require.NoError(t, err)
+	require.Equal(t, jetflow.OutcomeExisting, third.Outcome)
+	require.Equal(t, jetflow.StatusCompleted, third.Status)
+	require.Equal(t, int64(2), third.Duplicates)
+
+	require.Equal(t, 1, b.pay.Charges())
+}
+
+// TestInvalidOrderFailsBeforeCharging: the workflow validates its input
+// before any step, so a bad order fails its run and charges nothing.
+func TestInvalidOrderFailsBeforeCharging(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+
+	bad := testOrder()
+	bad.AmountCents = 0
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, bad, jetflow.WithRunID("stripe-evt_4"))
+	require.NoError(t, err)
+	_, err = h.Result(ctxT(t, 20*time.Second))
+	require.ErrorIs(t, err, jetflow.ErrRunFailed)
+	var runErr *jetflow.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, jetflow.StatusFailed, runErr.Status)
+	require.Contains(t, runErr.Message, "amount_cents must be positive")
+	require.Zero(t, b.pay.Charges())
+}
