@@ -51,7 +51,7 @@ func TestBadStartsAreRejectedAndStoredRunsKept(t *testing.T) {
 		{"malformed JSON input", func() error {
 			_, err := c.StartByName(ctx, "sum", json.RawMessage(`{"a":`), WithRunID("keep-1"))
 			return err
-		}, ErrMalformed},
+		}, ErrInvalidInput},
 		{"invalid run ID (SDK)", func() error {
 			_, err := Start(ctx, c, wf, 1, WithRunID("bad id!"))
 			return err

@@ -64,8 +64,10 @@ type Client struct {
 	admit  *dedupe.Admitter
 }
 
-// NewClient provisions the engine's streams and buckets (idempotently) on nc
-// and returns a client. The connection stays the caller's to close.
+// NewClient binds to the engine's streams and buckets on nc, creating any
+// that are missing (it never changes existing ones: workers own the
+// deployment's settings), and returns a client. The connection stays the
+// caller's to close.
 func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if cfg.Name == "" {
 		cfg.Name = "go-sdk"
@@ -73,7 +75,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, e
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	assets, err := jetstream.Provision(ctx, nc, cfg.Topology)
+	assets, err := jetstream.Provision(ctx, nc, cfg.Topology, jetstream.Ensure)
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +194,12 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		return StartResult{}, err
 	}
 	o := c.startOpts(opts)
+	if err := state.ValidateRunID(o.runID); err != nil {
+		return StartResult{}, err
+	}
+	if !json.Valid(input) {
+		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
+	}
 	body, err := json.Marshal(dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source})
 	if err != nil {
 		return StartResult{}, fmt.Errorf("%w: %w", ErrMalformed, err)
@@ -203,7 +211,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	}
 	msg, err := c.nc.RequestWithContext(ctx, dedupe.AdmitSubjectPrefix+name, body)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return StartResult{}, fmt.Errorf("%w: no worker serves %q", ErrUnknownWorkflow, name)
+		return StartResult{}, fmt.Errorf("%w: no worker serves %q (unknown workflow, or no worker running)", ErrUnknownWorkflow, name)
 	}
 	if err != nil {
 		return StartResult{}, fmt.Errorf("jetflow: start %s: %w", name, err)
@@ -235,8 +243,19 @@ func replyError(e *dedupe.ReplyError) error {
 	default:
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
 	}
-	return fmt.Errorf("%w: %s", base, e.Message)
+	return &remoteError{base: base, msg: e.Message}
 }
+
+// remoteError is an error a worker reported: its text as the worker wrote
+// it (which already names the sentinel), matching the sentinel with
+// errors.Is.
+type remoteError struct {
+	base error
+	msg  string
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.base }
 
 // Run is a run as stored.
 type Run struct {
@@ -329,13 +348,15 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 
 // StepRecord is one committed step of a run.
 type StepRecord struct {
-	StepID      string
-	Name        string
-	Seq         int
-	Attempt     int
-	Output      json.RawMessage
-	Error       string
-	Fatal       bool
+	StepID  string
+	Name    string
+	Seq     int
+	Attempt int
+	Output  json.RawMessage
+	Error   string
+	Fatal   bool
+	// Worker names the worker whose attempt was committed.
+	Worker      string
 	CommittedAt time.Time
 }
 
@@ -359,7 +380,7 @@ func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) 
 		if err != nil {
 			return nil, err
 		}
-		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, CommittedAt: s.Committed}
+		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
 		}

@@ -100,7 +100,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("jetflow: worker already started")
 	}
-	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology)
+	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology, jetstream.CreateOrUpdate)
 	if err != nil {
 		return err
 	}

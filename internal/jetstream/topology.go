@@ -2,6 +2,7 @@ package jetstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -93,9 +94,22 @@ type Assets struct {
 	Audit *KV
 }
 
-// Provision creates or updates the task stream and the three buckets. It is
-// idempotent: every process calls it at start-up.
-func Provision(ctx context.Context, nc *nats.Conn, topo Topology) (*Assets, error) {
+// Mode says whether Provision may change existing resources.
+type Mode int
+
+const (
+	// CreateOrUpdate makes the resources match the topology: workers,
+	// which own the deployment's settings, provision this way.
+	CreateOrUpdate Mode = iota
+	// Ensure creates missing resources and binds to existing ones as they
+	// are: clients provision this way, so a producer with default settings
+	// never rewrites a cluster's replicated setup.
+	Ensure
+)
+
+// Provision creates (or, in CreateOrUpdate mode, updates) the task stream and
+// the three buckets. It is idempotent: every process calls it at start-up.
+func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*Assets, error) {
 	topo = topo.WithDefaults()
 	if err := topo.Validate(); err != nil {
 		return nil, err
@@ -108,7 +122,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology) (*Assets, erro
 	if topo.MemoryStorage {
 		storage = natsjs.MemoryStorage
 	}
-	tasks, err := js.CreateOrUpdateStream(ctx, natsjs.StreamConfig{
+	tasks, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
 		Name:        TasksStream,
 		Description: "jetflow tasks: one message per pending start or step",
 		Subjects:    []string{TaskSubjects},
@@ -135,7 +149,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology) (*Assets, erro
 		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps},
 		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit},
 	} {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, natsjs.KeyValueConfig{
+		kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
 			Bucket:      b.name,
 			Description: b.desc,
 			History:     1,
@@ -149,6 +163,34 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology) (*Assets, erro
 		*b.dst = newKV(js, kv)
 	}
 	return a, nil
+}
+
+func ensureStream(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
+	if mode == CreateOrUpdate {
+		return js.CreateOrUpdateStream(ctx, cfg)
+	}
+	s, err := js.Stream(ctx, cfg.Name)
+	if errors.Is(err, natsjs.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) {
+			return js.Stream(ctx, cfg.Name)
+		}
+	}
+	return s, err
+}
+
+func ensureBucket(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
+	if mode == CreateOrUpdate {
+		return js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, natsjs.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, natsjs.ErrBucketExists) {
+			return js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	return kv, err
 }
 
 // ConsumerConfig is the per-workflow task consumer setting.

@@ -47,13 +47,17 @@ func validateToken(s string, maxLen int, allowEquals bool) error {
 	if len(s) > maxLen {
 		return fmt.Errorf("longer than %d bytes", maxLen)
 	}
+	allowed := "letters, digits, '_' and '-'"
+	if allowEquals {
+		allowed = "letters, digits, '_', '-' and '='"
+	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
 		case c == '=' && allowEquals:
 		default:
-			return fmt.Errorf("character %q at %d is not allowed (use letters, digits, '_' and '-')", c, i)
+			return fmt.Errorf("character %q at %d is not allowed (use %s)", c, i, allowed)
 		}
 	}
 	return nil
