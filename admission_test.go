@@ -222,3 +222,33 @@ func waitTasksDrained(t *testing.T, c *Client) {
 		return err == nil && info.State.Msgs == 0
 	}, 20*time.Second, 20*time.Millisecond)
 }
+
+// G8: a start whose publisher died after the start task was stored but
+// before the run record was written is not lost: the worker that receives
+// the task creates the record and runs the run.
+func TestStartTaskWithoutRecordStillRuns(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := threeSteps("orphan", effects)
+	c := env.client()
+	task, err := json.Marshal(map[string]any{"v": 1, "run_id": "orphan-1", "workflow": "orphan", "input": 2, "token": "died"})
+	require.NoError(t, err)
+	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.TaskSubject("orphan", "orphan-1", ""), "orphan-1", task)
+	require.NoError(t, err)
+	_, err = c.GetRun(ctxT(t, 5*time.Second), "orphan-1")
+	require.ErrorIs(t, err, ErrRunNotFound)
+
+	env.worker(WorkerConfig{}, wf)
+	require.Eventually(t, func() bool {
+		run, err := c.GetRun(context.Background(), "orphan-1")
+		return err == nil && run.Status == StatusCompleted
+	}, 20*time.Second, 20*time.Millisecond)
+	run, err := c.GetRun(ctxT(t, 5*time.Second), "orphan-1")
+	require.NoError(t, err)
+	require.JSONEq(t, `5`, string(run.Output))
+	h, err := Start(ctxT(t, 5*time.Second), c, wf, 2, WithRunID("orphan-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeExisting, h.Outcome)
+	require.Len(t, effects.snapshot(), 3)
+}

@@ -1,0 +1,95 @@
+package dedupe
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+func setup(t *testing.T) *Admitter {
+	t.Helper()
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect(t.Name())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	return New(a, nil)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// A create retried after a lost reply finds its own token and reports
+// created; anyone else's create reports existing.
+func TestCreateRetriedAfterLostReplyIsStillCreated(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	rec := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`1`)}, "token-A")
+	_, _, created, err := a.createOrRead(ctx(t), rec)
+	require.NoError(t, err)
+	require.True(t, created)
+
+	// The same call again (its first reply was lost).
+	stored, _, created, err := a.createOrRead(ctx(t), rec)
+	require.NoError(t, err)
+	require.True(t, created, "own write recognised by its token")
+	require.Equal(t, "token-A", stored.Token)
+
+	other := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`2`)}, "token-B")
+	stored, _, created, err = a.createOrRead(ctx(t), other)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.JSONEq(t, `1`, string(stored.Input), "the first record is kept")
+}
+
+// A start whose publisher died after publishing the start task but before
+// writing the record: the task's receiver materialises the record with the
+// publisher's token, and a later start of the same ID is a duplicate.
+func TestMaterializeCompletesAnInterruptedStart(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	task := state.Task{V: state.Version, RunID: "evt-9", Workflow: "w", Input: json.RawMessage(`{"x":1}`), Token: "dead-publisher"}
+	run, rev, err := a.Materialize(ctx(t), task)
+	require.NoError(t, err)
+	require.NotZero(t, rev)
+	require.Equal(t, "dead-publisher", run.Token)
+	require.Equal(t, state.StatusRunning, run.Status)
+
+	res, err := a.Admit(ctx(t), Request{RunID: "evt-9", Workflow: "w", Input: json.RawMessage(`{"x":1}`), Source: "retry"})
+	require.NoError(t, err)
+	require.Equal(t, Existing, res.Outcome)
+	require.Equal(t, int64(1), res.Duplicates)
+
+	// Materialising again (a redelivered start task) changes nothing.
+	again, rev2, err := a.Materialize(ctx(t), task)
+	require.NoError(t, err)
+	require.Equal(t, rev, rev2)
+	require.Equal(t, run.Token, again.Token)
+}
+
+func TestDecodeStartRequest(t *testing.T) {
+	t.Parallel()
+	req, err := DecodeStartRequest("w", []byte(`{"input":{"a":1}}`))
+	require.NoError(t, err)
+	require.NotEmpty(t, req.RunID, "a run ID is generated")
+	req, err = DecodeStartRequest("w", []byte(`{"run_id":"k-1"}`))
+	require.NoError(t, err)
+	require.Equal(t, "k-1", req.RunID)
+	require.JSONEq(t, `null`, string(req.Input))
+	for _, bad := range []string{``, `[]`, `{"run_id":1}`, `{"run_id":"a.b"}`} {
+		_, err := DecodeStartRequest("w", []byte(bad))
+		require.Error(t, err, bad)
+	}
+}
