@@ -94,18 +94,30 @@ type Audit struct {
 // Task is the message on a workflow's task subject. A start task (StepID
 // empty) carries everything needed to create the run record, so that an
 // accepted start is never lost even if its publisher dies before creating
-// the record. A step task names the step it was published for.
+// the record. A step task names the step it was published for and carries
+// the run record's fields as the publishing worker read them, with their
+// revision, so that the worker finishing the run can write the final state
+// with one compare-and-set and no read.
 type Task struct {
-	V        int             `json:"v"`
-	RunID    string          `json:"run_id"`
-	Workflow string          `json:"workflow"`
-	StepID   string          `json:"step_id,omitempty"`
-	Input    json.RawMessage `json:"input"`
-	Token    string          `json:"token,omitempty"`
-	Source   string          `json:"source,omitempty"`
-	// Rev is the run record's revision when the task was published; zero on
-	// a start task.
+	V         int             `json:"v"`
+	RunID     string          `json:"run_id"`
+	Workflow  string          `json:"workflow"`
+	StepID    string          `json:"step_id,omitempty"`
+	Input     json.RawMessage `json:"input"`
+	Token     string          `json:"token,omitempty"`
+	Source    string          `json:"source,omitempty"`
+	CreatedAt time.Time       `json:"created_at,omitzero"`
+	// Rev is the run record's revision the fields above were read at; zero
+	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
+}
+
+// RunFromTask rebuilds the running run record a step task carries.
+func RunFromTask(t Task) Run {
+	return Run{
+		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
+		Token: t.Token, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+	}
 }
 
 // ErrCorrupt is returned when stored or received bytes do not decode into a

@@ -45,6 +45,7 @@ type Context struct {
 	exec     *Executor
 	task     state.Task
 	run      state.Run
+	rev      uint64 // of run; 0 when unknown
 	attempt  int
 	occ      map[string]int
 	seq      int
@@ -84,18 +85,33 @@ func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMe
 	c.seq++
 	id := state.StepID(c.run.RunID, name, occ)
 
+	if c.executed {
+		// This task ran its step; the next uncommitted one belongs to its
+		// own task. Publishing that task is safe even if the step was
+		// committed meanwhile (its task then only replays), so skip the read
+		// unless the history is at hand.
+		if rec, ok := c.exec.cache.get(c.run.RunID, id); ok {
+			return stepResult(rec)
+		}
+		c.suspend(&settlement{kind: settleDispatch, stepID: id})
+	}
 	rec, ok, err := c.exec.lookup(c.nctx, c.run.RunID, id)
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
 	if !ok {
-		mine := !c.executed && (c.task.StepID == id || (c.task.StepID == "" && seq == 0))
+		mine := c.task.StepID == id || (c.task.StepID == "" && seq == 0)
 		if !mine {
 			c.suspend(&settlement{kind: settleDispatch, stepID: id})
 		}
 		c.executed = true
 		rec = c.exec.execute(c, name, id, seq, policy.WithDefaults(), fn)
 	}
+	return stepResult(rec)
+}
+
+// stepResult turns a committed record into what Step returns.
+func stepResult(rec state.Step) (json.RawMessage, error) {
 	if rec.Error != nil {
 		return nil, &StepError{
 			RunID: rec.RunID, StepID: rec.StepID, StepName: rec.Name,

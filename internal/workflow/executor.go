@@ -121,7 +121,7 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		return
 	}
 	nctx := context.WithoutCancel(ctx)
-	run, err := e.loadRun(nctx, task)
+	run, rev, err := e.loadRun(nctx, task)
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot load run; releasing task")
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
@@ -133,7 +133,7 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		return
 	}
 	c := &Context{
-		ctx: ctx, nctx: nctx, exec: e, task: task, run: run,
+		ctx: ctx, nctx: nctx, exec: e, task: task, run: run, rev: rev,
 		attempt: int(meta.NumDelivered), occ: make(map[string]int),
 		inProgress: msg.InProgress, done: make(chan *settlement, 1),
 	}
@@ -141,15 +141,14 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	e.settle(nctx, log, msg, c, s)
 }
 
-// loadRun returns the run a task belongs to. A start task materialises the
-// run record if its publisher died before writing it; a step task carries
-// the run's input, written by a worker that read the record.
-func (e *Executor) loadRun(ctx context.Context, t state.Task) (state.Run, error) {
+// loadRun returns the run a task belongs to and the revision it was read
+// at. A start task materialises the run record if its publisher died before
+// writing it; a step task carries the record's fields.
+func (e *Executor) loadRun(ctx context.Context, t state.Task) (state.Run, uint64, error) {
 	if t.StepID == "" {
-		run, _, err := e.cfg.Admitter.Materialize(ctx, t)
-		return run, err
+		return e.cfg.Admitter.Materialize(ctx, t)
 	}
-	return state.Run{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: state.StatusRunning}, nil
+	return state.RunFromTask(t), t.Rev, nil
 }
 
 // replay runs the workflow body in its own goroutine until it returns or
@@ -185,7 +184,7 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		}
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 	case settleFinish:
-		if err := e.finish(ctx, c.run.RunID, s); err != nil {
+		if err := e.finish(ctx, c.run, c.rev, s); err != nil {
 			log.Warn().Err(err).Msg("cannot record run end; releasing")
 			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
@@ -206,7 +205,11 @@ func (e *Executor) settleErr(err error, what string) {
 // dispatch publishes the task of stepID. A task already pending for that
 // step, or one within the broker's duplicate window, absorbs this one.
 func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
-	b, err := state.Encode(state.Task{V: state.Version, RunID: c.run.RunID, Workflow: c.run.Workflow, StepID: stepID, Input: c.run.Input})
+	r := c.run
+	b, err := state.Encode(state.Task{
+		V: state.Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
+		Token: r.Token, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
+	})
 	if err != nil {
 		return err
 	}
@@ -347,18 +350,21 @@ func (e *Executor) observeStep(wf, step, result string, start time.Time) {
 	}
 }
 
-// finish records the run's end with compare-and-set. A run already in a
-// terminal state (finished by another worker, or cancelled) is left as it
-// is.
-func (e *Executor) finish(ctx context.Context, runID string, s *settlement) error {
+// finish records the run's end with compare-and-set on the revision the
+// task carried; when that revision is stale (another worker finished the
+// run, or it changed since) it reads the record and tries again. A run
+// already in a terminal state is left as it is.
+func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
 	for {
-		v, rev, err := e.cfg.Assets.Runs.GetExisting(ctx, runID)
-		if err != nil {
-			return err
-		}
-		run, err := state.DecodeRun(v)
-		if err != nil {
-			return err
+		if rev == 0 {
+			v, r, err := e.cfg.Assets.Runs.GetExisting(ctx, run.RunID)
+			if err != nil {
+				return err
+			}
+			if run, err = state.DecodeRun(v); err != nil {
+				return err
+			}
+			rev = r
 		}
 		if run.Status.Terminal() {
 			return nil
@@ -373,8 +379,9 @@ func (e *Executor) finish(ctx context.Context, runID string, s *settlement) erro
 		if err != nil {
 			return err
 		}
-		_, err = e.cfg.Assets.Runs.Update(ctx, runID, b, rev)
+		_, err = e.cfg.Assets.Runs.Update(ctx, run.RunID, b, rev)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			rev = 0
 			continue
 		}
 		if err != nil {

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// lastStepRan, when set, is called by the last step of e2eWorkflow with the
+// run ID: a diagnostic of how long the run takes to be seen completed after
+// its last step body ran (finish + watch delivery).
+var lastStepRan func(runID string)
+
+// e2eWorkflow is three trivial steps; the output (1+2+3) is checked.
+var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in int) (int, error) {
+	sum := in
+	for i, name := range []string{"a", "b", "c"} {
+		v, err := jetflow.Step(ctx, name, func(context.Context) (int, error) {
+			if f := lastStepRan; f != nil && i == 2 {
+				f(ctx.RunID())
+			}
+			return i + 1, nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
+})
+
+const e2eOutput = "6" // input 0 + 1 + 2 + 3
+
+// admitWorkflow is only started, never served: no worker consumes its tasks.
+var admitWorkflow = jetflow.NewWorkflow("bench_admit", func(_ *jetflow.Context, in int) (int, error) { return in, nil })
+
+// engineE2E runs the end-to-end workload through jetflow.Start and a
+// jetflow.Worker, and observes completions with one watcher on the runs
+// bucket.
+func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, err error) {
+	wnc, err := e.conn("e2e-worker")
+	if err != nil {
+		return s, err
+	}
+	cnc, err := e.conn("e2e-client")
+	if err != nil {
+		return s, err
+	}
+	onc, err := e.conn("e2e-observer")
+	if err != nil {
+		return s, err
+	}
+	assets, err := jetstream.Provision(ctx, onc, jetstream.Topology{}, jetstream.Ensure)
+	if err != nil {
+		return s, err
+	}
+	ws := jetflow.NewWorkers()
+	if err := ws.Add(e2eWorkflow); err != nil {
+		return s, err
+	}
+	logs := &logCounter{}
+	worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
+		Name: "bench-worker", Concurrency: cfg.concurrency,
+		Logger: zerolog.New(logs).Level(zerolog.InfoLevel),
+	})
+	if err != nil {
+		return s, err
+	}
+	if err := worker.Start(ctx); err != nil {
+		return s, err
+	}
+	workerStopped := false
+	stopWorker := func() error {
+		if workerStopped {
+			return nil
+		}
+		workerStopped = true
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return worker.Stop(sctx)
+	}
+	defer func() { _ = stopWorker() }()
+	client, err := jetflow.NewClient(ctx, cnc, jetflow.ClientConfig{Name: "bench"})
+	if err != nil {
+		return s, err
+	}
+
+	w := newWorkload("e2e-"+strconv.Itoa(rep), cfg.runs, cfg.dupFrac, cfg.starters)
+	t := newTracker(cfg.runs)
+	lastRan := make([]atomic.Int64, cfg.runs)
+	lastStepRan = func(runID string) {
+		if i, ok := w.index[runID]; ok {
+			lastRan[i].CompareAndSwap(0, time.Now().UnixNano())
+		}
+	}
+	defer func() { lastStepRan = nil }()
+
+	// One watcher for every run: a run is done when its record turns
+	// terminal.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watcher, err := assets.Runs.Raw().WatchAll(wctx, natsjs.UpdatesOnly())
+	if err != nil {
+		return s, fmt.Errorf("watch runs: %w", err)
+	}
+	defer func() { _ = watcher.Stop() }()
+	var foreign, undecodable atomic.Int64
+	go func() {
+		for ent := range watcher.Updates() {
+			if ent == nil {
+				continue
+			}
+			i, ok := w.index[ent.Key()]
+			if !ok {
+				foreign.Add(1)
+				continue
+			}
+			r, err := state.DecodeRun(ent.Value())
+			if err != nil {
+				undecodable.Add(1)
+				continue
+			}
+			switch {
+			case r.Status == state.StatusCompleted:
+				t.finished(i, true)
+			case r.Status.Terminal():
+				t.finished(i, false)
+			}
+		}
+	}()
+
+	streams := []string{jetstream.TasksStream, "KV_" + jetstream.RunsBucket, "KV_" + jetstream.StepsBucket, "KV_" + jetstream.AuditBucket}
+	seqBefore, err := lastSeqs(ctx, assets.JS, streams...)
+	if err != nil {
+		return s, err
+	}
+	before := connStats(wnc, cnc)
+
+	var created, dups atomic.Int64
+	err = runStarters(ctx, w, t, cfg.starters, cfg.startRate, func(ctx context.Context, run int) error {
+		h, err := jetflow.Start(ctx, client, e2eWorkflow, 0, jetflow.WithRunID(w.ids[run]))
+		if err != nil {
+			return err
+		}
+		if h.Outcome == jetflow.OutcomeCreated {
+			created.Add(1)
+		} else {
+			dups.Add(1)
+		}
+		return nil
+	})
+	if err != nil {
+		return s, err
+	}
+	waitErr := t.wait(ctx, cfg.timeout)
+	s = t.summarize(stepsPerRun)
+	s.tracker = t
+	s.created, s.duplicates = created.Load(), dups.Load()
+	after := connStats(wnc, cnc)
+	s.msgsPerRun = float64(after-before) / float64(cfg.runs)
+	if seqAfter, err := lastSeqs(ctx, assets.JS, streams...); err == nil {
+		s.writesPerRun = float64(seqAfter-seqBefore) / float64(cfg.runs)
+	}
+	defer func() { s.extra = append(s.extra, logs.summary()...) }()
+	if waitErr != nil {
+		return s, waitErr
+	}
+	var lag []time.Duration
+	for i := range cfg.runs {
+		if a, b := lastRan[i].Load(), t.done[i].Load(); a != 0 && b != 0 {
+			lag = append(lag, time.Duration(b-a))
+		}
+	}
+	if len(lag) > 0 {
+		slices.Sort(lag)
+		s.extra = append(s.extra, fmt.Sprintf("jetflow last step body ran -> run seen completed by the watcher: p50 %s, p99 %s, max %s",
+			dur(lag[len(lag)/2]), dur(lag[min(len(lag)-1, len(lag)*99/100)]), dur(lag[len(lag)-1])))
+	}
+	if err := stopWorker(); err != nil {
+		return s, fmt.Errorf("stop worker: %w", err)
+	}
+	stopWatch()
+
+	// Verify from the bucket, not only from the watch: every run ID has a
+	// completed record with the expected output.
+	var missing, notCompleted, wrongOutput atomic.Int64
+	_, err = parallel(ctx, cfg.runs, 16, func(ctx context.Context, i int) error {
+		v, _, err := assets.Runs.Get(ctx, w.ids[i])
+		if errors.Is(err, jetstream.ErrNotFound) {
+			missing.Add(1)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		r, err := state.DecodeRun(v)
+		if err != nil {
+			return err
+		}
+		switch {
+		case r.Status != state.StatusCompleted:
+			notCompleted.Add(1)
+		case string(r.Output) != e2eOutput:
+			wrongOutput.Add(1)
+		}
+		return nil
+	})
+	if err != nil {
+		return s, fmt.Errorf("verify: %w", err)
+	}
+	verified := int64(cfg.runs) - missing.Load() - notCompleted.Load() - wrongOutput.Load()
+	s.extra = append(s.extra, fmt.Sprintf("jetflow verify: %d/%d run records completed with output %s (missing %d, not completed %d, wrong output %d)",
+		verified, cfg.runs, e2eOutput, missing.Load(), notCompleted.Load(), wrongOutput.Load()))
+	if n := foreign.Load() + undecodable.Load(); n > 0 {
+		s.extra = append(s.extra, fmt.Sprintf("jetflow watcher: %d foreign and %d undecodable updates", foreign.Load(), undecodable.Load()))
+	}
+	s.extra = append(s.extra, taskDrain(ctx, assets))
+	switch {
+	case s.failed > 0:
+		return s, fmt.Errorf("%d runs failed", s.failed)
+	case s.completed != int64(cfg.runs) || verified != int64(cfg.runs):
+		return s, fmt.Errorf("%d of %d runs completed (watch), %d verified in the bucket", s.completed, cfg.runs, verified)
+	case s.created != int64(cfg.runs) || s.duplicates != int64(w.dups):
+		return s, fmt.Errorf("%d starts created a run (want %d), %d were duplicates (want %d)", s.created, cfg.runs, s.duplicates, w.dups)
+	}
+	return s, nil
+}
+
+// taskDrain reports whether the workflow's task messages are all gone from
+// the work-queue stream once every run completed. Acks are not confirmed by
+// the server (no DoubleAck), so it may still be removing acknowledged tasks.
+func taskDrain(ctx context.Context, assets *jetstream.Assets) string {
+	filter := "jetflow.task." + e2eWorkflow.Name() + ".>"
+	t0 := time.Now()
+	for {
+		info, err := assets.Tasks.Info(ctx, natsjs.WithSubjectFilter(filter))
+		if err != nil {
+			return "jetflow task stream: " + err.Error()
+		}
+		left := info.State.Msgs
+		if left == 0 {
+			return fmt.Sprintf("jetflow task stream: no task left (waited %s for acks to be applied)", dur(time.Since(t0)))
+		}
+		if time.Since(t0) > 10*time.Second || ctx.Err() != nil {
+			kinds := map[string]int{}
+			for subj := range info.State.Subjects {
+				// jetflow.task.<wf>.<run> (start) or .<run>.<step>.<n> (step)
+				if strings.Count(subj, ".") == 3 {
+					kinds["start"]++
+				} else {
+					kinds["step "+subj[strings.LastIndexByte(subj[:strings.LastIndexByte(subj, '.')], '.')+1:]]++
+				}
+			}
+			return fmt.Sprintf("jetflow task stream: %d messages still there 10s after the worker stopped: %v", left, kinds)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// engineAdmission measures jetflow.Start alone: distinct run IDs, then the
+// same IDs again (duplicates). No worker serves the workflow; its pending
+// start tasks are purged afterwards.
+func engineAdmission(ctx context.Context, e *env, cfg config, rep int) (distinct, dup float64, err error) {
+	nc, err := e.conn("admit-client")
+	if err != nil {
+		return 0, 0, err
+	}
+	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "bench"})
+	if err != nil {
+		return 0, 0, err
+	}
+	assets, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.Ensure)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		_ = assets.Tasks.Purge(context.WithoutCancel(ctx), natsjs.WithPurgeSubject("jetflow.task."+admitWorkflow.Name()+".>"))
+	}()
+	id := func(i int) string { return "adm-" + strconv.Itoa(rep) + "-" + strconv.Itoa(i) }
+	start := func(want jetflow.Outcome) func(ctx context.Context, i int) error {
+		return func(ctx context.Context, i int) error {
+			h, err := jetflow.Start(ctx, client, admitWorkflow, i, jetflow.WithRunID(id(i)))
+			if err != nil {
+				return fmt.Errorf("start %s: %w", id(i), err)
+			}
+			if h.Outcome != want {
+				return fmt.Errorf("start %s: outcome %s, want %s", id(i), h.Outcome, want)
+			}
+			return nil
+		}
+	}
+	elapsed, err := parallel(ctx, cfg.admitN, cfg.admitG, start(jetflow.OutcomeCreated))
+	if err != nil {
+		return 0, 0, fmt.Errorf("distinct: %w", err)
+	}
+	distinct = float64(cfg.admitN) / elapsed.Seconds()
+	elapsed, err = parallel(ctx, cfg.admitN, cfg.admitG, start(jetflow.OutcomeExisting))
+	if err != nil {
+		return 0, 0, fmt.Errorf("duplicates: %w", err)
+	}
+	dup = float64(cfg.admitN) / elapsed.Seconds()
+	return distinct, dup, nil
+}
+
+// logCounter counts the worker's log lines by level and message, so that
+// retries, releases and lost races show up in the report.
+type logCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+	sample map[string]string
+}
+
+func (l *logCounter) Write(p []byte) (int, error) {
+	var line struct {
+		Level   string `json:"level"`
+		Message string `json:"message"`
+		Error   string `json:"error"`
+	}
+	_ = json.Unmarshal(p, &line)
+	if line.Level == "info" && (line.Message == "worker started" || line.Message == "worker stopped") {
+		return len(p), nil
+	}
+	key := line.Level + ": " + line.Message
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.counts == nil {
+		l.counts, l.sample = make(map[string]int), make(map[string]string)
+	}
+	l.counts[key]++
+	if line.Error != "" {
+		l.sample[key] = line.Error
+	}
+	return len(p), nil
+}
+
+func (l *logCounter) summary() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys := make([]string, 0, len(l.counts))
+	for k := range l.counts {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		line := fmt.Sprintf("jetflow worker log: %d x %s", l.counts[k], k)
+		if e := l.sample[k]; e != "" {
+			line += " (e.g. " + e + ")"
+		}
+		out = append(out, line)
+	}
+	if len(out) == 0 {
+		out = append(out, "jetflow worker log: no retries, releases or lost races")
+	}
+	return out
+}

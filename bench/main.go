@@ -1,0 +1,259 @@
+// Command bench measures jetflow against the raw JetStream limits of the
+// same embedded nats-server, in one process run on one machine, and prints
+// the ratios. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+)
+
+type config struct {
+	runs        int
+	dupFrac     float64
+	starters    int
+	startRate   float64
+	timeline    bool
+	repeat      int
+	concurrency int
+	pubN        int
+	kvN         int
+	kvG         int
+	admitN      int
+	admitG      int
+	syncAlways  bool
+	quick       bool
+	timeout     time.Duration
+	cpuProfile  string
+	keepData    bool
+	phases      map[string]bool
+}
+
+var allPhases = []string{"publish", "kv", "mini", "e2e", "admit"}
+
+func parseFlags() (config, error) {
+	var c config
+	var phases string
+	flag.IntVar(&c.runs, "runs", 20000, "end-to-end workload: distinct run IDs (minimal program and jetflow)")
+	flag.Float64Var(&c.dupFrac, "dup-frac", 0.25, "end-to-end workload: fraction of runs started twice")
+	flag.IntVar(&c.starters, "starters", 16, "end-to-end workload: concurrent starters")
+	flag.Float64Var(&c.startRate, "start-rate", 0, "end-to-end workload: pace start calls to this many per second in total (0 = as fast as the starters go)")
+	flag.BoolVar(&c.timeline, "timeline", false, "print starts and completions per 250ms for the end-to-end phases")
+	flag.IntVar(&c.concurrency, "concurrency", 64, "jetflow worker concurrency, and the minimal program's consumer pool size")
+	flag.IntVar(&c.pubN, "publish-n", 100000, "raw async publish: messages")
+	flag.IntVar(&c.kvN, "kv-n", 50000, "raw KV create: keys")
+	flag.IntVar(&c.kvG, "kv-goroutines", 64, "raw KV create: goroutines")
+	flag.IntVar(&c.admitN, "admit-n", 20000, "jetflow admission: distinct run IDs (each then started again as a duplicate)")
+	flag.IntVar(&c.admitG, "admit-goroutines", 64, "jetflow admission: goroutines")
+	flag.BoolVar(&c.syncAlways, "sync-always", false, "embedded server fsyncs every write (EmbeddedConfig.SyncAlways)")
+	flag.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
+	flag.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the jetflow end-to-end phase to this file (server included: it is in-process)")
+	flag.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
+	flag.StringVar(&phases, "phases", strings.Join(allPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", flag.Args())
+	}
+	if c.quick {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN} {
+			*p = max(1, *p/10)
+		}
+	}
+	c.phases = make(map[string]bool)
+	for _, p := range strings.Split(phases, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		known := false
+		for _, q := range allPhases {
+			known = known || p == q
+		}
+		if !known {
+			return c, fmt.Errorf("unknown phase %q (known: %s)", p, strings.Join(allPhases, ","))
+		}
+		c.phases[p] = true
+	}
+	switch {
+	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1:
+		return c, errors.New("counts must be at least 1")
+	case c.startRate < 0:
+		return c, errors.New("--start-rate must not be negative")
+	case c.dupFrac < 0 || c.dupFrac > 1:
+		return c, errors.New("--dup-frac must be within [0, 1]")
+	}
+	return c, nil
+}
+
+// env is the run's embedded server and the connections opened on it.
+type env struct {
+	srv   *jetstream.Embedded
+	dir   string
+	conns []*nats.Conn
+}
+
+func (e *env) conn(name string) (*nats.Conn, error) {
+	nc, err := e.srv.Connect("bench-" + name)
+	if err != nil {
+		return nil, err
+	}
+	e.conns = append(e.conns, nc)
+	return nc, nil
+}
+
+func (e *env) close(keep bool) {
+	for _, nc := range e.conns {
+		nc.Close()
+	}
+	e.srv.Shutdown()
+	if !keep {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+func main() {
+	cfg, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: FAILED:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	dir, err := os.MkdirTemp("", "jetflow-bench-")
+	if err != nil {
+		return err
+	}
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: dir, Port: -1, SyncAlways: cfg.syncAlways})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	e := &env{srv: srv, dir: dir}
+	defer e.close(cfg.keepData)
+
+	nc, err := e.conn("info")
+	if err != nil {
+		return err
+	}
+	res := &results{cfg: cfg, serverVersion: nc.ConnectedServerVersion(), dataDir: dir}
+	printHeader(res)
+
+	var failures []error
+	step := func(name string, rep int, fn func() (string, error)) {
+		if !cfg.phases[name] || ctx.Err() != nil {
+			return
+		}
+		t0 := time.Now()
+		label := name
+		if cfg.repeat > 1 {
+			label = fmt.Sprintf("%s #%d", name, rep+1)
+		}
+		fmt.Printf("phase %-10s ...", label)
+		figure, err := fn()
+		fmt.Printf(" %7s  %s\n", time.Since(t0).Round(time.Millisecond), figure)
+		if err != nil {
+			fmt.Printf("phase %s FAILED: %v\n", label, err)
+			failures = append(failures, fmt.Errorf("%s: %w", label, err))
+		}
+	}
+	for rep := range cfg.repeat {
+		step("publish", rep, func() (string, error) {
+			r, err := rawPublish(ctx, e, cfg)
+			if err == nil {
+				res.pubRates = append(res.pubRates, r)
+			}
+			return num(r) + " msgs/s", err
+		})
+		step("kv", rep, func() (string, error) {
+			r, err := rawKVCreate(ctx, e, cfg)
+			if err == nil {
+				res.kvRates = append(res.kvRates, r)
+			}
+			return num(r) + " creates/s", err
+		})
+		step("mini", rep, func() (string, error) {
+			s, err := rawMinimal(ctx, e, cfg, rep)
+			if s != nil {
+				res.minis = append(res.minis, s)
+				return num(s.runsPerSec()) + " runs/s", err
+			}
+			return "", err
+		})
+		step("e2e", rep, func() (string, error) {
+			if rep == 0 {
+				stopProfile, err := startProfile(cfg.cpuProfile)
+				if err != nil {
+					return "", err
+				}
+				defer stopProfile()
+			}
+			s, err := engineE2E(ctx, e, cfg, rep)
+			if s != nil {
+				res.engines = append(res.engines, s)
+				return num(s.runsPerSec()) + " runs/s", err
+			}
+			return "", err
+		})
+		step("admit", rep, func() (string, error) {
+			d, dup, err := engineAdmission(ctx, e, cfg, rep)
+			if err == nil {
+				res.admitDistinct = append(res.admitDistinct, d)
+				res.admitDup = append(res.admitDup, dup)
+			}
+			return num(d) + " distinct/s, " + num(dup) + " duplicate/s", err
+		})
+	}
+	fmt.Println()
+
+	printReport(os.Stdout, res)
+	if ctx.Err() != nil {
+		failures = append(failures, ctx.Err())
+	}
+	return errors.Join(failures...)
+}
+
+func startProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}
+
+// machine describes where the figures were taken.
+func machine() string {
+	return fmt.Sprintf("%s %s/%s, GOMAXPROCS=%d, NumCPU=%d", runtime.Version(), runtime.GOOS, runtime.GOARCH,
+		runtime.GOMAXPROCS(0), runtime.NumCPU())
+}
