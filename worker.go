@@ -116,15 +116,21 @@ func (w *Worker) Start(ctx context.Context) error {
 		WorkerID: w.cfg.Name, HeartbeatEvery: w.cfg.AckWait / 3, Hooks: w.cfg.hooks,
 	})
 	pool := workflow.NewPool(exec, w.cfg.Concurrency, w.log)
+	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency}
 	for name := range defs {
-		c, err := assets.EnsureConsumer(ctx, name, jetstream.ConsumerConfig{
-			AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency,
-		})
-		if err != nil {
-			return errors.Join(err, pool.Stop(ctx))
-		}
-		if err := pool.Consume(c); err != nil {
-			return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
+		// Runs in progress come first: start tasks get at most a quarter of
+		// the slots, so a burst of starts cannot starve their later steps.
+		for kind, limit := range map[jetstream.TaskKind]int{
+			jetstream.StepTasks:  w.cfg.Concurrency,
+			jetstream.StartTasks: max(1, w.cfg.Concurrency/4),
+		} {
+			c, err := assets.EnsureConsumer(ctx, name, kind, cc)
+			if err != nil {
+				return errors.Join(err, pool.Stop(ctx))
+			}
+			if err := pool.Consume(c, limit); err != nil {
+				return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
+			}
 		}
 	}
 	stop, err := dedupe.Serve(w.nc, admit, checkers, 10*time.Second, w.log)

@@ -81,7 +81,7 @@ func TestPublishTaskDedupLayers(t *testing.T) {
 		return err == nil && d == PendingSubject
 	}, 10*time.Second, 50*time.Millisecond)
 
-	cons, err := a.EnsureConsumer(ctx(t), "wf", ConsumerConfig{AckWait: time.Second, MaxAckPending: 10})
+	cons, err := a.EnsureConsumer(ctx(t), "wf", StartTasks, ConsumerConfig{AckWait: time.Second, MaxAckPending: 10})
 	require.NoError(t, err)
 	batch, err := cons.Fetch(1, natsjs.FetchMaxWait(5*time.Second))
 	require.NoError(t, err)

@@ -13,12 +13,11 @@ import (
 // Names of the engine's NATS resources. They are part of the protocol other
 // languages speak (docs/ARCHITECTURE.md), so they never change silently.
 const (
-	TasksStream   = "JETFLOW_TASKS"
-	TaskSubjects  = "jetflow.task.>"
-	RunsBucket    = "jetflow_runs"
-	StepsBucket   = "jetflow_steps"
-	AuditBucket   = "jetflow_audit"
-	consumerPrefx = "jetflow_wf_"
+	TasksStream  = "JETFLOW_TASKS"
+	TaskSubjects = "jetflow.task.>"
+	RunsBucket   = "jetflow_runs"
+	StepsBucket  = "jetflow_steps"
+	AuditBucket  = "jetflow_audit"
 )
 
 // TaskSubject is the subject of the start task (stepID empty) or of the task
@@ -32,9 +31,32 @@ func TaskSubject(workflow, runID, stepID string) string {
 	return "jetflow.task." + workflow + "." + stepID
 }
 
-// ConsumerName is the durable consumer shared by every worker that serves
-// workflow.
-func ConsumerName(workflow string) string { return consumerPrefx + workflow }
+// TaskKind splits a workflow's tasks between two consumers, so that workers
+// can favour advancing runs already started over admitting new ones.
+type TaskKind int
+
+const (
+	// StartTasks: jetflow.task.<workflow>.<run-id>.
+	StartTasks TaskKind = iota
+	// StepTasks: jetflow.task.<workflow>.<run-id>.<step>.<occurrence>.
+	StepTasks
+)
+
+// ConsumerName is the durable consumer of kind shared by every worker that
+// serves workflow.
+func ConsumerName(workflow string, kind TaskKind) string {
+	if kind == StartTasks {
+		return "jetflow_start_" + workflow
+	}
+	return "jetflow_step_" + workflow
+}
+
+func consumerFilter(workflow string, kind TaskKind) string {
+	if kind == StartTasks {
+		return "jetflow.task." + workflow + ".*"
+	}
+	return "jetflow.task." + workflow + ".*.*.*"
+}
 
 // Topology is the deployment setting for the engine's streams and buckets.
 // Every process of one deployment must use the same values: provisioning is
@@ -199,12 +221,13 @@ type ConsumerConfig struct {
 	MaxAckPending int
 }
 
-// EnsureConsumer creates or updates the durable consumer for workflow.
-func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, cc ConsumerConfig) (natsjs.Consumer, error) {
+// EnsureConsumer creates or updates the durable consumer of kind for
+// workflow.
+func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskKind, cc ConsumerConfig) (natsjs.Consumer, error) {
 	c, err := a.JS.CreateOrUpdateConsumer(ctx, TasksStream, natsjs.ConsumerConfig{
-		Durable:       ConsumerName(workflow),
+		Durable:       ConsumerName(workflow, kind),
 		Description:   "jetflow tasks of workflow " + workflow,
-		FilterSubject: "jetflow.task." + workflow + ".>",
+		FilterSubject: consumerFilter(workflow, kind),
 		AckPolicy:     natsjs.AckExplicitPolicy,
 		AckWait:       cc.AckWait,
 		MaxDeliver:    -1,

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -313,25 +314,13 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 // progress while it runs and turning a panic into an error.
 func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
 	ctx := context.WithValue(c.ctx, stepInfoKey{}, info)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		if e.cfg.Hooks.NoHeartbeat {
-			return
-		}
-		t := time.NewTicker(e.cfg.HeartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if err := c.inProgress(); err != nil {
-					e.log.Warn().Err(err).Str("step_id", info.StepID).Msg("cannot extend task ack deadline")
-				}
+	if !e.cfg.Hooks.NoHeartbeat {
+		defer heartbeat(e.cfg.HeartbeatEvery, func() {
+			if err := c.inProgress(); err != nil {
+				e.log.Warn().Err(err).Str("step_id", info.StepID).Msg("cannot extend task ack deadline")
 			}
-		}
-	}()
+		})()
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("step panicked: %v", r)
@@ -342,6 +331,34 @@ func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMes
 		err = fmt.Errorf("step returned invalid JSON")
 	}
 	return out, err
+}
+
+// heartbeat calls beat every interval until the returned stop is called.
+// It costs a timer, not a goroutine, while nothing is due.
+func heartbeat(every time.Duration, beat func()) (stop func()) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	var tick func()
+	tick = func() {
+		beat()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, tick)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 func (e *Executor) observeStep(wf, step, result string, start time.Time) {

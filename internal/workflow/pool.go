@@ -32,11 +32,17 @@ func NewPool(exec *Executor, concurrency int, log zerolog.Logger) *Pool {
 	return &Pool{exec: exec, log: log, sem: make(chan struct{}, concurrency), hard: hard, hardCancel: cancel}
 }
 
-// Consume starts pulling from c. Prefetch is kept to the pool's size, so a
-// buffered message does not sit out its ack deadline behind running ones.
-func (p *Pool) Consume(c natsjs.Consumer) error {
-	cc, err := c.Consume(p.handle,
-		natsjs.PullMaxMessages(cap(p.sem)),
+// Consume starts pulling from c, running at most limit of its tasks at once
+// within the pool's concurrency (limit <= 0: no limit of its own). Prefetch
+// is kept to that size, so a buffered message does not sit out its ack
+// deadline behind running ones.
+func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
+	if limit <= 0 || limit > cap(p.sem) {
+		limit = cap(p.sem)
+	}
+	own := make(chan struct{}, limit)
+	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, own) },
+		natsjs.PullMaxMessages(limit),
 		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
 				p.log.Warn().Err(err).Msg("task consumer")
@@ -49,7 +55,7 @@ func (p *Pool) Consume(c natsjs.Consumer) error {
 	return nil
 }
 
-func (p *Pool) handle(msg natsjs.Msg) {
+func (p *Pool) handle(msg natsjs.Msg, own chan struct{}) {
 	if p.stopping.Load() {
 		// Buffered but not started: hand it back at once.
 		if err := msg.Nak(); err != nil {
@@ -57,11 +63,12 @@ func (p *Pool) handle(msg natsjs.Msg) {
 		}
 		return
 	}
+	own <- struct{}{}
 	p.sem <- struct{}{}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		defer func() { <-p.sem }()
+		defer func() { <-p.sem; <-own }()
 		p.exec.Handle(p.hard, msg)
 	}()
 }
