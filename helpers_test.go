@@ -9,62 +9,36 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChildWorker())
 	}
-	goleak.VerifyTestMain(m,
-		// nats-server keeps a few process-wide goroutines after shutdown.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine"),
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushLoop"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ipQueue[...]).pop"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	testenv.VerifyNoLeaks(m)
 }
 
-// testEnv is one test's embedded server and connections.
+// testEnv is one test's embedded server and topology.
 type testEnv struct {
-	t     *testing.T
-	srv   *jetstream.Embedded
-	topo  Topology
-	mu    sync.Mutex
-	conns []*nats.Conn
+	t    *testing.T
+	srv  *jetstream.Embedded
+	topo Topology
 }
 
 // newEnv starts an embedded nats-server with its own store directory and a
 // free port, shut down when the test ends.
 func newEnv(t *testing.T, topo Topology) *testEnv {
 	t.Helper()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	env := &testEnv{t: t, srv: srv, topo: topo}
-	t.Cleanup(func() {
-		env.mu.Lock()
-		for _, nc := range env.conns {
-			nc.Close()
-		}
-		env.mu.Unlock()
-		srv.Shutdown()
-	})
-	return env
+	return &testEnv{t: t, srv: testenv.Server(t), topo: topo}
 }
 
 func (e *testEnv) conn() *nats.Conn {
 	e.t.Helper()
-	nc, err := e.srv.Connect(e.t.Name())
-	require.NoError(e.t, err)
-	e.mu.Lock()
-	e.conns = append(e.conns, nc)
-	e.mu.Unlock()
-	return nc
+	return testenv.Conn(e.t, e.srv)
 }
 
 func (e *testEnv) client() *Client {
@@ -80,7 +54,7 @@ func (e *testEnv) worker(cfg WorkerConfig, wfs ...Registrable) *Worker {
 	ws := NewWorkers()
 	require.NoError(e.t, ws.Add(wfs...))
 	cfg.Topology = e.topo
-	cfg.Logger = zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
+	cfg.Logger = testenv.Logger(e.t)
 	w, err := NewWorker(e.conn(), ws, cfg)
 	require.NoError(e.t, err)
 	require.NoError(e.t, w.Start(ctxT(e.t, 10*time.Second)))

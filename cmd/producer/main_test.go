@@ -8,24 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// nats-server keeps a few process-wide goroutines after shutdown.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine"),
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushLoop"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*ipQueue[...]).pop"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
-}
+func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
 
 type greeting struct {
 	Name string `json:"name"`
@@ -67,17 +56,13 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 // way to run the producer against them.
 func setup(t *testing.T) cliFunc {
 	t.Helper()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
 	ws := jetflow.NewWorkers()
 	release := make(chan struct{})
 	require.NoError(t, ws.Add(greet(), hold(release)))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		Logger: testenv.Logger(t),
 	})
 	require.NoError(t, err)
 	startCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

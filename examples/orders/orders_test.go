@@ -5,11 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // bundle is one test's embedded NATS server, payment service, worker
@@ -22,20 +21,16 @@ type bundle struct {
 
 func setup(t *testing.T, opts OrderOptions) *bundle {
 	t.Helper()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
+	srv := testenv.Server(t)
 
 	pay := startPayments(t)
 	wf := NewOrderWorkflow(NewPaymentClient(pay.URL(), nil), opts)
 
-	wnc, err := srv.Connect(t.Name() + "-worker")
-	require.NoError(t, err)
-	t.Cleanup(wnc.Close)
+	wnc := testenv.Conn(t, srv)
 	ws := jetflow.NewWorkers()
 	require.NoError(t, ws.Add(wf))
 	w, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		Logger: testenv.Logger(t),
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctxT(t, 10*time.Second)))

@@ -10,16 +10,12 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 func setup(t *testing.T) *Admitter {
 	t.Helper()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	nc := testenv.Conn(t, testenv.Server(t))
 	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	return New(a, nil)
