@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -90,6 +91,12 @@ func runChildWorker() int {
 				killSelf()
 			}
 		}
+	case "slow":
+		// Steps take a few milliseconds after their side effect, so that
+		// kills from the test land inside steps as well as between them.
+		beforeReturn = func(StepDetails) {
+			time.Sleep(time.Duration(rand.IntN(10)) * time.Millisecond)
+		}
 	case "mid-step":
 		beforeReturn = func(info StepDetails) {
 			if info.StepName == crashStep && info.Attempt == 1 {
@@ -168,19 +175,30 @@ func (l *effectLog) get(stepID string) []int {
 // startChild starts a worker process; crash selects its fault.
 func startChild(t *testing.T, env *testEnv, crash, effectsURL string) *exec.Cmd {
 	t.Helper()
+	cmd, err := spawnChild(t, env, crash, effectsURL)
+	require.NoError(t, err)
+	return cmd
+}
+
+// spawnChild is startChild for goroutines other than the test's: it
+// returns the error instead of failing the test. The process is stopped
+// with SIGTERM when the test ends, unless it was waited for.
+func spawnChild(t *testing.T, env *testEnv, crash, effectsURL string) (*exec.Cmd, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1", childURLEnv+"="+env.srv.ClientURL(),
 		childCrashEnv+"="+crash, childEffectEnv+"="+effectsURL)
 	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			_ = cmd.Wait()
 		}
 	})
-	return cmd
+	return cmd, nil
 }
 
 // waitKilled waits for a child to die by SIGKILL.

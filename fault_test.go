@@ -1,0 +1,183 @@
+package jetflow
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/faultcheck"
+)
+
+// faultScale is the load of a fault scenario: the reduced size runs in CI,
+// JETFLOW_FAULT_FULL=1 runs the full one.
+func faultScale(reduced, full int) int {
+	if os.Getenv("JETFLOW_FAULT_FULL") != "" {
+		return full
+	}
+	return reduced
+}
+
+// load starts runs IDs prefix-0..n-1 from a few producers at a steady pace,
+// 30% of them twice (the duplicate a few starts later). A start that fails
+// (the broker is restarting, say) is retried with the same run ID, as a
+// real producer would. It records every answer in the ledger.
+func load(t *testing.T, c *Client, wf *Workflow[int, int], prefix string, n int, every time.Duration, l *faultcheck.Ledger) {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		ids = append(ids, id)
+		if i%10 < 3 && i > 2 {
+			ids = append(ids, fmt.Sprintf("%s-%d", prefix, i-2)) // a duplicate
+		}
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				deadline := time.Now().Add(60 * time.Second)
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					h, err := Start(ctx, c, wf, 0, WithRunID(id))
+					cancel()
+					if err == nil {
+						l.Accepted(id, h.Outcome == OutcomeCreated)
+						break
+					}
+					l.Failed()
+					if time.Now().After(deadline) {
+						t.Errorf("start %s kept failing: %v", id, err)
+						break
+					}
+				}
+			}
+		}()
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for _, id := range ids {
+		<-tick.C
+		work <- id
+	}
+	close(work)
+	wg.Wait()
+}
+
+// Worker processes are SIGKILLed at random points while runs are started at
+// a steady pace (30% duplicates). Every accepted start has one run, every
+// run completes, every committed step's side effect happened once at the
+// committed attempt, none ran after its commit, no result was rewritten.
+func TestFaultWorkerProcessesKilledUnderLoad(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	srv := httptest.NewServer(effects)
+	t.Cleanup(srv.Close)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+
+	var (
+		mu       sync.Mutex
+		children = []*exec.Cmd{startChild(t, env, "slow", srv.URL), startChild(t, env, "slow", srv.URL)}
+		kills    int
+	)
+	stopKiller := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		for {
+			select {
+			case <-stopKiller:
+				return
+			case <-time.After(time.Duration(150+rand.IntN(350)) * time.Millisecond):
+			}
+			mu.Lock()
+			i := rand.IntN(len(children))
+			victim := children[i]
+			mu.Unlock()
+			_ = victim.Process.Signal(syscall.SIGKILL)
+			_ = victim.Wait()
+			replacement, err := spawnChild(t, env, "slow", srv.URL)
+			if err != nil {
+				t.Errorf("restart worker process: %v", err)
+				return
+			}
+			mu.Lock()
+			children[i] = replacement
+			kills++
+			mu.Unlock()
+		}
+	}()
+
+	ledger := faultcheck.NewLedger()
+	load(t, c, crashWorkflow(srv.URL, nil), "kill", faultScale(200, 3000), 10*time.Millisecond, ledger)
+	close(stopKiller)
+	<-killerDone
+
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
+	require.NoError(t, writes.Stop())
+	mu.Lock()
+	t.Logf("worker kills=%d; %s", kills, v)
+	mu.Unlock()
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, v.Runs, v.Completed)
+	require.Positive(t, v.Duplicates)
+}
+
+// The whole single-node embedded server (the default deployment) is
+// restarted while runs are in flight. Producers retry the starts that fail
+// during the restart; workers reconnect. Nothing is lost or doubled.
+func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	wf := NewWorkflow("restartable", func(ctx *Context, in int) (int, error) {
+		sum := in
+		for _, name := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
+				info, _ := StepInfo(sctx)
+				effects.Record(info.StepID, info.Attempt)
+				return sum + 1, nil
+			}, WithBackoff(50*time.Millisecond, 200*time.Millisecond))
+			if err != nil {
+				return 0, err
+			}
+			sum = v
+		}
+		return sum, nil
+	})
+	env.worker(WorkerConfig{AckWait: time.Second}, wf)
+	c := env.client()
+
+	ledger := faultcheck.NewLedger()
+	n := faultScale(150, 2000)
+	loaded := make(chan struct{})
+	go func() {
+		defer close(loaded)
+		load(t, c, wf, "rs", n, 5*time.Millisecond, ledger)
+	}()
+	// Restart once a third of the load is in.
+	require.Eventually(t, func() bool { return ledger.Len() > n/3 }, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, env.srv.Restart())
+	restarted := time.Now()
+	<-loaded
+	t.Logf("load done %s after the restart", time.Since(restarted))
+
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, nil, 3)
+	t.Logf("server restarted once, all final %s after it; %s", time.Since(restarted), v)
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, v.Runs, v.Completed)
+}

@@ -1,0 +1,333 @@
+// Package faultcheck reads back everything a fault scenario left behind and
+// says whether the engine kept its promise: every accepted start has exactly
+// one run, every run reached a final state, every committed step's side
+// effect happened, no side effect ran after its step was committed, and no
+// committed result changed. The fault tests and the soak benchmark share it.
+package faultcheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Ledger is the producer's side: every start it made and what it was told.
+type Ledger struct {
+	mu      sync.Mutex
+	created map[string]int
+	dups    map[string]int
+	failed  int
+}
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger {
+	return &Ledger{created: make(map[string]int), dups: make(map[string]int)}
+}
+
+// Accepted records a start that returned without error; created is its
+// outcome.
+func (l *Ledger) Accepted(runID string, created bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if created {
+		l.created[runID]++
+	} else {
+		l.dups[runID]++
+	}
+}
+
+// Len is the number of accepted starts.
+func (l *Ledger) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.created {
+		n += c
+	}
+	for _, c := range l.dups {
+		n += c
+	}
+	return n
+}
+
+// Failed records a start that returned an error (and may be retried).
+func (l *Ledger) Failed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failed++
+}
+
+// Effects is the external system the steps call: it records every attempt
+// of every step by step ID, as a payment provider would log requests by
+// Idempotency-Key.
+type Effects struct {
+	mu       sync.Mutex
+	attempts map[string][]int
+}
+
+// NewEffects returns an empty effect log.
+func NewEffects() *Effects { return &Effects{attempts: make(map[string][]int)} }
+
+// Record logs one attempt of stepID.
+func (e *Effects) Record(stepID string, attempt int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.attempts[stepID] = append(e.attempts[stepID], attempt)
+}
+
+// ServeHTTP records POST ?step=<id>&attempt=<n>, so that worker processes
+// can report their side effects to the test process.
+func (e *Effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a, err := strconv.Atoi(r.URL.Query().Get("attempt"))
+	step := r.URL.Query().Get("step")
+	if err != nil || step == "" {
+		http.Error(w, "want ?step=<id>&attempt=<n>", http.StatusBadRequest)
+		return
+	}
+	e.Record(step, a)
+}
+
+// Attempts returns the attempts logged for stepID.
+func (e *Effects) Attempts(stepID string) []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]int(nil), e.attempts[stepID]...)
+}
+
+// Writes counts every write to the steps bucket while it watches, to show
+// that no committed result is ever written twice.
+type Writes struct {
+	mu     sync.Mutex
+	perKey map[string]int
+	stop   func() error
+}
+
+// WatchWrites starts counting writes to the steps bucket. Call Stop before
+// reading the counts.
+func WatchWrites(ctx context.Context, steps *jetstream.KV) (*Writes, error) {
+	w, err := steps.Raw().WatchAll(ctx, natsjs.UpdatesOnly())
+	if err != nil {
+		return nil, fmt.Errorf("faultcheck: watch steps: %w", err)
+	}
+	ws := &Writes{perKey: make(map[string]int), stop: w.Stop}
+	go func() {
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			ws.mu.Lock()
+			ws.perKey[e.Key()]++
+			ws.mu.Unlock()
+		}
+	}()
+	return ws, nil
+}
+
+// Stop ends the watch.
+func (w *Writes) Stop() error { return w.stop() }
+
+func (w *Writes) rewritten() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var keys []string
+	for k, n := range w.perKey {
+		if n > 1 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Verdict is what the checker saw.
+type Verdict struct {
+	Starts         int // accepted starts
+	FailedStarts   int // starts that returned an error (retried or not)
+	Duplicates     int // accepted starts that said existing
+	Runs           int // run IDs the producer was told about
+	Completed      int
+	CommittedSteps int
+	SideEffects    int // attempts logged by the effect server
+	Reruns         int // attempts of a step before the committed one (crashes)
+	Lost           int // accepted run without a run record, not final, or a committed step without its effect
+	Doubled        int // a run created more than once, an effect after its step's commit, a result rewritten
+	Problems       []string
+}
+
+// OK reports whether nothing was lost or doubled.
+func (v Verdict) OK() bool { return v.Lost == 0 && v.Doubled == 0 && len(v.Problems) == 0 }
+
+func (v Verdict) String() string {
+	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
+		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
+	if len(v.Problems) > 0 {
+		shown := v.Problems
+		if len(shown) > 10 {
+			shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(v.Problems)-10))
+		}
+		s += "\n  " + strings.Join(shown, "\n  ")
+	}
+	return s
+}
+
+// Check waits until every run the ledger knows is final (or ctx ends) and
+// then reads every run and step back. stepsPerRun is how many steps a
+// completed run commits.
+func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects, w *Writes, stepsPerRun int) Verdict {
+	l.mu.Lock()
+	v := Verdict{FailedStarts: l.failed}
+	ids := make(map[string]bool)
+	for id, n := range l.created {
+		ids[id] = true
+		v.Starts += n
+		if n > 1 {
+			v.Doubled++
+			v.Problems = append(v.Problems, fmt.Sprintf("run %s: %d starts said created", id, n))
+		}
+	}
+	for id, n := range l.dups {
+		ids[id] = true
+		v.Starts += n
+		v.Duplicates += n
+	}
+	l.mu.Unlock()
+	v.Runs = len(ids)
+
+	runs, err := waitFinal(ctx, assets, ids)
+	if err != nil {
+		v.Problems = append(v.Problems, err.Error())
+	}
+	steps, err := readAll(ctx, assets.Steps)
+	if err != nil {
+		v.Problems = append(v.Problems, "read steps: "+err.Error())
+	}
+	byRun := make(map[string][]state.Step)
+	for _, b := range steps {
+		s, err := state.DecodeStep(b)
+		if err != nil {
+			v.Problems = append(v.Problems, "undecodable step: "+err.Error())
+			continue
+		}
+		byRun[s.RunID] = append(byRun[s.RunID], s)
+	}
+	for id := range ids {
+		run, ok := runs[id]
+		switch {
+		case !ok:
+			v.Lost++
+			v.Problems = append(v.Problems, fmt.Sprintf("run %s: no run record", id))
+			continue
+		case !run.Status.Terminal():
+			v.Lost++
+			v.Problems = append(v.Problems, fmt.Sprintf("run %s: still %s", id, run.Status))
+		case run.Status == state.StatusCompleted:
+			v.Completed++
+			if n := len(byRun[id]); n != stepsPerRun {
+				v.Lost++
+				v.Problems = append(v.Problems, fmt.Sprintf("run %s completed with %d committed steps, want %d", id, n, stepsPerRun))
+			}
+		default:
+			v.Problems = append(v.Problems, fmt.Sprintf("run %s ended %s: %+v", id, run.Status, run.Error))
+		}
+		for _, s := range byRun[id] {
+			v.CommittedSteps++
+			attempts := e.Attempts(s.StepID)
+			v.SideEffects += len(attempts)
+			ran := false
+			for _, a := range attempts {
+				switch {
+				case a == s.Attempt:
+					ran = true
+				case a > s.Attempt:
+					v.Doubled++
+					v.Problems = append(v.Problems, fmt.Sprintf("step %s ran at attempt %d after its commit at attempt %d", s.StepID, a, s.Attempt))
+				default:
+					v.Reruns++
+				}
+			}
+			if !ran && s.Error == nil {
+				v.Lost++
+				v.Problems = append(v.Problems, fmt.Sprintf("step %s committed at attempt %d without its side effect (saw %v)", s.StepID, s.Attempt, attempts))
+			}
+		}
+	}
+	if w != nil {
+		for _, k := range w.rewritten() {
+			v.Doubled++
+			v.Problems = append(v.Problems, "step result written more than once: "+k)
+		}
+	}
+	sort.Strings(v.Problems)
+	return v
+}
+
+// waitFinal reads the run records of ids until all are final or ctx ends,
+// and returns the last reading.
+func waitFinal(ctx context.Context, assets *jetstream.Assets, ids map[string]bool) (map[string]state.Run, error) {
+	for {
+		all, err := readAll(ctx, assets.Runs)
+		if err != nil {
+			return nil, fmt.Errorf("read runs: %w", err)
+		}
+		runs := make(map[string]state.Run, len(ids))
+		final := 0
+		for id := range ids {
+			b, ok := all[id]
+			if !ok {
+				continue
+			}
+			run, err := state.DecodeRun(b)
+			if err != nil {
+				return nil, err
+			}
+			runs[id] = run
+			if run.Status.Terminal() {
+				final++
+			}
+		}
+		if final == len(ids) {
+			return runs, nil
+		}
+		select {
+		case <-ctx.Done():
+			return runs, fmt.Errorf("%d of %d runs final when the deadline passed", final, len(ids))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// readAll returns the current value of every key in a bucket, read with one
+// ordered consumer.
+func readAll(ctx context.Context, kv *jetstream.KV) (map[string][]byte, error) {
+	w, err := kv.Raw().WatchAll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	out := make(map[string][]byte)
+	for {
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return out, errors.New("watch closed")
+			}
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = e.Value()
+		}
+	}
+}
