@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -126,6 +127,20 @@ func (e *env) close(keep bool) {
 }
 
 func main() {
+	if len(os.Args) > 1 && (os.Args[1] == "soak" || os.Args[1] == "soak-worker") {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		run := runSoak
+		if os.Args[1] == "soak-worker" {
+			run = runSoakWorker
+		}
+		if err := run(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			stop()
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -273,38 +273,63 @@ func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects,
 }
 
 // waitFinal reads the run records of ids until all are final or ctx ends,
-// and returns the last reading.
+// and returns the last reading. It reads the whole bucket while many runs
+// are pending and only the pending ones when few are left.
 func waitFinal(ctx context.Context, assets *jetstream.Assets, ids map[string]bool) (map[string]state.Run, error) {
+	runs := make(map[string]state.Run, len(ids))
+	pending := make(map[string]bool, len(ids))
+	for id := range ids {
+		pending[id] = true
+	}
 	for {
-		all, err := readAll(ctx, assets.Runs)
-		if err != nil {
-			return nil, fmt.Errorf("read runs: %w", err)
-		}
-		runs := make(map[string]state.Run, len(ids))
-		final := 0
-		for id := range ids {
-			b, ok := all[id]
-			if !ok {
-				continue
-			}
-			run, err := state.DecodeRun(b)
+		if len(pending) > 1000 {
+			all, err := readAll(ctx, assets.Runs)
 			if err != nil {
-				return nil, err
+				return runs, fmt.Errorf("read runs: %w", err)
 			}
-			runs[id] = run
-			if run.Status.Terminal() {
-				final++
+			for id := range pending {
+				if b, ok := all[id]; ok {
+					if err := note(runs, pending, id, b); err != nil {
+						return runs, err
+					}
+				}
+			}
+		} else {
+			for id := range pending {
+				b, _, err := assets.Runs.Get(ctx, id)
+				if errors.Is(err, jetstream.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return runs, err
+				}
+				if err := note(runs, pending, id, b); err != nil {
+					return runs, err
+				}
 			}
 		}
-		if final == len(ids) {
+		if len(pending) == 0 {
 			return runs, nil
 		}
 		select {
 		case <-ctx.Done():
-			return runs, fmt.Errorf("%d of %d runs final when the deadline passed", final, len(ids))
+			return runs, fmt.Errorf("%d of %d runs not final when the deadline passed", len(pending), len(ids))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// note records a run read back, and whether it is final.
+func note(runs map[string]state.Run, pending map[string]bool, id string, b []byte) error {
+	run, err := state.DecodeRun(b)
+	if err != nil {
+		return fmt.Errorf("run %s: %w", id, err)
+	}
+	runs[id] = run
+	if run.Status.Terminal() {
+		delete(pending, id)
+	}
+	return nil
 }
 
 // readAll returns the current value of every key in a bucket, read with one
