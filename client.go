@@ -240,6 +240,8 @@ func replyError(e *dedupe.ReplyError) error {
 		base = ErrInputTooLarge
 	case dedupe.CodeMalformed:
 		base = ErrMalformed
+	case dedupe.CodeConflict:
+		base = ErrIdempotencyConflict
 	default:
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -38,7 +39,15 @@ var (
 	ErrStepFailed = workflow.ErrStepFailed
 	// ErrInvalidPolicy: a retry policy has a bad field.
 	ErrInvalidPolicy = workflow.ErrInvalidPolicy
+	// ErrIdempotencyConflict: the run ID names an existing run that the
+	// start does not match (another workflow); see *ConflictError. The
+	// existing run is not changed.
+	ErrIdempotencyConflict = dedupe.ErrConflict
 )
+
+// ConflictError says which part of a start differed from the existing run
+// with its run ID.
+type ConflictError = dedupe.ConflictError
 
 // StepError is a step's final failure as the workflow sees it: it returned a
 // fatal error or ran out of attempts. The failure is committed, so every

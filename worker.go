@@ -113,9 +113,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
-		WorkerID: w.cfg.Name, HeartbeatEvery: w.cfg.AckWait / 3, Hooks: w.cfg.hooks,
+		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks,
 	})
-	pool := workflow.NewPool(exec, w.cfg.Concurrency, w.log)
+	pool := workflow.NewPool(exec, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency}
 	for name := range defs {
 		// Runs in progress come first: start tasks get at most a quarter of

@@ -100,7 +100,8 @@ func Validate(req Request) error {
 	return nil
 }
 
-// Admit starts the run req.RunID or finds it. A repeat call with the same run
+// Admit starts the run req.RunID or finds it; without a deadline on ctx it
+// gives up after DefaultTimeout. A repeat call with the same run
 // ID, from this or any other process and at any time within the retention,
 // gets Existing and the stored run, however the calls interleave; exactly one
 // call ever gets Created (a call retried internally after a lost reply
@@ -114,6 +115,12 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		// Retries after lost answers are bounded as a whole, not per call.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	token := nuid.Next()
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
@@ -122,8 +129,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	broker, err := jetstream.PublishTask(ctx, a.assets.JS,
-		jetstream.TaskSubject(req.Workflow, req.RunID, ""), req.RunID, task)
+	broker, err := a.publishStart(ctx, req, task)
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
@@ -148,12 +154,57 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 		return res, nil
 	}
 	res.Outcome = Existing
+	if run.Workflow != req.Workflow {
+		return res, &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
+	}
 	res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, req.Source)
 	if err != nil {
 		return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
 	}
 	return res, nil
 }
+
+// publishStart stores the start task. A publish whose answer was lost is
+// sent again, the same bytes under the same message ID, so a stored first
+// copy absorbs it and the start keeps its token: the caller still learns
+// that it created the run.
+func (a *Admitter) publishStart(ctx context.Context, req Request, task []byte) (jetstream.Dedup, error) {
+	subject := jetstream.TaskSubject(req.Workflow, req.RunID, "")
+	wait := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		d, err := jetstream.PublishTask(ctx, a.assets.JS, subject, req.RunID, task)
+		if err == nil || attempt == createAttempts || ctx.Err() != nil || jetstream.IsAPIError(err) {
+			return d, err
+		}
+		select {
+		case <-ctx.Done():
+			return d, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// ErrConflict is matched by every *ConflictError.
+var ErrConflict = errors.New("jetflow: idempotency conflict")
+
+// ConflictError is a start whose run ID names an existing run that it does
+// not match. The existing run is untouched.
+type ConflictError struct {
+	RunID string
+	// Field is what differs: "workflow".
+	Field     string
+	Stored    string
+	Requested string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
+		e.RunID, e.Field, e.Stored, e.Requested)
+}
+
+// Is makes errors.Is(err, ErrConflict) true.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 // Materialize returns the run record a start task stands for, creating it
 // from the task if its publisher died before doing so. The stored record
@@ -172,6 +223,10 @@ func (a *Admitter) newRecord(req Request, token string) state.Run {
 		CreatedAt: now, UpdatedAt: now,
 	}
 }
+
+// DefaultTimeout bounds a start whose context has no deadline, retries
+// included.
+const DefaultTimeout = 10 * time.Second
 
 // createAttempts bounds the retries of a run-record create that failed
 // without an answer (timeout, reconnect).

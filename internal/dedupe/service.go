@@ -49,6 +49,7 @@ const (
 	CodeInvalidRunID = "invalid_run_id"
 	CodeInvalidInput = "invalid_input"
 	CodeTooLarge     = "input_too_large"
+	CodeConflict     = "conflict"
 	CodeInternal     = "internal"
 )
 
@@ -69,6 +70,9 @@ func DecodeStartRequest(workflow string, b []byte) (Request, error) {
 	return req, Validate(req)
 }
 
+// maxConcurrentStarts bounds the start requests a worker answers at once.
+const maxConcurrentStarts = 64
+
 // InputChecker decodes input into the workflow's input type; an error means
 // the run could never start.
 type InputChecker func(input json.RawMessage) error
@@ -86,24 +90,36 @@ func Serve(nc *nats.Conn, a *Admitter, checkers map[string]InputChecker, timeout
 		}
 		return errors.Join(errs...)
 	}
+	// Requests are answered concurrently (a slow admission must not hold up
+	// the others), at most maxConcurrentStarts at a time per worker.
+	slots := make(chan struct{}, maxConcurrentStarts)
 	for name, check := range checkers {
 		s, err := nc.QueueSubscribe(AdmitSubjectPrefix+name, "jetflow_admit", func(m *nats.Msg) {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			reply := handleStart(ctx, a, name, check, m.Data)
-			b, err := json.Marshal(reply)
-			if err == nil {
-				err = m.Respond(b)
-			}
-			if err != nil {
-				// The caller times out and may retry: the start is idempotent.
-				log.Warn().Err(err).Str("workflow", name).Msg("cannot answer start request")
-			}
+			slots <- struct{}{}
+			go func() {
+				defer func() { <-slots }()
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				reply := handleStart(ctx, a, name, check, m.Data)
+				b, err := json.Marshal(reply)
+				if err == nil {
+					err = m.Respond(b)
+				}
+				if err != nil {
+					// The caller times out and may retry: the start is idempotent.
+					log.Warn().Err(err).Str("workflow", name).Msg("cannot answer start request")
+				}
+			}()
 		})
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("jetflow: serve starts of %s: %w", name, err), stop())
 		}
 		subs = append(subs, s)
+	}
+	// Return only once the server has the subscriptions: a start sent right
+	// after must find a responder.
+	if err := nc.Flush(); err != nil {
+		return nil, errors.Join(fmt.Errorf("jetflow: serve starts: %w", err), stop())
 	}
 	return stop, nil
 }
@@ -117,6 +133,9 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, check InputC
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)
+	if errors.Is(err, ErrConflict) {
+		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
+	}
 	if err != nil {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}}
 	}

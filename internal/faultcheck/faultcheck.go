@@ -73,17 +73,23 @@ func (l *Ledger) Failed() {
 // Idempotency-Key.
 type Effects struct {
 	mu       sync.Mutex
-	attempts map[string][]int
+	attempts map[string][]effect
+}
+
+// effect is one logged attempt and when it reached the log.
+type effect struct {
+	attempt int
+	at      time.Time
 }
 
 // NewEffects returns an empty effect log.
-func NewEffects() *Effects { return &Effects{attempts: make(map[string][]int)} }
+func NewEffects() *Effects { return &Effects{attempts: make(map[string][]effect)} }
 
-// Record logs one attempt of stepID.
+// Record logs one attempt of stepID, now.
 func (e *Effects) Record(stepID string, attempt int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.attempts[stepID] = append(e.attempts[stepID], attempt)
+	e.attempts[stepID] = append(e.attempts[stepID], effect{attempt, time.Now()})
 }
 
 // ServeHTTP records POST ?step=<id>&attempt=<n>, so that worker processes
@@ -102,7 +108,17 @@ func (e *Effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (e *Effects) Attempts(stepID string) []int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return append([]int(nil), e.attempts[stepID]...)
+	out := make([]int, 0, len(e.attempts[stepID]))
+	for _, ef := range e.attempts[stepID] {
+		out = append(out, ef.attempt)
+	}
+	return out
+}
+
+func (e *Effects) effects(stepID string) []effect {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]effect(nil), e.attempts[stepID]...)
 }
 
 // Writes counts every write to the steps bucket while it watches, to show
@@ -150,6 +166,10 @@ func (w *Writes) rewritten() []string {
 	return keys
 }
 
+// commitSlack absorbs the distance between the commit time a worker writes
+// into the step record (just before the write) and the write itself.
+const commitSlack = 500 * time.Millisecond
+
 // Verdict is what the checker saw.
 type Verdict struct {
 	Starts         int // accepted starts
@@ -159,7 +179,7 @@ type Verdict struct {
 	Completed      int
 	CommittedSteps int
 	SideEffects    int // attempts logged by the effect server
-	Reruns         int // attempts of a step before the committed one (crashes)
+	Reruns         int // attempts other than the committed one that began before the commit (crashes, overlaps)
 	Lost           int // accepted run without a run record, not final, or a committed step without its effect
 	Doubled        int // a run created more than once, an effect after its step's commit, a result rewritten
 	Problems       []string
@@ -242,23 +262,28 @@ func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects,
 		}
 		for _, s := range byRun[id] {
 			v.CommittedSteps++
-			attempts := e.Attempts(s.StepID)
+			attempts := e.effects(s.StepID)
 			v.SideEffects += len(attempts)
 			ran := false
 			for _, a := range attempts {
 				switch {
-				case a == s.Attempt:
+				case a.attempt == s.Attempt:
 					ran = true
-				case a > s.Attempt:
+				case a.attempt > s.Attempt && a.at.After(s.Committed.Add(commitSlack)):
+					// A later attempt that began after the commit was
+					// written: the committed step ran again.
 					v.Doubled++
-					v.Problems = append(v.Problems, fmt.Sprintf("step %s ran at attempt %d after its commit at attempt %d", s.StepID, a, s.Attempt))
+					v.Problems = append(v.Problems, fmt.Sprintf("step %s ran at attempt %d, %s after its commit at attempt %d",
+						s.StepID, a.attempt, a.at.Sub(s.Committed).Round(time.Millisecond), s.Attempt))
 				default:
+					// An attempt that crashed, or overlapped the one that
+					// committed (a redelivery while it ran): at least once.
 					v.Reruns++
 				}
 			}
 			if !ran && s.Error == nil {
 				v.Lost++
-				v.Problems = append(v.Problems, fmt.Sprintf("step %s committed at attempt %d without its side effect (saw %v)", s.StepID, s.Attempt, attempts))
+				v.Problems = append(v.Problems, fmt.Sprintf("step %s committed at attempt %d without its side effect (saw %v)", s.StepID, s.Attempt, e.Attempts(s.StepID)))
 			}
 		}
 	}

@@ -136,12 +136,16 @@ func (e *Embedded) Restart() error {
 }
 
 // Connect dials url with settings suited to a long-lived engine process:
-// unlimited reconnects, so a NATS restart is survived.
+// unlimited reconnects, so a NATS restart is survived, and no reconnect
+// buffer: a write attempted while disconnected fails at once instead of
+// being sent after the reconnect, long after its caller gave up on it and
+// acted on that (a late commit would land behind a retry's).
 func Connect(url, name string, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(100 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
 	}, extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

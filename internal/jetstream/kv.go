@@ -121,6 +121,14 @@ func IsWrongLastSequence(err error) bool {
 		apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequenceConstant
 }
 
+// IsAPIError reports whether err is an answer from JetStream (as opposed to
+// a timeout or a connection error, after which the request may or may not
+// have been applied).
+func IsAPIError(err error) bool {
+	var apiErr *natsjs.APIError
+	return errors.As(err, &apiErr)
+}
+
 // errCodeStoreFailed is JSStreamStoreFailedF; with the text below it means
 // the per-subject limit refused the message.
 const errCodeStoreFailed natsjs.ErrorCode = 10077

@@ -18,6 +18,9 @@ const (
 	RunsBucket   = "jetflow_runs"
 	StepsBucket  = "jetflow_steps"
 	AuditBucket  = "jetflow_audit"
+	// AttemptsBucket counts the attempts of steps that were delivered more
+	// than once, keyed by step ID.
+	AttemptsBucket = "jetflow_attempts"
 )
 
 // TaskSubject is the subject of the start task (stepID empty) or of the task
@@ -109,11 +112,12 @@ func (t Topology) Validate() error {
 
 // Assets are handles on the provisioned resources.
 type Assets struct {
-	JS    natsjs.JetStream
-	Tasks natsjs.Stream
-	Runs  *KV
-	Steps *KV
-	Audit *KV
+	JS       natsjs.JetStream
+	Tasks    natsjs.Stream
+	Runs     *KV
+	Steps    *KV
+	Audit    *KV
+	Attempts *KV
 }
 
 // Mode says whether Provision may change existing resources.
@@ -170,6 +174,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs},
 		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps},
 		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit},
+		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts},
 	} {
 		kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
 			Bucket:      b.name,

@@ -9,7 +9,9 @@ import (
 // historyCache keeps the committed steps of recently active runs so that a
 // replay does not read every earlier step back from the steps bucket. It only
 // ever holds committed results, which never change, so a cached entry is
-// always correct; a miss falls back to the bucket.
+// always correct; a miss falls back to the bucket. Runs are keyed by their
+// identity (run ID and creating token), not the run ID alone, so a run ID
+// reused after its retention starts with an empty history.
 type historyCache struct {
 	mu    sync.Mutex
 	limit int
@@ -21,34 +23,34 @@ func newHistoryCache(limit int) *historyCache {
 	return &historyCache{limit: limit, runs: make(map[string]map[string]state.Step)}
 }
 
-func (c *historyCache) get(runID, stepID string) (state.Step, bool) {
+func (c *historyCache) get(runKey, stepID string) (state.Step, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.runs[runID][stepID]
+	s, ok := c.runs[runKey][stepID]
 	return s, ok
 }
 
-func (c *historyCache) put(s state.Step) {
+func (c *historyCache) put(runKey string, s state.Step) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	steps, ok := c.runs[s.RunID]
+	steps, ok := c.runs[runKey]
 	if !ok {
 		for len(c.order) >= c.limit && len(c.order) > 0 {
 			delete(c.runs, c.order[0])
 			c.order = c.order[1:]
 		}
 		steps = make(map[string]state.Step)
-		c.runs[s.RunID] = steps
-		c.order = append(c.order, s.RunID)
+		c.runs[runKey] = steps
+		c.order = append(c.order, runKey)
 	}
 	steps[s.StepID] = s
 }
 
 // forget drops a finished run. Its slot in order is reclaimed lazily.
-func (c *historyCache) forget(runID string) {
+func (c *historyCache) forget(runKey string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.runs, runID)
+	delete(c.runs, runKey)
 	if len(c.order) > 2*c.limit {
 		kept := c.order[:0]
 		for _, id := range c.order {

@@ -40,20 +40,27 @@ type Context struct {
 	// run with it. nctx is never cancelled (NATS operations get the
 	// JetStream default timeout), so a finished step is still committed and
 	// acknowledged during a drain.
-	ctx      context.Context
-	nctx     context.Context
-	exec     *Executor
-	task     state.Task
-	run      state.Run
-	rev      uint64 // of run; 0 when unknown
-	attempt  int
-	occ      map[string]int
-	seq      int
-	executed bool
-	// inProgress tells the broker the task is still being worked on.
-	inProgress func() error
-	done       chan *settlement
+	ctx  context.Context
+	nctx context.Context
+	exec *Executor
+	task state.Task
+	run  state.Run
+	rev  uint64 // of run; 0 when unknown
+	// delivered is the task message's delivery count.
+	delivered int
+	occ       map[string]int
+	seq       int
+	executed  bool
+	// suspended is set once the body is being unwound: deferred Step calls
+	// then unwind too, without touching NATS or settling again.
+	suspended bool
+	done      chan *settlement
 }
+
+// runKey identifies this run in the history cache: the run ID and the token
+// of the start that created it, so that a run ID reused after its retention
+// never sees the earlier run's steps.
+func (c *Context) runKey() string { return c.run.RunID + "/" + c.run.Token }
 
 // Context is the worker's context: cancelled when the worker stops.
 func (c *Context) Context() context.Context { return c.ctx }
@@ -73,6 +80,9 @@ func (c *Context) Workflow() string { return c.run.Workflow }
 // A step whose final failure is committed returns a *StepError, on every
 // replay.
 func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMessage, error) {
+	if c.suspended {
+		runtime.Goexit()
+	}
 	if err := state.ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -90,12 +100,12 @@ func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMe
 		// own task. Publishing that task is safe even if the step was
 		// committed meanwhile (its task then only replays), so skip the read
 		// unless the history is at hand.
-		if rec, ok := c.exec.cache.get(c.run.RunID, id); ok {
+		if rec, ok := c.exec.cache.get(c.runKey(), id); ok {
 			return stepResult(rec)
 		}
 		c.suspend(&settlement{kind: settleDispatch, stepID: id})
 	}
-	rec, ok, err := c.exec.lookup(c.nctx, c.run.RunID, id)
+	rec, ok, err := c.exec.lookup(c.nctx, c.runKey(), id)
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
@@ -124,7 +134,10 @@ func stepResult(rec state.Step) (json.RawMessage, error) {
 // suspend hands the settlement to the executor and unwinds the workflow
 // goroutine. It never returns.
 func (c *Context) suspend(s *settlement) {
-	c.done <- s
+	if !c.suspended {
+		c.suspended = true
+		c.done <- s
+	}
 	runtime.Goexit()
 }
 

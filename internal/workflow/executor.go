@@ -13,7 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
+	"strconv"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -39,9 +39,9 @@ type Hooks struct {
 	// next task is published and the current one acknowledged. won is false
 	// when another worker had committed the step first.
 	AfterCommit func(stepID string, won bool)
-	// NoHeartbeat stops running steps from extending their task's ack
+	// NoHeartbeat (read by the Pool) stops tasks from extending their ack
 	// deadline, as a paused or partitioned worker would fail to: the task
-	// is redelivered while the step still runs (a zombie).
+	// is redelivered while its step still runs (a zombie).
 	NoHeartbeat bool
 }
 
@@ -53,9 +53,6 @@ type Config struct {
 	Logger      zerolog.Logger
 	// WorkerID is written into step records for diagnosis.
 	WorkerID string
-	// HeartbeatEvery is how often a running step's task is marked in
-	// progress; keep it well within the consumer's AckWait.
-	HeartbeatEvery time.Duration
 	// ReleaseDelay is how long a released task waits before redelivery.
 	ReleaseDelay time.Duration
 	// CacheRuns bounds the history cache (runs).
@@ -83,9 +80,6 @@ type Executor struct {
 func NewExecutor(cfg Config) *Executor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
-	}
-	if cfg.HeartbeatEvery == 0 {
-		cfg.HeartbeatEvery = 10 * time.Second
 	}
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second
@@ -128,6 +122,13 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 		return
 	}
+	if run.Workflow != task.Workflow {
+		// A start of another workflow under this run ID (after the broker's
+		// window): the stored run wins and this task must not touch it.
+		log.Error().Str("stored_workflow", run.Workflow).Msg("task for a run of another workflow dropped")
+		e.settleErr(msg.Ack(), "ack")
+		return
+	}
 	if run.Status.Terminal() {
 		// A stale task (duplicate start, late redelivery): nothing to do.
 		e.settleErr(msg.Ack(), "ack")
@@ -135,8 +136,8 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	}
 	c := &Context{
 		ctx: ctx, nctx: nctx, exec: e, task: task, run: run, rev: rev,
-		attempt: int(meta.NumDelivered), occ: make(map[string]int),
-		inProgress: msg.InProgress, done: make(chan *settlement, 1),
+		delivered: int(meta.NumDelivered), occ: make(map[string]int),
+		done: make(chan *settlement, 1),
 	}
 	s := e.replay(c, def)
 	e.settle(nctx, log, msg, c, s)
@@ -185,12 +186,17 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		}
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 	case settleFinish:
-		if err := e.finish(ctx, c.run, c.rev, s); err != nil {
+		err := e.finish(ctx, c.run, c.rev, s)
+		if errors.Is(err, jetstream.ErrNotFound) {
+			// The record expired (retention) while the run was going on:
+			// there is nothing left to finish.
+			log.Error().Err(err).Msg("run record gone; task dropped")
+		} else if err != nil {
 			log.Warn().Err(err).Msg("cannot record run end; releasing")
 			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
-		e.cache.forget(c.run.RunID)
+		e.cache.forget(c.runKey())
 		e.settleErr(msg.Ack(), "ack")
 	}
 }
@@ -226,8 +232,8 @@ func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) erro
 
 // lookup returns the committed record of stepID, from the cache or the
 // steps bucket.
-func (e *Executor) lookup(ctx context.Context, runID, stepID string) (state.Step, bool, error) {
-	if s, ok := e.cache.get(runID, stepID); ok {
+func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (state.Step, bool, error) {
+	if s, ok := e.cache.get(runKey, stepID); ok {
 		return s, true, nil
 	}
 	v, _, err := e.cfg.Assets.Steps.Get(ctx, stepID)
@@ -241,7 +247,7 @@ func (e *Executor) lookup(ctx context.Context, runID, stepID string) (state.Step
 	if err != nil {
 		return state.Step{}, false, err
 	}
-	e.cache.put(s)
+	e.cache.put(runKey, s)
 	return s, true, nil
 }
 
@@ -249,17 +255,24 @@ func (e *Executor) lookup(ctx context.Context, runID, stepID string) (state.Step
 // for a retry or a release. It returns the committed record, which is the
 // one another worker committed first if this one lost the race.
 func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPolicy, fn StepFunc) state.Step {
-	info := StepInfo{StepID: id, StepName: name, Attempt: c.attempt, RunID: c.run.RunID, Workflow: c.run.Workflow}
-	rec := state.Step{V: state.Version, StepID: id, RunID: c.run.RunID, Name: name, Seq: seq, Attempt: c.attempt, Worker: e.cfg.WorkerID}
+	attempt, err := e.beginAttempt(c)
+	if err != nil {
+		c.suspend(&settlement{kind: settleRelease, err: err})
+	}
+	info := StepInfo{StepID: id, StepName: name, Attempt: attempt, RunID: c.run.RunID, Workflow: c.run.Workflow}
+	rec := state.Step{V: state.Version, StepID: id, RunID: c.run.RunID, Name: name, Seq: seq, Attempt: attempt, Worker: e.cfg.WorkerID}
 	start := e.cfg.Now()
 	result := "committed"
-	if c.attempt > policy.MaxAttempts {
-		// Deliveries beyond the budget (crash loops): fail without running.
-		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("delivered %d times, more than MaxAttempts %d", c.attempt, policy.MaxAttempts), Kind: "step"}
+	if attempt > policy.MaxAttempts {
+		// Attempts beyond the budget (crash loops): fail without running.
+		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, policy.MaxAttempts), Kind: "step"}
 		result = "failed"
 	} else {
 		out, err := e.call(c, info, fn)
 		switch {
+		case err == nil && len(out) > state.MaxInputBytes:
+			rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("step output of %d bytes is over the %d-byte limit", len(out), state.MaxInputBytes), Fatal: true, Kind: "step"}
+			result = "fatal"
 		case err == nil:
 			rec.Output = out
 		case c.ctx.Err() != nil:
@@ -268,12 +281,12 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		case isFatal(err):
 			rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step"}
 			result = "fatal"
-		case c.attempt < policy.MaxAttempts:
+		case attempt < policy.MaxAttempts:
 			delay, ok := retryAfter(err)
 			if !ok {
-				delay = policy.Backoff(c.attempt)
+				delay = policy.Backoff(attempt)
 			}
-			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", c.attempt).
+			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).
 				Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
 			e.observeStep(c.run.Workflow, name, "retried", start)
 			c.suspend(&settlement{kind: settleRetry, delay: delay, err: err})
@@ -303,24 +316,84 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		result = "lost-race"
 	}
 	e.observeStep(c.run.Workflow, name, result, start)
-	e.cache.put(rec)
+	e.cache.put(c.runKey(), rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
 		h(id, result != "lost-race")
 	}
 	return rec
 }
 
-// call runs fn with the step's info in its context, marking the task in
-// progress while it runs and turning a panic into an error.
+// attemptKey names the attempt record of the step a task runs: the step ID
+// for a step task, <run-id>.start for the start task (which runs the run's
+// first step).
+func attemptKey(t state.Task) string {
+	if t.StepID != "" {
+		return t.StepID
+	}
+	return t.RunID + ".start"
+}
+
+// beginAttempt returns the number of the attempt about to run the task's
+// step. A first delivery is attempt 1 and costs nothing. A redelivery reads
+// and advances the task's attempt record with compare-and-set before the
+// step runs, so concurrent deliveries get distinct numbers, and a delivery
+// that never ran the step (handed back on shutdown, see ReleaseUnstarted)
+// does not use up MaxAttempts. A redelivery that finds no record counts the
+// first delivery as having run (it may have crashed mid-step).
+func (e *Executor) beginAttempt(c *Context) (int, error) {
+	if c.delivered <= 1 {
+		return 1, nil
+	}
+	key := attemptKey(c.task)
+	for {
+		v, rev, err := e.cfg.Assets.Attempts.Get(c.nctx, key)
+		var attempt int
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+			attempt = 2
+		case err != nil:
+			return 0, err
+		default:
+			started, err := strconv.Atoi(string(v))
+			if err != nil {
+				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
+			}
+			attempt = started + 1
+		}
+		b := []byte(strconv.Itoa(attempt))
+		if rev == 0 {
+			_, err = e.cfg.Assets.Attempts.Create(c.nctx, key, b)
+		} else {
+			_, err = e.cfg.Assets.Attempts.Update(c.nctx, key, b, rev)
+		}
+		if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
+			continue // a concurrent delivery took this number
+		}
+		return attempt, err
+	}
+}
+
+// ReleaseUnstarted hands back a task that was fetched but never started
+// (buffered when the worker began to stop). On its first delivery it first
+// records that no attempt ran, so the redelivery is attempt 1, not 2.
+func (e *Executor) ReleaseUnstarted(msg natsjs.Msg) error {
+	if meta, err := msg.Metadata(); err == nil && meta.NumDelivered == 1 {
+		if t, err := state.DecodeTask(msg.Data()); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), []byte("0"))
+			cancel()
+			if err != nil && !errors.Is(err, jetstream.ErrExists) {
+				e.log.Warn().Err(err).Str("run_id", t.RunID).Msg("cannot record an unstarted attempt; the redelivery will count one more")
+			}
+		}
+	}
+	return msg.Nak()
+}
+
+// call runs fn with the step's info in its context, turning a panic into an
+// error.
 func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
 	ctx := context.WithValue(c.ctx, stepInfoKey{}, info)
-	if !e.cfg.Hooks.NoHeartbeat {
-		defer heartbeat(e.cfg.HeartbeatEvery, func() {
-			if err := c.inProgress(); err != nil {
-				e.log.Warn().Err(err).Str("step_id", info.StepID).Msg("cannot extend task ack deadline")
-			}
-		})()
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("step panicked: %v", r)
@@ -331,34 +404,6 @@ func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMes
 		err = fmt.Errorf("step returned invalid JSON")
 	}
 	return out, err
-}
-
-// heartbeat calls beat every interval until the returned stop is called.
-// It costs a timer, not a goroutine, while nothing is due.
-func heartbeat(every time.Duration, beat func()) (stop func()) {
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-	)
-	var tick func()
-	tick = func() {
-		beat()
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(every)
-		}
-	}
-	mu.Lock()
-	t = time.AfterFunc(every, tick)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
 }
 
 func (e *Executor) observeStep(wf, step, result string, start time.Time) {
@@ -387,9 +432,15 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 			return nil
 		}
 		run.UpdatedAt = e.cfg.Now().UTC()
-		if s.err == nil {
+		switch {
+		case s.err == nil && len(s.output) > state.MaxInputBytes:
+			run.Status, run.Error = state.StatusFailed, &state.ErrorInfo{
+				Message: fmt.Sprintf("workflow output of %d bytes is over the %d-byte limit", len(s.output), state.MaxInputBytes),
+				Kind:    "output", Fatal: true,
+			}
+		case s.err == nil:
 			run.Status, run.Output = state.StatusCompleted, s.output
-		} else {
+		default:
 			run.Status, run.Error = state.StatusFailed, errorInfo(s)
 		}
 		b, err := state.Encode(run)

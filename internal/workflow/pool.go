@@ -3,22 +3,33 @@ package workflow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
 
+// stuckGrace is how long Stop still waits, after cancelling the running
+// steps' contexts, for steps and workflow bodies that ignore cancellation.
+const stuckGrace = 5 * time.Second
+
 // Pool consumes task messages from the workflows' consumers and hands them to
-// the executor with bounded concurrency.
+// the executor with bounded concurrency. From the moment a task arrives
+// until it is settled, its ack deadline is extended every third of the
+// consumer's AckWait, so a task waiting for a free slot is not redelivered
+// to another worker behind the back of this one.
 type Pool struct {
-	exec     *Executor
-	log      zerolog.Logger
-	sem      chan struct{}
-	wg       sync.WaitGroup
-	stopping atomic.Bool
-	running  []natsjs.ConsumeContext
+	exec        *Executor
+	log         zerolog.Logger
+	sem         chan struct{}
+	wg          sync.WaitGroup
+	stopping    atomic.Bool
+	running     []natsjs.ConsumeContext
+	noHeartbeat bool
+	inFlight    atomic.Int64
 
 	// hard is cancelled when the drain deadline passes: running steps see
 	// their context cancelled and their tasks are released.
@@ -27,21 +38,28 @@ type Pool struct {
 }
 
 // NewPool returns a pool running at most concurrency tasks at once.
-func NewPool(exec *Executor, concurrency int, log zerolog.Logger) *Pool {
+// noHeartbeat (tests only) disables ack-deadline extension.
+func NewPool(exec *Executor, concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
 	hard, cancel := context.WithCancel(context.Background())
-	return &Pool{exec: exec, log: log, sem: make(chan struct{}, concurrency), hard: hard, hardCancel: cancel}
+	return &Pool{exec: exec, log: log, sem: make(chan struct{}, concurrency),
+		noHeartbeat: noHeartbeat, hard: hard, hardCancel: cancel}
 }
 
 // Consume starts pulling from c, running at most limit of its tasks at once
 // within the pool's concurrency (limit <= 0: no limit of its own). Prefetch
-// is kept to that size, so a buffered message does not sit out its ack
-// deadline behind running ones.
+// is kept to that size.
 func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
 	if limit <= 0 || limit > cap(p.sem) {
 		limit = cap(p.sem)
 	}
+	// The consumer's AckWait is the deployment's (the last worker to
+	// provision it set it), not necessarily this worker's setting.
+	every := c.CachedInfo().Config.AckWait / 3
+	if every <= 0 {
+		every = 10 * time.Second
+	}
 	own := make(chan struct{}, limit)
-	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, own) },
+	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, own, every) },
 		natsjs.PullMaxMessages(limit),
 		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
@@ -55,32 +73,54 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
 	return nil
 }
 
-func (p *Pool) handle(msg natsjs.Msg, own chan struct{}) {
+func (p *Pool) handle(msg natsjs.Msg, own chan struct{}, every time.Duration) {
 	if p.stopping.Load() {
-		// Buffered but not started: hand it back at once.
-		if err := msg.Nak(); err != nil {
-			p.log.Warn().Err(err).Msg("cannot release buffered task")
-		}
+		p.release(msg)
 		return
+	}
+	stopBeat := func() {}
+	if !p.noHeartbeat {
+		stopBeat = heartbeat(every, func() {
+			if err := msg.InProgress(); err != nil {
+				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend task ack deadline")
+			}
+		})
 	}
 	own <- struct{}{}
 	p.sem <- struct{}{}
+	if p.stopping.Load() { // Stop began while this task waited for a slot
+		<-p.sem
+		<-own
+		stopBeat()
+		p.release(msg)
+		return
+	}
 	p.wg.Add(1)
+	p.inFlight.Add(1)
 	go func() {
 		defer p.wg.Done()
-		defer func() { <-p.sem; <-own }()
+		defer func() { p.inFlight.Add(-1); <-p.sem; <-own }()
+		defer stopBeat()
 		p.exec.Handle(p.hard, msg)
 	}()
 }
 
+// release hands a task that was fetched but not started back at once.
+func (p *Pool) release(msg natsjs.Msg) {
+	if err := p.exec.ReleaseUnstarted(msg); err != nil {
+		p.log.Warn().Err(err).Msg("cannot release buffered task")
+	}
+}
+
 // InFlight is the number of tasks being handled.
-func (p *Pool) InFlight() int { return len(p.sem) }
+func (p *Pool) InFlight() int { return int(p.inFlight.Load()) }
 
 // Stop stops pulling, releases buffered tasks, and waits for running tasks
 // to finish and be acknowledged. When ctx ends first, running steps get
-// their context cancelled and their tasks are released (not committed), and
-// Stop waits for that before returning ctx's error. A second call returns
-// at once.
+// their context cancelled and their tasks are released (not committed); Stop
+// waits a short grace for that and returns an error (ctx's, and how many
+// tasks ignored the cancellation: their messages are redelivered after the
+// ack deadline). A second call returns at once.
 func (p *Pool) Stop(ctx context.Context) error {
 	if p.stopping.Swap(true) {
 		return nil
@@ -101,8 +141,39 @@ func (p *Pool) Stop(ctx context.Context) error {
 		p.hardCancel()
 		return nil
 	case <-ctx.Done():
-		p.hardCancel()
-		<-done
+	}
+	p.hardCancel()
+	select {
+	case <-done:
 		return ctx.Err()
+	case <-time.After(stuckGrace):
+		return fmt.Errorf("%w; %d task(s) ignored cancellation and were abandoned", ctx.Err(), p.InFlight())
+	}
+}
+
+// heartbeat calls beat every interval until the returned stop is called.
+// It costs a timer, not a goroutine, while nothing is due.
+func heartbeat(every time.Duration, beat func()) (stop func()) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	tick := func() {
+		beat()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, tick)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
 	}
 }
