@@ -1,0 +1,393 @@
+package jetflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/testenv"
+)
+
+// The users of deploy/nats/accounts.conf, loaded from that file, so the
+// deploy file itself is what is tested.
+const (
+	accountsConf = "deploy/nats/accounts.conf"
+
+	workerUser          = "jetflow_worker"
+	producerUser        = "jetflow_producer"
+	trustedProducerUser = "jetflow_trusted_producer"
+
+	// The commented-out trusted producer block sits between these markers.
+	trustedBegin = "# >>> trusted producer"
+	trustedEnd   = "# <<< trusted producer"
+)
+
+var securityPasswords = map[string]string{
+	workerUser:          "worker-secret",
+	producerUser:        "producer-secret",
+	trustedProducerUser: "trusted-secret",
+}
+
+// Least privilege (deploy/nats/accounts.conf): the worker user runs the
+// engine; the producer user starts runs only by request-reply and reads
+// them, and cannot write the run bucket, publish a task, or create or delete
+// a stream; the direct jetflow.Start needs the trusted producer profile and
+// fails, with an error and in bounded time, for the producer user.
+func TestLeastPrivilegeUsers(t *testing.T) {
+	url := securedServer(t)
+	ctx := ctxT(t, 60*time.Second)
+
+	// Before any worker has provisioned, NewClient as the producer tries to
+	// create the missing stream, which it may not: it fails, it does not hang.
+	t.Run("producer NewClient before any worker fails", func(t *testing.T) {
+		nc, perms := securedConn(t, url, producerUser)
+		_, err := NewClient(ctxT(t, 2*time.Second), nc, ClientConfig{})
+		require.Error(t, err)
+		perms.requireDenied(t, "$JS.API.STREAM.CREATE.JETFLOW_TASKS")
+	})
+
+	// The worker user runs the whole engine: provisioning, consumers, task
+	// publishes, KV writes, acks, answers to start requests.
+	wnc, workerPerms := securedConn(t, url, workerUser)
+	effects := newCounter()
+	wf := threeSteps("secure", effects)
+	// gated holds its run in a step until release is closed, so a watch
+	// sees the run change, not only its final record.
+	release := make(chan struct{})
+	gated := NewWorkflow("secure-gated", func(ctx *Context, in string) (string, error) {
+		return Step(ctx, "wait", func(sctx context.Context) (string, error) {
+			select {
+			case <-release:
+				return in + "!", nil
+			case <-sctx.Done():
+				return "", sctx.Err()
+			}
+		})
+	})
+	// flaky fails its step once: the retry is a redelivery, which the
+	// worker counts in the attempts bucket.
+	flaky := NewWorkflow("secure-flaky", func(ctx *Context, _ int) (int, error) {
+		return Step(ctx, "call", func(sctx context.Context) (int, error) {
+			info, _ := StepInfo(sctx)
+			if info.Attempt < 2 {
+				return 0, errors.New("upstream unavailable")
+			}
+			return info.Attempt, nil
+		}, WithBackoff(50*time.Millisecond, 100*time.Millisecond), WithMaxAttempts(3))
+	})
+	ws := NewWorkers()
+	require.NoError(t, ws.Add(wf, gated, flaky))
+	w, err := NewWorker(wnc, ws, WorkerConfig{Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 10*time.Second)))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(sctx))
+	})
+	// Worker.Start returns before the server has necessarily registered the
+	// start-request subscription; another connection's request could get
+	// "no responders" otherwise.
+	require.NoError(t, wnc.Flush())
+
+	// The producer user: start by name, wait, read, list steps.
+	pnc, producerPerms := securedConn(t, url, producerUser)
+	pc, err := NewClient(ctxT(t, 10*time.Second), pnc, ClientConfig{Name: "least-privilege"})
+	require.NoError(t, err)
+	t.Run("producer starts by name and reads runs", func(t *testing.T) {
+		res, err := pc.StartByName(ctx, "secure", json.RawMessage(`1`), WithRunID("sec-1"))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, res.Outcome)
+
+		run, err := pc.WaitRun(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `4`, string(run.Output))
+
+		dup, err := pc.StartByName(ctx, "secure", json.RawMessage(`1`), WithRunID("sec-1"))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeExisting, dup.Outcome)
+		require.Equal(t, int64(1), dup.Duplicates)
+
+		got, err := pc.GetRun(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, got.Status)
+		require.Equal(t, int64(1), got.Duplicates)
+
+		_, err = pc.GetRun(ctx, "sec-never")
+		require.ErrorIs(t, err, ErrRunNotFound)
+
+		steps, err := pc.Steps(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Len(t, steps, 3)
+		for i, name := range []string{"a", "b", "c"} {
+			require.Equal(t, name, steps[i].Name)
+		}
+
+		// A step retried once.
+		_, err = pc.StartByName(ctx, "secure-flaky", json.RawMessage(`0`), WithRunID("sec-flaky"))
+		require.NoError(t, err)
+		run, err = pc.WaitRun(ctx, "sec-flaky")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `2`, string(run.Output))
+
+		// A watch that is open while the run is still running.
+		_, err = pc.StartByName(ctx, "secure-gated", json.RawMessage(`"hi"`), WithRunID("sec-gated"))
+		require.NoError(t, err)
+		waited := make(chan Run, 1)
+		go func() {
+			run, err := pc.WaitRun(ctx, "sec-gated")
+			if err != nil {
+				run.Status = RunStatus("error: " + err.Error())
+			}
+			waited <- run
+		}()
+		select {
+		case run := <-waited:
+			t.Fatalf("WaitRun returned while the run was held: %+v", run)
+		case <-time.After(300 * time.Millisecond):
+		}
+		close(release)
+		run = <-waited
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `"hi!"`, string(run.Output))
+
+		producerPerms.requireNone(t)
+	})
+
+	wjs, err := natsjs.New(wnc)
+	require.NoError(t, err)
+	workerRuns, err := wjs.KeyValue(ctx, "jetflow_runs")
+	require.NoError(t, err)
+	committed, err := workerRuns.Get(ctx, "sec-1")
+	require.NoError(t, err)
+
+	pjs, err := natsjs.New(pnc)
+	require.NoError(t, err)
+
+	// Direct admission publishes the start task first; the producer may not,
+	// so the publish is dropped and its acknowledgement never comes. Start
+	// bounds that wait itself (10s) when ctx has no deadline. It runs
+	// alongside the checks below.
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	direct := make(chan result, 1)
+	go func() {
+		began := time.Now()
+		_, err := Start(context.Background(), pc, wf, 7, WithRunID("sec-direct"))
+		direct <- result{err, time.Since(began)}
+	}()
+
+	t.Run("producer cannot write the run bucket", func(t *testing.T) {
+		runs, err := pjs.KeyValue(ctx, "jetflow_runs") // a lookup: allowed
+		require.NoError(t, err)
+		_, err = runs.Create(ctxT(t, 2*time.Second), "sec-forged", []byte(`{"forged":true}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, `$KV.jetflow_runs.sec-forged`)
+		_, err = runs.Put(ctxT(t, 2*time.Second), "sec-1", []byte(`{"forged":true}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, `$KV.jetflow_runs.sec-1`)
+
+		// Nothing landed: read back through the worker's connection.
+		_, err = workerRuns.Get(ctx, "sec-forged")
+		require.ErrorIs(t, err, natsjs.ErrKeyNotFound)
+		now, err := workerRuns.Get(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Equal(t, committed.Revision(), now.Revision())
+		require.Equal(t, committed.Value(), now.Value())
+	})
+
+	t.Run("producer cannot publish a task", func(t *testing.T) {
+		_, err := pjs.Publish(ctxT(t, 2*time.Second), "jetflow.task.secure.sec-forged", []byte(`{}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "jetflow.task.secure.sec-forged")
+		// A stored start task would have been turned into a run by the worker.
+		_, err = pc.GetRun(ctx, "sec-forged")
+		require.ErrorIs(t, err, ErrRunNotFound)
+	})
+
+	t.Run("producer cannot create or delete streams", func(t *testing.T) {
+		err := pjs.DeleteStream(ctxT(t, 2*time.Second), "JETFLOW_TASKS")
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$JS.API.STREAM.DELETE.JETFLOW_TASKS")
+		err = pjs.DeleteKeyValue(ctxT(t, 2*time.Second), "jetflow_runs")
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$JS.API.STREAM.DELETE.KV_jetflow_runs")
+		_, err = pjs.CreateStream(ctxT(t, 2*time.Second), natsjs.StreamConfig{Name: "ROGUE", Subjects: []string{"rogue.>"}})
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$JS.API.STREAM.CREATE.ROGUE")
+
+		_, err = wjs.Stream(ctx, "JETFLOW_TASKS")
+		require.NoError(t, err)
+		_, err = wjs.KeyValue(ctx, "jetflow_runs")
+		require.NoError(t, err)
+	})
+
+	t.Run("producer's direct Start fails in bounded time", func(t *testing.T) {
+		var r result
+		select {
+		case r = <-direct:
+		case <-time.After(30 * time.Second):
+			t.Fatal("direct Start as the producer user did not return")
+		}
+		require.Error(t, r.err)
+		require.ErrorIs(t, r.err, context.DeadlineExceeded)
+		require.Less(t, r.elapsed, 15*time.Second)
+		producerPerms.requireDenied(t, "jetflow.task.secure.sec-direct")
+		_, err := pc.GetRun(ctx, "sec-direct")
+		require.ErrorIs(t, err, ErrRunNotFound)
+	})
+
+	// The trusted producer profile (the commented block of accounts.conf)
+	// is what direct admission needs.
+	t.Run("trusted producer starts directly", func(t *testing.T) {
+		tnc, trustedPerms := securedConn(t, url, trustedProducerUser)
+		tc, err := NewClient(ctxT(t, 10*time.Second), tnc, ClientConfig{})
+		require.NoError(t, err)
+		h, err := Start(ctx, tc, wf, 5, WithRunID("sec-trusted"))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, h.Outcome)
+		out, err := h.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 8, out)
+		dup, err := Start(ctx, tc, wf, 5, WithRunID("sec-trusted"))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeExisting, dup.Outcome)
+		steps, err := tc.Steps(ctx, "sec-trusted")
+		require.NoError(t, err)
+		require.Len(t, steps, 3)
+		trustedPerms.requireNone(t)
+	})
+
+	// The worker did all of the above without a single denied operation,
+	// including its drain.
+	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))
+	workerPerms.requireNone(t)
+}
+
+// securedServer starts a nats-server with JetStream and the users of
+// deploy/nats/accounts.conf (the trusted producer block uncommented), and
+// returns its URL. Passwords come from the environment, as in production.
+func securedServer(t *testing.T) string {
+	t.Helper()
+	for _, env := range []struct{ name, user string }{
+		{"JETFLOW_WORKER_PASSWORD", workerUser},
+		{"JETFLOW_PRODUCER_PASSWORD", producerUser},
+		{"JETFLOW_TRUSTED_PRODUCER_PASSWORD", trustedProducerUser},
+	} {
+		t.Setenv(env.name, securityPasswords[env.user])
+	}
+	raw, err := os.ReadFile(accountsConf)
+	require.NoError(t, err)
+	conf := filepath.Join(t.TempDir(), "accounts.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(uncommentTrusted(t, string(raw))), 0o600))
+
+	opts, err := server.ProcessConfigFile(conf)
+	require.NoError(t, err)
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.JetStream, opts.StoreDir = true, t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	srv, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go srv.Start()
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	require.True(t, srv.ReadyForConnections(10*time.Second), "server not ready")
+	require.Eventually(t, srv.JetStreamEnabled, 10*time.Second, 10*time.Millisecond)
+	return srv.ClientURL()
+}
+
+// uncommentTrusted removes the comment mark of each line between the
+// trusted producer markers, as an operator enabling the profile would.
+func uncommentTrusted(t *testing.T, conf string) string {
+	t.Helper()
+	lines := strings.Split(conf, "\n")
+	in, found := false, false
+	for i, line := range lines {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == trustedBegin:
+			in, found = true, true
+		case trimmed == trustedEnd:
+			in = false
+		case in:
+			at := strings.Index(line, "#")
+			require.GreaterOrEqual(t, at, 0, "line %d of the trusted producer block is not commented", i+1)
+			lines[i] = line[:at] + strings.TrimPrefix(line[at+1:], " ")
+		}
+	}
+	require.True(t, found, "no trusted producer block in %s", accountsConf)
+	require.False(t, in, "trusted producer block in %s is not closed", accountsConf)
+	return strings.Join(lines, "\n")
+}
+
+// permErrors collects the asynchronous errors the server sends a
+// connection; a denied publish shows up only there (its request times out).
+type permErrors struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (p *permErrors) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.errs = append(p.errs, err.Error())
+}
+
+func (p *permErrors) snapshot() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.errs...)
+}
+
+// requireDenied waits for the server's permission violation on a publish to
+// subject.
+func (p *permErrors) requireDenied(t *testing.T, subject string) {
+	t.Helper()
+	want := `Permissions Violation for Publish to "` + subject + `"`
+	require.Eventually(t, func() bool {
+		for _, e := range p.snapshot() {
+			if strings.Contains(e, want) {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "no permission violation for %s; got %v", subject, p.snapshot())
+}
+
+// requireNone fails if the server reported any error to the connection,
+// such as a denied publish or subscription.
+func (p *permErrors) requireNone(t *testing.T) {
+	t.Helper()
+	require.Empty(t, p.snapshot(), "the server refused operations")
+}
+
+// securedConn connects as user; the connection is closed when t ends.
+func securedConn(t *testing.T, url, user string) (*nats.Conn, *permErrors) {
+	t.Helper()
+	perms := &permErrors{}
+	nc, err := nats.Connect(url,
+		nats.Name(t.Name()+"/"+user),
+		nats.UserInfo(user, securityPasswords[user]),
+		nats.ErrorHandler(perms.handler),
+	)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc, perms
+}
