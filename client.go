@@ -200,9 +200,15 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
 	}
-	body, err := json.Marshal(dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source})
+	if len(input) > state.MaxInputBytes {
+		return StartResult{}, fmt.Errorf("%w: %d bytes, limit %d", ErrInputTooLarge, len(input), state.MaxInputBytes)
+	}
+	if err := state.ValidateSource(o.source); err != nil {
+		return StartResult{}, err
+	}
+	body, err := state.Encode(dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source})
 	if err != nil {
-		return StartResult{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+		return StartResult{}, err
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

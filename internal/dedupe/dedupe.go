@@ -91,6 +91,9 @@ func Validate(req Request) error {
 	if err := state.ValidateName(req.Workflow); err != nil {
 		return err
 	}
+	if err := state.ValidateSource(req.Source); err != nil {
+		return err
+	}
 	if len(req.Input) > state.MaxInputBytes {
 		return fmt.Errorf("%w: %d bytes, limit %d", state.ErrInputTooLarge, len(req.Input), state.MaxInputBytes)
 	}

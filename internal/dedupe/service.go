@@ -1,10 +1,12 @@
 package dedupe
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,8 +59,17 @@ const (
 // generated when absent.
 func DecodeStartRequest(workflow string, b []byte) (Request, error) {
 	var sr StartRequest
-	if err := json.Unmarshal(b, &sr); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	// A misspelt field ("runId") must not silently start a new run each time.
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sr); err != nil {
 		return Request{}, fmt.Errorf("%w: start envelope: %w", state.ErrCorrupt, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Request{}, fmt.Errorf("%w: start envelope: data after the JSON object", state.ErrCorrupt)
+	}
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
+		return Request{}, fmt.Errorf("%w: start envelope is null", state.ErrCorrupt)
 	}
 	if len(sr.Input) == 0 {
 		sr.Input = json.RawMessage("null")
@@ -133,6 +144,9 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, check InputC
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)
+	if errors.Is(err, state.ErrInputTooLarge) {
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}
+	}
 	if errors.Is(err, ErrConflict) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
 	}

@@ -4,15 +4,56 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Limits on identifiers and payloads. Run IDs and names become NATS subject
 // tokens and KV keys, so their alphabet is the intersection of what both
 // accept, without the dot that separates tokens.
+//
+// Every record and task is one NATS message, and NATS refuses a message
+// larger than the server's max_payload, 1 MiB (1,048,576 bytes) by default,
+// headers included; jetflow needs at least that default. The numbers for the
+// largest start (TestMaximalStartFitsInANATSMessage measures them):
+//
+//   - input: at most MaxInputBytes = 524,288 bytes of JSON as the caller
+//     encoded it. Encode never makes an input longer (it only removes
+//     insignificant whitespace and does not HTML-escape), so the input takes
+//     at most that in every task and record. (With HTML-escaping, an input
+//     of '<' characters grew six-fold, to 3 MiB, and failed to publish.)
+//   - envelope: the other fields of a start task (run ID <= 128 bytes,
+//     workflow <= 64, token, source, field names) take 1,815 bytes at most
+//     with a source of MaxSourceLen control characters (each escaped to
+//     six bytes): a maximal start task is 526,103 bytes.
+//   - a step task adds the step ID (<= 213 bytes), created_at and rev: at
+//     most 526,407 bytes. The run record made from the start task: 526,226.
+//     MaxStartTaskBytes keeps a start task 4 KiB below MaxRecordBytes, so
+//     whatever start task fits, its step tasks and run record fit too.
+//   - headers: Nats-Msg-Id (the run ID) and Nats-Expected-Stream on a task,
+//     Nats-Expected-Last-Subject-Sequence on a KV write: under 250 bytes;
+//     MaxRecordBytes leaves 8 KiB for them.
+//   - what is left: a run's final record has about 500 KiB (514,158 bytes
+//     next to a maximal input) for its output and error.
+//
+// Encode refuses a record over its limit with ErrInputTooLarge, so a start
+// too large for a message (a huge source, say) fails before anything is
+// published or stored, and nothing is ever handed to NATS that it refuses.
 const (
 	MaxRunIDLen   = 128
 	MaxNameLen    = 64
 	MaxInputBytes = 512 * 1024
+
+	// NATSMaxPayload is the NATS server's default max_payload.
+	NATSMaxPayload = 1024 * 1024
+	// MaxRecordBytes bounds any encoded record or task: NATSMaxPayload less
+	// 8 KiB for message headers.
+	MaxRecordBytes = NATSMaxPayload - 8*1024
+	// MaxStartTaskBytes bounds an encoded start task, so that the step tasks
+	// and the run record made from it fit in MaxRecordBytes.
+	MaxStartTaskBytes = MaxRecordBytes - 4*1024
+	// MaxSourceLen is the longest source (client name) a start should carry;
+	// see ValidateSource.
+	MaxSourceLen = 256
 )
 
 // Validation errors. The public package re-exports them, so errors.Is works
@@ -38,6 +79,37 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidName, clip(name), err)
 	}
 	return nil
+}
+
+// ValidateSource checks the source a start names (a client name for the
+// audit): at most MaxSourceLen bytes, empty allowed. A longer one is
+// ErrInputTooLarge.
+func ValidateSource(source string) error {
+	if len(source) > MaxSourceLen {
+		return fmt.Errorf("%w: source is %d bytes, limit %d", ErrInputTooLarge, len(source), MaxSourceLen)
+	}
+	return nil
+}
+
+// validateStepID checks that stepID is what StepID(runID, name, occurrence)
+// returns for a valid name and an occurrence >= 0, and returns that name.
+func validateStepID(runID, stepID string) (string, error) {
+	rest, ok := strings.CutPrefix(stepID, runID+".")
+	if !ok {
+		return "", fmt.Errorf("step ID %q does not belong to run %q", clip(stepID), clip(runID))
+	}
+	name, occ, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", fmt.Errorf("step ID %q has no occurrence", clip(stepID))
+	}
+	if err := ValidateName(name); err != nil {
+		return "", fmt.Errorf("step ID: %w", err)
+	}
+	n, err := strconv.Atoi(occ)
+	if err != nil || n < 0 || strconv.Itoa(n) != occ {
+		return "", fmt.Errorf("step ID %q: occurrence %q is not a non-negative integer", clip(stepID), clip(occ))
+	}
+	return name, nil
 }
 
 func validateToken(s string, maxLen int, allowEquals bool) error {

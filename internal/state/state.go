@@ -6,6 +6,7 @@
 package state
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,12 +125,33 @@ func RunFromTask(t Task) Run {
 // valid record.
 var ErrCorrupt = errors.New("jetflow: malformed record")
 
-// Encode marshals a record. Records are plain structs, so this only fails on
-// a programming error, which is returned rather than hidden.
+// Encode marshals a record. It does not HTML-escape, so an input or output
+// (json.RawMessage) is never made longer than it was, only compacted. A
+// record larger than MaxRecordBytes, or a start task (a Task without a step
+// ID) larger than MaxStartTaskBytes, would not fit in a NATS message and is
+// refused with ErrInputTooLarge (see the limits in ids.go). Any other error
+// is a programming error, returned rather than hidden.
 func Encode(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("jetflow: encode record: %w", err)
+	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	limit, what := MaxRecordBytes, "record"
+	switch t := v.(type) {
+	case Task:
+		if t.StepID == "" {
+			limit, what = MaxStartTaskBytes, "start task"
+		}
+	case *Task:
+		if t != nil && t.StepID == "" {
+			limit, what = MaxStartTaskBytes, "start task"
+		}
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("%w: encoded %s is %d bytes, limit %d", ErrInputTooLarge, what, len(b), limit)
 	}
 	return b, nil
 }
@@ -149,6 +171,9 @@ func DecodeRun(b []byte) (Run, error) {
 	if !r.Status.Valid() {
 		return Run{}, fmt.Errorf("%w: run record: unknown status %q", ErrCorrupt, r.Status)
 	}
+	if err := checkTimes("run record", r.CreatedAt, r.UpdatedAt); err != nil {
+		return Run{}, err
+	}
 	return r, nil
 }
 
@@ -161,6 +186,22 @@ func DecodeStep(b []byte) (Step, error) {
 	if s.StepID == "" || s.RunID == "" || s.Name == "" {
 		return Step{}, fmt.Errorf("%w: step record without identity", ErrCorrupt)
 	}
+	if err := ValidateRunID(s.RunID); err != nil {
+		return Step{}, fmt.Errorf("%w: step record: %w", ErrCorrupt, err)
+	}
+	name, err := validateStepID(s.RunID, s.StepID)
+	if err != nil {
+		return Step{}, fmt.Errorf("%w: step record: %w", ErrCorrupt, err)
+	}
+	if name != s.Name {
+		return Step{}, fmt.Errorf("%w: step record %q names step %q", ErrCorrupt, clip(s.StepID), clip(s.Name))
+	}
+	if s.Seq < 0 || s.Attempt < 0 {
+		return Step{}, fmt.Errorf("%w: step record %q: negative seq or attempt", ErrCorrupt, s.StepID)
+	}
+	if err := checkTimes("step record", s.Committed); err != nil {
+		return Step{}, err
+	}
 	return s, nil
 }
 
@@ -172,6 +213,9 @@ func DecodeAudit(b []byte) (Audit, error) {
 	}
 	if a.Duplicates < 0 {
 		return Audit{}, fmt.Errorf("%w: negative duplicate count", ErrCorrupt)
+	}
+	if err := checkTimes("audit record", a.First, a.Last); err != nil {
+		return Audit{}, err
 	}
 	return a, nil
 }
@@ -191,10 +235,32 @@ func DecodeTask(b []byte) (Task, error) {
 	if t.StepID == "" && t.Token == "" {
 		return Task{}, fmt.Errorf("%w: start task without token", ErrCorrupt)
 	}
+	if t.StepID != "" {
+		if _, err := validateStepID(t.RunID, t.StepID); err != nil {
+			return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
+		}
+	}
 	if len(t.Input) == 0 { // json.Unmarshal has validated it when present
 		return Task{}, fmt.Errorf("%w: task without input", ErrCorrupt)
 	}
+	if err := checkTimes("task", t.CreatedAt); err != nil {
+		return Task{}, err
+	}
 	return t, nil
+}
+
+// checkTimes rejects timestamps that decode but cannot be encoded again:
+// time.Time accepts a zone offset of 24 hours when it decodes and refuses
+// it when it encodes. Without this check a record carrying one would decode
+// and then never be written back (a run that could never finish, an audit
+// that could never count another duplicate).
+func checkTimes(what string, ts ...time.Time) error {
+	for _, t := range ts {
+		if _, err := t.MarshalJSON(); err != nil {
+			return fmt.Errorf("%w: %s: timestamp %s: %w", ErrCorrupt, what, t.Format(time.RFC3339Nano), err)
+		}
+	}
+	return nil
 }
 
 func decode(b []byte, v any) error {

@@ -297,6 +297,13 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 	}
 	rec.Committed = e.cfg.Now().UTC()
 	b, err := state.Encode(rec)
+	if errors.Is(err, state.ErrInputTooLarge) {
+		// Retrying cannot make it fit: commit the failure instead.
+		rec.Output = nil
+		rec.Error = &state.ErrorInfo{Message: "step result too large to store: " + err.Error(), Fatal: true, Kind: "step"}
+		result = "fatal"
+		b, err = state.Encode(rec)
+	}
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
@@ -444,6 +451,12 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 			run.Status, run.Error = state.StatusFailed, errorInfo(s)
 		}
 		b, err := state.Encode(run)
+		if errors.Is(err, state.ErrInputTooLarge) {
+			// Input and output together do not fit in one record.
+			run.Status, run.Output = state.StatusFailed, nil
+			run.Error = &state.ErrorInfo{Message: "workflow output too large to store: " + err.Error(), Kind: "output", Fatal: true}
+			b, err = state.Encode(run)
+		}
 		if err != nil {
 			return err
 		}
