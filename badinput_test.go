@@ -85,9 +85,12 @@ func TestBadStartsAreRejectedAndStoredRunsKept(t *testing.T) {
 		require.Contains(t, []string{dedupe.CodeMalformed, dedupe.CodeInvalidRunID}, reply.Error.Code)
 	}
 
-	// A duplicate with a different, valid input is absorbed without
-	// changing the stored input.
-	res, err := c.StartByName(ctx, "sum", json.RawMessage(`99`), WithRunID("keep-1"))
+	// A duplicate with a different, valid input is a conflict (strict
+	// fingerprint, the default) or absorbed (ignore mode); either way the
+	// stored input is kept.
+	_, err = c.StartByName(ctx, "sum", json.RawMessage(`99`), WithRunID("keep-1"))
+	require.ErrorIs(t, err, ErrIdempotencyConflict)
+	res, err := c.StartByName(ctx, "sum", json.RawMessage(`99`), WithRunID("keep-1"), WithFingerprintMode(FingerprintIgnore))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeExisting, res.Outcome)
 

@@ -86,8 +86,29 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, e
 type StartOption func(*startOptions)
 
 type startOptions struct {
-	runID  string
-	source string
+	runID       string
+	source      string
+	ignoreInput bool
+}
+
+// FingerprintMode decides what a duplicate start with another input gets.
+type FingerprintMode int
+
+const (
+	// FingerprintStrict (the default): a start whose run ID exists with
+	// another input is ErrIdempotencyConflict, as an Idempotency-Key reused
+	// with another payload is.
+	FingerprintStrict FingerprintMode = iota
+	// FingerprintIgnore: it is an ordinary duplicate; the stored input is
+	// kept. A start of another workflow is a conflict in both modes.
+	FingerprintIgnore
+)
+
+// WithFingerprintMode sets how this start treats an existing run with
+// another input. Inputs are compared as JSON values: key order and white
+// space do not matter, numbers are compared as written.
+func WithFingerprintMode(m FingerprintMode) StartOption {
+	return func(o *startOptions) { o.ignoreInput = m == FingerprintIgnore }
 }
 
 // WithRunID sets the run ID: the caller's idempotency key, such as
@@ -141,7 +162,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
 	o := c.startOpts(opts)
-	res, err := c.admit.Admit(ctx, dedupe.Request{RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source})
+	res, err := c.admit.Admit(ctx, dedupe.Request{RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source, IgnoreInput: o.ignoreInput})
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +227,11 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	body, err := state.Encode(dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source})
+	sr := dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source}
+	if o.ignoreInput {
+		sr.Fingerprint = "ignore"
+	}
+	body, err := state.Encode(sr)
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -276,8 +301,30 @@ type Run struct {
 	Source    string
 	CreatedAt time.Time
 	UpdatedAt time.Time
-	// Duplicates is how many duplicate starts the run has absorbed.
-	Duplicates int64
+	// Duplicates is how many duplicate starts the run has seen (absorbed
+	// or refused as conflicts); FirstDuplicate and RecentDuplicates (the
+	// last few, oldest first) describe them.
+	Duplicates       int64
+	FirstDuplicate   *DuplicateAttempt
+	RecentDuplicates []DuplicateAttempt
+}
+
+// DuplicateAttempt is one duplicate start of a run, from its audit.
+type DuplicateAttempt struct {
+	At time.Time `json:"at"`
+	// Source is the client name (ClientConfig.Name, WithSource) or the
+	// envelope's source.
+	Source string `json:"source,omitempty"`
+	// Outcome is "existing" (absorbed) or "conflict" (refused).
+	Outcome string `json:"outcome"`
+	// FingerprintMatch is whether workflow and input matched the run's.
+	FingerprintMatch bool `json:"fingerprint_match"`
+	// Status is the run's state the attempt saw.
+	Status RunStatus `json:"status,omitempty"`
+}
+
+func toAttempt(e state.AuditEntry) DuplicateAttempt {
+	return DuplicateAttempt{At: e.At, Source: e.Source, Outcome: e.Outcome, FingerprintMatch: e.FingerprintMatch, Status: RunStatus(e.Status)}
 }
 
 // GetRun reads a run, or returns ErrRunNotFound.
@@ -300,14 +347,21 @@ func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
 	if err != nil {
 		return Run{}, err
 	}
-	dups, err := dedupe.Duplicates(ctx, c.assets, r.RunID)
+	audit, err := dedupe.ReadAudit(ctx, c.assets, r.RunID)
 	if err != nil {
 		return Run{}, err
 	}
 	run := Run{
 		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
 		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-		Duplicates: dups,
+		Duplicates: audit.Duplicates,
+	}
+	if audit.First != nil {
+		first := toAttempt(*audit.First)
+		run.FirstDuplicate = &first
+	}
+	for _, e := range audit.Recent {
+		run.RecentDuplicates = append(run.RecentDuplicates, toAttempt(e))
 	}
 	if r.Error != nil {
 		run.Error = &RunError{RunID: r.RunID, Status: run.Status, Kind: r.Error.Kind, Message: r.Error.Message}

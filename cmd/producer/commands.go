@@ -130,6 +130,9 @@ func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := p.duplicates(run); err != nil {
+		return err
+	}
 	if len(steps) == 0 {
 		_, err := fmt.Fprintln(p.w, "steps: none committed")
 		return err
@@ -146,6 +149,31 @@ func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
 			result = "error: " + s.Error
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\n", s.StepID, s.Attempt, result)
+	}
+	return tw.Flush()
+}
+
+// duplicates prints the run's duplicate audit: the first attempt and the
+// most recent ones.
+func (p *printer) duplicates(run jetflow.Run) error {
+	if run.FirstDuplicate == nil {
+		return nil
+	}
+	fmt.Fprintln(p.w, "duplicate starts (first, then the most recent):")
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  AT	SOURCE	OUTCOME	SAME INPUT	RUN WAS")
+	row := func(d jetflow.DuplicateAttempt) {
+		fmt.Fprintf(tw, "  %s	%s	%s	%t	%s\n", d.At.Format(time.RFC3339Nano), d.Source, d.Outcome, d.FingerprintMatch, d.Status)
+	}
+	row(*run.FirstDuplicate)
+	if n := run.Duplicates - 1 - int64(len(run.RecentDuplicates)); n > 0 {
+		fmt.Fprintf(tw, "  ... %d more\t\t\t\t\n", n)
+	}
+	for i, d := range run.RecentDuplicates {
+		if i == 0 && run.Duplicates <= int64(len(run.RecentDuplicates)) {
+			continue // the first one, shown above
+		}
+		row(d)
 	}
 	return tw.Flush()
 }
@@ -172,17 +200,20 @@ type startJSON struct {
 }
 
 type runJSON struct {
-	RunID      string          `json:"run_id"`
-	Workflow   string          `json:"workflow"`
-	Status     string          `json:"status"`
-	Source     string          `json:"source,omitempty"`
-	CreatedAt  time.Time       `json:"created_at"`
-	UpdatedAt  time.Time       `json:"updated_at"`
-	Duplicates int64           `json:"duplicates"`
-	Input      json.RawMessage `json:"input,omitempty"`
-	Output     json.RawMessage `json:"output,omitempty"`
-	Error      *runErrorJSON   `json:"error,omitempty"`
-	Steps      []stepJSON      `json:"steps,omitempty"`
+	RunID      string    `json:"run_id"`
+	Workflow   string    `json:"workflow"`
+	Status     string    `json:"status"`
+	Source     string    `json:"source,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	Duplicates int64     `json:"duplicates"`
+	// FirstDuplicate and RecentDuplicates are the run's duplicate audit.
+	FirstDuplicate   *jetflow.DuplicateAttempt  `json:"first_duplicate,omitempty"`
+	RecentDuplicates []jetflow.DuplicateAttempt `json:"recent_duplicates,omitempty"`
+	Input            json.RawMessage            `json:"input,omitempty"`
+	Output           json.RawMessage            `json:"output,omitempty"`
+	Error            *runErrorJSON              `json:"error,omitempty"`
+	Steps            []stepJSON                 `json:"steps,omitempty"`
 }
 
 type runErrorJSON struct {
@@ -204,6 +235,7 @@ func toRunJSON(run jetflow.Run) runJSON {
 	r := runJSON{
 		RunID: run.RunID, Workflow: run.Workflow, Status: string(run.Status), Source: run.Source,
 		CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt, Duplicates: run.Duplicates,
+		FirstDuplicate: run.FirstDuplicate, RecentDuplicates: run.RecentDuplicates,
 		Input: run.Input, Output: run.Output,
 	}
 	if run.Error != nil {

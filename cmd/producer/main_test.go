@@ -125,10 +125,14 @@ func TestStartGetWait(t *testing.T) {
 	code, out, errOut = producer("get", "evt_1", "--output=json")
 	require.Equal(t, 0, code, errOut)
 	var run struct {
-		Status     string          `json:"status"`
-		Duplicates int             `json:"duplicates"`
-		Output     json.RawMessage `json:"output"`
-		Steps      []struct {
+		Status           string `json:"status"`
+		Duplicates       int    `json:"duplicates"`
+		RecentDuplicates []struct {
+			Outcome          string `json:"outcome"`
+			FingerprintMatch bool   `json:"fingerprint_match"`
+		} `json:"recent_duplicates"`
+		Output json.RawMessage `json:"output"`
+		Steps  []struct {
 			StepID  string `json:"step_id"`
 			Attempt int    `json:"attempt"`
 		} `json:"steps"`
@@ -136,7 +140,14 @@ func TestStartGetWait(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &run))
 	require.Equal(t, "completed", run.Status)
 	require.Equal(t, 2, run.Duplicates)
+	require.Len(t, run.RecentDuplicates, 2)
+	require.Equal(t, "existing", run.RecentDuplicates[1].Outcome)
+	require.True(t, run.RecentDuplicates[1].FingerprintMatch)
 	require.JSONEq(t, `"hello, ada"`, string(run.Output))
+
+	code, out, errOut = producer("get", "evt_1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "duplicate starts")
 	require.Len(t, run.Steps, 1)
 	require.Equal(t, "evt_1.say-hello.0", run.Steps[0].StepID)
 	require.Equal(t, 1, run.Steps[0].Attempt)

@@ -51,6 +51,9 @@ type Request struct {
 	Input    json.RawMessage
 	// Source names where the start came from (client name), for the audit.
 	Source string
+	// IgnoreInput makes a duplicate with another input an ordinary
+	// duplicate instead of a conflict (the stored input is kept either way).
+	IgnoreInput bool
 }
 
 // Result is the admission decision.
@@ -136,7 +139,10 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
-	rec := a.newRecord(req, token)
+	rec, err := a.newRecord(req, token)
+	if err != nil {
+		return Result{}, err
+	}
 	var (
 		run     state.Run
 		rev     uint64
@@ -157,14 +163,34 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 		return res, nil
 	}
 	res.Outcome = Existing
-	if run.Workflow != req.Workflow {
-		return res, &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
+	match := run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == rec.Fingerprint)
+	var conflict *ConflictError
+	switch {
+	case run.Workflow != req.Workflow:
+		conflict = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
+	case !match && !req.IgnoreInput:
+		conflict = &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(rec.Fingerprint)}
 	}
-	res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, req.Source)
+	entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Outcome: state.AuditExisting, FingerprintMatch: match, Status: run.Status}
+	if conflict != nil {
+		entry.Outcome = state.AuditConflict
+	}
+	res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, entry)
 	if err != nil {
 		return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
 	}
+	if conflict != nil {
+		return res, conflict
+	}
 	return res, nil
+}
+
+// short abbreviates a fingerprint for messages.
+func short(fp string) string {
+	if len(fp) > 12 {
+		return "fingerprint " + fp[:12]
+	}
+	return "fingerprint " + fp
 }
 
 // publishStart stores the start task. A publish whose answer was lost is
@@ -195,7 +221,7 @@ var ErrConflict = errors.New("jetflow: idempotency conflict")
 // not match. The existing run is untouched.
 type ConflictError struct {
 	RunID string
-	// Field is what differs: "workflow".
+	// Field is what differs: "workflow" or "input".
 	Field     string
 	Stored    string
 	Requested string
@@ -213,18 +239,25 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 // from the task if its publisher died before doing so. The stored record
 // always wins: a task from a duplicate start never changes the run.
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
-	rec := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
+	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
+	if err != nil {
+		return state.Run{}, 0, err
+	}
 	run, rev, _, err := a.readOrCreate(ctx, rec)
 	return run, rev, err
 }
 
-func (a *Admitter) newRecord(req Request, token string) state.Run {
+func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
+	fp, err := Fingerprint(req.Workflow, req.Input)
+	if err != nil {
+		return state.Run{}, err
+	}
 	now := a.now().UTC()
 	return state.Run{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
-		Status: state.StatusRunning, Token: token, Source: req.Source,
+		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
 		CreatedAt: now, UpdatedAt: now,
-	}
+	}, nil
 }
 
 // DefaultTimeout bounds a start whose context has no deadline, retries
@@ -291,45 +324,37 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (state.Run, 
 	return stored, rev, stored.Token == rec.Token, nil
 }
 
-// recordDuplicate counts one more duplicate on the run's audit record with
+// recordDuplicate adds one attempt to the run's audit record with
 // compare-and-set, and returns the new count.
-func (a *Admitter) recordDuplicate(ctx context.Context, runID, source string) (int64, error) {
+func (a *Admitter) recordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
 	for {
-		now := a.now().UTC()
 		v, rev, err := a.assets.Audit.Get(ctx, runID)
+		var au state.Audit
 		switch {
 		case errors.Is(err, jetstream.ErrNotFound):
-			b, err := state.Encode(state.Audit{V: state.Version, Duplicates: 1, First: now, Last: now, LastSource: source})
-			if err != nil {
-				return 0, err
-			}
-			_, err = a.assets.Audit.Create(ctx, runID, b)
-			if err == nil {
-				return 1, nil
-			}
-			if !errors.Is(err, jetstream.ErrExists) {
-				return 0, err
-			}
+			au.V = state.Version
 		case err != nil:
 			return 0, err
 		default:
-			au, err := state.DecodeAudit(v)
-			if err != nil {
+			if au, err = state.DecodeAudit(v); err != nil {
 				return 0, err
 			}
-			au.Duplicates++
-			au.Last, au.LastSource = now, source
-			b, err := state.Encode(au)
-			if err != nil {
-				return 0, err
-			}
+		}
+		au.Add(entry)
+		b, err := state.Encode(au)
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			_, err = a.assets.Audit.Create(ctx, runID, b)
+		} else {
 			_, err = a.assets.Audit.Update(ctx, runID, b, rev)
-			if err == nil {
-				return au.Duplicates, nil
-			}
-			if !errors.Is(err, jetstream.ErrRevisionMismatch) {
-				return 0, err
-			}
+		}
+		if err == nil {
+			return au.Duplicates, nil
+		}
+		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+			return 0, err
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
@@ -337,18 +362,15 @@ func (a *Admitter) recordDuplicate(ctx context.Context, runID, source string) (i
 	}
 }
 
-// Duplicates reads how many duplicate starts runID has absorbed.
-func Duplicates(ctx context.Context, assets *jetstream.Assets, runID string) (int64, error) {
+// ReadAudit reads the duplicate audit of runID (empty if it has absorbed
+// none).
+func ReadAudit(ctx context.Context, assets *jetstream.Assets, runID string) (state.Audit, error) {
 	v, _, err := assets.Audit.Get(ctx, runID)
 	if errors.Is(err, jetstream.ErrNotFound) {
-		return 0, nil
+		return state.Audit{V: state.Version}, nil
 	}
 	if err != nil {
-		return 0, err
+		return state.Audit{}, err
 	}
-	au, err := state.DecodeAudit(v)
-	if err != nil {
-		return 0, err
-	}
-	return au.Duplicates, nil
+	return state.DecodeAudit(v)
 }

@@ -32,7 +32,8 @@ func ctx(t *testing.T) context.Context {
 func TestCreateRetriedAfterLostReplyIsStillCreated(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
-	rec := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`1`)}, "token-A")
+	rec, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`1`)}, "token-A")
+	require.NoError(t, err)
 	_, _, created, err := a.createOrRead(ctx(t), rec)
 	require.NoError(t, err)
 	require.True(t, created)
@@ -43,7 +44,8 @@ func TestCreateRetriedAfterLostReplyIsStillCreated(t *testing.T) {
 	require.True(t, created, "own write recognised by its token")
 	require.Equal(t, "token-A", stored.Token)
 
-	other := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`2`)}, "token-B")
+	other, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`2`)}, "token-B")
+	require.NoError(t, err)
 	stored, _, created, err = a.createOrRead(ctx(t), other)
 	require.NoError(t, err)
 	require.False(t, created)

@@ -27,6 +27,9 @@ type StartRequest struct {
 	RunID  string          `json:"run_id,omitempty"`
 	Input  json.RawMessage `json:"input"`
 	Source string          `json:"source,omitempty"`
+	// Fingerprint is "strict" (default: a duplicate with another input is
+	// a conflict) or "ignore" (it is an ordinary duplicate).
+	Fingerprint string `json:"fingerprint,omitempty"`
 }
 
 // StartReply answers a StartRequest: an outcome, or an error.
@@ -77,7 +80,10 @@ func DecodeStartRequest(workflow string, b []byte) (Request, error) {
 	if sr.RunID == "" {
 		sr.RunID = nuid.Next()
 	}
-	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source}
+	if sr.Fingerprint != "" && sr.Fingerprint != "strict" && sr.Fingerprint != "ignore" {
+		return Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
+	}
+	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore"}
 	return req, Validate(req)
 }
 

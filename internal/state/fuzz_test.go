@@ -140,12 +140,14 @@ func FuzzDecodeStep(f *testing.F) {
 
 func FuzzDecodeAudit(f *testing.F) {
 	for _, s := range []string{
-		`{"v":1,"duplicates":3,"first":"2024-05-01T10:00:00Z","last":"2024-05-02T10:00:00Z","last_source":"producer"}`,
-		`{"v":1,"duplicates":9223372036854775807,"first":"2024-05-01T10:00:00Z","last":"2024-05-01T10:00:00Z"}`,
+		`{"v":1,"duplicates":3,"first":{"at":"2024-05-01T10:00:00Z","source":"producer","outcome":"existing","fingerprint_match":true,"status":"running"},"recent":[{"at":"2024-05-02T10:00:00Z","outcome":"conflict"}]}`,
+		`{"v":1,"duplicates":9223372036854775807,"first":{"at":"2024-05-01T10:00:00Z","outcome":"existing"}}`,
+		`{"duplicates":1,"first":{"at":"2024-05-01T10:00:00Z","outcome":"maybe"}}`,
+		`{"duplicates":0,"first":{"at":"2024-05-01T10:00:00Z","outcome":"existing"}}`,
 		`{"duplicates":-1}`,
 		`{"duplicates":1.5}`,
 		`{"duplicates":9223372036854775808}`,
-		`{"first":"yesterday"}`,
+		`{"first":{"at":"yesterday"}}`,
 		`{}`, `null`, `[`,
 	} {
 		f.Add([]byte(s))
@@ -156,16 +158,15 @@ func FuzzDecodeAudit(f *testing.F) {
 			requireCorrupt(t, err)
 			return
 		}
-		if a.Duplicates < 0 {
-			t.Fatalf("negative duplicate count accepted: %d", a.Duplicates)
+		if a.Duplicates < 0 || len(a.Recent) > AuditRecent || int64(len(a.Recent)) > a.Duplicates {
+			t.Fatalf("inconsistent audit accepted: %#v", a)
 		}
 		b2 := mustEncode(t, a)
 		a2, err := DecodeAudit(b2)
 		if err != nil {
 			t.Fatalf("re-encoded audit %s does not decode: %v", b2, err)
 		}
-		if a.V != a2.V || a.Duplicates != a2.Duplicates || a.LastSource != a2.LastSource ||
-			!sameTime(a.First, a2.First) || !sameTime(a.Last, a2.Last) {
+		if a.V != a2.V || a.Duplicates != a2.Duplicates || len(a.Recent) != len(a2.Recent) || (a.First == nil) != (a2.First == nil) {
 			t.Fatalf("audit changed in a round trip:\n%#v\n%#v", a, a2)
 		}
 		fixedPoint(t, b2, a2)

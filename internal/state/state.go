@@ -60,12 +60,15 @@ type Run struct {
 	Status   Status          `json:"status"`
 	// Token identifies the start call that created the record, so that a
 	// retried create after a lost reply recognises its own write.
-	Token     string          `json:"token"`
-	Source    string          `json:"source,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
-	UpdatedAt time.Time       `json:"updated_at"`
-	Output    json.RawMessage `json:"output,omitempty"`
-	Error     *ErrorInfo      `json:"error,omitempty"`
+	Token string `json:"token"`
+	// Fingerprint is the canonical hash of workflow name and input; a
+	// duplicate start is compared against it.
+	Fingerprint string          `json:"fingerprint,omitempty"`
+	Source      string          `json:"source,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       *ErrorInfo      `json:"error,omitempty"`
 }
 
 // Step is the committed result of one step, stored under its step ID in the
@@ -83,13 +86,48 @@ type Step struct {
 	Committed time.Time       `json:"committed_at"`
 }
 
-// Audit counts the duplicate starts a run has absorbed.
+// AuditRecent is how many of the most recent duplicate attempts a run's
+// audit keeps, besides the first one and the total count.
+const AuditRecent = 10
+
+// Audit outcomes.
+const (
+	AuditExisting = "existing" // absorbed: the caller got the existing run
+	AuditConflict = "conflict" // refused: another workflow or input
+)
+
+// AuditEntry is one duplicate start attempt.
+type AuditEntry struct {
+	At     time.Time `json:"at"`
+	Source string    `json:"source,omitempty"`
+	// Outcome is AuditExisting or AuditConflict.
+	Outcome string `json:"outcome"`
+	// FingerprintMatch is whether workflow and input matched the run's.
+	FingerprintMatch bool `json:"fingerprint_match"`
+	// Status is the run's state the attempt saw.
+	Status Status `json:"status,omitempty"`
+}
+
+// Audit records the duplicate starts a run has absorbed or refused: their
+// count, the first one, and the most recent ones (bounded).
 type Audit struct {
-	V          int       `json:"v"`
-	Duplicates int64     `json:"duplicates"`
-	First      time.Time `json:"first"`
-	Last       time.Time `json:"last"`
-	LastSource string    `json:"last_source,omitempty"`
+	V          int          `json:"v"`
+	Duplicates int64        `json:"duplicates"`
+	First      *AuditEntry  `json:"first,omitempty"`
+	Recent     []AuditEntry `json:"recent,omitempty"` // oldest first, at most AuditRecent
+}
+
+// Add records one more attempt, keeping the audit bounded.
+func (a *Audit) Add(e AuditEntry) {
+	a.Duplicates++
+	if a.First == nil {
+		first := e
+		a.First = &first
+	}
+	a.Recent = append(a.Recent, e)
+	if len(a.Recent) > AuditRecent {
+		a.Recent = append(a.Recent[:0:0], a.Recent[len(a.Recent)-AuditRecent:]...)
+	}
 }
 
 // Task is the message on a workflow's task subject. A start task (StepID
@@ -108,6 +146,8 @@ type Task struct {
 	Token     string          `json:"token,omitempty"`
 	Source    string          `json:"source,omitempty"`
 	CreatedAt time.Time       `json:"created_at,omitzero"`
+	// Fingerprint is the run record's (step tasks only).
+	Fingerprint string `json:"fingerprint,omitempty"`
 	// Rev is the run record's revision the fields above were read at; zero
 	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
@@ -117,7 +157,7 @@ type Task struct {
 func RunFromTask(t Task) Run {
 	return Run{
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
-		Token: t.Token, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		Token: t.Token, Fingerprint: t.Fingerprint, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
 	}
 }
 
@@ -211,11 +251,28 @@ func DecodeAudit(b []byte) (Audit, error) {
 	if err := decode(b, &a); err != nil {
 		return Audit{}, err
 	}
-	if a.Duplicates < 0 {
+	switch {
+	case a.Duplicates < 0:
 		return Audit{}, fmt.Errorf("%w: negative duplicate count", ErrCorrupt)
+	case len(a.Recent) > AuditRecent:
+		return Audit{}, fmt.Errorf("%w: audit keeps %d recent entries, limit %d", ErrCorrupt, len(a.Recent), AuditRecent)
+	case int64(len(a.Recent)) > a.Duplicates || (a.First != nil) != (a.Duplicates > 0):
+		return Audit{}, fmt.Errorf("%w: audit entries do not match its count %d", ErrCorrupt, a.Duplicates)
 	}
-	if err := checkTimes("audit record", a.First, a.Last); err != nil {
-		return Audit{}, err
+	entries := a.Recent
+	if a.First != nil {
+		entries = append([]AuditEntry{*a.First}, entries...)
+	}
+	for _, e := range entries {
+		if e.Outcome != AuditExisting && e.Outcome != AuditConflict {
+			return Audit{}, fmt.Errorf("%w: audit outcome %q", ErrCorrupt, e.Outcome)
+		}
+		if e.Status != "" && !e.Status.Valid() {
+			return Audit{}, fmt.Errorf("%w: audit status %q", ErrCorrupt, e.Status)
+		}
+		if err := checkTimes("audit entry", e.At); err != nil {
+			return Audit{}, err
+		}
 	}
 	return a, nil
 }

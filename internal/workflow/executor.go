@@ -215,7 +215,7 @@ func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) erro
 	r := c.run
 	b, err := state.Encode(state.Task{
 		V: state.Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
-		Token: r.Token, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
+		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
 	})
 	if err != nil {
 		return err
