@@ -106,7 +106,7 @@ func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, err
 	for _, opt := range opts {
 		opt(&o)
 	}
-	raw, err := ctx.c.Step(name, o.policy, func(sctx context.Context) (json.RawMessage, error) {
+	raw, err := ctx.c.StepWithKey(name, o.policy, o.taskKey, func(sctx context.Context) (json.RawMessage, error) {
 		v, err := fn(sctx)
 		if err != nil {
 			return nil, err
@@ -131,7 +131,8 @@ func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, err
 type StepOption func(*stepOptions)
 
 type stepOptions struct {
-	policy workflow.RetryPolicy
+	policy  workflow.RetryPolicy
+	taskKey workflow.TaskKey // see taskkeys.go
 }
 
 // RetryPolicy decides how often and how fast a failing step is retried.

@@ -42,7 +42,7 @@ type config struct {
 	phases      map[string]bool
 }
 
-var allPhases = []string{"publish", "kv", "mini", "e2e", "admit"}
+var allPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey"}
 
 func parseFlags() (config, error) {
 	var c config
@@ -239,10 +239,18 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(d) + " distinct/s, " + num(dup) + " duplicate/s", err
 		})
+		step("taskkey", rep, func() (string, error) {
+			f, err := engineTaskKey(ctx, e, cfg, rep)
+			if err == nil {
+				taskKeyResults = append(taskKeyResults, f)
+			}
+			return num(f.hit) + " hit steps/s, " + num(f.miss) + " real steps/s, " + num(f.plain) + " plain steps/s", err
+		})
 	}
 	fmt.Println()
 
 	printReport(os.Stdout, res)
+	printTaskKeyReport(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}

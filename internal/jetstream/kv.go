@@ -48,7 +48,24 @@ func (k *KV) Raw() natsjs.KeyValue { return k.kv }
 // ErrExists for its own write. Callers put a writer token in the value and
 // compare it (see dedupe).
 func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
-	return k.put(ctx, key, value, 0)
+	return k.put(ctx, key, value, 0, 0)
+}
+
+// CreateTTL is Create with a per-message TTL (whole seconds, rounded up, at
+// least 1s): the key expires ttl after this write. The bucket needs
+// LimitMarkerTTL. Like Create it fails with ErrExists when the key's last
+// message is a delete or expiry marker (see TaskKeys.Create).
+func (k *KV) CreateTTL(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error) {
+	return k.put(ctx, key, value, 0, ttl)
+}
+
+// UpdateTTL is Update with a per-message TTL: the key now expires ttl after
+// this write. rev may be a marker's revision, to recreate an expired key.
+func (k *KV) UpdateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	if rev == 0 {
+		return 0, fmt.Errorf("jetflow: update %s/%s: revision 0 is a create", k.Bucket(), key)
+	}
+	return k.put(ctx, key, value, rev, ttl)
 }
 
 // Update writes value under key only if the key's latest revision is rev.
@@ -57,12 +74,18 @@ func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (
 	if rev == 0 {
 		return 0, fmt.Errorf("jetflow: update %s/%s: revision 0 is a create", k.Bucket(), key)
 	}
-	return k.put(ctx, key, value, rev)
+	return k.put(ctx, key, value, rev, 0)
 }
 
-func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+// put writes with compare-and-set on the key's last revision (0: none) and,
+// when ttl > 0, a per-message TTL rounded up to whole seconds.
+func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	msg := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
-	ack, err := k.js.PublishMsg(ctx, msg, natsjs.WithExpectLastSequencePerSubject(rev))
+	opts := []natsjs.PublishOpt{natsjs.WithExpectLastSequencePerSubject(rev)}
+	if ttl > 0 {
+		opts = append(opts, natsjs.WithMsgTTL(WholeSeconds(ttl)))
+	}
+	ack, err := k.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
 		if IsWrongLastSequence(err) {
 			if rev == 0 {

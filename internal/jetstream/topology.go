@@ -118,6 +118,8 @@ type Assets struct {
 	Steps    *KV
 	Audit    *KV
 	Attempts *KV
+	// TaskKeys is the task-keys bucket, provisioned on first use.
+	TaskKeys *TaskKeys
 }
 
 // Mode says whether Provision may change existing resources.
@@ -165,7 +167,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TasksStream, err)
 	}
-	a := &Assets{JS: js, Tasks: tasks}
+	a := &Assets{JS: js, Tasks: tasks, TaskKeys: newTaskKeys(js, mode, topo, storage)}
 	for _, b := range []struct {
 		name string
 		desc string

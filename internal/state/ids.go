@@ -94,8 +94,8 @@ func ValidateSource(source string) error {
 // validateStepID checks that stepID is what StepID(runID, name, occurrence)
 // returns for a valid name and an occurrence >= 0, and returns that name.
 func validateStepID(runID, stepID string) (string, error) {
-	rest, ok := strings.CutPrefix(stepID, runID+".")
-	if !ok {
+	identity, rest, ok := strings.Cut(stepID, ".")
+	if !ok || (identity != runID && !isLaterGeneration(runID, identity)) {
 		return "", fmt.Errorf("step ID %q does not belong to run %q", clip(stepID), clip(runID))
 	}
 	name, occ, ok := strings.Cut(rest, ".")
@@ -110,6 +110,30 @@ func validateStepID(runID, stepID string) (string, error) {
 		return "", fmt.Errorf("step ID %q: occurrence %q is not a non-negative integer", clip(stepID), clip(occ))
 	}
 	return name, nil
+}
+
+// isLaterGeneration reports whether identity is RunIdentity(runID, n) for
+// some n >= 1.
+func isLaterGeneration(runID, identity string) bool {
+	gen, ok := strings.CutPrefix(identity, runID+"/")
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(gen)
+	return err == nil && n >= 1 && strconv.Itoa(n) == gen
+}
+
+// RunIdentity names one generation of a run: the run ID itself for the
+// first, <run-id>/<n> for the n-th run started again under the same run ID
+// (the conflict policy's "start new" after a run ended). Step IDs and start
+// task message IDs are built from it, so a new generation never sees its
+// predecessor's steps, and external APIs never see the same
+// Idempotency-Key for two generations.
+func RunIdentity(runID string, generation int) string {
+	if generation == 0 {
+		return runID
+	}
+	return runID + "/" + strconv.Itoa(generation)
 }
 
 func validateToken(s string, maxLen int, allowEquals bool) error {
@@ -143,9 +167,10 @@ func clip(s string) string {
 }
 
 // StepID derives the ID of the occurrence-th call (counting from zero) of the
-// step called name in run runID. It is a pure function, so a step gets the
+// step called name in the run generation identity (RunIdentity; the run ID
+// for a run's first generation). It is a pure function, so a step gets the
 // same ID on every retry and replay, a step called in a loop gets a distinct
 // ID per call, and adding another step elsewhere never changes it.
-func StepID(runID, name string, occurrence int) string {
-	return runID + "." + name + "." + strconv.Itoa(occurrence)
+func StepID(identity, name string, occurrence int) string {
+	return identity + "." + name + "." + strconv.Itoa(occurrence)
 }

@@ -80,6 +80,10 @@ func (c *Context) Workflow() string { return c.run.Workflow }
 // A step whose final failure is committed returns a *StepError, on every
 // replay.
 func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMessage, error) {
+	return c.step(name, policy, TaskKey{}, fn)
+}
+
+func (c *Context) step(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
 	if c.suspended {
 		runtime.Goexit()
 	}
@@ -87,6 +91,9 @@ func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMe
 		return nil, err
 	}
 	if err := policy.Validate(); err != nil {
+		return nil, err
+	}
+	if err := key.Validate(); err != nil {
 		return nil, err
 	}
 	occ := c.occ[name]
@@ -115,7 +122,7 @@ func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMe
 			c.suspend(&settlement{kind: settleDispatch, stepID: id})
 		}
 		c.executed = true
-		rec = c.exec.execute(c, name, id, seq, policy.WithDefaults(), fn)
+		rec = c.exec.execute(c, name, id, seq, policy.WithDefaults(), fn, c.keyCall(key, name, id))
 	}
 	return stepResult(rec)
 }

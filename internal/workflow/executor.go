@@ -254,7 +254,7 @@ func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (state.Ste
 // execute runs the step this task owns and commits its result, or suspends
 // for a retry or a release. It returns the committed record, which is the
 // one another worker committed first if this one lost the race.
-func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPolicy, fn StepFunc) state.Step {
+func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPolicy, fn StepFunc, key *keyCall) state.Step {
 	attempt, err := e.beginAttempt(c)
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
@@ -263,7 +263,11 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 	rec := state.Step{V: state.Version, StepID: id, RunID: c.run.RunID, Name: name, Seq: seq, Attempt: attempt, Worker: e.cfg.WorkerID}
 	start := e.cfg.Now()
 	result := "committed"
-	if attempt > policy.MaxAttempts {
+	defer key.abandon(c) // a claim still held when this unwinds (retry, release) is released
+	if cached := key.acquire(c); cached != nil {
+		rec.Output, rec.Error, rec.Attempt, rec.Worker = cached.Output, cached.Error, cached.Attempt, key.worker(rec.Worker)
+		result = key.result()
+	} else if attempt > policy.MaxAttempts {
 		// Attempts beyond the budget (crash loops): fail without running.
 		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, policy.MaxAttempts), Kind: "step"}
 		result = "failed"
@@ -296,17 +300,18 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		}
 	}
 	rec.Committed = e.cfg.Now().UTC()
-	b, err := state.Encode(rec)
+	b, err := key.encode(rec)
 	if errors.Is(err, state.ErrInputTooLarge) {
 		// Retrying cannot make it fit: commit the failure instead.
 		rec.Output = nil
 		rec.Error = &state.ErrorInfo{Message: "step result too large to store: " + err.Error(), Fatal: true, Kind: "step"}
 		result = "fatal"
-		b, err = state.Encode(rec)
+		b, err = key.encode(rec)
 	}
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
+	key.finish(c, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
 	if _, err := e.cfg.Assets.Steps.Create(c.nctx, id, b); err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
 			c.suspend(&settlement{kind: settleRelease, err: err})
