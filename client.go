@@ -30,6 +30,10 @@ const (
 	// OutcomeExisting: the run already existed; the start was absorbed as a
 	// duplicate and the existing run is returned.
 	OutcomeExisting Outcome = "existing"
+	// OutcomeRestarted: the run had ended and the conflict policy said to
+	// start a new one under the same run ID (StartNew); the handle is the
+	// new run's. Its step IDs differ from the old run's.
+	OutcomeRestarted Outcome = "restarted"
 )
 
 // RunStatus is a run's lifecycle state.
@@ -89,6 +93,7 @@ type startOptions struct {
 	runID       string
 	source      string
 	ignoreInput bool
+	policy      *ConflictPolicy
 }
 
 // FingerprintMode decides what a duplicate start with another input gets.
@@ -162,7 +167,14 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
 	o := c.startOpts(opts)
-	res, err := c.admit.Admit(ctx, dedupe.Request{RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source, IgnoreInput: o.ignoreInput})
+	policy := wf.policy
+	if o.policy != nil {
+		policy = *o.policy
+	}
+	res, err := c.admit.Admit(ctx, dedupe.Request{
+		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
+		IgnoreInput: o.ignoreInput, Policy: policy.internal(),
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -173,10 +185,16 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 }
 
 func outcome(o dedupe.Outcome) Outcome {
-	if o == dedupe.Created {
+	switch o {
+	case dedupe.Created:
 		return OutcomeCreated
+	case dedupe.Restarted:
+		return OutcomeRestarted
+	case dedupe.Existing:
+		return OutcomeExisting
+	default:
+		return Outcome(o.String())
 	}
-	return OutcomeExisting
 }
 
 // Result waits until the run ends and returns its typed output, or a
@@ -231,6 +249,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
+	if o.policy != nil {
+		p := o.policy.envelope()
+		sr.Policy = &p
+	}
 	body, err := state.Encode(sr)
 	if err != nil {
 		return StartResult{}, err
@@ -273,6 +295,10 @@ func replyError(e *dedupe.ReplyError) error {
 		base = ErrMalformed
 	case dedupe.CodeConflict:
 		base = ErrIdempotencyConflict
+	case dedupe.CodeRejected:
+		base = ErrDuplicateRejected
+	case dedupe.CodeBadPolicy:
+		base = ErrInvalidConflictPolicy
 	default:
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
 	}
@@ -301,9 +327,12 @@ type Run struct {
 	Source    string
 	CreatedAt time.Time
 	UpdatedAt time.Time
-	// Duplicates is how many duplicate starts the run has seen (absorbed
-	// or refused as conflicts); FirstDuplicate and RecentDuplicates (the
-	// last few, oldest first) describe them.
+	// Generation counts the runs started again under this run ID by the
+	// conflict policy (0 for the first).
+	Generation int
+	// Duplicates is how many duplicate starts the run ID has seen (absorbed,
+	// refused, or that started it again); FirstDuplicate and
+	// RecentDuplicates (the last few, oldest first) describe them.
 	Duplicates       int64
 	FirstDuplicate   *DuplicateAttempt
 	RecentDuplicates []DuplicateAttempt
@@ -315,7 +344,9 @@ type DuplicateAttempt struct {
 	// Source is the client name (ClientConfig.Name, WithSource) or the
 	// envelope's source.
 	Source string `json:"source,omitempty"`
-	// Outcome is "existing" (absorbed) or "conflict" (refused).
+	// Outcome is "existing" (absorbed), "conflict" (another workflow or
+	// input), "rejected" (by the conflict policy) or "restarted" (the run
+	// had ended and a new one was started).
 	Outcome string `json:"outcome"`
 	// FingerprintMatch is whether workflow and input matched the run's.
 	FingerprintMatch bool `json:"fingerprint_match"`
@@ -354,7 +385,7 @@ func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
 	run := Run{
 		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
 		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-		Duplicates: audit.Duplicates,
+		Generation: r.Generation, Duplicates: audit.Duplicates,
 	}
 	if audit.First != nil {
 		first := toAttempt(*audit.First)
@@ -423,12 +454,19 @@ type StepRecord struct {
 }
 
 // Steps lists a run's committed steps in the order the workflow called
-// them: the run's history, as a tool reads it.
+// them: the run's history, as a tool reads it. For a run ID started again
+// by the conflict policy, it is the current run's history.
 func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, runID+".>")
+	identity := runID
+	if v, _, err := c.assets.Runs.Get(ctx, runID); err == nil {
+		if r, err := state.DecodeRun(v); err == nil {
+			identity = state.RunIdentity(runID, r.Generation)
+		}
+	}
+	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
 	}
@@ -450,4 +488,66 @@ func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out, nil
+}
+
+// ErrRunEnded: the run has already completed or failed.
+var ErrRunEnded = errors.New("jetflow: run already ended")
+
+// CancelSubjectPrefix is where Cancel tells workers a run was cancelled:
+// jetflow.cancel.<run-id>, with the run's token as the body.
+const CancelSubjectPrefix = "jetflow.cancel."
+
+// Cancel cancels a running run: its record becomes cancelled at once (a
+// final state that no later completion overwrites; Result reports a
+// *RunError with Status cancelled), and workers are told to drop the run's
+// further tasks. A step already running finishes; a worker that misses the
+// notice (it was not connected) may still run the steps it receives, but
+// their results can no longer change the run's outcome. Cancelling a
+// cancelled run returns nil; a run that completed or failed returns
+// ErrRunEnded; an unknown one ErrRunNotFound.
+func (c *Client) Cancel(ctx context.Context, runID string) error {
+	if err := state.ValidateRunID(runID); err != nil {
+		return err
+	}
+	for {
+		v, rev, err := c.assets.Runs.Get(ctx, runID)
+		if errors.Is(err, jetstream.ErrNotFound) {
+			return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+		}
+		if err != nil {
+			return err
+		}
+		run, err := state.DecodeRun(v)
+		if err != nil {
+			return err
+		}
+		switch run.Status {
+		case state.StatusCancelled:
+			return nil
+		case state.StatusCompleted, state.StatusFailed:
+			return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
+		}
+		run.Status, run.UpdatedAt = state.StatusCancelled, time.Now().UTC()
+		run.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
+		b, err := state.Encode(run)
+		if err != nil {
+			return err
+		}
+		_, err = c.assets.Runs.Update(ctx, runID, b, rev)
+		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		// Best effort: a worker that misses it still cannot change the
+		// outcome (the record is final).
+		if err := c.nc.Publish(CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
+			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+		}
+		if err := c.nc.FlushWithContext(ctx); err != nil {
+			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+		}
+		return nil
+	}
 }

@@ -43,6 +43,12 @@ var (
 	// start does not match (another workflow); see *ConflictError. The
 	// existing run is not changed.
 	ErrIdempotencyConflict = dedupe.ErrConflict
+	// ErrDuplicateRejected: the run ID names an existing run and the
+	// conflict policy rejects duplicates in its state; see *RejectedError.
+	ErrDuplicateRejected = dedupe.ErrRejected
+	// ErrInvalidConflictPolicy: a conflict policy has a value outside its
+	// constants.
+	ErrInvalidConflictPolicy = dedupe.ErrInvalidPolicy
 )
 
 // ConflictError says which part of a start differed from the existing run

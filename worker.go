@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -106,10 +107,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	admit := dedupe.New(assets, nil)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
-	checkers := make(map[string]dedupe.InputChecker, len(w.ws.defs))
+	served := make(map[string]dedupe.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {
 		defs[name] = wf.definition()
-		checkers[name] = wf.checkInput()
+		served[name] = wf.served()
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
@@ -133,11 +134,18 @@ func (w *Worker) Start(ctx context.Context) error {
 			}
 		}
 	}
-	stop, err := dedupe.Serve(w.nc, admit, checkers, 10*time.Second, w.log)
+	cancels, err := w.nc.Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
+		exec.MarkCancelled(strings.TrimPrefix(m.Subject, CancelSubjectPrefix), string(m.Data))
+	})
 	if err != nil {
-		return errors.Join(err, pool.Stop(ctx))
+		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), pool.Stop(ctx))
 	}
-	w.pool, w.stopServe, w.started = pool, stop, true
+	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	if err != nil {
+		return errors.Join(err, cancels.Unsubscribe(), pool.Stop(ctx))
+	}
+	w.pool, w.started = pool, true
+	w.stopServe = func() error { return errors.Join(cancels.Unsubscribe(), stop()) }
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
 }

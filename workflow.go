@@ -15,8 +15,9 @@ import (
 // it once, at package level, and use the same value to register it on a
 // worker and to start runs.
 type Workflow[P, R any] struct {
-	name string
-	fn   func(*Context, P) (R, error)
+	name   string
+	fn     func(*Context, P) (R, error)
+	policy ConflictPolicy
 }
 
 // NewWorkflow defines a workflow. name is its identity in stored runs and on
@@ -27,9 +28,16 @@ type Workflow[P, R any] struct {
 // fn is the orchestration: it calls steps with Step, branches on their
 // results and returns. It is replayed from the top for every step, so it
 // must be deterministic and do its I/O only inside steps.
-func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error)) *Workflow[P, R] {
-	return &Workflow[P, R]{name: name, fn: fn}
+func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error), opts ...WorkflowOption) *Workflow[P, R] {
+	var o workflowOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy}
 }
+
+// ConflictPolicy is the workflow's default conflict policy.
+func (w *Workflow[P, R]) ConflictPolicy() ConflictPolicy { return w.policy }
 
 // Name is the workflow's stable name.
 func (w *Workflow[P, R]) Name() string { return w.name }
@@ -55,10 +63,13 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 	}
 }
 
-func (w *Workflow[P, R]) checkInput() dedupe.InputChecker {
-	return func(raw json.RawMessage) error {
-		_, err := decodeInput[P](raw)
-		return err
+func (w *Workflow[P, R]) served() dedupe.Served {
+	return dedupe.Served{
+		Check: func(raw json.RawMessage) error {
+			_, err := decodeInput[P](raw)
+			return err
+		},
+		Policy: w.policy.internal(),
 	}
 }
 
@@ -171,7 +182,7 @@ func StepInfo(ctx context.Context) (details StepDetails, ok bool) {
 type Registrable interface {
 	Name() string
 	definition() workflow.Definition
-	checkInput() dedupe.InputChecker
+	served() dedupe.Served
 }
 
 // Workers is an explicit registry of the workflows a worker serves.

@@ -31,6 +31,9 @@ const (
 	Created Outcome = iota + 1
 	// Existing: the run already existed; the start was absorbed.
 	Existing
+	// Restarted: the run had ended and the policy started a new one under
+	// the same run ID.
+	Restarted
 )
 
 func (o Outcome) String() string {
@@ -39,6 +42,8 @@ func (o Outcome) String() string {
 		return "created"
 	case Existing:
 		return "existing"
+	case Restarted:
+		return "restarted"
 	default:
 		return "unknown"
 	}
@@ -54,6 +59,8 @@ type Request struct {
 	// IgnoreInput makes a duplicate with another input an ordinary
 	// duplicate instead of a conflict (the stored input is kept either way).
 	IgnoreInput bool
+	// Policy decides what a duplicate gets in each state of the run.
+	Policy Policy
 }
 
 // Result is the admission decision.
@@ -97,6 +104,9 @@ func Validate(req Request) error {
 	if err := state.ValidateSource(req.Source); err != nil {
 		return err
 	}
+	if err := req.Policy.Validate(); err != nil {
+		return err
+	}
 	if len(req.Input) > state.MaxInputBytes {
 		return fmt.Errorf("%w: %d bytes, limit %d", state.ErrInputTooLarge, len(req.Input), state.MaxInputBytes)
 	}
@@ -135,7 +145,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	broker, err := a.publishStart(ctx, req, task)
+	broker, err := a.publishStart(ctx, req.Workflow, req.RunID, task)
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
@@ -162,27 +172,109 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 		res.Outcome = Created
 		return res, nil
 	}
+	return a.duplicate(ctx, req, rec.Fingerprint, res)
+}
+
+// duplicate decides what a start gets for a run that already exists
+// (res.Run at res.Revision), by the conflict policy and the fingerprint, and
+// records the attempt on the run's audit.
+func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Result) (Result, error) {
 	res.Outcome = Existing
-	match := run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == rec.Fingerprint)
-	var conflict *ConflictError
-	switch {
-	case run.Workflow != req.Workflow:
-		conflict = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-	case !match && !req.IgnoreInput:
-		conflict = &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(rec.Fingerprint)}
+	for round := 0; ; round++ {
+		run := res.Run
+		entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Status: run.Status,
+			FingerprintMatch: run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == fp)}
+		var refusal error
+		act := req.Policy.decide(run.Status)
+		switch {
+		case run.Workflow != req.Workflow:
+			entry.Outcome = state.AuditConflict
+			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
+		case act == actReject:
+			entry.Outcome = state.AuditRejected
+			refusal = &RejectedError{RunID: req.RunID, Status: run.Status}
+		case act == actStartNew && round < maxRestartRounds:
+			next, rev, won, err := a.restart(ctx, req, run, res.Revision)
+			if err != nil {
+				return res, fmt.Errorf("jetflow: start %s again: %w", req.RunID, err)
+			}
+			res.Run, res.Revision = next, rev
+			if !won {
+				continue // another start replaced it first: decide again on its run
+			}
+			res.Outcome = Restarted
+			entry.Outcome = state.AuditRestarted
+		case !entry.FingerprintMatch && !req.IgnoreInput:
+			entry.Outcome = state.AuditConflict
+			refusal = &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(fp)}
+		default:
+			entry.Outcome = state.AuditExisting
+		}
+		var err error
+		res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, entry)
+		if err != nil {
+			return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
+		}
+		return res, refusal
 	}
-	entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Outcome: state.AuditExisting, FingerprintMatch: match, Status: run.Status}
-	if conflict != nil {
-		entry.Outcome = state.AuditConflict
-	}
-	res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, entry)
+}
+
+// maxRestartRounds bounds how often a start that wants a new run loses the
+// race to another one and looks again (each loss means a new run exists).
+const maxRestartRounds = 3
+
+// restart replaces the ended run old (at revision oldRev) by a new
+// generation with the request's input. The new generation's start task is
+// published first, carrying oldRev, so that its receiver can finish the
+// replacement if this process dies; then the record is replaced with
+// compare-and-set on oldRev, which lets exactly one of many concurrent
+// restarts win. It returns the record now stored and whether it is this
+// call's.
+func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
+	token := nuid.Next()
+	gen := old.Generation + 1
+	task, err := state.Encode(state.Task{
+		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
+		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev,
+	})
 	if err != nil {
-		return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
+		return state.Run{}, 0, false, err
 	}
-	if conflict != nil {
-		return res, conflict
+	if _, err := a.publishStart(ctx, req.Workflow, state.RunIdentity(req.RunID, gen), task); err != nil {
+		return state.Run{}, 0, false, err
 	}
-	return res, nil
+	rec, err := a.newRecord(req, token)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	rec.Generation = gen
+	return a.replace(ctx, rec, oldRev)
+}
+
+// replace writes rec over the record at revision oldRev. When the write is
+// refused or its answer is lost, it reads what is stored; won says whether
+// that is rec (by its token).
+func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
+	b, err := state.Encode(rec)
+	if err != nil {
+		return state.Run{}, 0, false, err
+	}
+	rev, err := a.assets.Runs.Update(ctx, rec.RunID, b, oldRev)
+	if err == nil {
+		return rec, rev, true, nil
+	}
+	if !errors.Is(err, jetstream.ErrRevisionMismatch) && jetstream.IsAPIError(err) {
+		return state.Run{}, 0, false, err
+	}
+	v, rev, gerr := a.assets.Runs.GetExisting(ctx, rec.RunID)
+	if gerr != nil {
+		return state.Run{}, 0, false, errors.Join(err, gerr)
+	}
+	stored, derr := state.DecodeRun(v)
+	if derr != nil {
+		return state.Run{}, 0, false, derr
+	}
+	return stored, rev, stored.Token == rec.Token, nil
 }
 
 // short abbreviates a fingerprint for messages.
@@ -193,15 +285,17 @@ func short(fp string) string {
 	return "fingerprint " + fp
 }
 
-// publishStart stores the start task. A publish whose answer was lost is
+// publishStart stores the start task of the run generation identity (the
+// run ID for the first): subject and message ID are the identity, so each
+// generation has its own start subject. A publish whose answer was lost is
 // sent again, the same bytes under the same message ID, so a stored first
 // copy absorbs it and the start keeps its token: the caller still learns
 // that it created the run.
-func (a *Admitter) publishStart(ctx context.Context, req Request, task []byte) (jetstream.Dedup, error) {
-	subject := jetstream.TaskSubject(req.Workflow, req.RunID, "")
+func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, task []byte) (jetstream.Dedup, error) {
+	subject := jetstream.TaskSubject(workflow, identity, "")
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		d, err := jetstream.PublishTask(ctx, a.assets.JS, subject, req.RunID, task)
+		d, err := jetstream.PublishTask(ctx, a.assets.JS, subject, identity, task)
 		if err == nil || attempt == createAttempts || ctx.Err() != nil || jetstream.IsAPIError(err) {
 			return d, err
 		}
@@ -237,13 +331,23 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 
 // Materialize returns the run record a start task stands for, creating it
 // from the task if its publisher died before doing so. The stored record
-// always wins: a task from a duplicate start never changes the run.
+// always wins: a task from a duplicate start never changes the run, and a
+// task of an older generation advances the current one. A start task of a
+// new generation whose publisher died before replacing the ended run
+// finishes the replacement (compare-and-set on the revision it carries).
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
 	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
 	if err != nil {
 		return state.Run{}, 0, err
 	}
+	rec.Generation = t.Generation
 	run, rev, _, err := a.readOrCreate(ctx, rec)
+	if err != nil || t.Generation == 0 || run.Generation >= t.Generation {
+		return run, rev, err
+	}
+	if run.Generation == t.Generation-1 && run.Status.Terminal() && rev == t.PrevRev {
+		run, rev, _, err = a.replace(ctx, rec, rev)
+	}
 	return run, rev, err
 }
 

@@ -79,15 +79,15 @@ func TestMaterializeCompletesAnInterruptedStart(t *testing.T) {
 
 func TestDecodeStartRequest(t *testing.T) {
 	t.Parallel()
-	req, err := DecodeStartRequest("w", []byte(`{"input":{"a":1}}`))
+	req, err := DecodeStartRequest("w", []byte(`{"input":{"a":1}}`), Policy{})
 	require.NoError(t, err)
 	require.NotEmpty(t, req.RunID, "a run ID is generated")
-	req, err = DecodeStartRequest("w", []byte(`{"run_id":"k-1"}`))
+	req, err = DecodeStartRequest("w", []byte(`{"run_id":"k-1"}`), Policy{})
 	require.NoError(t, err)
 	require.Equal(t, "k-1", req.RunID)
 	require.JSONEq(t, `null`, string(req.Input))
 	for _, bad := range []string{``, `[]`, `{"run_id":1}`, `{"run_id":"a.b"}`} {
-		_, err := DecodeStartRequest("w", []byte(bad))
+		_, err := DecodeStartRequest("w", []byte(bad), Policy{})
 		require.Error(t, err, bad)
 	}
 }

@@ -53,7 +53,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 	f.Add("a.b", []byte(`{"run_id":"r","input":1}`))
 	f.Add("x>", []byte(`{"run_id":"r","input":1}`))
 	f.Fuzz(func(t *testing.T, workflow string, body []byte) {
-		req, err := DecodeStartRequest(workflow, body)
+		req, err := DecodeStartRequest(workflow, body, Policy{})
 		if err != nil {
 			requireTyped(t, err)
 			return
@@ -71,7 +71,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 		// req again.
 		b2, err := state.Encode(StartRequest{RunID: req.RunID, Input: req.Input, Source: req.Source})
 		require.NoError(t, err)
-		req2, err := DecodeStartRequest(workflow, b2)
+		req2, err := DecodeStartRequest(workflow, b2, Policy{})
 		require.NoError(t, err, "re-encoded envelope %s", b2)
 		require.Equal(t, req.RunID, req2.RunID)
 		require.Equal(t, req.Workflow, req2.Workflow)
@@ -84,7 +84,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 // an error code.
 func requireTyped(t *testing.T, err error) {
 	t.Helper()
-	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge} {
+	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, ErrInvalidPolicy} {
 		if errors.Is(err, target) {
 			return
 		}
@@ -175,9 +175,9 @@ func FuzzHandleStart(f *testing.F) {
 		if runID != "" {
 			before = readRun(ctx, t, assets, runID)
 		}
-		_, decErr := DecodeStartRequest(workflow, body)
+		_, decErr := DecodeStartRequest(workflow, body, Policy{})
 
-		reply := handleStart(ctx, a, workflow, checkFuzzInput, body)
+		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body)
 
 		if reply.Error != nil {
 			require.Empty(t, reply.Outcome)
@@ -206,7 +206,7 @@ func FuzzHandleStart(f *testing.F) {
 		}
 
 		require.NoError(t, decErr, "accepted an envelope the decoder rejects")
-		req, _ := DecodeStartRequest(workflow, body)
+		req, _ := DecodeStartRequest(workflow, body, Policy{})
 		require.NoError(t, checkFuzzInput(req.Input), "accepted an input the workflow rejects")
 		require.NoError(t, state.ValidateRunID(reply.RunID))
 		require.Equal(t, workflow, reply.Workflow)

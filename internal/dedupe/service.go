@@ -30,6 +30,8 @@ type StartRequest struct {
 	// Fingerprint is "strict" (default: a duplicate with another input is
 	// a conflict) or "ignore" (it is an ordinary duplicate).
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// Policy overrides the workflow's conflict policy for this start.
+	Policy *EnvelopePolicy `json:"policy,omitempty"`
 }
 
 // StartReply answers a StartRequest: an outcome, or an error.
@@ -55,12 +57,15 @@ const (
 	CodeInvalidInput = "invalid_input"
 	CodeTooLarge     = "input_too_large"
 	CodeConflict     = "conflict"
+	CodeRejected     = "rejected"
+	CodeBadPolicy    = "invalid_policy"
 	CodeInternal     = "internal"
 )
 
 // DecodeStartRequest parses and validates an envelope. The run ID is
-// generated when absent.
-func DecodeStartRequest(workflow string, b []byte) (Request, error) {
+// generated when absent; the policy defaults to base where the envelope
+// leaves it out.
+func DecodeStartRequest(workflow string, b []byte, base Policy) (Request, error) {
 	var sr StartRequest
 	dec := json.NewDecoder(bytes.NewReader(b))
 	// A misspelt field ("runId") must not silently start a new run each time.
@@ -83,7 +88,14 @@ func DecodeStartRequest(workflow string, b []byte) (Request, error) {
 	if sr.Fingerprint != "" && sr.Fingerprint != "strict" && sr.Fingerprint != "ignore" {
 		return Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
 	}
-	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore"}
+	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore", Policy: base}
+	if sr.Policy != nil {
+		p, err := sr.Policy.Policy(base)
+		if err != nil {
+			return Request{}, err
+		}
+		req.Policy = p
+	}
 	return req, Validate(req)
 }
 
@@ -94,11 +106,18 @@ const maxConcurrentStarts = 64
 // the run could never start.
 type InputChecker func(input json.RawMessage) error
 
+// Served is a workflow a worker answers start requests for.
+type Served struct {
+	Check InputChecker
+	// Policy is the workflow's default conflict policy.
+	Policy Policy
+}
+
 // Serve answers start requests for the given workflows through the same
 // Admit as the Go SDK. A malformed envelope, an invalid run ID or an input
 // the workflow cannot decode is answered with a typed error and stores
 // nothing. The returned function stops serving.
-func Serve(nc *nats.Conn, a *Admitter, checkers map[string]InputChecker, timeout time.Duration, log zerolog.Logger) (func() error, error) {
+func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Duration, log zerolog.Logger) (func() error, error) {
 	var subs []*nats.Subscription
 	stop := func() error {
 		var errs []error
@@ -110,14 +129,14 @@ func Serve(nc *nats.Conn, a *Admitter, checkers map[string]InputChecker, timeout
 	// Requests are answered concurrently (a slow admission must not hold up
 	// the others), at most maxConcurrentStarts at a time per worker.
 	slots := make(chan struct{}, maxConcurrentStarts)
-	for name, check := range checkers {
+	for name, wf := range served {
 		s, err := nc.QueueSubscribe(AdmitSubjectPrefix+name, "jetflow_admit", func(m *nats.Msg) {
 			slots <- struct{}{}
 			go func() {
 				defer func() { <-slots }()
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				defer cancel()
-				reply := handleStart(ctx, a, name, check, m.Data)
+				reply := handleStart(ctx, a, name, wf, m.Data)
 				b, err := json.Marshal(reply)
 				if err == nil {
 					err = m.Respond(b)
@@ -141,12 +160,12 @@ func Serve(nc *nats.Conn, a *Admitter, checkers map[string]InputChecker, timeout
 	return stop, nil
 }
 
-func handleStart(ctx context.Context, a *Admitter, workflow string, check InputChecker, b []byte) StartReply {
-	req, err := DecodeStartRequest(workflow, b)
+func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte) StartReply {
+	req, err := DecodeStartRequest(workflow, b, wf.Policy)
 	if err != nil {
 		return errorReply(err)
 	}
-	if err := check(req.Input); err != nil {
+	if err := wf.Check(req.Input); err != nil {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)
@@ -155,6 +174,9 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, check InputC
 	}
 	if errors.Is(err, ErrConflict) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
+	}
+	if errors.Is(err, ErrRejected) {
+		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}
 	}
 	if err != nil {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}}
@@ -172,6 +194,8 @@ func errorReply(err error) StartReply {
 		code = CodeInvalidRunID
 	case errors.Is(err, state.ErrInputTooLarge):
 		code = CodeTooLarge
+	case errors.Is(err, ErrInvalidPolicy):
+		code = CodeBadPolicy
 	case errors.Is(err, state.ErrCorrupt), errors.Is(err, state.ErrInvalidName):
 		code = CodeMalformed
 	}

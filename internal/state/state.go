@@ -63,12 +63,15 @@ type Run struct {
 	Token string `json:"token"`
 	// Fingerprint is the canonical hash of workflow name and input; a
 	// duplicate start is compared against it.
-	Fingerprint string          `json:"fingerprint,omitempty"`
-	Source      string          `json:"source,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	Output      json.RawMessage `json:"output,omitempty"`
-	Error       *ErrorInfo      `json:"error,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Generation counts the runs started under this run ID by the conflict
+	// policy's "start new" (0 for the first).
+	Generation int             `json:"generation,omitempty"`
+	Source     string          `json:"source,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      *ErrorInfo      `json:"error,omitempty"`
 }
 
 // Step is the committed result of one step, stored under its step ID in the
@@ -92,8 +95,10 @@ const AuditRecent = 10
 
 // Audit outcomes.
 const (
-	AuditExisting = "existing" // absorbed: the caller got the existing run
-	AuditConflict = "conflict" // refused: another workflow or input
+	AuditExisting  = "existing"  // absorbed: the caller got the existing run
+	AuditConflict  = "conflict"  // refused: another workflow or input
+	AuditRejected  = "rejected"  // refused by the conflict policy
+	AuditRestarted = "restarted" // the run had ended; the policy started a new one
 )
 
 // AuditEntry is one duplicate start attempt.
@@ -148,6 +153,12 @@ type Task struct {
 	CreatedAt time.Time       `json:"created_at,omitzero"`
 	// Fingerprint is the run record's (step tasks only).
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// Generation is the run generation the task belongs to. A start task
+	// of a later generation also carries PrevRev, the revision of the
+	// ended run it replaces, so whoever receives it can finish the
+	// replacement with compare-and-set if its publisher died first.
+	Generation int    `json:"generation,omitempty"`
+	PrevRev    uint64 `json:"prev_rev,omitempty"`
 	// Rev is the run record's revision the fields above were read at; zero
 	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
@@ -157,7 +168,7 @@ type Task struct {
 func RunFromTask(t Task) Run {
 	return Run{
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
-		Token: t.Token, Fingerprint: t.Fingerprint, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
 	}
 }
 
@@ -210,6 +221,9 @@ func DecodeRun(b []byte) (Run, error) {
 	}
 	if !r.Status.Valid() {
 		return Run{}, fmt.Errorf("%w: run record: unknown status %q", ErrCorrupt, r.Status)
+	}
+	if r.Generation < 0 {
+		return Run{}, fmt.Errorf("%w: run record: negative generation", ErrCorrupt)
 	}
 	if err := checkTimes("run record", r.CreatedAt, r.UpdatedAt); err != nil {
 		return Run{}, err
@@ -264,7 +278,9 @@ func DecodeAudit(b []byte) (Audit, error) {
 		entries = append([]AuditEntry{*a.First}, entries...)
 	}
 	for _, e := range entries {
-		if e.Outcome != AuditExisting && e.Outcome != AuditConflict {
+		switch e.Outcome {
+		case AuditExisting, AuditConflict, AuditRejected, AuditRestarted:
+		default:
 			return Audit{}, fmt.Errorf("%w: audit outcome %q", ErrCorrupt, e.Outcome)
 		}
 		if e.Status != "" && !e.Status.Valid() {
@@ -296,6 +312,9 @@ func DecodeTask(b []byte) (Task, error) {
 		if _, err := validateStepID(t.RunID, t.StepID); err != nil {
 			return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
 		}
+	}
+	if t.Generation < 0 || (t.PrevRev != 0 && (t.Generation == 0 || t.StepID != "")) {
+		return Task{}, fmt.Errorf("%w: task: generation %d with previous revision %d", ErrCorrupt, t.Generation, t.PrevRev)
 	}
 	if len(t.Input) == 0 { // json.Unmarshal has validated it when present
 		return Task{}, fmt.Errorf("%w: task without input", ErrCorrupt)

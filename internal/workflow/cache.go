@@ -61,3 +61,37 @@ func (c *historyCache) forget(runKey string) {
 		c.order = kept
 	}
 }
+
+// cancelSet remembers recently cancelled runs (by run ID and token),
+// bounded: the oldest are forgotten first.
+type cancelSet struct {
+	mu    sync.Mutex
+	limit int
+	set   map[string]bool
+	order []string
+}
+
+func newCancelSet(limit int) *cancelSet {
+	return &cancelSet{limit: limit, set: make(map[string]bool)}
+}
+
+func (c *cancelSet) add(runID, token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := runID + "/" + token
+	if c.set[k] {
+		return
+	}
+	if len(c.order) >= c.limit {
+		delete(c.set, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.set[k] = true
+	c.order = append(c.order, k)
+}
+
+func (c *cancelSet) has(runID, token string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.set[runID+"/"+token]
+}

@@ -100,7 +100,7 @@ func (c *Context) step(name string, policy RetryPolicy, key TaskKey, fn StepFunc
 	c.occ[name] = occ + 1
 	seq := c.seq
 	c.seq++
-	id := state.StepID(c.run.RunID, name, occ)
+	id := state.StepID(state.RunIdentity(c.run.RunID, c.run.Generation), name, occ)
 
 	if c.executed {
 		// This task ran its step; the next uncommitted one belongs to its

@@ -71,9 +71,10 @@ type Metrics struct {
 
 // Executor handles task messages. It is safe for concurrent use.
 type Executor struct {
-	cfg   Config
-	cache *historyCache
-	log   zerolog.Logger
+	cfg       Config
+	cache     *historyCache
+	cancelled *cancelSet
+	log       zerolog.Logger
 }
 
 // NewExecutor returns an executor.
@@ -87,7 +88,7 @@ func NewExecutor(cfg Config) *Executor {
 	if cfg.CacheRuns == 0 {
 		cfg.CacheRuns = 10000
 	}
-	return &Executor{cfg: cfg, cache: newHistoryCache(cfg.CacheRuns), log: cfg.Logger}
+	return &Executor{cfg: cfg, cache: newHistoryCache(cfg.CacheRuns), cancelled: newCancelSet(cfg.CacheRuns), log: cfg.Logger}
 }
 
 // Handle processes one task message and settles it: acknowledged once the
@@ -129,8 +130,11 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.settleErr(msg.Ack(), "ack")
 		return
 	}
-	if run.Status.Terminal() {
-		// A stale task (duplicate start, late redelivery): nothing to do.
+	if run.Status.Terminal() || (task.StepID == "" && task.Generation != run.Generation) ||
+		e.cancelled.has(run.RunID, run.Token) {
+		// A stale task (duplicate start, late redelivery, a start task of a
+		// generation that is not the run's): nothing to do. The current
+		// generation always has a start task of its own.
 		e.settleErr(msg.Ack(), "ack")
 		return
 	}
@@ -142,6 +146,10 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	s := e.replay(c, def)
 	e.settle(nctx, log, msg, c, s)
 }
+
+// MarkCancelled records that the run created with token was cancelled:
+// its further tasks are dropped.
+func (e *Executor) MarkCancelled(runID, token string) { e.cancelled.add(runID, token) }
 
 // loadRun returns the run a task belongs to and the revision it was read
 // at. A start task materialises the run record if its publisher died before
@@ -342,7 +350,7 @@ func attemptKey(t state.Task) string {
 	if t.StepID != "" {
 		return t.StepID
 	}
-	return t.RunID + ".start"
+	return state.RunIdentity(t.RunID, t.Generation) + ".start"
 }
 
 // beginAttempt returns the number of the attempt about to run the task's
@@ -427,8 +435,10 @@ func (e *Executor) observeStep(wf, step, result string, start time.Time) {
 // finish records the run's end with compare-and-set on the revision the
 // task carried; when that revision is stale (another worker finished the
 // run, or it changed since) it reads the record and tries again. A run
-// already in a terminal state is left as it is.
+// already in a terminal state, or a record that now holds another run under
+// the same ID (another token), is left as it is.
 func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
+	token := run.Token
 	for {
 		if rev == 0 {
 			v, r, err := e.cfg.Assets.Runs.GetExisting(ctx, run.RunID)
@@ -440,7 +450,9 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 			}
 			rev = r
 		}
-		if run.Status.Terminal() {
+		if run.Status.Terminal() || run.Token != token {
+			// Already ended, or the record is another run now (a later
+			// generation, or a new run after the retention): not ours.
 			return nil
 		}
 		run.UpdatedAt = e.cfg.Now().UTC()

@@ -1,0 +1,76 @@
+package jetflow
+
+import (
+	"github.com/jetflow/jetflow/internal/dedupe"
+)
+
+// ConflictPolicy decides what a start gets when its run ID names a run that
+// already exists, by the state of that run. The zero value is the default
+// of the idempotency-key documents this follows: attach to a running run,
+// return an ended one.
+type ConflictPolicy struct {
+	WhileRunning   WhileRunning
+	AfterCompleted AfterEnded
+	// AfterFailed applies to failed and cancelled runs.
+	AfterFailed AfterEnded
+}
+
+// WhileRunning is what a duplicate start gets while the run is running.
+type WhileRunning int
+
+const (
+	// Attach returns the running run (OutcomeExisting). The default.
+	Attach WhileRunning = iota
+	// RejectWhileRunning returns ErrDuplicateRejected (HTTP 409).
+	RejectWhileRunning
+)
+
+// AfterEnded is what a duplicate start gets once the run has ended.
+type AfterEnded int
+
+const (
+	// ReturnExisting returns the ended run (OutcomeExisting). The default.
+	ReturnExisting AfterEnded = iota
+	// RejectAfterEnd returns ErrDuplicateRejected.
+	RejectAfterEnd
+	// StartNew starts a new run under the same run ID, with this start's
+	// input (OutcomeRestarted). However many starts race, one new run is
+	// created: the old record's revision is the fence. The new run's step
+	// IDs are <run-id>/<n>.<step>.<occurrence>, so external APIs see new
+	// idempotency keys.
+	StartNew
+)
+
+func (p ConflictPolicy) internal() dedupe.Policy {
+	return dedupe.Policy{
+		Running:   dedupe.OnRunning(p.WhileRunning),
+		Completed: dedupe.OnEnded(p.AfterCompleted),
+		Failed:    dedupe.OnEnded(p.AfterFailed),
+	}
+}
+
+func (p ConflictPolicy) envelope() dedupe.EnvelopePolicy {
+	return dedupe.EnvelopeFromPolicy(p.internal())
+}
+
+// WithConflictPolicy overrides the workflow's conflict policy for one
+// start. An invalid value makes the start fail with ErrInvalidPolicy.
+func WithConflictPolicy(p ConflictPolicy) StartOption {
+	return func(o *startOptions) { o.policy = &p }
+}
+
+// WorkflowOption configures a workflow definition.
+type WorkflowOption func(*workflowOptions)
+
+type workflowOptions struct {
+	policy ConflictPolicy
+}
+
+// WithDefaultConflictPolicy sets the conflict policy of every start of the
+// workflow that does not override it (WithConflictPolicy).
+func WithDefaultConflictPolicy(p ConflictPolicy) WorkflowOption {
+	return func(o *workflowOptions) { o.policy = p }
+}
+
+// RejectedError is a duplicate start that the conflict policy refused.
+type RejectedError = dedupe.RejectedError
