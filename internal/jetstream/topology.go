@@ -23,8 +23,8 @@ const (
 	AttemptsBucket = "jetflow_attempts"
 )
 
-// TaskSubject is the subject of the start task (stepID empty) or of the task
-// that runs stepID. One subject per start and per step lets the stream hold
+// TaskSubject is the subject of the start task (stepID empty) of the run
+// generation runID (state.RunIdentity) or of the task that runs stepID. One subject per start and per step lets the stream hold
 // at most one pending task per subject, which deduplicates tasks durably,
 // beyond the broker's duplicate window.
 func TaskSubject(workflow, runID, stepID string) string {
