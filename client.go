@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
@@ -147,6 +148,10 @@ type Handle[R any] struct {
 	// Duplicates is how many duplicate starts the run has absorbed,
 	// counting this one when Outcome is OutcomeExisting.
 	Duplicates int64
+	// AfterExpiry is set with OutcomeCreated when a run with this run ID
+	// existed and was forgotten because its retention passed: this is a
+	// new run, not a duplicate of that one.
+	AfterExpiry bool
 
 	client *Client
 }
@@ -173,14 +178,14 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
-		IgnoreInput: o.ignoreInput, Policy: policy.internal(),
+		IgnoreInput: o.ignoreInput, Policy: policy.internal(), Retention: wf.retention,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
-		Duplicates: res.Duplicates, client: c,
+		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, client: c,
 	}, nil
 }
 
@@ -216,11 +221,12 @@ func (h *Handle[R]) Result(ctx context.Context) (R, error) {
 
 // StartResult is the untyped result of StartByName.
 type StartResult struct {
-	RunID      string
-	Workflow   string
-	Outcome    Outcome
-	Status     RunStatus
-	Duplicates int64
+	RunID       string
+	Workflow    string
+	Outcome     Outcome
+	Status      RunStatus
+	Duplicates  int64
+	AfterExpiry bool
 }
 
 // StartByName starts a run of the workflow called name with JSON input, by
@@ -278,7 +284,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	}
 	return StartResult{
 		RunID: reply.RunID, Workflow: reply.Workflow, Outcome: Outcome(reply.Outcome),
-		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates,
+		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates, AfterExpiry: reply.AfterExpiry,
 	}, nil
 }
 
@@ -427,6 +433,9 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 				}
 				continue
 			}
+			if e.Operation() != natsjs.KeyValuePut {
+				continue // the marker of an expired earlier run with this ID
+			}
 			seen = true
 			r, err := state.DecodeRun(e.Value())
 			if err != nil {
@@ -533,7 +542,11 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 		if err != nil {
 			return err
 		}
-		_, err = c.assets.Runs.Update(ctx, runID, b, rev)
+		ttl := run.Retention
+		if ttl == 0 {
+			ttl = c.assets.Topology.Retention
+		}
+		_, err = c.assets.Runs.UpdateTTL(ctx, runID, b, rev, ttl)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
 			continue
 		}

@@ -49,6 +49,9 @@ var (
 	// ErrInvalidConflictPolicy: a conflict policy has a value outside its
 	// constants.
 	ErrInvalidConflictPolicy = dedupe.ErrInvalidPolicy
+	// ErrInvalidRetention: a workflow retention under a second or longer
+	// than the deployment's.
+	ErrInvalidRetention = dedupe.ErrInvalidRetention
 )
 
 // ConflictError says which part of a start differed from the existing run

@@ -1,6 +1,8 @@
 package jetflow
 
 import (
+	"time"
+
 	"github.com/jetflow/jetflow/internal/dedupe"
 )
 
@@ -63,7 +65,17 @@ func WithConflictPolicy(p ConflictPolicy) StartOption {
 type WorkflowOption func(*workflowOptions)
 
 type workflowOptions struct {
-	policy ConflictPolicy
+	policy    ConflictPolicy
+	retention time.Duration
+}
+
+// WithRetention sets how long the workflow's run IDs and results are
+// remembered after the run's last change (default: the deployment's
+// Topology.Retention, 30 days; at most that). A start after that creates a
+// new run and says so (Handle.AfterExpiry), never a silent re-run that looks
+// like a duplicate.
+func WithRetention(d time.Duration) WorkflowOption {
+	return func(o *workflowOptions) { o.retention = d }
 }
 
 // WithDefaultConflictPolicy sets the conflict policy of every start of the

@@ -276,6 +276,12 @@ func TestRunIDReusedAfterRetentionRunsAgain(t *testing.T) {
 		out, err := h.Result(ctxT(t, 20*time.Second))
 		require.NoError(t, err)
 		require.Equal(t, 103, out, "the new run must run its own steps")
-		require.Equal(t, 2, effects.get(id+".a.0"))
+		steps, err := c.Steps(ctxT(t, 5*time.Second), id)
+		require.NoError(t, err)
+		require.Len(t, steps, 3)
+		for _, s := range steps {
+			require.Equal(t, 1, effects.get(s.StepID), "step %s of the new run", s.StepID)
+		}
+		require.Equal(t, 1, effects.get(id+".a.0"), "the old run's step ran once")
 	}
 }

@@ -15,9 +15,10 @@ import (
 // it once, at package level, and use the same value to register it on a
 // worker and to start runs.
 type Workflow[P, R any] struct {
-	name   string
-	fn     func(*Context, P) (R, error)
-	policy ConflictPolicy
+	name      string
+	fn        func(*Context, P) (R, error)
+	policy    ConflictPolicy
+	retention time.Duration
 }
 
 // NewWorkflow defines a workflow. name is its identity in stored runs and on
@@ -33,7 +34,7 @@ func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy}
+	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention}
 }
 
 // ConflictPolicy is the workflow's default conflict policy.
@@ -69,7 +70,8 @@ func (w *Workflow[P, R]) served() dedupe.Served {
 			_, err := decodeInput[P](raw)
 			return err
 		},
-		Policy: w.policy.internal(),
+		Policy:    w.policy.internal(),
+		Retention: w.retention,
 	}
 }
 

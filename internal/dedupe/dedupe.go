@@ -61,6 +61,9 @@ type Request struct {
 	IgnoreInput bool
 	// Policy decides what a duplicate gets in each state of the run.
 	Policy Policy
+	// Retention is how long the run's record is kept after its last write
+	// (0: the deployment's; at most the deployment's).
+	Retention time.Duration
 }
 
 // Result is the admission decision.
@@ -77,6 +80,10 @@ type Result struct {
 	// Broker says whether the task stream already absorbed the start task
 	// (by message ID or because the start task is still pending).
 	Broker jetstream.Dedup
+	// AfterExpiry: Created over the marker of a run with the same ID whose
+	// retention passed. The old run is forgotten; this is a new run, not a
+	// duplicate.
+	AfterExpiry bool
 }
 
 // Admitter admits starts. It is safe for concurrent use.
@@ -107,6 +114,9 @@ func Validate(req Request) error {
 	if err := req.Policy.Validate(); err != nil {
 		return err
 	}
+	if req.Retention != 0 && req.Retention < time.Second {
+		return fmt.Errorf("%w: %s is less than a second", ErrInvalidRetention, req.Retention)
+	}
 	if len(req.Input) > state.MaxInputBytes {
 		return fmt.Errorf("%w: %d bytes, limit %d", state.ErrInputTooLarge, len(req.Input), state.MaxInputBytes)
 	}
@@ -131,6 +141,9 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}
+	if max := a.assets.Topology.Retention; req.Retention > max {
+		return Result{}, fmt.Errorf("%w: retention %s is longer than the deployment's %s", ErrInvalidRetention, req.Retention, max)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		// Retries after lost answers are bounded as a whole, not per call.
 		var cancel context.CancelFunc
@@ -153,22 +166,18 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var (
-		run     state.Run
-		rev     uint64
-		created bool
-	)
+	var st admitted
 	if broker != jetstream.Stored {
 		// Most likely a duplicate: read first, create only if absent.
-		run, rev, created, err = a.readOrCreate(ctx, rec)
+		st, err = a.readOrCreate(ctx, rec)
 	} else {
-		run, rev, created, err = a.createOrRead(ctx, rec)
+		st, err = a.createOrRead(ctx, rec)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
-	res := Result{Run: run, Revision: rev, Broker: broker}
-	if created {
+	res := Result{Run: st.run, Revision: st.rev, Broker: broker, AfterExpiry: st.afterExpiry}
+	if st.created {
 		res.Outcome = Created
 		return res, nil
 	}
@@ -235,7 +244,7 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 	gen := old.Generation + 1
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
-		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev,
+		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev, Retention: req.Retention,
 	})
 	if err != nil {
 		return state.Run{}, 0, false, err
@@ -259,7 +268,7 @@ func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (s
 	if err != nil {
 		return state.Run{}, 0, false, err
 	}
-	rev, err := a.assets.Runs.Update(ctx, rec.RunID, b, oldRev)
+	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, a.retention(rec))
 	if err == nil {
 		return rec, rev, true, nil
 	}
@@ -308,6 +317,10 @@ func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, 
 	}
 }
 
+// ErrInvalidRetention: a run retention under a second or longer than the
+// deployment's.
+var ErrInvalidRetention = errors.New("jetflow: invalid retention")
+
 // ErrConflict is matched by every *ConflictError.
 var ErrConflict = errors.New("jetflow: idempotency conflict")
 
@@ -340,8 +353,9 @@ func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, ui
 	if err != nil {
 		return state.Run{}, 0, err
 	}
-	rec.Generation = t.Generation
-	run, rev, _, err := a.readOrCreate(ctx, rec)
+	rec.Generation, rec.Retention = t.Generation, t.Retention
+	st, err := a.readOrCreate(ctx, rec)
+	run, rev := st.run, st.rev
 	if err != nil || t.Generation == 0 || run.Generation >= t.Generation {
 		return run, rev, err
 	}
@@ -360,7 +374,7 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 	return state.Run{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
-		CreatedAt: now, UpdatedAt: now,
+		Retention: req.Retention, CreatedAt: now, UpdatedAt: now,
 	}, nil
 }
 
@@ -372,60 +386,130 @@ const DefaultTimeout = 10 * time.Second
 // without an answer (timeout, reconnect).
 const createAttempts = 5
 
-// createOrRead writes rec if absent, else reads the stored record. created
-// reports whether the stored record carries rec's token. A create that fails
-// for another reason than a conflict is retried: the write may have landed,
-// and the token tells.
-func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (state.Run, uint64, bool, error) {
+// admitted is the run record admission ended up with.
+type admitted struct {
+	run state.Run
+	rev uint64
+	// created: the record carries this call's token.
+	created bool
+	// afterExpiry: it was created over the marker of an expired record
+	// with the same run ID.
+	afterExpiry bool
+}
+
+// createOrRead writes rec if the run ID holds no record, else reads the
+// stored one. A create that fails for another reason than a conflict is
+// retried (the write may have landed, and the token tells). A run ID whose
+// record expired (its retention passed) holds a marker: rec replaces it and
+// the result says so.
+func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, error) {
 	b, err := state.Encode(rec)
 	if err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
 	}
+	ttl := a.retention(rec)
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		rev, err := a.assets.Runs.Create(ctx, rec.RunID, b)
+		rev, err := a.assets.Runs.CreateTTL(ctx, rec.RunID, b, ttl)
 		if err == nil {
-			return rec, rev, true, nil
+			return admitted{run: rec, rev: rev, created: true}, nil
 		}
 		if errors.Is(err, jetstream.ErrExists) {
-			break
+			st, again, err := a.readExisting(ctx, rec, ttl)
+			if err != nil || !again {
+				return st, err
+			}
+		} else if attempt == createAttempts || ctx.Err() != nil {
+			return admitted{}, err
 		}
-		if attempt == createAttempts || ctx.Err() != nil {
-			return state.Run{}, 0, false, err
+		if attempt == createAttempts {
+			return admitted{}, fmt.Errorf("jetflow: run %s: record keeps changing", rec.RunID)
 		}
 		select {
 		case <-ctx.Done():
-			return state.Run{}, 0, false, err
+			return admitted{}, ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
 	}
-	v, rev, err := a.assets.Runs.GetExisting(ctx, rec.RunID)
-	if err != nil {
-		return state.Run{}, 0, false, err
+}
+
+// readExisting reads the record a create found in the way. again is true
+// when there is none after all (a marker that itself expired meanwhile):
+// the caller creates again.
+func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Duration) (admitted, bool, error) {
+	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
+	if err == nil {
+		run, err := state.DecodeRun(v)
+		return admitted{run: run, rev: rev, created: err == nil && run.Token == rec.Token}, false, err
 	}
-	stored, err := state.DecodeRun(v)
-	if err != nil {
-		return state.Run{}, 0, false, err
+	if !errors.Is(err, jetstream.ErrNotFound) {
+		return admitted{}, false, err
 	}
-	return stored, rev, stored.Token == rec.Token, nil
+	latest, err := a.assets.Runs.Latest(ctx, rec.RunID)
+	switch {
+	case err != nil:
+		return admitted{}, false, err
+	case latest.Rev == 0:
+		return admitted{}, true, nil
+	case latest.Live: // a lagging replica missed it on the first read
+		run, err := state.DecodeRun(latest.Value)
+		return admitted{run: run, rev: latest.Rev, created: err == nil && run.Token == rec.Token}, false, err
+	}
+	// The run ID's record expired: this start creates a new run over its
+	// marker, and says so. The new run gets an identity of its own (the
+	// marker's revision as its generation), so it never meets the expired
+	// run's step results, which may outlive its record; and a start task of
+	// its own, stored first like every start task (the one this start
+	// published, if any, names the expired run's identity and is dropped).
+	rec.Generation = int(latest.Rev)
+	b, err := state.Encode(rec)
+	if err != nil {
+		return admitted{}, false, err
+	}
+	task, err := state.Encode(state.Task{
+		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
+		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention,
+	})
+	if err != nil {
+		return admitted{}, false, err
+	}
+	if _, err := a.publishStart(ctx, rec.Workflow, state.RunIdentity(rec.RunID, rec.Generation), task); err != nil {
+		return admitted{}, false, err
+	}
+	rev, err = a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, latest.Rev, ttl)
+	if errors.Is(err, jetstream.ErrRevisionMismatch) {
+		return admitted{}, true, nil // another start got there first: read again
+	}
+	if err != nil {
+		return admitted{}, false, err
+	}
+	return admitted{run: rec, rev: rev, created: true, afterExpiry: true}, false, nil
 }
 
 // readOrCreate reads the stored record and falls back to createOrRead when
 // there is none.
-func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (state.Run, uint64, bool, error) {
+func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (admitted, error) {
 	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
 	if errors.Is(err, jetstream.ErrNotFound) {
 		return a.createOrRead(ctx, rec)
 	}
 	if err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
 	}
-	stored, err := state.DecodeRun(v)
+	run, err := state.DecodeRun(v)
 	if err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
 	}
-	return stored, rev, stored.Token == rec.Token, nil
+	return admitted{run: run, rev: rev, created: run.Token == rec.Token}, nil
+}
+
+// retention is the TTL every write of run's record carries.
+func (a *Admitter) retention(run state.Run) time.Duration {
+	if run.Retention > 0 {
+		return run.Retention
+	}
+	return a.assets.Topology.Retention
 }
 
 // recordDuplicate adds one attempt to the run's audit record with

@@ -34,22 +34,22 @@ func TestCreateRetriedAfterLostReplyIsStillCreated(t *testing.T) {
 	a := setup(t)
 	rec, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`1`)}, "token-A")
 	require.NoError(t, err)
-	_, _, created, err := a.createOrRead(ctx(t), rec)
+	st, err := a.createOrRead(ctx(t), rec)
 	require.NoError(t, err)
-	require.True(t, created)
+	require.True(t, st.created)
 
 	// The same call again (its first reply was lost).
-	stored, _, created, err := a.createOrRead(ctx(t), rec)
+	st, err = a.createOrRead(ctx(t), rec)
 	require.NoError(t, err)
-	require.True(t, created, "own write recognised by its token")
-	require.Equal(t, "token-A", stored.Token)
+	require.True(t, st.created, "own write recognised by its token")
+	require.Equal(t, "token-A", st.run.Token)
 
 	other, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`2`)}, "token-B")
 	require.NoError(t, err)
-	stored, _, created, err = a.createOrRead(ctx(t), other)
+	st, err = a.createOrRead(ctx(t), other)
 	require.NoError(t, err)
-	require.False(t, created)
-	require.JSONEq(t, `1`, string(stored.Input), "the first record is kept")
+	require.False(t, st.created)
+	require.JSONEq(t, `1`, string(st.run.Input), "the first record is kept")
 }
 
 // A start whose publisher died after publishing the start task but before

@@ -41,7 +41,9 @@ type StartReply struct {
 	Workflow   string       `json:"workflow,omitempty"`
 	Status     state.Status `json:"status,omitempty"`
 	Duplicates int64        `json:"duplicates,omitempty"`
-	Error      *ReplyError  `json:"error,omitempty"`
+	// AfterExpiry: created over an expired run with the same run ID.
+	AfterExpiry bool        `json:"after_expiry,omitempty"`
+	Error       *ReplyError `json:"error,omitempty"`
 }
 
 // ReplyError is a typed error in a StartReply.
@@ -111,6 +113,8 @@ type Served struct {
 	Check InputChecker
 	// Policy is the workflow's default conflict policy.
 	Policy Policy
+	// Retention is the workflow's run retention (0: the deployment's).
+	Retention time.Duration
 }
 
 // Serve answers start requests for the given workflows through the same
@@ -165,6 +169,7 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b
 	if err != nil {
 		return errorReply(err)
 	}
+	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
@@ -183,7 +188,7 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b
 	}
 	return StartReply{
 		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
-		Status: res.Run.Status, Duplicates: res.Duplicates,
+		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry,
 	}
 }
 

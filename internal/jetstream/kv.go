@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,6 +28,9 @@ type KV struct {
 	js     natsjs.JetStream
 	kv     natsjs.KeyValue
 	prefix string
+
+	mu     sync.Mutex
+	stream natsjs.Stream // bound on first use by Latest
 }
 
 func newKV(js natsjs.JetStream, kv natsjs.KeyValue) *KV {
@@ -108,6 +112,43 @@ func (k *KV) Get(ctx context.Context, key string) ([]byte, uint64, error) {
 		return nil, 0, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
 	}
 	return e.Value(), e.Revision(), nil
+}
+
+// KeyState is the last message stored for a key.
+type KeyState struct {
+	Value []byte
+	// Rev is the message's revision: the value's, or the marker's when the
+	// key was deleted, purged or expired; 0 when the key has no message.
+	Rev uint64
+	// Live is true when Value is a value (not a marker).
+	Live bool
+}
+
+// Latest reads the last message of key, markers included: on a bucket with
+// LimitMarkerTTL an expired key leaves a marker, which tells "never
+// written" from "written and expired", and against which a create-if-absent
+// after expiry compares.
+func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
+	k.mu.Lock()
+	if k.stream == nil {
+		st, err := k.js.Stream(ctx, "KV_"+k.Bucket())
+		if err != nil {
+			k.mu.Unlock()
+			return KeyState{}, fmt.Errorf("jetflow: bind bucket %s: %w", k.Bucket(), err)
+		}
+		k.stream = st
+	}
+	st := k.stream
+	k.mu.Unlock()
+	m, err := st.GetLastMsgForSubject(ctx, k.prefix+key)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return KeyState{}, nil
+	}
+	if err != nil {
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+	}
+	live := m.Header.Get("KV-Operation") == "" && m.Header.Get(natsjs.MarkerReasonHeader) == ""
+	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live}, nil
 }
 
 // GetExisting reads a key that a compare-and-set has just reported as

@@ -85,32 +85,14 @@ func (t *TaskKeys) bind(ctx context.Context) (*KV, natsjs.Stream, error) {
 	return t.kv, t.stream, nil
 }
 
-// KeyState is the last message stored for a key.
-type KeyState struct {
-	Value []byte
-	// Rev is the message's revision: the value's, or the marker's when the
-	// key was deleted, purged or expired; 0 when the key has no message.
-	Rev uint64
-	// Live is true when Value is a value (not a marker).
-	Live bool
-}
-
 // Latest reads the last message of key, markers included, so that a
 // create-if-absent after expiry can compare-and-set against the marker.
 func (t *TaskKeys) Latest(ctx context.Context, key string) (KeyState, error) {
-	kv, st, err := t.bind(ctx)
+	kv, _, err := t.bind(ctx)
 	if err != nil {
 		return KeyState{}, err
 	}
-	m, err := st.GetLastMsgForSubject(ctx, kv.prefix+key)
-	if errors.Is(err, natsjs.ErrMsgNotFound) {
-		return KeyState{}, nil
-	}
-	if err != nil {
-		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", TaskKeysBucket, key, err)
-	}
-	live := m.Header.Get("KV-Operation") == "" && m.Header.Get(natsjs.MarkerReasonHeader) == ""
-	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live}, nil
+	return kv.Latest(ctx, key)
 }
 
 // Create writes value under key with a TTL if the key holds no value: it

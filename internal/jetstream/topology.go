@@ -112,6 +112,9 @@ func (t Topology) Validate() error {
 
 // Assets are handles on the provisioned resources.
 type Assets struct {
+	// Topology is the setting the assets were provisioned with (defaults
+	// filled in).
+	Topology Topology
 	JS       natsjs.JetStream
 	Tasks    natsjs.Stream
 	Runs     *KV
@@ -167,24 +170,29 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TasksStream, err)
 	}
-	a := &Assets{JS: js, Tasks: tasks, TaskKeys: newTaskKeys(js, mode, topo, storage)}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, TaskKeys: newTaskKeys(js, mode, topo, storage)}
 	for _, b := range []struct {
-		name string
-		desc string
-		dst  **KV
+		name    string
+		desc    string
+		dst     **KV
+		markers time.Duration
 	}{
-		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs},
-		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps},
-		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit},
-		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts},
+		// An expired run record leaves a marker for another retention
+		// period, so that a start of its run ID is told the run expired
+		// (and run records can carry a per-workflow TTL).
+		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs, topo.Retention},
+		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps, 0},
+		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, 0},
+		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts, 0},
 	} {
 		kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
-			Bucket:      b.name,
-			Description: b.desc,
-			History:     1,
-			TTL:         topo.Retention,
-			Storage:     storage,
-			Replicas:    topo.Replicas,
+			Bucket:         b.name,
+			Description:    b.desc,
+			History:        1,
+			TTL:            topo.Retention,
+			LimitMarkerTTL: b.markers,
+			Storage:        storage,
+			Replicas:       topo.Replicas,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("jetflow: provision bucket %s: %w", b.name, err)

@@ -66,12 +66,15 @@ type Run struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Generation counts the runs started under this run ID by the conflict
 	// policy's "start new" (0 for the first).
-	Generation int             `json:"generation,omitempty"`
-	Source     string          `json:"source,omitempty"`
-	CreatedAt  time.Time       `json:"created_at"`
-	UpdatedAt  time.Time       `json:"updated_at"`
-	Output     json.RawMessage `json:"output,omitempty"`
-	Error      *ErrorInfo      `json:"error,omitempty"`
+	Generation int `json:"generation,omitempty"`
+	// Retention is how long the record is kept after its last write: every
+	// write of it carries this TTL (0: the deployment's retention).
+	Retention time.Duration   `json:"retention,omitempty"`
+	Source    string          `json:"source,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     *ErrorInfo      `json:"error,omitempty"`
 }
 
 // Step is the committed result of one step, stored under its step ID in the
@@ -159,6 +162,8 @@ type Task struct {
 	// replacement with compare-and-set if its publisher died first.
 	Generation int    `json:"generation,omitempty"`
 	PrevRev    uint64 `json:"prev_rev,omitempty"`
+	// Retention is the run record's.
+	Retention time.Duration `json:"retention,omitempty"`
 	// Rev is the run record's revision the fields above were read at; zero
 	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
@@ -168,7 +173,7 @@ type Task struct {
 func RunFromTask(t Task) Run {
 	return Run{
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
-		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
 	}
 }
 
@@ -222,8 +227,8 @@ func DecodeRun(b []byte) (Run, error) {
 	if !r.Status.Valid() {
 		return Run{}, fmt.Errorf("%w: run record: unknown status %q", ErrCorrupt, r.Status)
 	}
-	if r.Generation < 0 {
-		return Run{}, fmt.Errorf("%w: run record: negative generation", ErrCorrupt)
+	if r.Generation < 0 || r.Retention < 0 {
+		return Run{}, fmt.Errorf("%w: run record: negative generation or retention", ErrCorrupt)
 	}
 	if err := checkTimes("run record", r.CreatedAt, r.UpdatedAt); err != nil {
 		return Run{}, err
@@ -313,7 +318,7 @@ func DecodeTask(b []byte) (Task, error) {
 			return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
 		}
 	}
-	if t.Generation < 0 || (t.PrevRev != 0 && (t.Generation == 0 || t.StepID != "")) {
+	if t.Generation < 0 || t.Retention < 0 || (t.PrevRev != 0 && (t.Generation == 0 || t.StepID != "")) {
 		return Task{}, fmt.Errorf("%w: task: generation %d with previous revision %d", ErrCorrupt, t.Generation, t.PrevRev)
 	}
 	if len(t.Input) == 0 { // json.Unmarshal has validated it when present

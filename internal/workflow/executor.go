@@ -224,6 +224,7 @@ func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) erro
 	b, err := state.Encode(state.Task{
 		V: state.Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
+		Generation: r.Generation, Retention: r.Retention,
 	})
 	if err != nil {
 		return err
@@ -477,7 +478,11 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 		if err != nil {
 			return err
 		}
-		_, err = e.cfg.Assets.Runs.Update(ctx, run.RunID, b, rev)
+		ttl := run.Retention
+		if ttl == 0 {
+			ttl = e.cfg.Assets.Topology.Retention
+		}
+		_, err = e.cfg.Assets.Runs.UpdateTTL(ctx, run.RunID, b, rev, ttl)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
 			rev = 0
 			continue
