@@ -288,24 +288,21 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	}, nil
 }
 
+// replyCodes maps the error codes of a start reply to the sentinels they
+// stand for.
+var replyCodes = map[string]error{
+	dedupe.CodeInvalidRunID: ErrInvalidRunID,
+	dedupe.CodeInvalidInput: ErrInvalidInput,
+	dedupe.CodeTooLarge:     ErrInputTooLarge,
+	dedupe.CodeMalformed:    ErrMalformed,
+	dedupe.CodeConflict:     ErrIdempotencyConflict,
+	dedupe.CodeRejected:     ErrDuplicateRejected,
+	dedupe.CodeBadPolicy:    ErrInvalidConflictPolicy,
+}
+
 func replyError(e *dedupe.ReplyError) error {
-	var base error
-	switch e.Code {
-	case dedupe.CodeInvalidRunID:
-		base = ErrInvalidRunID
-	case dedupe.CodeInvalidInput:
-		base = ErrInvalidInput
-	case dedupe.CodeTooLarge:
-		base = ErrInputTooLarge
-	case dedupe.CodeMalformed:
-		base = ErrMalformed
-	case dedupe.CodeConflict:
-		base = ErrIdempotencyConflict
-	case dedupe.CodeRejected:
-		base = ErrDuplicateRejected
-	case dedupe.CodeBadPolicy:
-		base = ErrInvalidConflictPolicy
-	default:
+	base, ok := replyCodes[e.Code]
+	if !ok {
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
 	}
 	return &remoteError{base: base, msg: e.Message}

@@ -3,11 +3,8 @@ package jetflow_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
 type OrderInput struct {
@@ -22,21 +19,6 @@ type Receipt struct {
 // A workflow whose charge step passes its step ID as the Idempotency-Key,
 // started twice under one run ID: one run, the second start is absorbed.
 func Example() {
-	dir, _ := os.MkdirTemp("", "jetflow-example")
-	defer os.RemoveAll(dir)
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: dir, Port: -1})
-	if err != nil {
-		panic(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect("example")
-	if err != nil {
-		panic(err)
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
 	order := jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in OrderInput) (Receipt, error) {
 		key, err := jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
 			info, _ := jetflow.StepInfo(sctx)
@@ -45,24 +27,10 @@ func Example() {
 		})
 		return Receipt{ChargeKey: key}, err
 	})
+	c, stop := exampleEnv(order) // an embedded nats-server and a worker serving order
+	defer stop()
+	ctx := context.Background()
 
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(order); err != nil {
-		panic(err)
-	}
-	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{})
-	if err != nil {
-		panic(err)
-	}
-	if err := w.Start(ctx); err != nil {
-		panic(err)
-	}
-	defer w.Stop(ctx)
-
-	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
-	if err != nil {
-		panic(err)
-	}
 	in := OrderInput{OrderID: "o-1", AmountCents: 1999}
 	first, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("stripe-evt_123"))
 	if err != nil {
