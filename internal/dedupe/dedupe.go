@@ -304,7 +304,9 @@ func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, 
 	subject := jetstream.TaskSubject(workflow, identity, "")
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		d, err := jetstream.PublishTask(ctx, a.assets.JS, subject, identity, task)
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		d, err := jetstream.PublishTask(actx, a.assets.JS, subject, identity, task)
+		cancel()
 		if err == nil || attempt == createAttempts || ctx.Err() != nil || jetstream.IsAPIError(err) {
 			return d, err
 		}
@@ -382,6 +384,11 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 // included.
 const DefaultTimeout = 10 * time.Second
 
+// attemptTimeout bounds one attempt of a write whose answer may be lost, so
+// that a start has time to retry it (with the same token) within its own
+// deadline.
+const attemptTimeout = 2 * time.Second
+
 // createAttempts bounds the retries of a run-record create that failed
 // without an answer (timeout, reconnect).
 const createAttempts = 5
@@ -410,7 +417,9 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, e
 	ttl := a.retention(rec)
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		rev, err := a.assets.Runs.CreateTTL(ctx, rec.RunID, b, ttl)
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, ttl)
+		cancel()
 		if err == nil {
 			return admitted{run: rec, rev: rev, created: true}, nil
 		}

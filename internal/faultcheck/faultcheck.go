@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -150,8 +151,14 @@ func WatchWrites(ctx context.Context, steps *jetstream.KV) (*Writes, error) {
 	return ws, nil
 }
 
-// Stop ends the watch.
-func (w *Writes) Stop() error { return w.stop() }
+// Stop ends the watch. A watch whose subscription the connection already
+// dropped (a reconnect) has nothing left to stop.
+func (w *Writes) Stop() error {
+	if err := w.stop(); err != nil && !errors.Is(err, nats.ErrBadSubscription) {
+		return err
+	}
+	return nil
+}
 
 func (w *Writes) rewritten() []string {
 	w.mu.Lock()

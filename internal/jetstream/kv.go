@@ -2,6 +2,7 @@ package jetstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -29,12 +30,17 @@ type KV struct {
 	kv     natsjs.KeyValue
 	prefix string
 
+	// replicated buckets are read from the stream leader: a direct get
+	// may be answered by a lagging follower, and jetflow decides with its
+	// reads (is this step committed? whose record is this?).
+	replicated bool
+
 	mu     sync.Mutex
 	stream natsjs.Stream // bound on first use by Latest
 }
 
-func newKV(js natsjs.JetStream, kv natsjs.KeyValue) *KV {
-	return &KV{js: js, kv: kv, prefix: "$KV." + kv.Bucket() + "."}
+func newKV(js natsjs.JetStream, kv natsjs.KeyValue, replicas int) *KV {
+	return &KV{js: js, kv: kv, prefix: "$KV." + kv.Bucket() + ".", replicated: replicas > 1}
 }
 
 // Bucket is the bucket's name.
@@ -102,8 +108,20 @@ func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl 
 	return ack.Sequence, nil
 }
 
-// Get returns the latest value and revision of key, or ErrNotFound.
+// Get returns the latest value and revision of key, or ErrNotFound. On a
+// replicated bucket it asks the stream leader, so that a value whose write
+// was acknowledged is never reported absent.
 func (k *KV) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	if k.replicated {
+		st, err := k.leaderGet(ctx, key)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !st.Live {
+			return nil, 0, fmt.Errorf("%w: %s/%s", ErrNotFound, k.Bucket(), key)
+		}
+		return st.Value, st.Rev, nil
+	}
 	e, err := k.kv.Get(ctx, key)
 	if errors.Is(err, natsjs.ErrKeyNotFound) || errors.Is(err, natsjs.ErrKeyDeleted) {
 		return nil, 0, fmt.Errorf("%w: %s/%s", ErrNotFound, k.Bucket(), key)
@@ -129,6 +147,9 @@ type KeyState struct {
 // written" from "written and expired", and against which a create-if-absent
 // after expiry compares.
 func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
+	if k.replicated {
+		return k.leaderGet(ctx, key)
+	}
 	k.mu.Lock()
 	if k.stream == nil {
 		st, err := k.js.Stream(ctx, "KV_"+k.Bucket())
@@ -149,6 +170,55 @@ func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
 	}
 	live := m.Header.Get("KV-Operation") == "" && m.Header.Get(natsjs.MarkerReasonHeader) == ""
 	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live}, nil
+}
+
+// leaderGet reads the last message of key from the bucket stream's leader
+// ($JS.API.STREAM.MSG.GET, which only the leader answers), markers included.
+func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{k.prefix + key})
+	if err != nil {
+		return KeyState{}, err
+	}
+	m, err := k.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+k.Bucket(), req)
+	if err != nil {
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+	}
+	var resp struct {
+		Error   *natsjs.APIError `json:"error,omitempty"`
+		Message *struct {
+			Seq    uint64 `json:"seq"`
+			Header []byte `json:"hdrs,omitempty"`
+			Data   []byte `json:"data,omitempty"`
+		} `json:"message,omitempty"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == natsjs.JSErrCodeMessageNotFound {
+			return KeyState{}, nil
+		}
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, resp.Error)
+	}
+	if resp.Message == nil {
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: empty answer", k.Bucket(), key)
+	}
+	live := true
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+		}
+		live = h.Get("KV-Operation") == "" && h.Get(natsjs.MarkerReasonHeader) == ""
+	}
+	return KeyState{Value: resp.Message.Data, Rev: resp.Message.Seq, Live: live}, nil
 }
 
 // GetExisting reads a key that a compare-and-set has just reported as

@@ -197,7 +197,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 		if err != nil {
 			return nil, fmt.Errorf("jetflow: provision bucket %s: %w", b.name, err)
 		}
-		*b.dst = newKV(js, kv)
+		*b.dst = newKV(js, kv, topo.Replicas)
 	}
 	return a, nil
 }

@@ -321,20 +321,24 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
 	key.finish(c, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
-	if _, err := e.cfg.Assets.Steps.Create(c.nctx, id, b); err != nil {
+	if err := e.commit(c.nctx, id, b); err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
 			c.suspend(&settlement{kind: settleRelease, err: err})
 		}
-		// Another worker committed first; its result is the result.
 		v, _, gerr := e.cfg.Assets.Steps.GetExisting(c.nctx, id)
 		if gerr != nil {
 			c.suspend(&settlement{kind: settleRelease, err: gerr})
 		}
-		if rec, err = state.DecodeStep(v); err != nil {
+		stored, err := state.DecodeStep(v)
+		if err != nil {
 			c.suspend(&settlement{kind: settleRelease, err: err})
 		}
-		e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Msg("step was committed by another worker; keeping its result")
-		result = "lost-race"
+		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
+			// Another attempt committed first; its result is the result.
+			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Msg("step was committed by another worker; keeping its result")
+			result = "lost-race"
+		}
+		rec = stored
 	}
 	e.observeStep(c.run.Workflow, name, result, start)
 	e.cache.put(c.runKey(), rec)
@@ -409,6 +413,32 @@ func (e *Executor) ReleaseUnstarted(msg natsjs.Msg) error {
 		}
 	}
 	return msg.Nak()
+}
+
+// commitAttempts bounds the retries of a step commit that got no answer.
+const commitAttempts = 3
+
+// commit writes a step record with create-if-absent. A write that got no
+// answer (a timeout, a lost connection) is retried in place rather than
+// releasing the task, which would run the step's side effect again; if the
+// first write had landed, the retry sees ErrExists and the caller finds
+// its own record.
+func (e *Executor) commit(ctx context.Context, id string, b []byte) error {
+	var err error
+	for attempt := 1; attempt <= commitAttempts; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = e.cfg.Assets.Steps.Create(actx, id, b)
+		cancel()
+		if err == nil || jetstream.IsAPIError(err) || errors.Is(err, jetstream.ErrExists) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+	}
+	return err
 }
 
 // call runs fn with the step's info in its context, turning a panic into an

@@ -81,7 +81,7 @@ func (p *Pool) handle(msg natsjs.Msg, own chan struct{}, every time.Duration) {
 	stopBeat := func() {}
 	if !p.noHeartbeat {
 		stopBeat = heartbeat(every, func() {
-			if err := msg.InProgress(); err != nil {
+			if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
 				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend task ack deadline")
 			}
 		})

@@ -1,0 +1,53 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// The cluster helper itself: an R3 stream gets a leader, loses it when its
+// node stops, keeps its messages through the failover and the restart, and
+// leaderships can be placed on a chosen node.
+func TestClusterStopRestartKeepsStreams(t *testing.T) {
+	t.Parallel()
+	c := NewCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	js, err := natsjs.New(c.Conn(t, -1))
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
+	require.NoError(t, err)
+
+	c.MoveLeader(c.Conn(t, 1), "S", 2)
+	require.Equal(t, 2, c.StreamLeader("S"))
+	for range 10 {
+		_, err := js.Publish(ctx, "s.a", []byte("x"))
+		require.NoError(t, err)
+	}
+
+	c.Stop(2)
+	require.Nil(t, c.Server(2))
+	leader := c.StreamLeader("S")
+	require.NotEqual(t, 2, leader)
+	for range 10 {
+		_, err := js.Publish(ctx, "s.b", []byte("y"))
+		require.NoError(t, err)
+	}
+
+	c.Restart(2)
+	require.NotNil(t, c.Server(2))
+	c.MoveLeader(c.Conn(t, 0), "S", 2)
+	s, err := js.Stream(ctx, "S")
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(20), info.State.Msgs, "no message lost; the restarted node leads with all of them")
+	require.Equal(t, c.Name(2), info.Cluster.Leader)
+	for _, r := range info.Cluster.Replicas {
+		require.True(t, r.Current, "replica %s current", r.Name)
+	}
+}
