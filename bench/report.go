@@ -98,7 +98,7 @@ func printReport(out io.Writer, r *results) {
 		{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
 		{"raw KV create/s, " + strconv.Itoa(c.kvG) + " goroutines", "-", num(kv), "-"},
 		{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
-		{"admission duplicate starts/s", num(dup), kvRef, ratio(dup, kv)},
+		{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
 	}
 	e, m := medianStats(r.engines), medianStats(r.minis)
 	if e == nil {
