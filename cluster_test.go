@@ -72,19 +72,11 @@ func (e *r3Env) client(prefer int) *Client {
 // test ends. Its warnings go to the test log and are counted by message.
 func (e *r3Env) worker(prefer int, name string, wfs ...Registrable) *Worker {
 	e.t.Helper()
-	ws := NewWorkers()
-	require.NoError(e.t, ws.Add(wfs...))
-	w, err := NewWorker(e.cl.Conn(e.t, prefer), ws, WorkerConfig{
+	w := startWorker(e.t, e.cl.Conn(e.t, prefer), WorkerConfig{
 		Name: name, AckWait: r3AckWait, Topology: e.topo,
 		Logger: testenv.Logger(e.t).Hook(e.logs),
-	})
-	require.NoError(e.t, err)
-	require.NoError(e.t, w.Start(ctxT(e.t, 30*time.Second)))
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		require.NoError(e.t, w.Stop(ctx))
-	})
+	}, wfs...)
+	stopAtEnd(e.t, w, 20*time.Second)
 	return w
 }
 

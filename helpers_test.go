@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -51,19 +52,34 @@ func (e *testEnv) client() *Client {
 // worker starts a worker serving wfs, stopped when the test ends.
 func (e *testEnv) worker(cfg WorkerConfig, wfs ...Registrable) *Worker {
 	e.t.Helper()
-	ws := NewWorkers()
-	require.NoError(e.t, ws.Add(wfs...))
 	cfg.Topology = e.topo
-	cfg.Logger = testenv.Logger(e.t)
-	w, err := NewWorker(e.conn(), ws, cfg)
-	require.NoError(e.t, err)
-	require.NoError(e.t, w.Start(ctxT(e.t, 10*time.Second)))
-	e.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(e.t, w.Stop(ctx))
-	})
+	w := startWorker(e.t, e.conn(), cfg, wfs...)
+	stopAtEnd(e.t, w, 10*time.Second)
 	return w
+}
+
+// startWorker starts a worker on nc serving wfs; the caller stops it. A
+// config without a logger logs warnings to the test.
+func startWorker(t *testing.T, nc *nats.Conn, cfg WorkerConfig, wfs ...Registrable) *Worker {
+	t.Helper()
+	ws := NewWorkers()
+	require.NoError(t, ws.Add(wfs...))
+	if cfg.Logger.GetLevel() == zerolog.DebugLevel { // the zero Logger
+		cfg.Logger = testenv.Logger(t)
+	}
+	w, err := NewWorker(nc, ws, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
+	return w
+}
+
+// stopAtEnd stops w when t ends and fails t if the drain takes over d.
+func stopAtEnd(t *testing.T, w *Worker, d time.Duration) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
 }
 
 // ctxT is a context bounded by d and by the test's end.

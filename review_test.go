@@ -151,13 +151,9 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 			return in, nil
 		}, WithMaxAttempts(1))
 	})
-	ws := NewWorkers()
-	require.NoError(t, ws.Add(wf))
-	w, err := NewWorker(env.conn(), ws, WorkerConfig{Concurrency: 1, Topology: env.topo})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctxT(t, 5*time.Second)))
+	w := startWorker(t, env.conn(), WorkerConfig{Concurrency: 1, Topology: env.topo}, wf)
 	c := env.client()
-	_, err = Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("o-0"))
+	_, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("o-0"))
 	require.NoError(t, err)
 	<-busy
 	var handles []*Handle[int]

@@ -15,8 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // The users of deploy/nats/accounts.conf, loaded from that file, so the
@@ -86,16 +84,8 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			return info.Attempt, nil
 		}, WithBackoff(50*time.Millisecond, 100*time.Millisecond), WithMaxAttempts(3))
 	})
-	ws := NewWorkers()
-	require.NoError(t, ws.Add(wf, gated, flaky))
-	w, err := NewWorker(wnc, ws, WorkerConfig{Logger: testenv.Logger(t)})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctxT(t, 10*time.Second)))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(sctx))
-	})
+	w := startWorker(t, wnc, WorkerConfig{}, wf, gated, flaky)
+	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
 	// "no responders" otherwise.
