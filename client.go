@@ -425,9 +425,26 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 				return Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
 			}
 			if e == nil { // initial values delivered
-				if !seen {
+				if seen {
+					continue
+				}
+				// The record may have been replaced while the watch was set
+				// up (the bucket keeps one revision): ask before saying no.
+				v, _, err := c.assets.Runs.Get(ctx, runID)
+				if errors.Is(err, jetstream.ErrNotFound) {
 					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 				}
+				if err != nil {
+					return Run{}, err
+				}
+				r, err := state.DecodeRun(v)
+				if err != nil {
+					return Run{}, err
+				}
+				if r.Status.Terminal() {
+					return c.toRun(ctx, v)
+				}
+				seen = true
 				continue
 			}
 			if e.Operation() != natsjs.KeyValuePut {

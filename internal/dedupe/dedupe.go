@@ -153,7 +153,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	token := nuid.Next()
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
-		Input: req.Input, Token: token, Source: req.Source,
+		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention,
 	})
 	if err != nil {
 		return Result{}, err
@@ -450,7 +450,8 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
 	if err == nil {
 		run, err := state.DecodeRun(v)
-		return admitted{run: run, rev: rev, created: err == nil && run.Token == rec.Token}, false, err
+		own := err == nil && run.Token == rec.Token
+		return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, false, err
 	}
 	if !errors.Is(err, jetstream.ErrNotFound) {
 		return admitted{}, false, err
@@ -463,7 +464,8 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 		return admitted{}, true, nil
 	case latest.Live: // a lagging replica missed it on the first read
 		run, err := state.DecodeRun(latest.Value)
-		return admitted{run: run, rev: latest.Rev, created: err == nil && run.Token == rec.Token}, false, err
+		own := err == nil && run.Token == rec.Token
+		return admitted{run: run, rev: latest.Rev, created: own, afterExpiry: own && run.AfterExpiry}, false, err
 	}
 	// The run ID's record expired: this start creates a new run over its
 	// marker, and says so. The new run gets an identity of its own (the
@@ -471,11 +473,7 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 	// run's step results, which may outlive its record; and a start task of
 	// its own, stored first like every start task (the one this start
 	// published, if any, names the expired run's identity and is dropped).
-	rec.Generation = int(latest.Rev)
-	b, err := state.Encode(rec)
-	if err != nil {
-		return admitted{}, false, err
-	}
+	rec.Generation, rec.AfterExpiry = int(latest.Rev), true
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
 		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention,
@@ -486,14 +484,12 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 	if _, err := a.publishStart(ctx, rec.Workflow, state.RunIdentity(rec.RunID, rec.Generation), task); err != nil {
 		return admitted{}, false, err
 	}
-	rev, err = a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, latest.Rev, ttl)
-	if errors.Is(err, jetstream.ErrRevisionMismatch) {
-		return admitted{}, true, nil // another start got there first: read again
-	}
+	// Compare-and-set on the marker; a lost answer is resolved by the token.
+	run, rev, won, err := a.replace(ctx, rec, latest.Rev)
 	if err != nil {
 		return admitted{}, false, err
 	}
-	return admitted{run: rec, rev: rev, created: true, afterExpiry: true}, false, nil
+	return admitted{run: run, rev: rev, created: won, afterExpiry: won && run.AfterExpiry}, false, nil
 }
 
 // readOrCreate reads the stored record and falls back to createOrRead when
@@ -510,7 +506,8 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (admitted, e
 	if err != nil {
 		return admitted{}, err
 	}
-	return admitted{run: run, rev: rev, created: run.Token == rec.Token}, nil
+	own := run.Token == rec.Token
+	return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, nil
 }
 
 // retention is the TTL every write of run's record carries.

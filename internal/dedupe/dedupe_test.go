@@ -91,3 +91,46 @@ func TestDecodeStartRequest(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// The start task carries the workflow's retention, so a record created by
+// the worker that receives it (its publisher died, or was slower) keeps it.
+func TestStartTaskCarriesRetention(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	_, err := a.Admit(ctx(t), Request{RunID: "keep-3s", Workflow: "w", Input: json.RawMessage(`1`), Retention: 3 * time.Second})
+	require.NoError(t, err)
+	m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.TaskSubject("w", "keep-3s", ""))
+	require.NoError(t, err)
+	task, err := state.DecodeTask(m.Data)
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, task.Retention)
+}
+
+// A run created over an expired record's marker by the worker (from the
+// start task) tells its starter that it replaced an expired run, when the
+// starter reads it back by its token.
+func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
+	t.Parallel()
+	nc := testenv.Conn(t, testenv.Server(t))
+	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{Retention: time.Second, DuplicateWindow: 500 * time.Millisecond}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	a := New(assets, nil)
+	_, err = a.Admit(ctx(t), Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := assets.Runs.Latest(context.Background(), "exp-1")
+		return err == nil && st.Rev > 0 && !st.Live
+	}, 20*time.Second, 50*time.Millisecond, "the record never expired into a marker")
+
+	task := state.Task{V: state.Version, RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`), Token: "starter"}
+	run, _, err := a.Materialize(ctx(t), task)
+	require.NoError(t, err)
+	require.True(t, run.AfterExpiry)
+	require.NotZero(t, run.Generation, "a new identity")
+	rec, err := a.newRecord(Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`)}, "starter")
+	require.NoError(t, err)
+	st, err := a.readOrCreate(ctx(t), rec)
+	require.NoError(t, err)
+	require.True(t, st.created)
+	require.True(t, st.afterExpiry, "the starter must be told the old run expired")
+}

@@ -69,12 +69,15 @@ type Run struct {
 	Generation int `json:"generation,omitempty"`
 	// Retention is how long the record is kept after its last write: every
 	// write of it carries this TTL (0: the deployment's retention).
-	Retention time.Duration   `json:"retention,omitempty"`
-	Source    string          `json:"source,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
-	UpdatedAt time.Time       `json:"updated_at"`
-	Output    json.RawMessage `json:"output,omitempty"`
-	Error     *ErrorInfo      `json:"error,omitempty"`
+	Retention time.Duration `json:"retention,omitempty"`
+	// AfterExpiry: the record was created over the marker of an expired
+	// run with the same run ID (its creator is told so).
+	AfterExpiry bool            `json:"after_expiry,omitempty"`
+	Source      string          `json:"source,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       *ErrorInfo      `json:"error,omitempty"`
 }
 
 // Step is the committed result of one step, stored under its step ID in the

@@ -469,7 +469,7 @@ func (e *Executor) observeStep(wf, step, result string, start time.Time) {
 // already in a terminal state, or a record that now holds another run under
 // the same ID (another token), is left as it is.
 func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
-	token := run.Token
+	token, gen := run.Token, run.Generation
 	for {
 		if rev == 0 {
 			v, r, err := e.cfg.Assets.Runs.GetExisting(ctx, run.RunID)
@@ -481,7 +481,7 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 			}
 			rev = r
 		}
-		if run.Status.Terminal() || run.Token != token {
+		if run.Status.Terminal() || run.Token != token || run.Generation != gen {
 			// Already ended, or the record is another run now (a later
 			// generation, or a new run after the retention): not ours.
 			return nil
