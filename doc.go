@@ -22,6 +22,20 @@
 // acknowledged: a committed step never runs again; a step whose worker died
 // before the commit runs again with the same step ID.
 //
+// # Duplicates, conflicts and keys
+//
+// What a duplicate start gets depends on the run's state and the
+// ConflictPolicy (attach or reject while running; return, reject or start a
+// new run once ended), set per workflow (WithDefaultConflictPolicy) or per
+// start (WithConflictPolicy). A duplicate whose input differs from the run's
+// (compared as canonical JSON) is ErrIdempotencyConflict unless
+// WithFingerprintMode(FingerprintIgnore). Every duplicate attempt is recorded
+// on the run (Run.RecentDuplicates). A step called WithIdempotencyKey reuses
+// the result of an earlier call with the same key, across runs, for a TTL.
+// A run ID is remembered for its workflow's retention (WithRetention); a
+// start after that says so (Handle.AfterExpiry). docs/idempotency.md walks
+// through all of it with runnable examples.
+//
 // # Errors
 //
 // Step errors are retried with backoff (Retryable, RetryAfter) unless Fatal.
