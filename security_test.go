@@ -38,8 +38,8 @@ var securityPasswords = map[string]string{
 }
 
 // Least privilege (deploy/nats/accounts.conf): the worker user runs the
-// engine; the producer user starts runs only by request-reply and reads
-// them, and cannot write the run bucket, publish a task, or create or delete
+// engine; the producer user starts runs only by request-reply or a durable
+// start envelope, and reads them, and cannot write the run bucket, publish a task, or create or delete
 // a stream; the direct jetflow.Start needs the trusted producer profile and
 // fails, with an error and in bounded time, for the producer user.
 func TestLeastPrivilegeUsers(t *testing.T) {
@@ -154,6 +154,29 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.Equal(t, StatusCompleted, run.Status)
 		require.JSONEq(t, `"hi!"`, string(run.Output))
 
+		producerPerms.requireNone(t)
+	})
+
+	// The durable way in: a JetStream publish of the envelope to
+	// jetflow.start.<workflow>, admitted by the worker.
+	t.Run("producer starts durably by publish", func(t *testing.T) {
+		pjs, err := natsjs.New(pnc)
+		require.NoError(t, err)
+		m := nats.NewMsg("jetflow.start.secure")
+		m.Header.Set("Nats-Msg-Id", "sec-durable")
+		m.Data = []byte(`{"run_id":"sec-durable","input":2}`)
+		_, err = pjs.PublishMsg(ctx, m)
+		require.NoError(t, err)
+		// Admission is asynchronous: the record appears once a worker
+		// has taken the envelope.
+		require.Eventually(t, func() bool {
+			_, err := pc.GetRun(ctx, "sec-durable")
+			return err == nil
+		}, 10*time.Second, 10*time.Millisecond)
+		run, err := pc.WaitRun(ctx, "sec-durable")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `5`, string(run.Output))
 		producerPerms.requireNone(t)
 	})
 

@@ -76,7 +76,7 @@ type Worker struct {
 
 	mu        sync.Mutex
 	started   bool
-	stopServe func() error
+	stopServe func(context.Context) error
 }
 
 // NewWorker returns a worker for the workflows in ws. It does not touch NATS
@@ -93,8 +93,8 @@ func NewWorker(nc *nats.Conn, ws *Workers, cfg WorkerConfig) (*Worker, error) {
 }
 
 // Start provisions the engine's streams and buckets and each workflow's
-// consumer (idempotently), then starts executing tasks and answering start
-// requests. A second call fails.
+// consumers (idempotently), then starts executing tasks, answering start
+// requests and admitting durable starts. A second call fails.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -140,18 +140,29 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), pool.Stop(ctx))
 	}
-	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	// Durable starts (jetflow.start.<workflow>): a few at a time per
+	// workflow, admitted like every other start.
+	stopDurable, err := dedupe.ServeDurable(ctx, assets, admit, served, dedupe.DurableConfig{
+		AckWait: w.cfg.AckWait, Concurrency: min(4, w.cfg.Concurrency),
+	}, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), pool.Stop(ctx))
 	}
+	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	if err != nil {
+		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), pool.Stop(ctx))
+	}
 	w.pool, w.started = pool, true
-	w.stopServe = func() error { return errors.Join(cancels.Unsubscribe(), stop()) }
+	w.stopServe = func(ctx context.Context) error {
+		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx))
+	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
 }
 
-// Stop stops taking new tasks and start requests, hands back tasks that were
-// fetched but not started, and waits for running steps to finish, commit and
+// Stop stops taking new tasks and start requests (durable starts in
+// progress are admitted or handed back), hands back tasks that were fetched
+// but not started, and waits for running steps to finish, commit and
 // be acknowledged. If ctx ends first, running steps see their context
 // cancelled and their tasks are released uncommitted, for another worker to
 // run again with the same step IDs. Stop returns ctx's error in that case;
@@ -163,7 +174,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	}
 	w.started = false
-	err := errors.Join(w.stopServe(), w.pool.Stop(ctx))
+	err := errors.Join(w.stopServe(ctx), w.pool.Stop(ctx))
 	w.log.Info().Err(err).Msg("worker stopped")
 	return err
 }

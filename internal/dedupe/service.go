@@ -64,28 +64,49 @@ const (
 	CodeInternal     = "internal"
 )
 
+// ReplyCodes lists every error code a StartReply can carry (the reply's
+// JSON Schema enumerates the same).
+var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, CodeTooLarge,
+	CodeConflict, CodeRejected, CodeBadPolicy, CodeInternal}
+
 // DecodeStartRequest parses and validates an envelope. The run ID is
 // generated when absent; the policy defaults to base where the envelope
 // leaves it out.
 func DecodeStartRequest(workflow string, b []byte, base Policy) (Request, error) {
+	sr, err := parseStartRequest(b)
+	if err != nil {
+		return Request{}, err
+	}
+	if sr.RunID == "" {
+		sr.RunID = nuid.Next()
+	}
+	return sr.request(workflow, base)
+}
+
+// parseStartRequest reads an envelope's JSON: one object, known fields
+// only.
+func parseStartRequest(b []byte) (StartRequest, error) {
 	var sr StartRequest
 	dec := json.NewDecoder(bytes.NewReader(b))
 	// A misspelt field ("runId") must not silently start a new run each time.
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&sr); err != nil {
-		return Request{}, fmt.Errorf("%w: start envelope: %w", state.ErrCorrupt, err)
+		return StartRequest{}, fmt.Errorf("%w: start envelope: %w", state.ErrCorrupt, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return Request{}, fmt.Errorf("%w: start envelope: data after the JSON object", state.ErrCorrupt)
+		return StartRequest{}, fmt.Errorf("%w: start envelope: data after the JSON object", state.ErrCorrupt)
 	}
 	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
-		return Request{}, fmt.Errorf("%w: start envelope is null", state.ErrCorrupt)
+		return StartRequest{}, fmt.Errorf("%w: start envelope is null", state.ErrCorrupt)
 	}
+	return sr, nil
+}
+
+// request validates a parsed envelope (whose run ID is set) and turns it
+// into the admission request.
+func (sr StartRequest) request(workflow string, base Policy) (Request, error) {
 	if len(sr.Input) == 0 {
 		sr.Input = json.RawMessage("null")
-	}
-	if sr.RunID == "" {
-		sr.RunID = nuid.Next()
 	}
 	if sr.Fingerprint != "" && sr.Fingerprint != "strict" && sr.Fingerprint != "ignore" {
 		return Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
@@ -164,11 +185,20 @@ func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Du
 	return stop, nil
 }
 
+// handleStart answers a request-reply start: decode the envelope (a run ID
+// is generated when it names none), then admitEnvelope.
 func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte) StartReply {
 	req, err := DecodeStartRequest(workflow, b, wf.Policy)
 	if err != nil {
 		return errorReply(err)
 	}
+	return admitEnvelope(ctx, a, wf, req)
+}
+
+// admitEnvelope is the admission of a decoded start envelope, shared by the
+// request-reply service and the durable start stream: the workflow's input
+// check, then the same Admit as the Go SDK (policy, fingerprint, audit).
+func admitEnvelope(ctx context.Context, a *Admitter, wf Served, req Request) StartReply {
 	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}

@@ -15,9 +15,15 @@ import (
 const (
 	TasksStream  = "JETFLOW_TASKS"
 	TaskSubjects = "jetflow.task.>"
-	RunsBucket   = "jetflow_runs"
-	StepsBucket  = "jetflow_steps"
-	AuditBucket  = "jetflow_audit"
+	// StartsStream holds start envelopes published by any NATS client on
+	// jetflow.start.<workflow> (the durable way in; docs/protocol.md).
+	StartsStream = "JETFLOW_STARTS"
+	// StartSubjectPrefix + workflow is a workflow's durable start subject.
+	StartSubjectPrefix = "jetflow.start."
+	StartSubjects      = StartSubjectPrefix + "*"
+	RunsBucket         = "jetflow_runs"
+	StepsBucket        = "jetflow_steps"
+	AuditBucket        = "jetflow_audit"
 	// AttemptsBucket counts the attempts of steps that were delivered more
 	// than once, keyed by step ID.
 	AttemptsBucket = "jetflow_attempts"
@@ -117,6 +123,8 @@ type Assets struct {
 	Topology Topology
 	JS       natsjs.JetStream
 	Tasks    natsjs.Stream
+	// Starts is the durable start stream (JETFLOW_STARTS).
+	Starts   natsjs.Stream
 	Runs     *KV
 	Steps    *KV
 	Audit    *KV
@@ -138,8 +146,8 @@ const (
 	Ensure
 )
 
-// Provision creates (or, in CreateOrUpdate mode, updates) the task stream and
-// the three buckets. It is idempotent: every process calls it at start-up.
+// Provision creates (or, in CreateOrUpdate mode, updates) the task and start
+// streams and the buckets. It is idempotent: every process calls it at start-up.
 func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*Assets, error) {
 	topo = topo.WithDefaults()
 	if err := topo.Validate(); err != nil {
@@ -170,7 +178,21 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TasksStream, err)
 	}
-	a := &Assets{Topology: topo, JS: js, Tasks: tasks, TaskKeys: newTaskKeys(js, mode, topo, storage)}
+	starts, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
+		Name:        StartsStream,
+		Description: "jetflow start envelopes from any NATS client, one per start, until admitted",
+		Subjects:    []string{StartSubjects},
+		Retention:   natsjs.WorkQueuePolicy,
+		Storage:     storage,
+		Replicas:    topo.Replicas,
+		// Nats-Msg-Id = run ID: a publisher's retry within the window is
+		// absorbed by the broker; admission decides after it.
+		Duplicates: topo.DuplicateWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: provision stream %s: %w", StartsStream, err)
+	}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, TaskKeys: newTaskKeys(js, mode, topo, storage)}
 	for _, b := range []struct {
 		name    string
 		desc    string
@@ -251,6 +273,29 @@ func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskK
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: consumer for workflow %s: %w", workflow, err)
+	}
+	return c, nil
+}
+
+// StartConsumerName is the durable consumer of workflow's start envelopes on
+// JETFLOW_STARTS, shared by every worker that serves workflow.
+func StartConsumerName(workflow string) string { return "jetflow_admit_" + workflow }
+
+// EnsureStartConsumer creates or updates the durable consumer of
+// workflow's start envelopes (jetflow.start.<workflow>).
+func (a *Assets) EnsureStartConsumer(ctx context.Context, workflow string, cc ConsumerConfig) (natsjs.Consumer, error) {
+	c, err := a.JS.CreateOrUpdateConsumer(ctx, StartsStream, natsjs.ConsumerConfig{
+		Durable:       StartConsumerName(workflow),
+		Description:   "jetflow start envelopes of workflow " + workflow,
+		FilterSubject: StartSubjectPrefix + workflow,
+		AckPolicy:     natsjs.AckExplicitPolicy,
+		AckWait:       cc.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: cc.MaxAckPending,
+		DeliverPolicy: natsjs.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: start consumer for workflow %s: %w", workflow, err)
 	}
 	return c, nil
 }

@@ -1,0 +1,289 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// StartSubjectPrefix is the durable way in: any NATS client publishes a
+// start envelope to jetflow.start.<workflow>, with Nats-Msg-Id = run ID,
+// through JetStream. Workers admit it with the same code as request-reply
+// and the Go SDK. The outcome is read with request-reply or from the run
+// record.
+const StartSubjectPrefix = jetstream.StartSubjectPrefix
+
+// DurableConfig configures the consumption of durable starts.
+type DurableConfig struct {
+	// AckWait of the per-workflow start consumers; admission in progress
+	// extends it every third.
+	AckWait time.Duration
+	// Concurrency is how many envelopes of one workflow a worker admits at
+	// once (default 4).
+	Concurrency int
+	// Timeout bounds one admission (default DefaultTimeout).
+	Timeout time.Duration
+	// RetryDelay is the first Nak delay after an infrastructure error; it
+	// doubles with each delivery, up to MaxRetryDelay (defaults 1s, 30s).
+	RetryDelay, MaxRetryDelay time.Duration
+}
+
+func (c DurableConfig) withDefaults() DurableConfig {
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.Concurrency < 1 {
+		c.Concurrency = 4
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = time.Second
+	}
+	if c.MaxRetryDelay == 0 {
+		c.MaxRetryDelay = 30 * time.Second
+	}
+	return c
+}
+
+// settlement is what a durable start's message gets after admission.
+type settlement int
+
+const (
+	// settleAck: admission decided (created, existing, restarted, or a
+	// conflict or rejection recorded on the run's audit).
+	settleAck settlement = iota
+	// settleTerm: the envelope can never be admitted; redelivering it
+	// would give the same answer.
+	settleTerm
+	// settleRetry: NATS failed; the envelope is delivered again later.
+	settleRetry
+)
+
+// settle classifies a reply for the durable path.
+func settle(r StartReply) settlement {
+	if r.Error == nil {
+		return settleAck
+	}
+	switch r.Error.Code {
+	case CodeConflict, CodeRejected:
+		return settleAck
+	case CodeInternal:
+		return settleRetry
+	default: // malformed, invalid run ID, input or policy, too large
+		return settleTerm
+	}
+}
+
+// handleDurableStart admits one envelope from the start stream. Unlike a
+// request-reply start, the run ID cannot be generated (a redelivery would
+// start a second run): it is the envelope's run_id, else the message's
+// Nats-Msg-Id; when both are given they must be equal.
+func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
+	sr, err := parseStartRequest(b)
+	if err != nil {
+		return errorReply(err)
+	}
+	switch {
+	case sr.RunID == "" && msgID == "":
+		return errorReply(fmt.Errorf("%w: a durable start needs a run ID: set run_id or the Nats-Msg-Id header", state.ErrInvalidRunID))
+	case sr.RunID == "":
+		sr.RunID = msgID
+	case msgID != "" && msgID != sr.RunID:
+		return errorReply(fmt.Errorf("%w: run_id %q differs from Nats-Msg-Id %q", state.ErrInvalidRunID, sr.RunID, msgID))
+	}
+	req, err := sr.request(workflow, wf.Policy)
+	if err != nil {
+		r := errorReply(err)
+		if state.ValidateRunID(sr.RunID) == nil {
+			r.RunID = sr.RunID
+		}
+		return r
+	}
+	return admitEnvelope(ctx, a, wf, req)
+}
+
+// durable consumes the start stream for the served workflows.
+type durable struct {
+	a        *Admitter
+	cfg      DurableConfig
+	log      zerolog.Logger
+	wg       sync.WaitGroup
+	stopping atomic.Bool
+	running  []natsjs.ConsumeContext
+	// base is cancelled when Stop's deadline passes: admissions in
+	// progress give up and their envelopes are delivered again.
+	base       context.Context
+	baseCancel context.CancelFunc
+}
+
+// ServeDurable consumes the start envelopes of the served workflows from
+// JETFLOW_STARTS, one durable consumer per workflow shared by all workers,
+// and admits each with the same code as Serve. An envelope is acked once
+// admission decided, terminated (and logged at error level) when it can
+// never be admitted, and handed back with a delay on an infrastructure
+// error. The returned function stops consuming and waits, until its
+// context ends, for admissions in progress.
+func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (func(context.Context) error, error) {
+	cfg = cfg.withDefaults()
+	base, cancel := context.WithCancel(context.Background())
+	d := &durable{a: a, cfg: cfg, log: log, base: base, baseCancel: cancel}
+	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, MaxAckPending: 16 * cfg.Concurrency}
+	for name, wf := range served {
+		c, err := assets.EnsureStartConsumer(ctx, name, cc)
+		if err == nil {
+			err = d.consume(c, name, wf)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("jetflow: consume durable starts of %s: %w", name, err), d.stop(ctx))
+		}
+	}
+	return d.stop, nil
+}
+
+func (d *durable) consume(c natsjs.Consumer, workflow string, wf Served) error {
+	every := c.CachedInfo().Config.AckWait / 3
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	slots := make(chan struct{}, d.cfg.Concurrency)
+	cc, err := c.Consume(func(msg natsjs.Msg) {
+		if d.stopping.Load() {
+			d.release(msg)
+			return
+		}
+		slots <- struct{}{}
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			defer func() { <-slots }()
+			d.handle(msg, workflow, wf, every)
+		}()
+	},
+		natsjs.PullMaxMessages(d.cfg.Concurrency),
+		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
+				d.log.Warn().Err(err).Str("workflow", workflow).Msg("durable start consumer")
+			}
+		}))
+	if err != nil {
+		return err
+	}
+	d.running = append(d.running, cc)
+	return nil
+}
+
+func (d *durable) handle(msg natsjs.Msg, workflow string, wf Served, every time.Duration) {
+	if d.stopping.Load() {
+		d.release(msg)
+		return
+	}
+	// Keep the envelope ours while admission runs (AckWait may be short).
+	done := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(d.base, d.cfg.Timeout)
+	reply := handleDurableStart(ctx, d.a, workflow, wf, msg.Data(), msg.Headers().Get(nats.MsgIdHdr))
+	cancel()
+	close(done)
+	<-beating
+
+	log := d.log.With().Str("workflow", workflow).Str("run_id", reply.RunID).Logger()
+	if md, err := msg.Metadata(); err == nil {
+		log = log.With().Uint64("stream_seq", md.Sequence.Stream).Uint64("delivered", md.NumDelivered).Logger()
+	}
+	var err error
+	switch settle(reply) {
+	case settleAck:
+		if reply.Error != nil {
+			// Recorded on the run's audit, as for an SDK start.
+			log.Warn().Str("code", reply.Error.Code).Str("reason", reply.Error.Message).Msg("durable start refused by admission")
+		} else {
+			log.Debug().Str("outcome", reply.Outcome).Int64("duplicates", reply.Duplicates).Msg("durable start admitted")
+		}
+		err = msg.Ack()
+	case settleTerm:
+		reason := reply.Error.Code + ": " + reply.Error.Message
+		if len(reason) > 256 {
+			reason = reason[:256]
+		}
+		log.Error().Str("code", reply.Error.Code).Str("reason", reply.Error.Message).Msg("durable start envelope is invalid: terminated, nothing started")
+		err = msg.TermWithReason(reason)
+	case settleRetry:
+		delay := d.retryDelay(msg)
+		log.Warn().Str("reason", reply.Error.Message).Dur("retry_in", delay).Msg("durable start not admitted, will retry")
+		err = msg.NakWithDelay(delay)
+	}
+	if err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
+		// Unsettled: the broker delivers it again after AckWait, and
+		// admission is idempotent.
+		log.Warn().Err(err).Msg("cannot settle durable start")
+	}
+}
+
+// retryDelay doubles with each delivery.
+func (d *durable) retryDelay(msg natsjs.Msg) time.Duration {
+	delay := d.cfg.RetryDelay
+	if md, err := msg.Metadata(); err == nil {
+		for n := uint64(1); n < md.NumDelivered && delay < d.cfg.MaxRetryDelay; n++ {
+			delay *= 2
+		}
+	}
+	return min(delay, d.cfg.MaxRetryDelay)
+}
+
+// release hands an envelope that was fetched but not admitted back at once.
+func (d *durable) release(msg natsjs.Msg) {
+	if err := msg.Nak(); err != nil {
+		d.log.Warn().Err(err).Msg("cannot release buffered durable start")
+	}
+}
+
+func (d *durable) stop(ctx context.Context) error {
+	if d.stopping.Swap(true) {
+		return nil
+	}
+	for _, cc := range d.running {
+		cc.Drain()
+	}
+	done := make(chan struct{})
+	go func() {
+		for _, cc := range d.running {
+			<-cc.Closed()
+		}
+		d.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		d.baseCancel()
+		return nil
+	case <-ctx.Done():
+	}
+	d.baseCancel() // admissions in progress give up; their envelopes come back
+	<-done
+	return ctx.Err()
+}

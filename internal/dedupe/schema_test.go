@@ -1,0 +1,155 @@
+package dedupe
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// The JSON Schemas in docs/schema are what other languages code against.
+// These tests tie them to the Go types and the decoder, so that neither can
+// change without the other.
+
+type schema struct {
+	Properties           map[string]*schema `json:"properties"`
+	Required             []string           `json:"required"`
+	AdditionalProperties *bool              `json:"additionalProperties"`
+	Enum                 []string           `json:"enum"`
+	Pattern              string             `json:"pattern"`
+	MaxLength            int                `json:"maxLength"`
+	Description          string             `json:"description"`
+	Type                 string             `json:"type"`
+}
+
+func loadSchema(t *testing.T, name string) *schema {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/schema/" + name)
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw), "%s is not JSON", name)
+	require.Equal(t, "https://json-schema.org/draft/2020-12/schema", raw["$schema"])
+	var s schema
+	require.NoError(t, json.Unmarshal(b, &s))
+	return &s
+}
+
+// jsonTags returns the JSON names of v's fields and which are omitempty.
+func jsonTags(v any) (names []string, omitempty map[string]bool) {
+	omitempty = map[string]bool{}
+	rt := reflect.TypeOf(v)
+	for i := range rt.NumField() {
+		tag := rt.Field(i).Tag.Get("json")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		names = append(names, name)
+		omitempty[name] = strings.Contains(opts, "omitempty")
+	}
+	sort.Strings(names)
+	return names, omitempty
+}
+
+func keys(m map[string]*schema) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sorted(s []string) []string {
+	out := append([]string{}, s...)
+	sort.Strings(out)
+	return out
+}
+
+func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
+	t.Parallel()
+	s := loadSchema(t, "start-envelope.schema.json")
+	names, _ := jsonTags(StartRequest{})
+	require.Equal(t, names, keys(s.Properties), "envelope schema properties vs StartRequest JSON tags")
+	require.NotNil(t, s.AdditionalProperties)
+	require.False(t, *s.AdditionalProperties, "the decoder refuses unknown fields")
+
+	// required lists exactly the fields the decoder cannot do without:
+	// a minimal valid envelope missing that field is refused.
+	minimal := map[string]any{"run_id": "k-1", "input": 1, "source": "s", "fingerprint": "strict", "policy": map[string]any{}}
+	var required []string
+	for _, name := range names {
+		m := map[string]any{}
+		for k, v := range minimal {
+			if k != name {
+				m[k] = v
+			}
+		}
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		if _, err := DecodeStartRequest("w", b, Policy{}); err != nil {
+			required = append(required, name)
+		}
+	}
+	require.Equal(t, sorted(required), sorted(s.Required), "schema required vs the decoder")
+
+	// run_id: the pattern agrees with ValidateRunID.
+	re := regexp.MustCompile(s.Properties["run_id"].Pattern)
+	for _, id := range []string{"a", "stripe-evt_123", "b64==", strings.Repeat("x", 128), "", strings.Repeat("x", 129), "a.b", "a b", "a*", "é"} {
+		require.Equal(t, state.ValidateRunID(id) == nil, re.MatchString(id), "run ID %q", id)
+	}
+	require.Equal(t, state.MaxSourceLen, s.Properties["source"].MaxLength)
+	require.Contains(t, s.Properties["input"].Description, strconv.Itoa(state.MaxInputBytes))
+
+	// fingerprint: the enumeration is what the decoder accepts.
+	for _, fp := range s.Properties["fingerprint"].Enum {
+		_, err := DecodeStartRequest("w", []byte(`{"fingerprint":"`+fp+`"}`), Policy{})
+		require.NoError(t, err, fp)
+	}
+	_, err := DecodeStartRequest("w", []byte(`{"fingerprint":"other"}`), Policy{})
+	require.Error(t, err)
+
+	// policy: fields and values.
+	ps := s.Properties["policy"]
+	pnames, _ := jsonTags(EnvelopePolicy{})
+	require.Equal(t, pnames, keys(ps.Properties))
+	require.False(t, *ps.AdditionalProperties)
+	require.Equal(t, runningNames, ps.Properties["while_running"].Enum)
+	require.Equal(t, endedNames, ps.Properties["after_completed"].Enum)
+	require.Equal(t, endedNames, ps.Properties["after_failed"].Enum)
+}
+
+func TestStartReplySchemaMatchesStartReply(t *testing.T) {
+	t.Parallel()
+	s := loadSchema(t, "start-reply.schema.json")
+	names, _ := jsonTags(StartReply{})
+	require.Equal(t, names, keys(s.Properties), "reply schema properties vs StartReply JSON tags")
+	require.False(t, *s.AdditionalProperties)
+
+	es := s.Properties["error"]
+	enames, omit := jsonTags(ReplyError{})
+	require.Equal(t, enames, keys(es.Properties))
+	var always []string
+	for _, n := range enames {
+		if !omit[n] {
+			always = append(always, n)
+		}
+	}
+	require.Equal(t, sorted(always), sorted(es.Required))
+	require.Equal(t, sorted(ReplyCodes), sorted(es.Properties["code"].Enum))
+
+	require.Equal(t, []string{Created.String(), Existing.String(), Restarted.String()}, s.Properties["outcome"].Enum)
+	var statuses []string
+	for _, st := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
+		statuses = append(statuses, string(st))
+	}
+	require.Equal(t, statuses, s.Properties["status"].Enum)
+}
