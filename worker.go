@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/workflow"
@@ -72,7 +73,7 @@ type Worker struct {
 	ws   *Workers
 	cfg  WorkerConfig
 	log  zerolog.Logger
-	pool *workflow.Pool
+	pool *consume.Pool
 
 	mu        sync.Mutex
 	started   bool
@@ -116,7 +117,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks,
 	})
-	pool := workflow.NewPool(exec, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
+	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency}
 	for name := range defs {
 		// Runs in progress come first: start tasks get at most a quarter of
@@ -129,7 +130,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			if err != nil {
 				return errors.Join(err, pool.Stop(ctx))
 			}
-			if err := pool.Consume(c, limit); err != nil {
+			if err := pool.Consume(c, limit, exec); err != nil {
 				return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
 			}
 		}

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -114,20 +113,6 @@ func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Se
 	return admitEnvelope(ctx, a, wf, req)
 }
 
-// durable consumes the start stream for the served workflows.
-type durable struct {
-	a        *Admitter
-	cfg      DurableConfig
-	log      zerolog.Logger
-	wg       sync.WaitGroup
-	stopping atomic.Bool
-	running  []natsjs.ConsumeContext
-	// base is cancelled when Stop's deadline passes: admissions in
-	// progress give up and their envelopes are delivered again.
-	base       context.Context
-	baseCancel context.CancelFunc
-}
-
 // ServeDurable consumes the start envelopes of the served workflows from
 // JETFLOW_STARTS, one durable consumer per workflow shared by all workers,
 // and admits each with the same code as Serve. An envelope is acked once
@@ -137,81 +122,38 @@ type durable struct {
 // context ends, for admissions in progress.
 func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (func(context.Context) error, error) {
 	cfg = cfg.withDefaults()
-	base, cancel := context.WithCancel(context.Background())
-	d := &durable{a: a, cfg: cfg, log: log, base: base, baseCancel: cancel}
+	pool := consume.New(cfg.Concurrency*max(len(served), 1), false, log)
 	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, MaxAckPending: 16 * cfg.Concurrency}
 	for name, wf := range served {
 		c, err := assets.EnsureStartConsumer(ctx, name, cc)
 		if err == nil {
-			err = d.consume(c, name, wf)
+			err = pool.Consume(c, cfg.Concurrency, &durable{a: a, cfg: cfg, log: log, workflow: name, wf: wf})
 		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("jetflow: consume durable starts of %s: %w", name, err), d.stop(ctx))
+			return nil, errors.Join(fmt.Errorf("jetflow: consume durable starts of %s: %w", name, err), pool.Stop(ctx))
 		}
 	}
-	return d.stop, nil
+	return pool.Stop, nil
 }
 
-func (d *durable) consume(c natsjs.Consumer, workflow string, wf Served) error {
-	every := c.CachedInfo().Config.AckWait / 3
-	if every <= 0 {
-		every = 10 * time.Second
-	}
-	slots := make(chan struct{}, d.cfg.Concurrency)
-	cc, err := c.Consume(func(msg natsjs.Msg) {
-		if d.stopping.Load() {
-			d.release(msg)
-			return
-		}
-		slots <- struct{}{}
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			defer func() { <-slots }()
-			d.handle(msg, workflow, wf, every)
-		}()
-	},
-		natsjs.PullMaxMessages(d.cfg.Concurrency),
-		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
-			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
-				d.log.Warn().Err(err).Str("workflow", workflow).Msg("durable start consumer")
-			}
-		}))
-	if err != nil {
-		return err
-	}
-	d.running = append(d.running, cc)
-	return nil
+// durable admits the durable starts of one workflow (a consume.Handler).
+type durable struct {
+	a        *Admitter
+	cfg      DurableConfig
+	log      zerolog.Logger
+	workflow string
+	wf       Served
 }
 
-func (d *durable) handle(msg natsjs.Msg, workflow string, wf Served, every time.Duration) {
-	if d.stopping.Load() {
-		d.release(msg)
-		return
-	}
-	// Keep the envelope ours while admission runs (AckWait may be short).
-	done := make(chan struct{})
-	beating := make(chan struct{})
-	go func() {
-		defer close(beating)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	ctx, cancel := context.WithTimeout(d.base, d.cfg.Timeout)
-	reply := handleDurableStart(ctx, d.a, workflow, wf, msg.Data(), msg.Headers().Get(nats.MsgIdHdr))
+// Handle admits one envelope and settles its message. ctx is cancelled
+// when the worker gives up draining: the admission then fails and the
+// envelope is delivered again.
+func (d *durable) Handle(ctx context.Context, msg natsjs.Msg) {
+	actx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	reply := handleDurableStart(actx, d.a, d.workflow, d.wf, msg.Data(), msg.Headers().Get(nats.MsgIdHdr))
 	cancel()
-	close(done)
-	<-beating
 
-	log := d.log.With().Str("workflow", workflow).Str("run_id", reply.RunID).Logger()
+	log := d.log.With().Str("workflow", d.workflow).Str("run_id", reply.RunID).Logger()
 	if md, err := msg.Metadata(); err == nil {
 		log = log.With().Uint64("stream_seq", md.Sequence.Stream).Uint64("delivered", md.NumDelivered).Logger()
 	}
@@ -244,6 +186,9 @@ func (d *durable) handle(msg natsjs.Msg, workflow string, wf Served, every time.
 	}
 }
 
+// Release hands an envelope that was fetched but not admitted back at once.
+func (d *durable) Release(msg natsjs.Msg) error { return msg.Nak() }
+
 // retryDelay doubles with each delivery.
 func (d *durable) retryDelay(msg natsjs.Msg) time.Duration {
 	delay := d.cfg.RetryDelay
@@ -253,37 +198,4 @@ func (d *durable) retryDelay(msg natsjs.Msg) time.Duration {
 		}
 	}
 	return min(delay, d.cfg.MaxRetryDelay)
-}
-
-// release hands an envelope that was fetched but not admitted back at once.
-func (d *durable) release(msg natsjs.Msg) {
-	if err := msg.Nak(); err != nil {
-		d.log.Warn().Err(err).Msg("cannot release buffered durable start")
-	}
-}
-
-func (d *durable) stop(ctx context.Context) error {
-	if d.stopping.Swap(true) {
-		return nil
-	}
-	for _, cc := range d.running {
-		cc.Drain()
-	}
-	done := make(chan struct{})
-	go func() {
-		for _, cc := range d.running {
-			<-cc.Closed()
-		}
-		d.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		d.baseCancel()
-		return nil
-	case <-ctx.Done():
-	}
-	d.baseCancel() // admissions in progress give up; their envelopes come back
-	<-done
-	return ctx.Err()
 }

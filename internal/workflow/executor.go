@@ -362,7 +362,7 @@ func attemptKey(t state.Task) string {
 // step. A first delivery is attempt 1 and costs nothing. A redelivery reads
 // and advances the task's attempt record with compare-and-set before the
 // step runs, so concurrent deliveries get distinct numbers, and a delivery
-// that never ran the step (handed back on shutdown, see ReleaseUnstarted)
+// that never ran the step (handed back on shutdown, see Release)
 // does not use up MaxAttempts. A redelivery that finds no record counts the
 // first delivery as having run (it may have crashed mid-step).
 func (e *Executor) beginAttempt(c *Context) (int, error) {
@@ -398,10 +398,10 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 	}
 }
 
-// ReleaseUnstarted hands back a task that was fetched but never started
-// (buffered when the worker began to stop). On its first delivery it first
-// records that no attempt ran, so the redelivery is attempt 1, not 2.
-func (e *Executor) ReleaseUnstarted(msg natsjs.Msg) error {
+// Release hands back a task that was fetched but never started (buffered
+// when the worker began to stop). On its first delivery it first records
+// that no attempt ran, so the redelivery is attempt 1, not 2.
+func (e *Executor) Release(msg natsjs.Msg) error {
 	if meta, err := msg.Metadata(); err == nil && meta.NumDelivered == 1 {
 		if t, err := state.DecodeTask(msg.Data()); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -45,18 +45,3 @@ func TestHistoryCacheIsBounded(t *testing.T) {
 	_, ok = c.get("r3", "r3.a.0")
 	require.False(t, ok)
 }
-
-func TestHeartbeatBeatsUntilStopped(t *testing.T) {
-	t.Parallel()
-	beats := make(chan struct{}, 16)
-	stop := heartbeat(5*time.Millisecond, func() { beats <- struct{}{} })
-	for range 3 {
-		select {
-		case <-beats:
-		case <-time.After(5 * time.Second):
-			t.Fatal("heartbeat did not beat")
-		}
-	}
-	stop()
-	stop() // idempotent
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -286,7 +287,7 @@ func (k *keyCall) hold(rev uint64) {
 	defer k.mu.Unlock()
 	k.held, k.rev = true, rev
 	k.ref = &state.StepKeyRef{Key: k.key, From: k.stepID}
-	k.stopBeat = heartbeat(k.lease/3, k.renew)
+	k.stopBeat = consume.Heartbeat(k.lease/3, k.renew)
 }
 
 func (k *keyCall) renew() {

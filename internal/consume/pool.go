@@ -1,4 +1,10 @@
-package workflow
+// Package consume runs handlers over JetStream pull consumers with bounded
+// concurrency: tasks (internal/workflow) and durable start envelopes
+// (internal/dedupe) are consumed the same way. From the moment a message
+// arrives until its handler returns, its ack deadline is extended; a
+// message fetched but not started when the pool stops is handed back; Stop
+// drains within a deadline.
+package consume
 
 import (
 	"context"
@@ -16,13 +22,21 @@ import (
 // steps' contexts, for steps and workflow bodies that ignore cancellation.
 const stuckGrace = 5 * time.Second
 
-// Pool consumes task messages from the workflows' consumers and hands them to
-// the executor with bounded concurrency. From the moment a task arrives
-// until it is settled, its ack deadline is extended every third of the
-// consumer's AckWait, so a task waiting for a free slot is not redelivered
-// to another worker behind the back of this one.
+// Handler processes and settles messages.
+type Handler interface {
+	// Handle processes msg and settles it (ack, nak, term). ctx is
+	// cancelled when the pool's drain deadline passes.
+	Handle(ctx context.Context, msg natsjs.Msg)
+	// Release hands back a message that was fetched but never handled.
+	Release(msg natsjs.Msg) error
+}
+
+// Pool consumes messages from consumers and hands them to their handlers
+// with bounded concurrency. From the moment a message arrives until it is
+// settled, its ack deadline is extended every third of the consumer's
+// AckWait, so a message waiting for a free slot is not redelivered to
+// another process behind the back of this one.
 type Pool struct {
-	exec        *Executor
 	log         zerolog.Logger
 	sem         chan struct{}
 	wg          sync.WaitGroup
@@ -37,18 +51,18 @@ type Pool struct {
 	hardCancel context.CancelFunc
 }
 
-// NewPool returns a pool running at most concurrency tasks at once.
+// New returns a pool running at most concurrency handlers at once.
 // noHeartbeat (tests only) disables ack-deadline extension.
-func NewPool(exec *Executor, concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
+func New(concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
 	hard, cancel := context.WithCancel(context.Background())
-	return &Pool{exec: exec, log: log, sem: make(chan struct{}, concurrency),
+	return &Pool{log: log, sem: make(chan struct{}, concurrency),
 		noHeartbeat: noHeartbeat, hard: hard, hardCancel: cancel}
 }
 
-// Consume starts pulling from c, running at most limit of its tasks at once
-// within the pool's concurrency (limit <= 0: no limit of its own). Prefetch
-// is kept to that size.
-func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
+// Consume starts pulling from c into h, running at most limit of its
+// messages at once within the pool's concurrency (limit <= 0: no limit of
+// its own). Prefetch is kept to that size.
+func (p *Pool) Consume(c natsjs.Consumer, limit int, h Handler) error {
 	if limit <= 0 || limit > cap(p.sem) {
 		limit = cap(p.sem)
 	}
@@ -59,11 +73,11 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
 		every = 10 * time.Second
 	}
 	own := make(chan struct{}, limit)
-	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, own, every) },
+	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, h, own, every) },
 		natsjs.PullMaxMessages(limit),
 		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
-				p.log.Warn().Err(err).Msg("task consumer")
+				p.log.Warn().Err(err).Str("consumer", c.CachedInfo().Name).Msg("consumer")
 			}
 		}))
 	if err != nil {
@@ -73,16 +87,16 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int) error {
 	return nil
 }
 
-func (p *Pool) handle(msg natsjs.Msg, own chan struct{}, every time.Duration) {
+func (p *Pool) handle(msg natsjs.Msg, h Handler, own chan struct{}, every time.Duration) {
 	if p.stopping.Load() {
-		p.release(msg)
+		p.release(msg, h)
 		return
 	}
 	stopBeat := func() {}
 	if !p.noHeartbeat {
-		stopBeat = heartbeat(every, func() {
+		stopBeat = Heartbeat(every, func() {
 			if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
-				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend task ack deadline")
+				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend ack deadline")
 			}
 		})
 	}
@@ -92,7 +106,7 @@ func (p *Pool) handle(msg natsjs.Msg, own chan struct{}, every time.Duration) {
 		<-p.sem
 		<-own
 		stopBeat()
-		p.release(msg)
+		p.release(msg, h)
 		return
 	}
 	p.wg.Add(1)
@@ -101,18 +115,18 @@ func (p *Pool) handle(msg natsjs.Msg, own chan struct{}, every time.Duration) {
 		defer p.wg.Done()
 		defer func() { p.inFlight.Add(-1); <-p.sem; <-own }()
 		defer stopBeat()
-		p.exec.Handle(p.hard, msg)
+		h.Handle(p.hard, msg)
 	}()
 }
 
-// release hands a task that was fetched but not started back at once.
-func (p *Pool) release(msg natsjs.Msg) {
-	if err := p.exec.ReleaseUnstarted(msg); err != nil {
-		p.log.Warn().Err(err).Msg("cannot release buffered task")
+// release hands a message that was fetched but not started back at once.
+func (p *Pool) release(msg natsjs.Msg, h Handler) {
+	if err := h.Release(msg); err != nil {
+		p.log.Warn().Err(err).Msg("cannot release buffered message")
 	}
 }
 
-// InFlight is the number of tasks being handled.
+// InFlight is the number of messages being handled.
 func (p *Pool) InFlight() int { return int(p.inFlight.Load()) }
 
 // Stop stops pulling, releases buffered tasks, and waits for running tasks
@@ -151,9 +165,9 @@ func (p *Pool) Stop(ctx context.Context) error {
 	}
 }
 
-// heartbeat calls beat every interval until the returned stop is called.
+// Heartbeat calls beat every interval until the returned stop is called.
 // It costs a timer, not a goroutine, while nothing is due.
-func heartbeat(every time.Duration, beat func()) (stop func()) {
+func Heartbeat(every time.Duration, beat func()) (stop func()) {
 	var (
 		mu      sync.Mutex
 		stopped bool
