@@ -261,10 +261,17 @@ type ConsumerConfig struct {
 // EnsureConsumer creates or updates the durable consumer of kind for
 // workflow.
 func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskKind, cc ConsumerConfig) (natsjs.Consumer, error) {
-	c, err := a.JS.CreateOrUpdateConsumer(ctx, TasksStream, natsjs.ConsumerConfig{
-		Durable:       ConsumerName(workflow, kind),
-		Description:   "jetflow tasks of workflow " + workflow,
-		FilterSubject: consumerFilter(workflow, kind),
+	return a.ensureConsumer(ctx, TasksStream, ConsumerName(workflow, kind), consumerFilter(workflow, kind),
+		"jetflow tasks of workflow "+workflow, cc)
+}
+
+// ensureConsumer creates or updates a durable, explicitly acked pull
+// consumer; deliveries are not limited (the engine counts attempts).
+func (a *Assets) ensureConsumer(ctx context.Context, stream, durable, filter, desc string, cc ConsumerConfig) (natsjs.Consumer, error) {
+	c, err := a.JS.CreateOrUpdateConsumer(ctx, stream, natsjs.ConsumerConfig{
+		Durable:       durable,
+		Description:   desc,
+		FilterSubject: filter,
 		AckPolicy:     natsjs.AckExplicitPolicy,
 		AckWait:       cc.AckWait,
 		MaxDeliver:    -1,
@@ -272,7 +279,7 @@ func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskK
 		DeliverPolicy: natsjs.DeliverAllPolicy,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("jetflow: consumer for workflow %s: %w", workflow, err)
+		return nil, fmt.Errorf("jetflow: consumer %s on %s: %w", durable, stream, err)
 	}
 	return c, nil
 }
@@ -284,18 +291,6 @@ func StartConsumerName(workflow string) string { return "jetflow_admit_" + workf
 // EnsureStartConsumer creates or updates the durable consumer of
 // workflow's start envelopes (jetflow.start.<workflow>).
 func (a *Assets) EnsureStartConsumer(ctx context.Context, workflow string, cc ConsumerConfig) (natsjs.Consumer, error) {
-	c, err := a.JS.CreateOrUpdateConsumer(ctx, StartsStream, natsjs.ConsumerConfig{
-		Durable:       StartConsumerName(workflow),
-		Description:   "jetflow start envelopes of workflow " + workflow,
-		FilterSubject: StartSubjectPrefix + workflow,
-		AckPolicy:     natsjs.AckExplicitPolicy,
-		AckWait:       cc.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: cc.MaxAckPending,
-		DeliverPolicy: natsjs.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: start consumer for workflow %s: %w", workflow, err)
-	}
-	return c, nil
+	return a.ensureConsumer(ctx, StartsStream, StartConsumerName(workflow), StartSubjectPrefix+workflow,
+		"jetflow start envelopes of workflow "+workflow, cc)
 }
