@@ -156,7 +156,7 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 
 	// Repeat the start until the broker no longer recognises the message ID
 	// (its window has passed); every one of them must be absorbed.
-	admit := dedupe.New(c.assets, nil)
+	admit := dedupe.New(c.assets, nil, nil)
 	var outcomes []dedupe.Outcome
 	require.Eventually(t, func() bool {
 		res, err := admit.Admit(context.Background(), dedupe.Request{RunID: "evt-1", Workflow: "window", Input: json.RawMessage(`1`)})

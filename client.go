@@ -59,6 +59,9 @@ type ClientConfig struct {
 	Topology Topology
 	// RequestTimeout bounds StartByName's request to a worker (default 10s).
 	RequestTimeout time.Duration
+	// Metrics counts the starts this client admits itself (Start; nil:
+	// none). StartByName starts are counted by the worker that admits them.
+	Metrics *Metrics
 }
 
 // Client starts runs and reads them. It is safe for concurrent use.
@@ -84,8 +87,14 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, e
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil)}, nil
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal())}, nil
 }
+
+// Ready reports whether the client can start and read runs: connected to
+// NATS, with the engine's runs and steps buckets present. A nil error means
+// ready. It is what a readiness probe of a service that starts runs should
+// call.
+func (c *Client) Ready(ctx context.Context) error { return ready(ctx, c.nc, c.assets, nil) }
 
 // StartOption configures one start.
 type StartOption func(*startOptions)
@@ -95,7 +104,25 @@ type startOptions struct {
 	source      string
 	ignoreInput bool
 	policy      *ConflictPolicy
+	entry       EntryPoint
 }
+
+// EntryPoint says through which interface a start reached jetflow. It
+// labels the starts metric; it changes nothing else.
+type EntryPoint string
+
+// Entry points.
+const (
+	EntrySDK     EntryPoint = "sdk"     // Start, from Go
+	EntryNATS    EntryPoint = "nats"    // a NATS envelope (StartByName, request-reply, the durable start subject)
+	EntryHTTP    EntryPoint = "http"    // producer serve's POST /v1/workflows/{name}/runs
+	EntryWebhook EntryPoint = "webhook" // producer serve's POST /v1/webhooks/{source}
+)
+
+// WithEntryPoint tells StartByName which interface the start came in
+// through, for gateways that forward starts (the HTTP API does). Without
+// it a StartByName start counts as EntryNATS.
+func WithEntryPoint(e EntryPoint) StartOption { return func(o *startOptions) { o.entry = e } }
 
 // FingerprintMode decides what a duplicate start with another input gets.
 type FingerprintMode int
@@ -129,9 +156,6 @@ func (c *Client) startOpts(opts []StartOption) startOptions {
 	o := startOptions{source: c.cfg.Name}
 	for _, opt := range opts {
 		opt(&o)
-	}
-	if o.runID == "" {
-		o.runID = nuid.Next()
 	}
 	return o
 }
@@ -172,6 +196,12 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
 	o := c.startOpts(opts)
+	if o.runID == "" {
+		if wf.requireRunID {
+			return nil, fmt.Errorf("%w: workflow %s", ErrRunIDRequired, wf.Name())
+		}
+		o.runID = nuid.Next()
+	}
 	policy := wf.policy
 	if o.policy != nil {
 		policy = *o.policy
@@ -179,6 +209,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
 		IgnoreInput: o.ignoreInput, Policy: policy.internal(), Retention: wf.retention,
+		Entry: string(o.entry),
 	})
 	if err != nil {
 		return nil, err
@@ -239,8 +270,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		return StartResult{}, err
 	}
 	o := c.startOpts(opts)
-	if err := state.ValidateRunID(o.runID); err != nil {
-		return StartResult{}, err
+	if o.runID != "" { // without one, the worker generates it (or refuses: RequireRunID)
+		if err := state.ValidateRunID(o.runID); err != nil {
+			return StartResult{}, err
+		}
 	}
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
@@ -268,7 +301,12 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	msg, err := c.nc.RequestWithContext(ctx, dedupe.AdmitSubjectPrefix+name, body)
+	req := nats.NewMsg(dedupe.AdmitSubjectPrefix + name)
+	req.Data = body
+	if o.entry != "" {
+		req.Header.Set(dedupe.EntryHeader, string(o.entry))
+	}
+	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return StartResult{}, fmt.Errorf("%w: no worker serves %q (unknown workflow, or no worker running)", ErrUnknownWorkflow, name)
 	}
@@ -298,6 +336,7 @@ var replyCodes = map[string]error{
 	dedupe.CodeConflict:     ErrIdempotencyConflict,
 	dedupe.CodeRejected:     ErrDuplicateRejected,
 	dedupe.CodeBadPolicy:    ErrInvalidConflictPolicy,
+	dedupe.CodeRunIDNeeded:  ErrRunIDRequired,
 }
 
 func replyError(e *dedupe.ReplyError) error {
@@ -567,6 +606,7 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 		if err != nil {
 			return err
 		}
+		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
 		// Best effort: a worker that misses it still cannot change the
 		// outcome (the record is final).
 		if err := c.nc.Publish(CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {

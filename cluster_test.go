@@ -1220,7 +1220,7 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 	// created and the record keeps the creator's token.
 	env.r3Worker(1, "r3retry", fx)
 	env.r3Worker(2, "r3retry", fx)
-	admitters := []*dedupe.Admitter{dedupe.New(assets[1], nil), dedupe.New(assets[2], nil)}
+	admitters := []*dedupe.Admitter{dedupe.New(assets[1], nil, nil), dedupe.New(assets[2], nil, nil)}
 	for i := range n {
 		id := fmt.Sprint("adm-", i)
 		req := dedupe.Request{RunID: id, Workflow: "r3retry", Input: json.RawMessage(`0`), Source: "retry-test"}

@@ -27,6 +27,9 @@ var (
 	// ErrInvalidInput: the input cannot be decoded into the workflow's
 	// input type.
 	ErrInvalidInput = workflow.ErrInput
+	// ErrRunIDRequired: the workflow requires a caller-chosen run ID
+	// (RequireRunID) and the start named none. Nothing was stored.
+	ErrRunIDRequired = dedupe.ErrRunIDRequired
 	// ErrUnknownWorkflow: no worker serves a workflow of that name.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")
 	// ErrDuplicateWorkflow: a registry already has a workflow of that name.

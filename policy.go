@@ -65,8 +65,18 @@ func WithConflictPolicy(p ConflictPolicy) StartOption {
 type WorkflowOption func(*workflowOptions)
 
 type workflowOptions struct {
-	policy    ConflictPolicy
-	retention time.Duration
+	policy       ConflictPolicy
+	retention    time.Duration
+	requireRunID bool
+}
+
+// RequireRunID makes the caller's run ID mandatory: a start without one
+// (no WithRunID, no run_id in a NATS envelope, no Idempotency-Key header
+// over HTTP) fails with ErrRunIDRequired and stores nothing, instead of
+// getting a generated ID that no retry could ever repeat. Use it for
+// workflows whose duplicates are costly (payments, emails).
+func RequireRunID() WorkflowOption {
+	return func(o *workflowOptions) { o.requireRunID = true }
 }
 
 // WithRetention sets how long the workflow's run IDs and results are

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -35,6 +37,11 @@ type WorkerConfig struct {
 	Topology Topology
 	// Logger receives structured logs; the default discards them.
 	Logger zerolog.Logger
+	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
+	Metrics *Metrics
+	// BacklogInterval is how often the worker samples its consumers'
+	// backlogs for Metrics (default 15s).
+	BacklogInterval time.Duration
 
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
@@ -78,6 +85,8 @@ type Worker struct {
 	mu        sync.Mutex
 	started   bool
 	stopServe func(context.Context) error
+	assets    *jetstream.Assets
+	consumers []natsjs.Consumer
 }
 
 // NewWorker returns a worker for the workflows in ws. It does not touch NATS
@@ -106,7 +115,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	admit := dedupe.New(assets, nil)
+	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
 	served := make(map[string]dedupe.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {
@@ -115,10 +124,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
-		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks,
+		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency}
+	var consumers []natsjs.Consumer
 	for name := range defs {
 		// Runs in progress come first: start tasks get at most a quarter of
 		// the slots, so a burst of starts cannot starve their later steps.
@@ -133,6 +143,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			if err := pool.Consume(c, limit, exec); err != nil {
 				return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
 			}
+			consumers = append(consumers, c)
 		}
 	}
 	cancels, err := w.nc.Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
@@ -153,11 +164,62 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), pool.Stop(ctx))
 	}
-	w.pool, w.started = pool, true
+	sampling, stopSampling := context.WithCancel(context.Background())
+	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
+		return backlogs(ctx, consumers)
+	})
+	w.pool, w.started, w.assets, w.consumers = pool, true, assets, consumers
 	w.stopServe = func(ctx context.Context) error {
+		stopSampling()
 		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
+	return nil
+}
+
+// backlogs reads the consumers' infos: what waits to be delivered, and
+// what is delivered but not yet acknowledged.
+func backlogs(ctx context.Context, consumers []natsjs.Consumer) ([]metrics.Backlog, error) {
+	out := make([]metrics.Backlog, 0, len(consumers))
+	for _, c := range consumers {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("jetflow: consumer info: %w", err)
+		}
+		out = append(out, metrics.Backlog{Consumer: info.Name, Pending: info.NumPending, AckPending: uint64(info.NumAckPending)})
+	}
+	return out, nil
+}
+
+// Ready reports whether the worker can do its job: started and not
+// stopping, connected to NATS, the engine's streams and buckets present and
+// every consumer it executes tasks from still bound. A nil error means
+// ready; otherwise the error says what is missing. It is what a readiness
+// probe should call; it costs one JetStream request per consumer and two
+// per bucket checked.
+func (w *Worker) Ready(ctx context.Context) error {
+	w.mu.Lock()
+	started, assets, consumers := w.started, w.assets, w.consumers
+	w.mu.Unlock()
+	if !started {
+		return errors.New("jetflow: worker not started, or stopping")
+	}
+	return ready(ctx, w.nc, assets, consumers)
+}
+
+// ready checks the connection, the buckets runs and steps, and consumers.
+func ready(ctx context.Context, nc *nats.Conn, assets *jetstream.Assets, consumers []natsjs.Consumer) error {
+	if s := nc.Status(); s != nats.CONNECTED {
+		return fmt.Errorf("jetflow: NATS connection is %s", s)
+	}
+	for _, kv := range []*jetstream.KV{assets.Runs, assets.Steps} {
+		if _, err := kv.Raw().Status(ctx); err != nil {
+			return fmt.Errorf("jetflow: bucket %s: %w", kv.Bucket(), err)
+		}
+	}
+	if _, err := backlogs(ctx, consumers); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -15,10 +15,11 @@ import (
 // it once, at package level, and use the same value to register it on a
 // worker and to start runs.
 type Workflow[P, R any] struct {
-	name      string
-	fn        func(*Context, P) (R, error)
-	policy    ConflictPolicy
-	retention time.Duration
+	name         string
+	fn           func(*Context, P) (R, error)
+	policy       ConflictPolicy
+	retention    time.Duration
+	requireRunID bool
 }
 
 // NewWorkflow defines a workflow. name is its identity in stored runs and on
@@ -34,7 +35,7 @@ func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention}
+	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID}
 }
 
 // ConflictPolicy is the workflow's default conflict policy.
@@ -70,8 +71,9 @@ func (w *Workflow[P, R]) served() dedupe.Served {
 			_, err := decodeInput[P](raw)
 			return err
 		},
-		Policy:    w.policy.internal(),
-		Retention: w.retention,
+		Policy:       w.policy.internal(),
+		Retention:    w.retention,
+		RequireRunID: w.requireRunID,
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -64,6 +65,9 @@ type Request struct {
 	// Retention is how long the run's record is kept after its last write
 	// (0: the deployment's; at most the deployment's).
 	Retention time.Duration
+	// Entry is the interface the start came in through, for the starts
+	// metric: "sdk" (default), "nats", "http" or "webhook".
+	Entry string
 }
 
 // Result is the admission decision.
@@ -88,16 +92,17 @@ type Result struct {
 
 // Admitter admits starts. It is safe for concurrent use.
 type Admitter struct {
-	assets *jetstream.Assets
-	now    func() time.Time
+	assets  *jetstream.Assets
+	now     func() time.Time
+	metrics *metrics.Metrics
 }
 
-// New returns an Admitter over provisioned assets. now may be nil.
-func New(assets *jetstream.Assets, now func() time.Time) *Admitter {
+// New returns an Admitter over provisioned assets. now and m may be nil.
+func New(assets *jetstream.Assets, now func() time.Time, m *metrics.Metrics) *Admitter {
 	if now == nil {
 		now = time.Now
 	}
-	return &Admitter{assets: assets, now: now}
+	return &Admitter{assets: assets, now: now, metrics: m}
 }
 
 // Validate checks a request without touching NATS.
@@ -137,7 +142,8 @@ func Validate(req Request) error {
 // the whole request: if this process dies before the record is written, the
 // worker that receives the task writes it with the same token, so an
 // accepted start is never lost.
-func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
+func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err error) {
+	defer func() { a.observe(req.Entry, res, err) }()
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}
@@ -176,7 +182,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
-	res := Result{Run: st.run, Revision: st.rev, Broker: broker, AfterExpiry: st.afterExpiry}
+	res = Result{Run: st.run, Revision: st.rev, Broker: broker, AfterExpiry: st.afterExpiry}
 	if st.created {
 		res.Outcome = Created
 		return res, nil

@@ -18,7 +18,7 @@ func setup(t *testing.T) *Admitter {
 	nc := testenv.Conn(t, testenv.Server(t))
 	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	return New(a, nil)
+	return New(a, nil, nil)
 }
 
 func ctx(t *testing.T) context.Context {
@@ -114,7 +114,7 @@ func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	nc := testenv.Conn(t, testenv.Server(t))
 	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{Retention: time.Second, DuplicateWindow: 500 * time.Millisecond}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	a := New(assets, nil)
+	a := New(assets, nil, nil)
 	_, err = a.Admit(ctx(t), Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`1`)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {

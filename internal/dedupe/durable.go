@@ -92,24 +92,29 @@ func settle(r StartReply) settlement {
 func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
+		a.observeRefusal("nats")
 		return errorReply(err)
 	}
 	switch {
 	case sr.RunID == "" && msgID == "":
+		a.observeRefusal("nats")
 		return errorReply(fmt.Errorf("%w: a durable start needs a run ID: set run_id or the Nats-Msg-Id header", state.ErrInvalidRunID))
 	case sr.RunID == "":
 		sr.RunID = msgID
 	case msgID != "" && msgID != sr.RunID:
+		a.observeRefusal("nats")
 		return errorReply(fmt.Errorf("%w: run_id %q differs from Nats-Msg-Id %q", state.ErrInvalidRunID, sr.RunID, msgID))
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
+		a.observeRefusal("nats")
 		r := errorReply(err)
 		if state.ValidateRunID(sr.RunID) == nil {
 			r.RunID = sr.RunID
 		}
 		return r
 	}
+	req.Entry = "nats"
 	return admitEnvelope(ctx, a, wf, req)
 }
 

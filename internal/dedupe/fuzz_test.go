@@ -157,7 +157,7 @@ func FuzzHandleStart(f *testing.F) {
 	defer cancel()
 	assets, err := jetstream.Provision(setupCtx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(f, err)
-	a := New(assets, nil)
+	a := New(assets, nil, nil)
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -177,7 +177,7 @@ func FuzzHandleStart(f *testing.F) {
 		}
 		_, decErr := DecodeStartRequest(workflow, body, Policy{})
 
-		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body)
+		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body, "nats")
 
 		if reply.Error != nil {
 			require.Empty(t, reply.Outcome)

@@ -21,6 +21,15 @@ import (
 // "no responders", which callers report as an unknown workflow.
 const AdmitSubjectPrefix = "jetflow.admit."
 
+// EntryHeader is the optional NATS header of a start request naming the
+// interface the start came in through ("http", "webhook"; default
+// "nats"). It labels the starts metric and changes nothing else.
+const EntryHeader = "Jetflow-Entry"
+
+// ErrRunIDRequired: the workflow requires a caller-chosen run ID and the
+// start named none.
+var ErrRunIDRequired = errors.New("jetflow: run ID required")
+
 // StartRequest is the start envelope any NATS client can send.
 type StartRequest struct {
 	// RunID is the idempotency key; generated when empty.
@@ -61,13 +70,14 @@ const (
 	CodeConflict     = "conflict"
 	CodeRejected     = "rejected"
 	CodeBadPolicy    = "invalid_policy"
+	CodeRunIDNeeded  = "run_id_required"
 	CodeInternal     = "internal"
 )
 
 // ReplyCodes lists every error code a StartReply can carry (the reply's
 // JSON Schema enumerates the same).
 var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, CodeTooLarge,
-	CodeConflict, CodeRejected, CodeBadPolicy, CodeInternal}
+	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeInternal}
 
 // DecodeStartRequest parses and validates an envelope. The run ID is
 // generated when absent; the policy defaults to base where the envelope
@@ -136,6 +146,9 @@ type Served struct {
 	Policy Policy
 	// Retention is the workflow's run retention (0: the deployment's).
 	Retention time.Duration
+	// RequireRunID refuses request-reply starts that name no run ID
+	// instead of generating one.
+	RequireRunID bool
 }
 
 // Serve answers start requests for the given workflows through the same
@@ -161,7 +174,7 @@ func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Du
 				defer func() { <-slots }()
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				defer cancel()
-				reply := handleStart(ctx, a, name, wf, m.Data)
+				reply := handleStart(ctx, a, name, wf, m.Data, entryOf(m.Header))
 				b, err := json.Marshal(reply)
 				if err == nil {
 					err = m.Respond(b)
@@ -185,13 +198,39 @@ func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Du
 	return stop, nil
 }
 
+// entryOf reads a start request's EntryHeader: "http" or "webhook" when
+// it says so, "nats" otherwise (a label must stay within a known set).
+func entryOf(h nats.Header) string {
+	switch e := h.Get(EntryHeader); e {
+	case "http", "webhook":
+		return e
+	default:
+		return "nats"
+	}
+}
+
 // handleStart answers a request-reply start: decode the envelope (a run ID
-// is generated when it names none), then admitEnvelope.
-func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte) StartReply {
-	req, err := DecodeStartRequest(workflow, b, wf.Policy)
+// is generated when it names none, unless the workflow requires one), then
+// admitEnvelope.
+func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
+	sr, err := parseStartRequest(b)
 	if err != nil {
+		a.observeRefusal(entry)
 		return errorReply(err)
 	}
+	if sr.RunID == "" {
+		if wf.RequireRunID {
+			a.observeRefusal(entry)
+			return errorReply(fmt.Errorf("%w: workflow %s needs a run ID (run_id, or the Idempotency-Key header over HTTP)", ErrRunIDRequired, workflow))
+		}
+		sr.RunID = nuid.Next()
+	}
+	req, err := sr.request(workflow, wf.Policy)
+	if err != nil {
+		a.observeRefusal(entry)
+		return errorReply(err)
+	}
+	req.Entry = entry
 	return admitEnvelope(ctx, a, wf, req)
 }
 
@@ -201,6 +240,7 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b
 func admitEnvelope(ctx context.Context, a *Admitter, wf Served, req Request) StartReply {
 	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
+		a.observeRefusal(req.Entry)
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)
@@ -231,6 +271,8 @@ func errorReply(err error) StartReply {
 		code = CodeTooLarge
 	case errors.Is(err, ErrInvalidPolicy):
 		code = CodeBadPolicy
+	case errors.Is(err, ErrRunIDRequired):
+		code = CodeRunIDNeeded
 	case errors.Is(err, state.ErrCorrupt), errors.Is(err, state.ErrInvalidName):
 		code = CodeMalformed
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -59,14 +60,8 @@ type Config struct {
 	CacheRuns int
 	Now       func() time.Time
 	Hooks     Hooks
-	Metrics   Metrics
-}
-
-// Metrics receives execution events. Nil fields are skipped.
-type Metrics struct {
-	StepSettled func(workflow, step, result string, d time.Duration)
-	RunFinished func(workflow string, status state.Status)
-	TaskDeduped func(layer string)
+	// Metrics counts steps, runs and redeliveries (nil: none).
+	Metrics *metrics.Metrics
 }
 
 // Executor handles task messages. It is safe for concurrent use.
@@ -102,6 +97,8 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.log.Error().Err(err).Str("subject", msg.Subject()).Msg("task without JetStream metadata; leaving it")
 		return
 	}
+	e.cfg.Metrics.InFlight(1)
+	defer e.cfg.Metrics.InFlight(-1)
 	task, err := state.DecodeTask(msg.Data())
 	if err != nil {
 		e.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("stream_seq", meta.Sequence.Stream).
@@ -110,6 +107,9 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		return
 	}
 	log := e.log.With().Str("run_id", task.RunID).Str("workflow", task.Workflow).Logger()
+	if meta.NumDelivered > 1 {
+		e.cfg.Metrics.Redelivered(task.Workflow)
+	}
 	def, ok := e.cfg.Definitions[task.Workflow]
 	if !ok {
 		log.Error().Msg("task for a workflow this worker does not serve; releasing it")
@@ -229,14 +229,8 @@ func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) erro
 	if err != nil {
 		return err
 	}
-	d, err := jetstream.PublishTask(ctx, e.cfg.Assets.JS, jetstream.TaskSubject(c.run.Workflow, c.run.RunID, stepID), stepID, b)
-	if err != nil {
-		return err
-	}
-	if d != jetstream.Stored && e.cfg.Metrics.TaskDeduped != nil {
-		e.cfg.Metrics.TaskDeduped(d.String())
-	}
-	return nil
+	_, err = jetstream.PublishTask(ctx, e.cfg.Assets.JS, jetstream.TaskSubject(c.run.Workflow, c.run.RunID, stepID), stepID, b)
+	return err
 }
 
 // lookup returns the committed record of stepID, from the cache or the
@@ -271,21 +265,24 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 	info := StepInfo{StepID: id, StepName: name, Attempt: attempt, RunID: c.run.RunID, Workflow: c.run.Workflow}
 	rec := state.Step{V: state.Version, StepID: id, RunID: c.run.RunID, Name: name, Seq: seq, Attempt: attempt, Worker: e.cfg.WorkerID}
 	start := e.cfg.Now()
-	result := "committed"
+	result := metrics.StepCommitted
 	defer key.abandon(c) // a claim still held when this unwinds (retry, release) is released
 	if cached := key.acquire(c); cached != nil {
 		rec.Output, rec.Error, rec.Attempt, rec.Worker = cached.Output, cached.Error, cached.Attempt, key.worker(rec.Worker)
-		result = key.result()
 	} else if attempt > policy.MaxAttempts {
 		// Attempts beyond the budget (crash loops): fail without running.
+		// This is jetflow's dead letter: the task was delivered more often
+		// than the step may run.
 		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, policy.MaxAttempts), Kind: "step"}
-		result = "failed"
+		result = metrics.StepFailed
+		e.cfg.Metrics.MaxDeliveries(c.run.Workflow)
+		e.log.Warn().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
 	} else {
 		out, err := e.call(c, info, fn)
 		switch {
 		case err == nil && len(out) > state.MaxInputBytes:
 			rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("step output of %d bytes is over the %d-byte limit", len(out), state.MaxInputBytes), Fatal: true, Kind: "step"}
-			result = "fatal"
+			result = metrics.StepFatal
 		case err == nil:
 			rec.Output = out
 		case c.ctx.Err() != nil:
@@ -293,7 +290,7 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 			c.suspend(&settlement{kind: settleRelease, err: err})
 		case isFatal(err):
 			rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step"}
-			result = "fatal"
+			result = metrics.StepFatal
 		case attempt < policy.MaxAttempts:
 			delay, ok := retryAfter(err)
 			if !ok {
@@ -301,11 +298,11 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 			}
 			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).
 				Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
-			e.observeStep(c.run.Workflow, name, "retried", start)
+			e.observeStep(c.run.Workflow, name, metrics.StepRetried, start)
 			c.suspend(&settlement{kind: settleRetry, delay: delay, err: err})
 		default:
 			rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step"}
-			result = "failed"
+			result = metrics.StepFailed
 		}
 	}
 	rec.Committed = e.cfg.Now().UTC()
@@ -314,13 +311,14 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		// Retrying cannot make it fit: commit the failure instead.
 		rec.Output = nil
 		rec.Error = &state.ErrorInfo{Message: "step result too large to store: " + err.Error(), Fatal: true, Kind: "step"}
-		result = "fatal"
+		result = metrics.StepFatal
 		b, err = key.encode(rec)
 	}
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
 	key.finish(c, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
+	won := true
 	if err := e.commit(c.nctx, id, b); err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
 			c.suspend(&settlement{kind: settleRelease, err: err})
@@ -335,15 +333,20 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
-			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Msg("step was committed by another worker; keeping its result")
-			result = "lost-race"
+			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).Msg("step was committed by another worker; keeping its result")
+			won = false
 		}
 		rec = stored
 	}
-	e.observeStep(c.run.Workflow, name, result, start)
+	if won { // the winner counts the step's result, once
+		e.observeStep(c.run.Workflow, name, result, start)
+		if key.served() {
+			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
+		}
+	}
 	e.cache.put(c.runKey(), rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
-		h(id, result != "lost-race")
+		h(id, won)
 	}
 	return rec
 }
@@ -457,10 +460,8 @@ func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMes
 	return out, err
 }
 
-func (e *Executor) observeStep(wf, step, result string, start time.Time) {
-	if f := e.cfg.Metrics.StepSettled; f != nil {
-		f(wf, step, result, e.cfg.Now().Sub(start))
-	}
+func (e *Executor) observeStep(wf, step string, result metrics.StepResult, start time.Time) {
+	e.cfg.Metrics.Step(wf, step, result, e.cfg.Now().Sub(start))
 }
 
 // finish records the run's end with compare-and-set on the revision the
@@ -520,9 +521,7 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 		if err != nil {
 			return err
 		}
-		if f := e.cfg.Metrics.RunFinished; f != nil {
-			f(run.Workflow, run.Status)
-		}
+		e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
 		return nil
 	}
 }

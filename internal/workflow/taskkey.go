@@ -378,19 +378,14 @@ func (k *keyCall) abandon(c *Context) {
 	}
 }
 
-// result is the metrics label of the step: "task-key-hit" when its result
-// came from another step through the key.
-func (k *keyCall) result() string {
-	if k != nil && k.ref != nil && k.ref.Served {
-		return "task-key-hit"
-	}
-	return "committed"
-}
+// served reports whether the step's result came from another step through
+// the key (a duplicate the task-key cache suppressed).
+func (k *keyCall) served() bool { return k != nil && k.ref != nil && k.ref.Served }
 
 // worker is what the step record names as its worker: the worker, and for
 // a served result the key it came from, so that Client.Steps shows it.
 func (k *keyCall) worker(id string) string {
-	if k != nil && k.ref != nil && k.ref.Served {
+	if k.served() {
 		return id + " (served from task key " + k.key + ", result of " + k.ref.From + ")"
 	}
 	return id

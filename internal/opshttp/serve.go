@@ -1,0 +1,64 @@
+package opshttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Server timeouts used by Serve. There is no write timeout: the producer's
+// API shares the server and its wait endpoint long-polls, so handlers bound
+// their own work with their request's context.
+const (
+	ReadHeaderTimeout = 5 * time.Second
+	ReadTimeout       = 30 * time.Second
+	IdleTimeout       = 120 * time.Second
+	// ShutdownTimeout is how long Serve waits for in-flight requests after
+	// its context is done before closing their connections.
+	ShutdownTimeout = 10 * time.Second
+	maxHeaderBytes  = 64 << 10
+)
+
+// Listen binds a TCP listener on addr (":0" picks a free port; read it
+// from the listener's Addr) for Serve.
+func Listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("opshttp: listen on %q: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// Serve serves h on ln with the timeouts above until ctx is done, then
+// shuts down gracefully: it stops accepting, waits up to ShutdownTimeout
+// for in-flight requests and closes what is left. It returns nil after a
+// shutdown that ctx asked for, and the server's error when serving fails
+// first. Serve always closes ln.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("opshttp: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return errors.Join(fmt.Errorf("opshttp: shutdown: %w", err), srv.Close())
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("opshttp: serve: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,185 @@
+package jetflow
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/opshttp"
+)
+
+// scrape reads url (a /metrics endpoint) and parses it with the
+// Prometheus text parser.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := expfmt.NewTextParser(model.LegacyValidation) // names must be classic Prometheus names
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return fams
+}
+
+// sample sums the values of family name over the series whose labels
+// include want (counters, gauges, and histogram sample counts).
+func sample(fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	f, ok := fams[name]
+	if !ok {
+		return 0
+	}
+	var sum float64
+series:
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue series
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum
+}
+
+// TestMetricsCountOneRun runs one workflow of three steps, started once
+// and then twice more with the same run ID, and reads /metrics over HTTP:
+// the counters moved by exactly one created start, two duplicates stopped
+// by the broker's message-ID window, three committed steps and one
+// completed run.
+func TestMetricsCountOneRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	_, err = NewMetrics(reg)
+	require.Error(t, err, "a second NewMetrics on one registry must fail")
+
+	effects := newCounter()
+	wf := threeSteps("metered", effects)
+	w := env.worker(WorkerConfig{Metrics: m, BacklogInterval: 50 * time.Millisecond}, wf)
+	c, err := NewClient(ctxT(t, 10*time.Second), env.conn(), ClientConfig{Topology: env.topo, Metrics: m})
+	require.NoError(t, err)
+	srv := httptest.NewServer(opshttp.Handler(reg, opshttp.Check{Name: "worker", Fn: w.Ready}))
+	t.Cleanup(srv.Close)
+
+	ctx := ctxT(t, 30*time.Second)
+	var outcomes []Outcome
+	for range 3 {
+		h, err := Start(ctx, c, wf, 1, WithRunID("metered-1"))
+		require.NoError(t, err)
+		outcomes = append(outcomes, h.Outcome)
+	}
+	require.Equal(t, []Outcome{OutcomeCreated, OutcomeExisting, OutcomeExisting}, outcomes)
+	h := &Handle[int]{RunID: "metered-1", client: c}
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, out)
+
+	// The run's end is counted right after its record is written, which
+	// Result may see first: wait for that one counter, then read the rest.
+	url := srv.URL + "/metrics"
+	require.Eventually(t, func() bool {
+		return sample(scrape(t, url), "jetflow_runs_finished_total", nil) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	fams := scrape(t, url)
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"jetflow_starts_total", map[string]string{"entry": "sdk", "outcome": "created", "state": "running"}, 1},
+		{"jetflow_starts_total", map[string]string{"entry": "sdk", "outcome": "existing"}, 2},
+		{"jetflow_starts_total", nil, 3},
+		{"jetflow_duplicates_suppressed_total", map[string]string{"layer": "broker"}, 2},
+		{"jetflow_duplicates_suppressed_total", nil, 2},
+		{"jetflow_steps_total", map[string]string{"workflow": "metered", "result": "committed"}, 3},
+		{"jetflow_steps_total", nil, 3},
+		{"jetflow_step_duration_seconds", map[string]string{"workflow": "metered", "step": "b"}, 1},
+		{"jetflow_step_duration_seconds", nil, 3},
+		{"jetflow_runs_finished_total", map[string]string{"workflow": "metered", "state": "completed"}, 1},
+		{"jetflow_run_duration_seconds", map[string]string{"workflow": "metered", "state": "completed"}, 1},
+		{"jetflow_redeliveries_total", nil, 0},
+		{"jetflow_max_deliveries_total", nil, 0},
+	} {
+		require.Equal(t, tc.want, sample(fams, tc.name, tc.labels), "%s%v", tc.name, tc.labels)
+	}
+	require.Len(t, effects.snapshot(), 3, "three steps ran")
+	for id, n := range effects.snapshot() {
+		require.Equal(t, 1, n, "step %s ran once", id)
+	}
+
+	// Backlog gauges are sampled from the worker's consumers; in-flight
+	// returns to zero once nothing runs.
+	require.Eventually(t, func() bool {
+		f := scrape(t, url)
+		_, sampled := f["jetflow_consumer_pending"]
+		return sampled && sample(f, "jetflow_steps_in_flight", nil) == 0
+	}, 10*time.Second, 20*time.Millisecond)
+
+	resp, err := http.Get(srv.URL + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+}
+
+// TestMetricsEntryPoints: starts are counted by the interface they came in
+// through; a gateway's WithEntryPoint labels them, and a start refused
+// before admission is counted as an error.
+func TestMetricsEntryPoints(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	wf := threeSteps("entries", newCounter())
+	env.worker(WorkerConfig{Metrics: m}, wf)
+	c := env.client() // no metrics: the worker admits StartByName starts
+	ctx := ctxT(t, 30*time.Second)
+
+	for i, e := range []EntryPoint{"", EntryHTTP, EntryWebhook} {
+		opts := []StartOption{WithRunID(fmt.Sprintf("entry-%d", i))}
+		if e != "" {
+			opts = append(opts, WithEntryPoint(e))
+		}
+		res, err := c.StartByName(ctx, "entries", json.RawMessage(`1`), opts...)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, res.Outcome)
+	}
+	_, err = c.StartByName(ctx, "entries", json.RawMessage(`"not an int"`), WithRunID("entry-bad"))
+	require.ErrorIs(t, err, ErrInvalidInput)
+
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	for entry, want := range map[string]float64{"nats": 1, "http": 1, "webhook": 1, "sdk": 0} {
+		require.Equal(t, want, sample(byName, "jetflow_starts_total", map[string]string{"entry": entry, "outcome": "created"}), entry)
+	}
+	require.Equal(t, 1.0, sample(byName, "jetflow_starts_total", map[string]string{"entry": "nats", "outcome": "error", "state": "none"}))
+}
