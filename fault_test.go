@@ -181,3 +181,74 @@ func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
 }
+
+// Worker processes are stopped with SIGTERM, one at a time at random
+// moments, while runs are started at a steady pace (30% duplicates); each
+// is replaced by a new process. A worker that gets SIGTERM stops fetching,
+// finishes its running steps, commits and acks them, and exits 0 within its
+// drain deadline. Nothing is lost, and since no process dies mid-step no
+// step runs twice: every side effect is a committed step's only attempt.
+func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	srv := httptest.NewServer(effects)
+	t.Cleanup(srv.Close)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+
+	var (
+		mu       sync.Mutex
+		children = []*exec.Cmd{startChild(t, env, "slow", srv.URL), startChild(t, env, "slow", srv.URL)}
+		drains   int
+	)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(200+rand.IntN(300)) * time.Millisecond):
+			}
+			// Start the replacement first, as a rolling update does, so
+			// that one worker is always serving.
+			replacement, err := spawnChild(t, env, "slow", srv.URL)
+			if err != nil {
+				t.Errorf("start worker process: %v", err)
+				return
+			}
+			mu.Lock()
+			i := rand.IntN(len(children))
+			victim := children[i]
+			children[i] = replacement
+			mu.Unlock()
+			_ = victim.Process.Signal(syscall.SIGTERM)
+			if err := victim.Wait(); err != nil {
+				t.Errorf("worker process after SIGTERM: %v (want a clean drain, exit 0)", err)
+			}
+			mu.Lock()
+			drains++
+			mu.Unlock()
+		}
+	}()
+
+	ledger := faultcheck.NewLedger()
+	load(t, c, crashWorkflow(srv.URL, nil), "drain", faultScale(200, 3000), 10*time.Millisecond, ledger)
+	close(stop)
+	<-done
+
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
+	require.NoError(t, writes.Stop())
+	mu.Lock()
+	t.Logf("worker drains=%d; %s", drains, v)
+	require.Positive(t, drains)
+	mu.Unlock()
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, v.Runs, v.Completed)
+	require.Equal(t, v.CommittedSteps, v.SideEffects, "a drained worker's steps must not run again elsewhere")
+	require.Zero(t, v.Reruns)
+	require.Positive(t, v.Duplicates)
+}

@@ -1,0 +1,202 @@
+package webhook
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Provider is a signature scheme.
+type Provider string
+
+// The supported schemes; see the package documentation.
+const (
+	// Standard is Standard Webhooks: webhook-id, webhook-timestamp,
+	// webhook-signature.
+	Standard Provider = "standard"
+	// GitHub is GitHub's scheme: X-GitHub-Delivery, X-Hub-Signature-256,
+	// X-GitHub-Event.
+	GitHub Provider = "github"
+	// Stripe is Stripe's scheme: Stripe-Signature (t=..,v1=..), with the
+	// event id and type in the JSON body.
+	Stripe Provider = "stripe"
+)
+
+// DefaultTolerance is the clock skew a timestamped delivery may have when
+// Source.Tolerance is zero.
+const DefaultTolerance = 5 * time.Minute
+
+// standardPrefix starts a Standard Webhooks secret.
+const standardPrefix = "whsec_"
+
+// Source is one configured webhook source: deliveries to
+// /v1/webhooks/<Name> start Workflow.
+//
+// Formatting a Source with any fmt verb, String, GoString or MarshalJSON
+// shows how many secrets it has, never what they are.
+type Source struct {
+	// Name is the URL segment and the run ID prefix: 1..64 characters of
+	// [A-Za-z0-9_-]. No source's name should be another's followed by '-',
+	// or their run IDs could meet.
+	Name     string
+	Provider Provider
+	// Workflow is the workflow started for each event.
+	Workflow string
+	// Secrets are one or more signing secrets; a delivery signed with any
+	// of them is accepted (rotation). For Standard each is "whsec_" +
+	// base64, or base64 alone.
+	Secrets []string
+	// Tolerance is the largest clock skew accepted for timestamped schemes
+	// (Standard, Stripe), DefaultTolerance when zero. GitHub has no
+	// timestamp.
+	Tolerance time.Duration
+}
+
+// Validate reports the first bad field as ErrInvalidSource, naming the
+// field (Secrets by index); the message never includes a secret.
+func (s Source) Validate() error {
+	if err := state.ValidateName(s.Name); err != nil {
+		return fmt.Errorf("%w: Name: %w", ErrInvalidSource, err)
+	}
+	switch s.Provider {
+	case Standard, GitHub, Stripe:
+	default:
+		return fmt.Errorf("%w: Provider %q is not %q, %q or %q",
+			ErrInvalidSource, clip(string(s.Provider)), Standard, GitHub, Stripe)
+	}
+	if err := state.ValidateName(s.Workflow); err != nil {
+		return fmt.Errorf("%w: Workflow: %w", ErrInvalidSource, err)
+	}
+	if len(s.Secrets) == 0 {
+		return fmt.Errorf("%w: Secrets: none given", ErrInvalidSource)
+	}
+	if _, err := s.keys(); err != nil {
+		return err
+	}
+	if s.Tolerance < 0 {
+		return fmt.Errorf("%w: Tolerance %v is negative", ErrInvalidSource, s.Tolerance)
+	}
+	return nil
+}
+
+// RunID is the run ID for ev: "<Name>-<ev.ID>". An empty event ID, or one
+// that makes an invalid run ID (a character outside [A-Za-z0-9_=-], or
+// longer than 128 bytes in all), is ErrMalformed and also matches
+// state.ErrInvalidRunID. The same source and event always give the same ID,
+// which is what makes a re-delivered event land on its first run.
+func (s Source) RunID(ev Event) (string, error) {
+	if err := state.ValidateName(s.Name); err != nil {
+		return "", fmt.Errorf("%w: Name: %w", ErrInvalidSource, err)
+	}
+	if ev.ID == "" {
+		return "", fmt.Errorf("%w: %w: empty event ID", ErrMalformed, state.ErrInvalidRunID)
+	}
+	id := s.Name + "-" + ev.ID
+	if err := state.ValidateRunID(id); err != nil {
+		return "", fmt.Errorf("%w: event ID does not fit a run ID: %w", ErrMalformed, err)
+	}
+	return id, nil
+}
+
+// tolerance is the effective Tolerance.
+func (s Source) tolerance() time.Duration {
+	if s.Tolerance == 0 {
+		return DefaultTolerance
+	}
+	return s.Tolerance
+}
+
+// keys returns the HMAC keys of s's secrets, or ErrInvalidSource naming
+// the first bad one by index.
+func (s Source) keys() ([][]byte, error) {
+	keys := make([][]byte, len(s.Secrets))
+	for i, secret := range s.Secrets {
+		key, err := s.key(secret)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Secrets[%d]: %w", ErrInvalidSource, i, err)
+		}
+		keys[i] = key
+	}
+	return keys, nil
+}
+
+// key returns the HMAC key of one of s's secrets.
+func (s Source) key(secret string) ([]byte, error) {
+	if s.Provider == Standard {
+		return standardKey(secret)
+	}
+	if secret == "" {
+		return nil, errors.New("empty")
+	}
+	return []byte(secret), nil
+}
+
+// standardKey decodes a Standard Webhooks secret: "whsec_" (optional)
+// followed by base64, padded or not. The error never quotes the secret.
+func standardKey(secret string) ([]byte, error) {
+	b64 := strings.TrimPrefix(secret, standardPrefix)
+	key, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		key, err = base64.RawStdEncoding.DecodeString(b64)
+	}
+	switch {
+	case err != nil:
+		return nil, errors.New("not base64 after the optional whsec_ prefix")
+	case len(key) == 0:
+		return nil, errors.New("empty key")
+	}
+	return key, nil
+}
+
+// String describes s with its secrets redacted.
+func (s Source) String() string {
+	return fmt.Sprintf("{Name:%s Provider:%s Workflow:%s Secrets:%s Tolerance:%v}",
+		s.Name, s.Provider, s.Workflow, redacted(len(s.Secrets)), s.Tolerance)
+}
+
+// GoString describes s in Go syntax (for %#v) with its secrets redacted.
+func (s Source) GoString() string {
+	return fmt.Sprintf("webhook.Source{Name:%q, Provider:%q, Workflow:%q, Secrets:[]string{/* %d redacted */}, Tolerance:%d}",
+		s.Name, s.Provider, s.Workflow, len(s.Secrets), int64(s.Tolerance))
+}
+
+// Format makes every fmt verb print the redacted String (GoString for %#v),
+// so no verb can print a secret.
+func (s Source) Format(f fmt.State, verb rune) {
+	if verb == 'v' && f.Flag('#') {
+		_, _ = io.WriteString(f, s.GoString())
+		return
+	}
+	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), s.String())
+}
+
+// MarshalJSON encodes s for logs with its secrets replaced by a count. The
+// result does not decode back into a Source (secrets is a string there), so
+// a logged config cannot be reloaded as one with bogus secrets.
+func (s Source) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Name      string   `json:"name"`
+		Provider  Provider `json:"provider"`
+		Workflow  string   `json:"workflow"`
+		Secrets   string   `json:"secrets"`
+		Tolerance string   `json:"tolerance"`
+	}{s.Name, s.Provider, s.Workflow, redacted(len(s.Secrets)), s.Tolerance.String()})
+}
+
+func redacted(n int) string {
+	return fmt.Sprintf("[%d redacted]", n)
+}
+
+// clip shortens a value quoted in an error message.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
