@@ -1,0 +1,76 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/jetflow/jetflow"
+)
+
+// fakeBackend records StartByName calls and answers every call with err,
+// or with a created run when err is nil.
+type fakeBackend struct {
+	err error
+
+	mu     sync.Mutex
+	starts []fakeStart
+}
+
+type fakeStart struct {
+	name  string
+	input json.RawMessage
+}
+
+func (f *fakeBackend) StartByName(_ context.Context, name string, input json.RawMessage, _ ...jetflow.StartOption) (jetflow.StartResult, error) {
+	f.mu.Lock()
+	f.starts = append(f.starts, fakeStart{name: name, input: append(json.RawMessage(nil), input...)})
+	f.mu.Unlock()
+	if f.err != nil {
+		return jetflow.StartResult{}, f.err
+	}
+	return jetflow.StartResult{RunID: "fake-run", Workflow: name, Outcome: jetflow.OutcomeCreated, Status: jetflow.StatusRunning}, nil
+}
+
+func (f *fakeBackend) GetRun(context.Context, string) (jetflow.Run, error) {
+	return jetflow.Run{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
+func (f *fakeBackend) Steps(context.Context, string) ([]jetflow.StepRecord, error) {
+	return nil, f.err
+}
+
+func (f *fakeBackend) WaitRun(context.Context, string) (jetflow.Run, error) {
+	return jetflow.Run{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
+func (f *fakeBackend) ListRuns(context.Context, jetflow.ListOptions) (jetflow.RunPage, error) {
+	return jetflow.RunPage{}, f.err
+}
+
+func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, string) (int, error) {
+	return 0, f.err
+}
+
+func (f *fakeBackend) errOr(def error) error {
+	if f.err != nil {
+		return f.err
+	}
+	return def
+}
+
+func (f *fakeBackend) startCalls() []fakeStart {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeStart(nil), f.starts...)
+}
+
+// newTestServer serves h until t ends.
+func newTestServer(t *testing.T, h http.Handler) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}

@@ -1,0 +1,234 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/webhook"
+)
+
+func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
+
+// echoIn is the input of the test workflows.
+type echoIn struct {
+	N     int  `json:"n"`
+	Block bool `json:"block,omitempty"`
+}
+
+// Webhook test sources: one per provider, each starting "hook".
+var (
+	standardSecret = "whsec_" + "dGVzdC1zZWNyZXQtc3RhbmRhcmQtMDEyMzQ1Njc4OQ=="
+	githubSecret   = "gh-test-secret"
+	stripeSecret   = "whsec_stripe_test_secret"
+	testSources    = []webhook.Source{
+		{Name: "std", Provider: webhook.Standard, Workflow: "hook", Secrets: []string{standardSecret}},
+		{Name: "gh", Provider: webhook.GitHub, Workflow: "hook", Secrets: []string{githubSecret}},
+		{Name: "stripe", Provider: webhook.Stripe, Workflow: "hook", Secrets: []string{stripeSecret}},
+	}
+	// testNow is the webhook clock of every test server.
+	testNow = time.Unix(1_700_000_000, 0).UTC()
+)
+
+// bundle is one test's embedded NATS server, worker, client and API.
+type bundle struct {
+	t      *testing.T
+	client *jetflow.Client
+	srv    *httptest.Server
+	// release lets every blocked run finish (idempotent).
+	release func()
+	// sends counts the runs of the "mailer" step.
+	sends atomic.Int64
+	// observed collects what Config.Observe was told.
+	mu       sync.Mutex
+	observed []observation
+	// observedCh receives each observation as it is made.
+	observedCh chan observation
+}
+
+type observation struct {
+	route string
+	code  int
+}
+
+// setup starts an embedded NATS server, a worker serving the test
+// workflows, and the API on an httptest server; edit changes the API's
+// config. Everything stops when t ends.
+//
+// Workflows: "echo" (echoIn -> n*2 via one step; blocks until release
+// when Block), "reject" (as echo, but a duplicate while running is
+// rejected), "keyed" (as echo, requires an Idempotency-Key), "fails"
+// (fails at once), "hook" (any JSON, for webhooks) and "mailer" (a step
+// with the global task key given as input, counted in sends).
+func setup(t *testing.T, edit ...func(*Config)) *bundle {
+	t.Helper()
+	b := &bundle{t: t, observedCh: make(chan observation, 256)}
+	ns := testenv.Server(t)
+	gate := make(chan struct{})
+	var once sync.Once
+	b.release = func() { once.Do(func() { close(gate) }) }
+
+	echo := func(ctx *jetflow.Context, in echoIn) (int, error) {
+		return jetflow.Step(ctx, "double", func(ctx context.Context) (int, error) {
+			if in.Block {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			return in.N * 2, nil
+		})
+	}
+	ws := jetflow.NewWorkers()
+	require.NoError(t, ws.Add(
+		jetflow.NewWorkflow("echo", echo),
+		jetflow.NewWorkflow("reject", echo, jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.RejectWhileRunning})),
+		jetflow.NewWorkflow("keyed", echo, jetflow.RequireRunID()),
+		jetflow.NewWorkflow("fails", func(*jetflow.Context, echoIn) (int, error) { return 0, errors.New("it failed") }),
+		jetflow.NewWorkflow("hook", func(*jetflow.Context, json.RawMessage) (bool, error) { return true, nil }),
+		jetflow.NewWorkflow("mailer", func(ctx *jetflow.Context, key string) (int64, error) {
+			return jetflow.Step(ctx, "send", func(context.Context) (int64, error) { return b.sends.Add(1), nil },
+				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
+		}),
+	))
+	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	t.Cleanup(b.release) // runs before the worker stops: blocked steps finish
+
+	b.client, err = jetflow.NewClient(ctxT(t, 10*time.Second), testenv.Conn(t, ns), jetflow.ClientConfig{})
+	require.NoError(t, err)
+	cfg := Config{
+		Backend: b.client,
+		Sources: testSources,
+		Now:     func() time.Time { return testNow },
+		Logger:  testenv.Logger(t),
+		Observe: b.observe,
+	}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := New(cfg)
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(s)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// observe records an observation and checks that it names a route of the
+// table (never a raw path) and a status code openapi.yaml documents for it.
+func (b *bundle) observe(route string, code int, _ time.Duration) {
+	b.mu.Lock()
+	b.observed = append(b.observed, observation{route, code})
+	b.mu.Unlock()
+	select {
+	case b.observedCh <- observation{route, code}:
+	default:
+	}
+	if route == unmatched || code == statusClientClosed {
+		return
+	}
+	codes, ok := documentedCodes(b.t)[route]
+	if !ok {
+		b.t.Errorf("Observe got route %q, which is not in the route table", route)
+		return
+	}
+	if !codes[fmt.Sprint(code)] {
+		b.t.Errorf("route %s answered %d, which openapi.yaml does not document", route, code)
+	}
+}
+
+// response is an answer read in full.
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+// json decodes the body into v.
+func (r response) json(t *testing.T, v any) {
+	t.Helper()
+	require.NoError(t, json.Unmarshal(r.body, v), "body: %s", r.body)
+}
+
+// problem decodes a problem body, checking its content type and status.
+func (r response) problem(t *testing.T) Problem {
+	t.Helper()
+	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"), "body: %s", r.body)
+	var p Problem
+	r.json(t, &p)
+	require.Equal(t, r.code, p.Status)
+	require.NotEmpty(t, p.Title)
+	require.NotEmpty(t, p.Type)
+	return p
+}
+
+// do sends a request to the API; header holds extra headers (a nil value
+// deletes one), body is sent as is.
+func (b *bundle) do(method, path string, header http.Header, body string) response {
+	b.t.Helper()
+	return doCtx(b.t, ctxT(b.t, 30*time.Second), b.srv, method, path, header, body)
+}
+
+func doCtx(t *testing.T, ctx context.Context, srv *httptest.Server, method, path string, header http.Header, body string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, rd)
+	require.NoError(t, err)
+	for k, vs := range header {
+		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	res, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return response{code: res.StatusCode, header: res.Header, body: data}
+}
+
+// post starts a run of workflow with input under key ("" for none).
+func (b *bundle) post(workflow, key, input string) response {
+	b.t.Helper()
+	h := http.Header{"Content-Type": {"application/json"}}
+	if key != "" {
+		h.Set(HeaderIdempotencyKey, key)
+	}
+	return b.do(http.MethodPost, "/v1/workflows/"+workflow+"/runs", h, input)
+}
+
+// waitDone waits until the run has ended, through the API.
+func (b *bundle) waitDone(runID string) response {
+	b.t.Helper()
+	res := b.do(http.MethodGet, "/v1/runs/"+runID+"/result?wait=20s", nil, "")
+	require.Equal(b.t, http.StatusOK, res.code, "body: %s", res.body)
+	return res
+}
+
+// ctxT is a context bounded by d and by the test's end.
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

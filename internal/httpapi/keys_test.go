@@ -1,0 +1,55 @@
+package httpapi
+
+import (
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// DELETE /v1/idempotency-keys/{key} forgets a task key: the next step call
+// with it runs again; a repeat reset deletes nothing.
+func TestResetTaskKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const key = "welcome/u1" // a slash, sent as %2F
+	path := "/v1/idempotency-keys/" + url.PathEscape(key) + "?scope=global"
+
+	require.Equal(t, http.StatusCreated, b.post("mailer", "mail-1", `"`+key+`"`).code)
+	b.waitDone("mail-1")
+	require.Equal(t, http.StatusCreated, b.post("mailer", "mail-2", `"`+key+`"`).code)
+	b.waitDone("mail-2")
+	require.EqualValues(t, 1, b.sends.Load(), "the second run was served from the key")
+
+	res := b.do(http.MethodDelete, path, nil, "")
+	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+	var out KeyReset
+	res.json(t, &out)
+	require.Equal(t, KeyReset{Key: key, Scope: "global", Deleted: 1}, out)
+
+	res = b.do(http.MethodDelete, path, nil, "")
+	require.Equal(t, http.StatusOK, res.code)
+	res.json(t, &out)
+	require.Equal(t, 0, out.Deleted, "a repeat deletes nothing")
+
+	require.Equal(t, http.StatusCreated, b.post("mailer", "mail-3", `"`+key+`"`).code)
+	b.waitDone("mail-3")
+	require.EqualValues(t, 2, b.sends.Load(), "after the reset the step ran again")
+
+	res = b.do(http.MethodDelete, "/v1/idempotency-keys/k?scope=workflow&workflow=mailer", nil, "")
+	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+	res.json(t, &out)
+	require.Equal(t, KeyReset{Key: "k", Scope: "workflow", Workflow: "mailer"}, out)
+	res = b.do(http.MethodDelete, "/v1/idempotency-keys/k?scope=run&run_id=mail-1", nil, "")
+	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+
+	for _, q := range []string{
+		"", "scope=everything", "scope=workflow", "scope=run", "scope=global&workflow=mailer",
+		"scope=run&run_id=bad%20id", "scope=workflow&workflow=a.b", "scope=run&run_id=r&workflow=w",
+	} {
+		res := b.do(http.MethodDelete, "/v1/idempotency-keys/k?"+q, nil, "")
+		require.Equal(t, http.StatusBadRequest, res.code, q)
+		res.problem(t)
+	}
+}

@@ -1,0 +1,122 @@
+package httpapi
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+// openapiDoc is the part of openapi.yaml the tests read.
+type openapiDoc struct {
+	OpenAPI string                                 `yaml:"openapi"`
+	Paths   map[string]map[string]openapiOperation `yaml:"paths"`
+}
+
+type openapiOperation struct {
+	Responses map[string]any `yaml:"responses"`
+	Security  *[]any         `yaml:"security"`
+}
+
+var parseOpenAPI = sync.OnceValues(func() (openapiDoc, error) {
+	var doc openapiDoc
+	err := yaml.Unmarshal(openapiYAML, &doc)
+	return doc, err
+})
+
+// documentedCodes maps each route pattern openapi.yaml documents to the
+// set of status codes it documents for it.
+func documentedCodes(t testing.TB) map[string]map[string]bool {
+	t.Helper()
+	doc, err := parseOpenAPI()
+	require.NoError(t, err)
+	out := make(map[string]map[string]bool)
+	for path, ops := range doc.Paths {
+		for method, op := range ops {
+			codes := make(map[string]bool)
+			for code := range op.Responses {
+				codes[code] = true
+			}
+			out[strings.ToUpper(method)+" "+path] = codes
+		}
+	}
+	return out
+}
+
+// The document describes exactly the routes the server registers.
+func TestOpenAPIMatchesRouteTable(t *testing.T) {
+	t.Parallel()
+	doc, err := parseOpenAPI()
+	require.NoError(t, err)
+	require.Equal(t, "3.1.0", doc.OpenAPI)
+	var documented, served []string
+	for pattern := range documentedCodes(t) {
+		documented = append(documented, pattern)
+	}
+	for _, rt := range routes {
+		served = append(served, rt.pattern())
+	}
+	slices.Sort(documented)
+	slices.Sort(served)
+	require.Equal(t, served, documented)
+
+	// Public routes say so; the others inherit the bearer scheme.
+	for _, rt := range routes {
+		op := doc.Paths[rt.path][strings.ToLower(rt.method)]
+		if rt.public {
+			require.NotNil(t, op.Security, rt.pattern())
+			require.Empty(t, *op.Security, "%s is public", rt.pattern())
+		} else {
+			require.Nil(t, op.Security, "%s needs the bearer token", rt.pattern())
+		}
+	}
+}
+
+// Every route documents the codes it can answer (the tests also check
+// every code they observe, in bundle.observe).
+func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
+	t.Parallel()
+	common := []int{http.StatusUnauthorized, http.StatusInternalServerError, http.StatusServiceUnavailable, http.StatusGatewayTimeout}
+	want := map[string][]int{
+		"POST /v1/workflows/{name}/runs":    append([]int{201, 400, 404, 409, 413, 415, 422}, common...),
+		"GET /v1/runs":                      append([]int{200, 400}, common...),
+		"GET /v1/runs/{id}":                 append([]int{200, 400, 404}, common...),
+		"GET /v1/runs/{id}/result":          append([]int{200, 202, 400, 404}, common...),
+		"DELETE /v1/idempotency-keys/{key}": append([]int{200, 400}, common...),
+		"POST /v1/webhooks/{source}":        {202, 400, 401, 404, 409, 413, 422, 500, 503, 504},
+		"GET /v1/openapi.yaml":              {200},
+	}
+	got := documentedCodes(t)
+	require.Len(t, want, len(routes))
+	for pattern, codes := range want {
+		for _, c := range codes {
+			require.True(t, got[pattern][strconv.Itoa(c)], "%s does not document %d", pattern, c)
+		}
+	}
+	// Every error status the handlers map to is documented somewhere.
+	for _, e := range errorStatuses {
+		found := false
+		for _, codes := range got {
+			found = found || codes[strconv.Itoa(e.status)]
+		}
+		require.True(t, found, "status %d (for %v) is documented nowhere", e.status, e.err)
+	}
+}
+
+func TestServeOpenAPI(t *testing.T) {
+	t.Parallel()
+	s, err := New(Config{Backend: &fakeBackend{}, Tokens: []string{"secret-token"}})
+	require.NoError(t, err)
+	srv := newTestServer(t, s)
+	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodGet, "/v1/openapi.yaml", nil, "")
+	require.Equal(t, http.StatusOK, res.code, "public: no token needed")
+	require.Equal(t, "application/yaml", res.header.Get("Content-Type"))
+	require.Equal(t, openapiYAML, res.body)
+	require.Equal(t, openapiYAML, OpenAPI())
+}

@@ -1,0 +1,147 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/view"
+)
+
+// getRun is GET /v1/runs/{id}: the run and its committed steps.
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := state.ValidateRunID(id); err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	run, err := s.cfg.Backend.GetRun(ctx, id)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
+	steps, err := s.cfg.Backend.Steps(ctx, id)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
+	w.Header().Set(HeaderRunStatus, string(run.Status))
+	writeJSON(w, http.StatusOK, "application/json", view.NewRunWithSteps(run, steps))
+}
+
+// result is GET /v1/runs/{id}/result?wait=30s: 200 with the run once it
+// has ended, otherwise, after waiting up to wait for it to end, 202 with
+// its current state and Retry-After.
+func (s *Server) result(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := state.ValidateRunID(id); err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	wait, err := parseWait(r.URL.Query().Get("wait"))
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
+	run, err := s.readRun(r, id)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
+	if !run.Status.Terminal() && wait > 0 {
+		run, err = s.waitRun(r, id, wait)
+		if err != nil {
+			s.fail(w, r, id, err)
+			return
+		}
+	}
+	w.Header().Set(HeaderRunStatus, string(run.Status))
+	if !run.Status.Terminal() {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusAccepted, "application/json", view.NewRun(run))
+		return
+	}
+	writeJSON(w, http.StatusOK, "application/json", view.NewRun(run))
+}
+
+// readRun reads the run within the request timeout.
+func (s *Server) readRun(r *http.Request, id string) (jetflow.Run, error) {
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	return s.cfg.Backend.GetRun(ctx, id)
+}
+
+// waitRun waits up to wait for the run to end, and returns it as it is
+// then. It stops early, with the context's error, when the client goes
+// away.
+func (s *Server) waitRun(r *http.Request, id string, wait time.Duration) (jetflow.Run, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	run, err := s.cfg.Backend.WaitRun(ctx, id)
+	if err == nil || r.Context().Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		return run, err
+	}
+	return s.readRun(r, id) // the wait is over: the run as it is now
+}
+
+// parseWait reads the wait parameter: a Go duration ("30s", "1m") or whole
+// seconds ("30"), from 0 (the default: answer at once) to MaxWait.
+func parseWait(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, aerr := strconv.Atoi(v)
+		if aerr != nil {
+			return 0, fmt.Errorf("%w: wait %q is not a duration such as 30s", errBadRequest, clip(v))
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d < 0 || d > MaxWait {
+		return 0, fmt.Errorf("%w: wait %q is outside 0s..%s", errBadRequest, clip(v), MaxWait)
+	}
+	return d, nil
+}
+
+// listRuns is GET /v1/runs?workflow=&status=&limit=&cursor=: one page of
+// runs in run ID order.
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	opts := jetflow.ListOptions{Workflow: q.Get("workflow"), Status: jetflow.RunStatus(q.Get("status")), After: q.Get("cursor")}
+	if opts.Status != "" && !state.Status(opts.Status).Valid() {
+		s.fail(w, r, "", fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", errBadRequest, clip(string(opts.Status))))
+		return
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > jetflow.MaxListLimit {
+			s.fail(w, r, "", fmt.Errorf("%w: limit %q: want 1..%d", errBadRequest, clip(v), jetflow.MaxListLimit))
+			return
+		}
+		opts.Limit = n
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	page, err := s.cfg.Backend.ListRuns(ctx, opts)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, "application/json", view.NewRunPage(page))
+}
+
+// clip shortens a caller's value for an error message.
+func clip(v string) string {
+	if len(v) > 64 {
+		return v[:64] + "..."
+	}
+	return v
+}

@@ -1,0 +1,135 @@
+package httpapi
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/webhook"
+)
+
+// delivery is one webhook request: the provider's headers and body.
+type delivery struct {
+	header http.Header
+	body   string
+}
+
+// signed returns a delivery of event id with body, signed by the
+// provider of src at ts.
+func signed(src webhook.Source, id string, ts time.Time, body string) delivery {
+	h := webhook.Sign(src.Provider, src.Secrets[0], id, ts, []byte(body))
+	h.Set("Content-Type", "application/json")
+	return delivery{header: h, body: body}
+}
+
+func (b *bundle) deliver(source string, d delivery) response {
+	b.t.Helper()
+	return b.do(http.MethodPost, "/v1/webhooks/"+source, d.header, d.body)
+}
+
+// requireNoRun fails unless no run has runID.
+func (b *bundle) requireNoRun(runID string) {
+	b.t.Helper()
+	_, err := b.client.GetRun(ctxT(b.t, 10*time.Second), runID)
+	require.ErrorIs(b.t, err, jetflow.ErrRunNotFound, "a rejected delivery started run %s", runID)
+}
+
+// For each provider: a valid delivery starts the source's workflow under
+// "<source>-<event id>"; a tampered or stale one is 401 and starts
+// nothing; a re-delivery, re-signed later or with another header, lands on
+// the same run.
+func TestWebhookDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, src := range testSources {
+		{
+			t.Logf("provider %s", src.Provider)
+			event := func(id string) (string, string) { // event ID, body
+				return id, `{"id":"` + id + `","type":"invoice.paid","amount":100}`
+			}
+			id, body := event("evt_ok_1")
+			wantRun := src.Name + "-" + id
+
+			res := b.deliver(src.Name, signed(src, id, testNow, body))
+			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+			var acc WebhookAccepted
+			res.json(t, &acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "created"}, acc)
+			require.Equal(t, "created", res.header.Get(HeaderOutcome))
+
+			run, err := b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
+			require.NoError(t, err)
+			require.Equal(t, "hook", run.Workflow)
+			require.Equal(t, "webhook:"+src.Name, run.Source)
+			require.JSONEq(t, body, string(run.Input))
+
+			// The provider re-delivers the event, signed anew a minute later
+			// (and, for GitHub, with the event header this time).
+			again := signed(src, id, testNow.Add(time.Minute), body)
+			again.header.Set("X-GitHub-Event", "invoice")
+			res = b.deliver(src.Name, again)
+			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+			res.json(t, &acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "existing"}, acc)
+
+			// Tampered: the body changed after signing.
+			id, body = event("evt_tampered_1")
+			d := signed(src, id, testNow, body)
+			d.body = strings.Replace(d.body, "100", "999", 1)
+			res = b.deliver(src.Name, d)
+			require.Equal(t, http.StatusUnauthorized, res.code, "body: %s", res.body)
+			require.Contains(t, res.problem(t).Detail, "signature")
+			b.requireNoRun(src.Name + "-" + id)
+
+			// Signed with another secret.
+			other := src
+			other.Secrets = []string{"whsec_" + "b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="}
+			res = b.deliver(src.Name, signed(other, id, testNow, body))
+			require.Equal(t, http.StatusUnauthorized, res.code, "body: %s", res.body)
+			b.requireNoRun(src.Name + "-" + id)
+
+			if src.Provider != webhook.GitHub { // GitHub signs no timestamp
+				id, body = event("evt_stale_1")
+				res = b.deliver(src.Name, signed(src, id, testNow.Add(-10*time.Minute), body))
+				require.Equal(t, http.StatusUnauthorized, res.code, "body: %s", res.body)
+				b.requireNoRun(src.Name + "-" + id)
+			}
+
+			// Unsigned.
+			res = b.deliver(src.Name, delivery{header: http.Header{"Content-Type": {"application/json"}}, body: body})
+			require.Equal(t, http.StatusUnauthorized, res.code, "body: %s", res.body)
+		}
+	}
+
+	res := b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
+	require.Equal(t, http.StatusNotFound, res.code)
+	res.problem(t)
+
+	// Malformed: a Stripe body without an event id.
+	res = b.deliver("stripe", signed(testSources[2], "", testNow, `{"type":"x"}`))
+	require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+	res.problem(t)
+
+	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook"})
+	require.NoError(t, err)
+	require.Len(t, page.Runs, len(testSources), "one run per provider's valid event, nothing else")
+}
+
+// A source set is checked when the server is made.
+func TestNewRefusesBadSources(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{Backend: &fakeBackend{}, Sources: []webhook.Source{testSources[0], testSources[0]}})
+	require.ErrorContains(t, err, "twice")
+	bad := testSources[1]
+	bad.Secrets = nil
+	_, err = New(Config{Backend: &fakeBackend{}, Sources: []webhook.Source{bad}})
+	require.ErrorIs(t, err, webhook.ErrInvalidSource)
+	_, err = New(Config{})
+	require.Error(t, err)
+	_, err = New(Config{Backend: &fakeBackend{}, Tokens: []string{" "}})
+	require.Error(t, err)
+}
