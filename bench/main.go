@@ -42,7 +42,7 @@ type config struct {
 	phases      map[string]bool
 }
 
-var allPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey"}
+var allPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
 
 func parseFlags() (config, error) {
 	var c config
@@ -239,6 +239,13 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(d) + " distinct/s, " + num(dup) + " duplicate/s", err
 		})
+		step("http", rep, func() (string, error) {
+			f, err := engineHTTP(ctx, e, cfg, rep)
+			if err == nil {
+				httpResults = append(httpResults, f)
+			}
+			return num(f.httpDistinct) + " distinct/s, " + num(f.httpDup) + " duplicate/s over HTTP", err
+		})
 		step("taskkey", rep, func() (string, error) {
 			f, err := engineTaskKey(ctx, e, cfg, rep)
 			if err == nil {
@@ -251,6 +258,7 @@ func run(ctx context.Context, cfg config) error {
 
 	printReport(os.Stdout, res)
 	printTaskKeyReport(os.Stdout, res)
+	printHTTPReport(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}
