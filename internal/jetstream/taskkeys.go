@@ -143,8 +143,18 @@ func (t *TaskKeys) Release(ctx context.Context, key string, rev uint64) error {
 }
 
 // Reset removes every key matching filter, whatever it holds, and returns
-// how many it removed.
+// how many it removed. Before the bucket exists (no keyed step ever ran)
+// there is nothing to remove: it returns 0 without creating the bucket, so
+// a user that may not create it can still reset.
 func (t *TaskKeys) Reset(ctx context.Context, filter string) (int, error) {
+	t.mu.Lock()
+	bound := t.kv != nil
+	t.mu.Unlock()
+	if !bound {
+		if _, err := t.js.Stream(ctx, "KV_"+TaskKeysBucket); errors.Is(err, natsjs.ErrStreamNotFound) {
+			return 0, nil
+		}
+	}
 	kv, _, err := t.bind(ctx)
 	if err != nil {
 		return 0, err
