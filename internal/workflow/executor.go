@@ -106,7 +106,11 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.settleErr(msg.TermWithReason("malformed task: "+err.Error()), "term")
 		return
 	}
-	log := e.log.With().Str("run_id", task.RunID).Str("workflow", task.Workflow).Logger()
+	lc := e.log.With().Str("run_id", task.RunID).Str("workflow", task.Workflow)
+	if task.StepID != "" {
+		lc = lc.Str("step_id", task.StepID)
+	}
+	log := lc.Uint64("delivered", meta.NumDelivered).Logger()
 	if meta.NumDelivered > 1 {
 		e.cfg.Metrics.Redelivered(task.Workflow)
 	}
@@ -181,7 +185,7 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 	switch s.kind {
 	case settleDispatch:
 		if err := e.dispatch(ctx, c, s.stepID); err != nil {
-			log.Warn().Err(err).Str("step_id", s.stepID).Msg("cannot publish next task; releasing")
+			log.Warn().Err(err).Str("next_step_id", s.stepID).Msg("cannot publish next task; releasing")
 			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
