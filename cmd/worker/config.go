@@ -5,24 +5,36 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	conf "github.com/jetflow/jetflow/internal/config"
+	"github.com/jetflow/jetflow/internal/natsconn"
 )
 
-// config is the worker's configuration. Every flag falls back to an
-// environment variable named after it: --ack-wait reads JETFLOW_ACK_WAIT.
-// A flag given on the command line wins over the environment.
+// errConfigPrinted is parseConfig's answer to --print-config: the
+// configuration was printed and the worker should exit without running.
+var errConfigPrinted = errors.New("configuration printed")
+
+// config is the worker's configuration. Every flag takes its value from the
+// command line, else from an environment variable named after it
+// (--ack-wait reads JETFLOW_ACK_WAIT), else from the YAML file named by
+// --config or JETFLOW_CONFIG, else from its default (package
+// internal/config).
 type config struct {
-	NatsURL      string
+	NATS         natsconn.Options
 	DataDir      string
 	Host         string
 	Port         int
 	SyncAlways   bool
+	Replicas     int
 	Concurrency  int
 	AckWait      time.Duration
 	DrainTimeout time.Duration
+	OpsAddr      string
 	LogFormat    string
 	LogLevel     zerolog.Level
 	PaymentsAddr string
@@ -30,63 +42,66 @@ type config struct {
 }
 
 // embedded reports whether the worker runs its own NATS server.
-func (c config) embedded() bool { return c.NatsURL == "" }
+func (c config) embedded() bool { return c.NATS.URL == "" }
 
-// envName is the environment variable a flag falls back to.
-func envName(flagName string) string {
-	return "JETFLOW_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
+const usageHead = `Usage: worker [flags]
 
-// parseConfig reads args (without the program name), then the environment
-// through getenv for every flag not given. stderrIsTerminal picks the
-// default log format. A bad value is reported with the flag's name.
-func parseConfig(args []string, getenv func(string) string, stderrIsTerminal bool, usage io.Writer) (config, error) {
+Runs the jetflow example workflows. With no --nats-url it starts an embedded
+NATS server with JetStream; with --nats-url it joins an existing deployment.
+
+Each flag is taken from, in order: the command line; the environment variable
+JETFLOW_<FLAG> (e.g. JETFLOW_NATS_URL, JETFLOW_ACK_WAIT); the YAML file named
+by --config or JETFLOW_CONFIG, whose keys are flag names (ack-wait: 30s);
+the default. --print-config prints the result as such a file, secrets
+redacted.
+
+Flags:
+`
+
+// parseConfig reads args (without the program name), the environment
+// through getenv and the config file, and validates the result.
+// stderrIsTerminal picks the default log format. Usage and -h go to usage.
+// With --print-config it prints the configuration to stdout and returns
+// errConfigPrinted. A bad value is reported with the flag's name and where
+// the value came from.
+func parseConfig(args []string, getenv func(string) string, stderrIsTerminal bool, stdout, usage io.Writer) (config, error) {
 	var (
-		c        config
-		logLevel string
+		c           config
+		logLevel    string
+		printConfig bool
 	)
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(usage)
-	fs.StringVar(&c.NatsURL, "nats-url", "", "NATS server to connect to; empty starts an embedded server")
+	natsconn.Register(fs, &c.NATS)
+	fs.Lookup(natsconn.FlagURL).Usage = "NATS server `URL`s, comma-separated; empty starts an embedded server. " +
+		"The other --nats-* flags need it"
 	fs.StringVar(&c.DataDir, "data-dir", "./jetflow-data", "embedded server: JetStream file store directory")
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "embedded server: address to listen on")
 	fs.IntVar(&c.Port, "port", 4222, "embedded server: port to listen on (-1 for a random one)")
 	fs.BoolVar(&c.SyncAlways, "sync-always", false, "embedded server: fsync every write (survives an OS crash, much slower)")
+	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of the engine's streams and buckets: 1, or 3 on a three-node cluster (needs --nats-url)")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "how many steps run at once")
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "how long before a crashed worker's step is redelivered")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running steps may take to finish")
+	fs.StringVar(&c.OpsAddr, "ops-addr", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&c.LogFormat, "log-format", "", "json or console (default console on a terminal, json otherwise)")
 	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.StringVar(&c.PaymentsAddr, "payments-addr", "127.0.0.1:0", "example payment service: address to listen on")
 	fs.BoolVar(&c.FlakyCharge, "flaky-charge", false, "example order workflow: lose the payment service's first response, to show a safe retry")
+	fs.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets redacted) and exit")
+	conf.CommandLineOnly(fs, "print-config")
 	fs.Usage = func() {
-		fmt.Fprintf(usage, "Usage: worker [flags]\n\nRuns the jetflow example workflows. Every flag falls back to JETFLOW_<FLAG>, e.g. JETFLOW_NATS_URL.\n\n")
+		fmt.Fprint(usage, usageHead)
 		fs.PrintDefaults()
 	}
 
-	if err := fs.Parse(args); err != nil {
+	origins, err := conf.Load(fs, args, getenv)
+	if err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	given := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || envErr != nil {
-			return
-		}
-		if v := getenv(envName(f.Name)); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("invalid value %q for --%s (from %s): %w", v, f.Name, envName(f.Name), err)
-			}
-		}
-	})
-	if envErr != nil {
-		return config{}, envErr
-	}
-
 	if c.LogFormat == "" {
 		c.LogFormat = "json"
 		if stderrIsTerminal {
@@ -95,26 +110,66 @@ func parseConfig(args []string, getenv func(string) string, stderrIsTerminal boo
 	}
 	lvl, err := zerolog.ParseLevel(logLevel)
 	if err != nil || logLevel == "" {
-		return config{}, fmt.Errorf("invalid value %q for --log-level: want trace, debug, info, warn or error", logLevel)
+		return config{}, fmt.Errorf("invalid value %q for %s: want trace, debug, info, warn or error", logLevel, origins.Flag("log-level"))
 	}
 	c.LogLevel = lvl
-	return c, c.validate()
+	if err := c.validate(origins); err != nil {
+		return config{}, err
+	}
+	if printConfig {
+		if err := conf.Print(stdout, fs, origins); err != nil {
+			return config{}, fmt.Errorf("print config: %w", err)
+		}
+		return c, errConfigPrinted
+	}
+	return c, nil
 }
 
-func (c config) validate() error {
+// validate names the first bad setting and where its value came from.
+func (c config) validate(o conf.Origins) error {
 	switch {
 	case c.LogFormat != "json" && c.LogFormat != "console":
-		return fmt.Errorf("invalid value %q for --log-format: want json or console", c.LogFormat)
+		return fmt.Errorf("invalid value %q for %s: want json or console", c.LogFormat, o.Flag("log-format"))
 	case c.Concurrency < 1:
-		return fmt.Errorf("invalid value %d for --concurrency: must be at least 1", c.Concurrency)
+		return fmt.Errorf("invalid value %d for %s: must be at least 1", c.Concurrency, o.Flag("concurrency"))
 	case c.AckWait < 100*time.Millisecond:
-		return fmt.Errorf("invalid value %s for --ack-wait: must be at least 100ms", c.AckWait)
+		return fmt.Errorf("invalid value %s for %s: must be at least 100ms", c.AckWait, o.Flag("ack-wait"))
 	case c.DrainTimeout <= 0:
-		return fmt.Errorf("invalid value %s for --drain-timeout: must be positive", c.DrainTimeout)
-	case c.embedded() && c.DataDir == "":
-		return errors.New("invalid value \"\" for --data-dir: required when --nats-url is not set")
-	case c.embedded() && (c.Port < -1 || c.Port == 0 || c.Port > 65535):
-		return fmt.Errorf("invalid value %d for --port: want 1..65535, or -1 for a random port", c.Port)
+		return fmt.Errorf("invalid value %s for %s: must be positive", c.DrainTimeout, o.Flag("drain-timeout"))
+	case c.Replicas != 1 && c.Replicas != 3:
+		return fmt.Errorf("invalid value %d for %s: want 1, or 3 on a three-node cluster", c.Replicas, o.Flag("replicas"))
+	}
+	if err := checkAddr(c.OpsAddr); err != nil {
+		return fmt.Errorf("invalid value %q for %s: %w", c.OpsAddr, o.Flag("ops-addr"), err)
+	}
+	if !c.embedded() {
+		return c.NATS.Validate()
+	}
+	if set := c.NATS.SecurityFlags(); len(set) > 0 {
+		return fmt.Errorf("%s requires --nats-url: the embedded server has no authentication or TLS", o.Flag(set[0]))
+	}
+	switch {
+	case c.Replicas != 1:
+		return fmt.Errorf("invalid value %d for %s: the embedded server is a single node; use --nats-url with a three-node cluster", c.Replicas, o.Flag("replicas"))
+	case c.DataDir == "":
+		return fmt.Errorf("invalid value \"\" for %s: required when --nats-url is not set", o.Flag("data-dir"))
+	case c.Port < -1 || c.Port == 0 || c.Port > 65535:
+		return fmt.Errorf("invalid value %d for %s: want 1..65535, or -1 for a random port", c.Port, o.Flag("port"))
+	}
+	return nil
+}
+
+// checkAddr accepts "" (disabled) or host:port with a port in 0..65535.
+func checkAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errors.New("want host:port, or empty to disable")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return errors.New("want a port number 0..65535")
 	}
 	return nil
 }

@@ -1,70 +1,124 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+
+	conf "github.com/jetflow/jetflow/internal/config"
+	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 func env(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
 }
 
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "worker.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}
+
 func TestParseConfigDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := parseConfig(nil, env(nil), false, io.Discard)
+	c, err := parseConfig(nil, env(nil), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, config{
-		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Concurrency: 64,
-		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, LogFormat: "json",
+		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, Concurrency: 64,
+		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, OpsAddr: "127.0.0.1:8081", LogFormat: "json",
 		LogLevel: zerolog.InfoLevel, PaymentsAddr: "127.0.0.1:0",
 	}, c)
 	require.True(t, c.embedded())
 
-	c, err = parseConfig(nil, env(nil), true, io.Discard)
+	c, err = parseConfig(nil, env(nil), true, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, "console", c.LogFormat, "console on a terminal")
 }
 
 func TestParseConfigEnvFallback(t *testing.T) {
 	t.Parallel()
+	ca := testenv.GenerateCerts(t).CAFile
 	vars := map[string]string{
 		"JETFLOW_NATS_URL":      "nats://nats-1:4222",
+		"JETFLOW_NATS_USER":     "app",
+		"JETFLOW_NATS_PASSWORD": "pw",
+		"JETFLOW_NATS_TLS_CA":   ca,
 		"JETFLOW_DATA_DIR":      "/var/lib/jetflow",
 		"JETFLOW_PORT":          "4333",
+		"JETFLOW_REPLICAS":      "3",
 		"JETFLOW_CONCURRENCY":   "8",
 		"JETFLOW_ACK_WAIT":      "10s",
 		"JETFLOW_DRAIN_TIMEOUT": "1m",
+		"JETFLOW_OPS_ADDR":      ":9090",
 		"JETFLOW_SYNC_ALWAYS":   "true",
 		"JETFLOW_LOG_FORMAT":    "console",
 		"JETFLOW_LOG_LEVEL":     "debug",
 		"JETFLOW_FLAKY_CHARGE":  "1",
 	}
-	c, err := parseConfig(nil, env(vars), false, io.Discard)
+	c, err := parseConfig(nil, env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, config{
-		NatsURL: "nats://nats-1:4222", DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333,
-		SyncAlways: true, Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute,
+		NATS:    natsconn.Options{URL: "nats://nats-1:4222", User: "app", Password: "pw", TLSCA: ca},
+		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
+		Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
 		LogFormat: "console", LogLevel: zerolog.DebugLevel, PaymentsAddr: "127.0.0.1:0", FlakyCharge: true,
 	}, c)
 	require.False(t, c.embedded())
 
 	// A flag wins over the environment.
-	c, err = parseConfig([]string{"--concurrency", "3", "--nats-url=", "--sync-always=false"}, env(vars), false, io.Discard)
+	c, err = parseConfig([]string{"--concurrency", "3", "--nats-url", "nats://other:4222", "--sync-always=false", "--ops-addr="},
+		env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, 3, c.Concurrency)
-	require.True(t, c.embedded())
+	require.Equal(t, "nats://other:4222", c.NATS.URL)
 	require.False(t, c.SyncAlways)
+	require.Empty(t, c.OpsAddr, "empty disables the operations server")
 	require.Equal(t, 10*time.Second, c.AckWait, "the rest still comes from the environment")
+}
+
+// TestParseConfigFilePrecedence: defaults < config file < environment <
+// flags, with the file named by --config or JETFLOW_CONFIG.
+func TestParseConfigFilePrecedence(t *testing.T) {
+	t.Parallel()
+	path := writeConfig(t, `# worker settings
+nats-url: nats://file:4222
+concurrency: 16
+ack-wait: 5s
+drain-timeout: 7s
+log-level: warn
+`)
+	vars := map[string]string{"JETFLOW_ACK_WAIT": "9s", "JETFLOW_DRAIN_TIMEOUT": "8s"}
+	c, err := parseConfig([]string{"--config", path, "--drain-timeout", "1s"}, env(vars), false, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "nats://file:4222", c.NATS.URL, "file over default")
+	require.Equal(t, 16, c.Concurrency, "file over default")
+	require.Equal(t, zerolog.WarnLevel, c.LogLevel, "file over default")
+	require.Equal(t, 9*time.Second, c.AckWait, "environment over file")
+	require.Equal(t, time.Second, c.DrainTimeout, "flag over environment and file")
+	require.Equal(t, "./jetflow-data", c.DataDir, "default when nothing sets it")
+
+	vars["JETFLOW_CONFIG"] = path
+	c, err = parseConfig(nil, env(vars), false, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 16, c.Concurrency, "JETFLOW_CONFIG names the file")
 }
 
 func TestParseConfigRejectsBadValues(t *testing.T) {
 	t.Parallel()
+	badFile := writeConfig(t, "concurrency: 4\nack-wait: soon\n")
+	unknownKey := writeConfig(t, "concurrency: 4\nack_wait: 1s\n")
+	lowConcurrency := writeConfig(t, "concurrency: 0\n")
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -75,31 +129,117 @@ func TestParseConfigRejectsBadValues(t *testing.T) {
 		{"BadEnvDuration", nil, map[string]string{"JETFLOW_DRAIN_TIMEOUT": "30"}, `--drain-timeout (from JETFLOW_DRAIN_TIMEOUT)`},
 		{"BadEnvBool", nil, map[string]string{"JETFLOW_SYNC_ALWAYS": "yes please"}, `--sync-always (from JETFLOW_SYNC_ALWAYS)`},
 		{"BadFlagDuration", []string{"--ack-wait", "soon"}, nil, `invalid value "soon" for flag -ack-wait`},
-		{"ZeroConcurrency", []string{"--concurrency", "0"}, nil, "--concurrency: must be at least 1"},
-		{"ShortAckWait", nil, map[string]string{"JETFLOW_ACK_WAIT": "10ms"}, "--ack-wait: must be at least 100ms"},
+		{"BadFileValue", []string{"--config", badFile}, nil, `invalid value "soon" for --ack-wait (from ` + badFile + ` line 2)`},
+		{"UnknownFileKey", []string{"--config", unknownKey}, nil, `config file ` + unknownKey + ` line 2: key "ack_wait": unknown setting`},
+		{"MissingFile", nil, map[string]string{"JETFLOW_CONFIG": "/nonexistent/worker.yaml"}, "config file /nonexistent/worker.yaml"},
+		{"ZeroConcurrency", []string{"--concurrency", "0"}, nil, "invalid value 0 for --concurrency: must be at least 1"},
+		{"ZeroConcurrencyFromFile", []string{"--config", lowConcurrency}, nil, "--concurrency (from " + lowConcurrency + " line 1): must be at least 1"},
+		{"ShortAckWait", nil, map[string]string{"JETFLOW_ACK_WAIT": "10ms"}, "--ack-wait (from JETFLOW_ACK_WAIT): must be at least 100ms"},
 		{"NegativeDrain", []string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: must be positive"},
 		{"LogFormat", []string{"--log-format", "xml"}, nil, `invalid value "xml" for --log-format`},
-		{"LogLevel", nil, map[string]string{"JETFLOW_LOG_LEVEL": "loud"}, `invalid value "loud" for --log-level`},
+		{"LogLevel", nil, map[string]string{"JETFLOW_LOG_LEVEL": "loud"}, `invalid value "loud" for --log-level (from JETFLOW_LOG_LEVEL)`},
 		{"Port", []string{"--port", "70000"}, nil, "invalid value 70000 for --port"},
 		{"EmptyDataDir", []string{"--data-dir", ""}, nil, "--data-dir: required"},
 		{"StrayArgument", []string{"serve"}, nil, `unexpected argument "serve"`},
+		{"Replicas", []string{"--nats-url", "nats://x:4222", "--replicas", "2"}, nil, "invalid value 2 for --replicas: want 1, or 3"},
+		{"ReplicasEmbedded", []string{"--replicas", "3"}, nil, "invalid value 3 for --replicas: the embedded server is a single node"},
+		{"OpsAddr", []string{"--ops-addr", "8081"}, nil, `invalid value "8081" for --ops-addr: want host:port`},
+		{"OpsPort", []string{"--ops-addr", "127.0.0.1:http"}, nil, `invalid value "127.0.0.1:http" for --ops-addr: want a port number`},
+		{"UserEmbedded", []string{"--nats-user", "app"}, map[string]string{"JETFLOW_NATS_PASSWORD": "pw"}, "--nats-user requires --nats-url: the embedded server"},
+		{"TLSEmbedded", nil, map[string]string{"JETFLOW_NATS_TLS_CA": "ca.pem"}, "--nats-tls-ca (from JETFLOW_NATS_TLS_CA) requires --nats-url"},
+		{"UserWithoutPassword", []string{"--nats-url", "nats://x:4222", "--nats-user", "app"}, nil, "invalid --nats-password: incomplete: required with --nats-user"},
+		{"TokenAndUser", []string{"--nats-url", "nats://x:4222", "--nats-user", "app", "--nats-password", "pw", "--nats-token", "tok"}, nil, "invalid --nats-token: conflicting settings"},
+		{"MissingCA", []string{"--nats-url", "nats://x:4222", "--nats-tls-ca", "/nonexistent/ca.pem"}, nil, "invalid --nats-tls-ca: unusable file"},
+		{"BadURL", []string{"--nats-url", "http://x"}, nil, `invalid --nats-url: invalid URL: the URL has scheme "http"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := parseConfig(tc.args, env(tc.env), false, io.Discard)
+			var out bytes.Buffer
+			_, err := parseConfig(tc.args, env(tc.env), false, &out, io.Discard)
 			require.ErrorContains(t, err, tc.want)
+			require.Empty(t, out.String())
 		})
 	}
 }
 
 func TestParseConfigHelp(t *testing.T) {
 	t.Parallel()
-	_, err := parseConfig([]string{"-h"}, env(nil), false, io.Discard)
+	var usage bytes.Buffer
+	_, err := parseConfig([]string{"-h"}, env(nil), false, io.Discard, &usage)
 	require.True(t, errors.Is(err, flag.ErrHelp))
+	for _, want := range []string{"JETFLOW_<FLAG>", "-config file", "-print-config", "-nats-password password",
+		"-nats-tls-ca file", "-replicas int", "-ops-addr address"} {
+		require.Contains(t, usage.String(), want)
+	}
+	require.NotContains(t, usage.String(), "panic")
 }
 
 func TestParseConfigNatsURLSkipsEmbeddedChecks(t *testing.T) {
 	t.Parallel()
-	_, err := parseConfig([]string{"--nats-url", "nats://x:4222", "--data-dir", "", "--port", "0"}, env(nil), false, io.Discard)
+	_, err := parseConfig([]string{"--nats-url", "nats://x:4222", "--data-dir", "", "--port", "0", "--replicas", "3"},
+		env(nil), false, io.Discard, io.Discard)
 	require.NoError(t, err)
+}
+
+// TestPrintConfig: --print-config prints every setting with its origin,
+// secrets redacted, and what it prints, fed back as --config (the secret
+// from the environment), gives the same configuration.
+func TestPrintConfig(t *testing.T) {
+	t.Parallel()
+	const password = "pr1nt-S3cret"
+	file := writeConfig(t, "concurrency: 12\n")
+	vars := map[string]string{"JETFLOW_NATS_PASSWORD": password, "JETFLOW_ACK_WAIT": "45s"}
+	args := []string{"--print-config", "--config", file, "--nats-url", "nats://a:4222,nats://b:4222", "--nats-user", "app"}
+
+	var out bytes.Buffer
+	want, err := parseConfig(args, env(vars), false, &out, io.Discard)
+	require.ErrorIs(t, err, errConfigPrinted)
+	printed := out.String()
+	require.NotContains(t, printed, password)
+	for _, line := range []string{
+		"ack-wait: 45s # env JETFLOW_ACK_WAIT\n",
+		"concurrency: 12 # file " + file + "\n",
+		"nats-password: <redacted> # env JETFLOW_NATS_PASSWORD\n",
+		"nats-token: \"\" # default\n",
+		"nats-url: nats://a:4222,nats://b:4222 # flag\n",
+		"nats-user: app # flag\n",
+		"ops-addr: 127.0.0.1:8081 # default\n",
+		"replicas: 1 # default\n",
+	} {
+		require.Contains(t, printed, line)
+	}
+	require.NotContains(t, printed, "print-config")
+	require.NotContains(t, printed, "\nconfig:")
+	require.Equal(t, 22, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+
+	// Round trip: the printed file gives the same configuration.
+	again := writeConfig(t, printed)
+	got, err := parseConfig([]string{"--config", again}, env(map[string]string{"JETFLOW_NATS_PASSWORD": password}), false, io.Discard, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	// Without the secret, the placeholder is refused rather than sent.
+	_, err = parseConfig([]string{"--config", again}, env(nil), false, io.Discard, io.Discard)
+	require.ErrorIs(t, err, conf.ErrRedacted)
+	require.ErrorContains(t, err, "--nats-password (from "+again)
+}
+
+// TestRunPrintConfig: the command prints to stdout and exits 0.
+func TestRunPrintConfig(t *testing.T) {
+	t.Parallel()
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer stderr.Close()
+	var stdout bytes.Buffer
+	code := run(t.Context(), []string{"--print-config", "--nats-url", "nats://x:4222", "--nats-token", "t0ken-S3cret"},
+		env(nil), &stdout, stderr)
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout.String(), "nats-token: <redacted> # flag\n")
+	require.NotContains(t, stdout.String(), "t0ken-S3cret")
+	logged, err := os.ReadFile(stderr.Name())
+	require.NoError(t, err)
+	require.Empty(t, logged)
+
+	code = run(t.Context(), []string{"--print-config", "--replicas", "5"}, env(nil), &stdout, stderr)
+	require.Equal(t, 1, code, "an invalid configuration is not printed")
 }
