@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/view"
 )
 
-// opTimeout bounds start and get.
+// opTimeout bounds the NATS requests of every command but wait, and the
+// client's setup.
 const opTimeout = 10 * time.Second
 
 // start asks a worker that serves workflow to start a run, so that an
@@ -73,6 +76,37 @@ func wait(ctx context.Context, c *jetflow.Client, out *printer, runID string, ti
 	return nil
 }
 
+// list prints one page of runs and the cursor of the next.
+func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.ListOptions) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	page, err := c.ListRuns(ctx, opts)
+	if err != nil {
+		return err
+	}
+	return out.page(page)
+}
+
+// reset forgets a task idempotency key and prints how many step entries
+// that deleted: 0 when the key was not set, had expired or was reset
+// already.
+func reset(ctx context.Context, c *jetflow.Client, out *printer, key string, scope jetflow.KeyScope, scopeID string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	n, err := c.ResetTaskKey(ctx, key, scope, scopeID)
+	if err != nil {
+		return fmt.Errorf("reset key: %w", err)
+	}
+	r := httpapi.KeyReset{Key: key, Scope: scope.String(), Deleted: n}
+	switch scope {
+	case jetflow.ScopeWorkflow:
+		r.Workflow = scopeID
+	case jetflow.ScopeRun:
+		r.RunID = scopeID
+	}
+	return out.reset(r)
+}
+
 // printer writes results as text or JSON.
 type printer struct {
 	w    io.Writer
@@ -87,30 +121,25 @@ func (p *printer) encode(v any) error {
 
 func (p *printer) start(res jetflow.StartResult) error {
 	if p.json {
-		return p.encode(startJSON{
-			RunID: res.RunID, Workflow: res.Workflow, Outcome: string(res.Outcome),
-			Status: string(res.Status), Duplicates: res.Duplicates,
-		})
+		return p.encode(view.NewStartResult(res))
 	}
-	if res.Outcome == jetflow.OutcomeCreated {
-		_, err := fmt.Fprintf(p.w, "created run %s\n", res.RunID)
-		return err
+	var err error
+	switch {
+	case res.Outcome == jetflow.OutcomeCreated && res.AfterExpiry:
+		_, err = fmt.Fprintf(p.w, "created run %s (an earlier run with this ID had expired)\n", res.RunID)
+	case res.Outcome == jetflow.OutcomeCreated:
+		_, err = fmt.Fprintf(p.w, "created run %s\n", res.RunID)
+	case res.Outcome == jetflow.OutcomeRestarted:
+		_, err = fmt.Fprintf(p.w, "restarted run %s (the previous run had ended; the conflict policy starts a new one)\n", res.RunID)
+	default:
+		_, err = fmt.Fprintf(p.w, "existing run %s (status %s, %d duplicates absorbed)\n", res.RunID, res.Status, res.Duplicates)
 	}
-	_, err := fmt.Fprintf(p.w, "existing run %s (status %s, %d duplicates absorbed)\n", res.RunID, res.Status, res.Duplicates)
 	return err
 }
 
 func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
 	if p.json {
-		r := toRunJSON(run)
-		r.Steps = make([]stepJSON, 0, len(steps))
-		for _, s := range steps {
-			r.Steps = append(r.Steps, stepJSON{
-				StepID: s.StepID, Name: s.Name, Attempt: s.Attempt, Output: s.Output,
-				Error: s.Error, Fatal: s.Fatal, CommittedAt: s.CommittedAt,
-			})
-		}
-		return p.encode(r)
+		return p.encode(view.NewRunWithSteps(run, steps))
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "run:\t%s\n", run.RunID)
@@ -180,7 +209,7 @@ func (p *printer) duplicates(run jetflow.Run) error {
 
 func (p *printer) result(run jetflow.Run) error {
 	if p.json {
-		return p.encode(toRunJSON(run))
+		return p.encode(view.NewRun(run))
 	}
 	if run.Error != nil {
 		// The error itself goes to stderr.
@@ -191,55 +220,38 @@ func (p *printer) result(run jetflow.Run) error {
 	return err
 }
 
-type startJSON struct {
-	RunID      string `json:"run_id"`
-	Workflow   string `json:"workflow"`
-	Outcome    string `json:"outcome"`
-	Status     string `json:"status"`
-	Duplicates int64  `json:"duplicates"`
-}
-
-type runJSON struct {
-	RunID      string    `json:"run_id"`
-	Workflow   string    `json:"workflow"`
-	Status     string    `json:"status"`
-	Source     string    `json:"source,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
-	Duplicates int64     `json:"duplicates"`
-	// FirstDuplicate and RecentDuplicates are the run's duplicate audit.
-	FirstDuplicate   *jetflow.DuplicateAttempt  `json:"first_duplicate,omitempty"`
-	RecentDuplicates []jetflow.DuplicateAttempt `json:"recent_duplicates,omitempty"`
-	Input            json.RawMessage            `json:"input,omitempty"`
-	Output           json.RawMessage            `json:"output,omitempty"`
-	Error            *runErrorJSON              `json:"error,omitempty"`
-	Steps            []stepJSON                 `json:"steps,omitempty"`
-}
-
-type runErrorJSON struct {
-	Kind    string `json:"kind"`
-	Message string `json:"message"`
-}
-
-type stepJSON struct {
-	StepID      string          `json:"step_id"`
-	Name        string          `json:"name"`
-	Attempt     int             `json:"attempt"`
-	Output      json.RawMessage `json:"output,omitempty"`
-	Error       string          `json:"error,omitempty"`
-	Fatal       bool            `json:"fatal,omitempty"`
-	CommittedAt time.Time       `json:"committed_at"`
-}
-
-func toRunJSON(run jetflow.Run) runJSON {
-	r := runJSON{
-		RunID: run.RunID, Workflow: run.Workflow, Status: string(run.Status), Source: run.Source,
-		CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt, Duplicates: run.Duplicates,
-		FirstDuplicate: run.FirstDuplicate, RecentDuplicates: run.RecentDuplicates,
-		Input: run.Input, Output: run.Output,
+func (p *printer) page(page jetflow.RunPage) error {
+	if p.json {
+		return p.encode(view.NewRunPage(page))
 	}
-	if run.Error != nil {
-		r.Error = &runErrorJSON{Kind: run.Error.Kind, Message: run.Error.Message}
+	if len(page.Runs) == 0 {
+		_, err := fmt.Fprintln(p.w, "no runs")
+		return err
 	}
-	return r
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN ID\tWORKFLOW\tSTATUS\tCREATED\tDUPLICATES")
+	for _, r := range page.Runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", r.RunID, r.Workflow, r.Status, r.CreatedAt.Format(time.RFC3339), r.Duplicates)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next == "" {
+		return nil
+	}
+	_, err := fmt.Fprintf(p.w, "next cursor: %s (list --cursor %s for the next page)\n", page.Next, page.Next)
+	return err
+}
+
+// reset prints a key reset: the HTTP API's body as JSON.
+func (p *printer) reset(r httpapi.KeyReset) error {
+	if p.json {
+		return p.encode(r)
+	}
+	where := r.Scope + " scope"
+	if id := r.Workflow + r.RunID; id != "" { // at most one is set
+		where += " " + id
+	}
+	_, err := fmt.Fprintf(p.w, "deleted %d entries of key %q (%s)\n", r.Deleted, r.Key, where)
+	return err
 }

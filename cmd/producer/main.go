@@ -1,11 +1,59 @@
-// Command producer starts and reads jetflow runs from the command line.
+// Command producer starts, reads, lists and resets jetflow runs from the
+// command line, and serves them over HTTP.
 //
 //	producer start <workflow> <json-input> [--id RUNID]
 //	producer get <run-id>
 //	producer wait <run-id> [--timeout 60s]
+//	producer list [--workflow W] [--status S] [--limit N] [--cursor C]
+//	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
+//	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
+//
+// Flags may come anywhere on the line; --output json prints the JSON shapes of
+// the HTTP API (package internal/view).
+//
+// # Idempotency
 //
 // The run ID given with --id is the caller's idempotency key: starting the
-// same ID again does not start a second run, it reports the existing one.
+// same ID again does not start a second run, it reports the existing one
+// ("existing run ...", exit code 0). The same ID with another input or
+// another workflow is a conflict (exit code 4), and so is a duplicate the
+// workflow's conflict policy rejects. reset forgets a task idempotency key
+// (jetflow.WithIdempotencyKey) so that the next step call with it runs again;
+// it prints how many entries it deleted, 0 on a repeat.
+//
+// # Configuration
+//
+// Each setting is read from the command line, else from JETFLOW_<FLAG>
+// (--nats-url from JETFLOW_NATS_URL), else from the YAML file named by
+// --config or JETFLOW_CONFIG (keys are flag names), else its default. The
+// flags of one invocation (--id, --timeout, --workflow, --status, --limit,
+// --cursor, --scope, --run-id, --print-config) are read from the command line
+// only. --print-config prints the effective settings, secrets redacted, and
+// exits.
+//
+// # Serving
+//
+// serve runs the HTTP API (docs/http.md) under /v1/, with Prometheus metrics
+// on /metrics, liveness on /healthz and readiness on /readyz, on one address,
+// until SIGINT or SIGTERM, then drains in-flight requests. --api-token
+// (comma-separated for several) protects the API; --webhooks names a YAML
+// list of webhook sources:
+//
+//	# webhooks.yaml
+//	- name: stripe            # POST /v1/webhooks/stripe, run IDs stripe-<event id>
+//	  provider: stripe        # standard | github | stripe
+//	  workflow: order
+//	  secret_env: STRIPE_WEBHOOK_SECRET   # or a list; or secrets: [...] inline
+//	  tolerance: 5m
+//
+// # Exit codes
+//
+//	0  success (start: the run was created or already existed)
+//	1  usage or other error
+//	2  wait: the run failed or was cancelled
+//	3  no run has that ID
+//	4  conflict: the run ID names a run with another input or workflow, or the
+//	   conflict policy rejected the duplicate
 package main
 
 import (
@@ -20,6 +68,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
 )
@@ -30,63 +79,112 @@ const (
 	exitError     = 1 // usage and other errors
 	exitRunFailed = 2 // wait: the run failed or was cancelled
 	exitNotFound  = 3 // no run has that ID
+	exitConflict  = 4 // idempotency conflict or a rejected duplicate
 )
 
 const usage = `Usage: producer [flags] <command> [arguments]
 
 Commands:
-  start <workflow> <json-input> [--id RUNID]  start a run; the same RUNID again finds the existing run
-  get <run-id>                                show a run and its committed steps
-  wait <run-id> [--timeout 60s]               wait until a run ends and show its result
+  start <workflow> <json-input> [--id RUNID]
+        start a run; the same RUNID again finds the existing run
+  get <run-id>
+        show a run and its committed steps
+  wait <run-id> [--timeout 60s]
+        wait until a run ends and show its result
+  list [--workflow W] [--status S] [--limit N] [--cursor C]
+        one page of runs in run ID order, and the cursor of the next
+  reset <key> --scope global|workflow|run [--workflow W | --run-id R]
+        forget a task idempotency key; prints how many entries were deleted
+  serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]
+        serve the HTTP API on /v1/, plus /metrics, /healthz and /readyz
 
 Flags (anywhere on the line):
-  --nats-url URL   NATS server (env JETFLOW_NATS_URL; default nats://127.0.0.1:4222)
-  --output FORMAT  text or json (default text)
-  --id RUNID       start: the run ID, your idempotency key (default: generated)
-  --timeout D      wait: how long to wait (default 60s)
+  --output FORMAT        text or json (default text)
+  --nats-url URLS        NATS servers, comma-separated (default nats://127.0.0.1:4222)
+  --nats-user NAME       user authentication, with --nats-password
+  --nats-password PW     (secret: prefer JETFLOW_NATS_PASSWORD to the command line)
+  --nats-token TOKEN     token authentication (secret)
+  --nats-nkey FILE       NKey seed file authentication
+  --nats-creds FILE      JWT credentials file authentication
+  --nats-tls-ca FILE     CAs that signed the server's certificate
+  --nats-tls-cert FILE   client certificate, with --nats-tls-key FILE
+  --nats-tls-key FILE    its private key
+  --replicas N           replicas of buckets the producer creates: 1, or 3 on a
+                         three-node cluster (default 1; must match the workers)
+  --config FILE          YAML file of settings keyed by flag name
+  --print-config         print the effective settings (secrets redacted) and exit
+  -h, --help             this text
 
-Exit codes: 0 success, 1 usage or other error, 2 run failed, 3 run not found.
+  start:  --id RUNID             the run ID, your idempotency key (default: generated)
+  wait:   --timeout D            how long to wait (default 60s)
+  list:   --workflow W           only runs of workflow W
+          --status S             only runs in state S: running, completed, failed, cancelled
+          --limit N              runs per page, 1..500 (default 50)
+          --cursor C             the page after run ID C (the previous page's next cursor)
+  reset:  --scope S              global, workflow (with --workflow) or run (with --run-id)
+          --workflow W, --run-id R
+  serve:  --http-addr ADDR       listen address (default 127.0.0.1:8080)
+          --api-token T          bearer tokens the API requires, comma-separated (secret)
+          --webhooks FILE        YAML list of webhook sources (format: go doc ./cmd/producer)
+          --request-timeout D    bound on each start and read against NATS (default 10s)
+          --log-format F         json or console (default console on a terminal, json otherwise)
+          --log-level L          trace, debug, info, warn or error (default info)
+
+Each setting is taken from the command line, else from JETFLOW_<FLAG>
+(JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
+(or JETFLOW_CONFIG), else its default. --id, --timeout, --workflow, --status,
+--limit, --cursor, --scope, --run-id and --print-config are read from the
+command line only.
+
+Exit codes:
+  0  success (start: the run was created, or it existed: the output says "existing")
+  1  usage or other error
+  2  wait: the run failed or was cancelled
+  3  run not found
+  4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
 `
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, a second one kills the process.
+	context.AfterFunc(ctx, stop)
+	zerolog.TimeFieldFormat = time.RFC3339Nano
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
-// cli is a parsed command line.
-type cli struct {
-	natsURL string
-	output  string
-	id      string
-	timeout time.Duration
-	command string
-	args    []string
-}
-
 // run executes one command line and returns the process exit code. Results
-// go to stdout; errors go to stderr, one line each.
+// go to stdout; errors go to stderr, one line each (serve logs there).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	c, err := parseArgs(args, getenv)
-	if errors.Is(err, flag.ErrHelp) {
+	c, err := parseArgs(args, getenv, isTerminal(stderr), stdout)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	}
-	if err != nil {
+	case errors.Is(err, errConfigPrinted):
+		return exitOK
+	case err != nil:
 		fmt.Fprintf(stderr, "error: %v (see producer -h)\n", err)
 		return exitError
 	}
 
-	nc, err := nats.Connect(c.natsURL, nats.Name("jetflow-producer"), nats.Timeout(5*time.Second))
+	if c.command == "serve" {
+		log := newLogger(c.serve, stderr)
+		if err := serve(ctx, c, getenv, log, nil); err != nil {
+			log.Error().Err(err).Msg("producer serve failed")
+			return exitCode(err)
+		}
+		return exitOK
+	}
+
+	nc, err := c.nats.Connect("jetflow-producer", nats.Timeout(5*time.Second))
 	if err != nil {
-		fmt.Fprintf(stderr, "error: connect to %s: %v (is a worker or NATS server running?)\n", c.natsURL, err)
+		fmt.Fprintf(stderr, "error: %v (is a worker or NATS server running?)\n", err)
 		return exitError
 	}
 	defer nc.Close()
-	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	client, err := jetflow.NewClient(setupCtx, nc, jetflow.ClientConfig{Name: "producer"})
+	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{})
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitError
@@ -100,6 +198,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = get(ctx, client, out, c.args[0])
 	case "wait":
 		err = wait(ctx, client, out, c.args[0], c.timeout)
+	case "list":
+		err = list(ctx, client, out, c.listOptions())
+	case "reset":
+		err = reset(ctx, client, out, c.args[0], c.scope, c.scopeID())
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
@@ -107,6 +209,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return exitCode(err)
 }
 
+// newClient binds a jetflow client to nc with the deployment's topology.
+// cfg's Name and Topology are set here; the rest is the caller's.
+func newClient(ctx context.Context, nc *nats.Conn, c cli, cfg jetflow.ClientConfig) (*jetflow.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	cfg.Name, cfg.Topology = "producer", jetflow.Topology{Replicas: c.replicas}
+	return jetflow.NewClient(ctx, nc, cfg)
+}
+
+// exitCode maps a command's error to the process exit code.
 func exitCode(err error) int {
 	switch {
 	case err == nil:
@@ -115,61 +227,19 @@ func exitCode(err error) int {
 		return exitNotFound
 	case errors.Is(err, jetflow.ErrRunFailed):
 		return exitRunFailed
+	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected):
+		return exitConflict
 	default:
 		return exitError
 	}
 }
 
-// parseArgs accepts flags before, between and after the positional
-// arguments, and checks the command's arity.
-func parseArgs(args []string, getenv func(string) string) (cli, error) {
-	c := cli{}
-	fs := flag.NewFlagSet("producer", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	defaultURL := getenv("JETFLOW_NATS_URL")
-	if defaultURL == "" {
-		defaultURL = "nats://127.0.0.1:4222"
+// isTerminal reports whether w is a terminal (for the default log format).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	fs.StringVar(&c.natsURL, "nats-url", defaultURL, "")
-	fs.StringVar(&c.output, "output", "text", "")
-	fs.StringVar(&c.id, "id", "", "")
-	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
-
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return cli{}, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(pos) == 0 {
-		return cli{}, errors.New("no command given")
-	}
-	c.command, c.args = pos[0], pos[1:]
-
-	given := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	want := map[string]int{"start": 2, "get": 1, "wait": 1}
-	n, ok := want[c.command]
-	switch {
-	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get or wait", c.command)
-	case len(c.args) != n && c.command == "start":
-		return cli{}, errors.New("start takes a workflow name and a JSON input: producer start <workflow> <json-input> [--id RUNID]")
-	case len(c.args) != n:
-		return cli{}, fmt.Errorf("%s takes one run ID: producer %s <run-id>", c.command, c.command)
-	case given["id"] && c.command != "start":
-		return cli{}, fmt.Errorf("--id is a flag of start, not %s", c.command)
-	case given["timeout"] && c.command != "wait":
-		return cli{}, fmt.Errorf("--timeout is a flag of wait, not %s", c.command)
-	case c.output != "text" && c.output != "json":
-		return cli{}, fmt.Errorf("invalid value %q for --output: want text or json", c.output)
-	case c.timeout <= 0:
-		return cli{}, fmt.Errorf("invalid value %s for --timeout: must be positive", c.timeout)
-	}
-	return c, nil
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

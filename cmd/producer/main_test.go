@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,19 +49,47 @@ func hold(release <-chan struct{}) *jetflow.Workflow[greeting, string] {
 	})
 }
 
+// lookupKey is the task key the lookup workflow's step uses: shared by
+// every run of the workflow for an hour.
+func lookupKey(name string) string { return "user/" + name }
+
 // cliFunc runs the producer against the test's server and returns the exit
 // code, stdout and stderr.
 type cliFunc func(args ...string) (code int, stdout, stderr string)
 
-// setup starts an embedded server and a worker serving greet and hold, and returns a
-// way to run the producer against them.
-func setup(t *testing.T) cliFunc {
+// testbed is one test's embedded server and a worker serving the test
+// workflows: greet, hold, exclusive (hold that rejects duplicates while
+// running) and lookup (a step cached under lookupKey in the workflow scope).
+type testbed struct {
+	url string
+	// lookups counts the runs of lookup's step that were not served from
+	// the task key's cache.
+	lookups atomic.Int64
+}
+
+func newTestbed(t *testing.T) *testbed {
 	t.Helper()
+	tb := &testbed{}
 	srv := testenv.Server(t)
 	nc := testenv.Conn(t, srv)
 	ws := jetflow.NewWorkers()
 	release := make(chan struct{})
-	require.NoError(t, ws.Add(greet(), hold(release)))
+	exclusive := jetflow.NewWorkflow("exclusive", func(ctx *jetflow.Context, in greeting) (string, error) {
+		return jetflow.Step(ctx, "wait-for-release", func(sctx context.Context) (string, error) {
+			select {
+			case <-release:
+				return "released", nil
+			case <-sctx.Done():
+				return "", sctx.Err()
+			}
+		})
+	}, jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.RejectWhileRunning}))
+	lookup := jetflow.NewWorkflow("lookup", func(ctx *jetflow.Context, in greeting) (int64, error) {
+		return jetflow.Step(ctx, "fetch", func(context.Context) (int64, error) {
+			return tb.lookups.Add(1), nil
+		}, jetflow.WithIdempotencyKey(lookupKey(in.Name), time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
+	})
+	require.NoError(t, ws.Add(greet(), hold(release), exclusive, lookup))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
 	})
@@ -74,22 +103,40 @@ func setup(t *testing.T) cliFunc {
 		require.NoError(t, w.Stop(ctx))
 	})
 	t.Cleanup(func() { close(release) }) // before Stop: cleanups run last-in first-out
+	tb.url = srv.ClientURL()
+	return tb
+}
 
-	url := srv.ClientURL()
+// env is the environment the producer sees: JETFLOW_NATS_URL pointing at
+// the test's server, and vars.
+func (tb *testbed) env(vars map[string]string) func(string) string {
+	return func(k string) string {
+		if v, ok := vars[k]; ok {
+			return v
+		}
+		if k == "JETFLOW_NATS_URL" {
+			return tb.url
+		}
+		return ""
+	}
+}
+
+// cli runs the producer with the environment env(vars).
+func (tb *testbed) cli(t *testing.T, vars map[string]string) cliFunc {
 	return func(args ...string) (int, string, string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var stdout, stderr bytes.Buffer
-		env := func(k string) string {
-			if k == "JETFLOW_NATS_URL" {
-				return url
-			}
-			return ""
-		}
-		code := run(ctx, args, env, &stdout, &stderr)
+		code := run(ctx, args, tb.env(vars), &stdout, &stderr)
 		return code, stdout.String(), stderr.String()
 	}
+}
+
+// setup starts a testbed and returns a way to run the producer against it.
+func setup(t *testing.T) cliFunc {
+	t.Helper()
+	return newTestbed(t).cli(t, nil)
 }
 
 func TestStartGetWait(t *testing.T) {
@@ -204,13 +251,13 @@ func TestErrors(t *testing.T) {
 		{"WaitNotFound", []string{"wait", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
 		{"GetInvalidRunID", []string{"get", "a.b"}, 1, "error: jetflow: invalid run ID"},
 		{"NoCommand", nil, 1, "error: no command given"},
-		{"UnknownCommand", []string{"list"}, 1, `error: unknown command "list"`},
+		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, wait, list, reset or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},
 		{"BadOutput", []string{"get", "evt_1", "--output", "yaml"}, 1, `error: invalid value "yaml" for --output`},
 		{"BadFlag", []string{"get", "evt_1", "--verbose"}, 1, "error: flag provided but not defined: -verbose"},
-		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 1, "error: connect to nats://127.0.0.1:1"},
+		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 1, "connect to nats://127.0.0.1:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

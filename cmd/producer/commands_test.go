@@ -1,0 +1,231 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/view"
+)
+
+// listJSON runs list with args and --output json and decodes the page.
+func listJSON(t *testing.T, producer cliFunc, args ...string) view.RunPage {
+	t.Helper()
+	code, out, errOut := producer(append([]string{"list", "--output", "json"}, args...)...)
+	require.Equal(t, 0, code, errOut)
+	var page view.RunPage
+	require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+	return page
+}
+
+func runIDs(page view.RunPage) []string {
+	ids := make([]string, len(page.Runs))
+	for i, r := range page.Runs {
+		ids[i] = r.RunID
+	}
+	return ids
+}
+
+func TestList(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+
+	page := listJSON(t, producer)
+	require.Empty(t, page.Runs)
+	require.NotNil(t, page.Runs, "an empty page is [], not null")
+	code, out, errOut := producer("list")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "no runs\n", out)
+
+	for i := range 5 {
+		id := fmt.Sprintf("g-%d", i)
+		code, _, errOut := producer("start", "greet", fmt.Sprintf(`{"name":"n%d"}`, i), "--id", id)
+		require.Equal(t, 0, code, errOut)
+		code, _, errOut = producer("wait", id)
+		require.Equal(t, 0, code, errOut)
+	}
+	code, _, errOut = producer("start", "hold", `{"name":"h"}`, "--id", "h-1")
+	require.Equal(t, 0, code, errOut)
+
+	// Paging through greet, two at a time, flags before the command too.
+	var all []string
+	cursor := ""
+	for pages := 1; ; pages++ {
+		args := []string{"--workflow", "greet", "--limit", "2"}
+		if cursor != "" {
+			args = append(args, "--cursor", cursor)
+		}
+		page := listJSON(t, producer, args...)
+		require.LessOrEqual(t, len(page.Runs), 2)
+		for _, r := range page.Runs {
+			require.Equal(t, "greet", r.Workflow)
+			require.Equal(t, "completed", r.Status)
+			require.Nil(t, r.Steps, "list shows runs without their steps")
+		}
+		all = append(all, runIDs(page)...)
+		if page.NextCursor == "" {
+			require.Equal(t, 3, pages)
+			break
+		}
+		require.Equal(t, all[len(all)-1], page.NextCursor)
+		cursor = page.NextCursor
+	}
+	require.Equal(t, []string{"g-0", "g-1", "g-2", "g-3", "g-4"}, all)
+
+	page = listJSON(t, producer, "--status", "running")
+	require.Equal(t, []string{"h-1"}, runIDs(page))
+	require.Equal(t, "hold", page.Runs[0].Workflow)
+	require.JSONEq(t, `{"name":"h"}`, string(page.Runs[0].Input))
+
+	page = listJSON(t, producer, "--status", "completed", "--workflow", "hold")
+	require.Empty(t, page.Runs)
+
+	code, out, errOut = producer("--limit", "2", "list")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 4, out)
+	require.Regexp(t, `^RUN ID\s+WORKFLOW\s+STATUS\s+CREATED\s+DUPLICATES$`, lines[0])
+	require.Regexp(t, `^g-0\s+greet\s+completed\s+\S+\s+0$`, lines[1])
+	require.Regexp(t, `^g-1\s+greet\s+completed`, lines[2])
+	require.Equal(t, "next cursor: g-1 (list --cursor g-1 for the next page)", lines[3])
+}
+
+func TestReset(t *testing.T) {
+	t.Parallel()
+	tb := newTestbed(t)
+	producer := tb.cli(t, nil)
+
+	startAndWait := func(id string) {
+		t.Helper()
+		code, _, errOut := producer("start", "lookup", `{"name":"ada"}`, "--id", id)
+		require.Equal(t, 0, code, errOut)
+		code, _, errOut = producer("wait", id)
+		require.Equal(t, 0, code, errOut)
+	}
+	startAndWait("l-1")
+	startAndWait("l-2")
+	require.Equal(t, int64(1), tb.lookups.Load(), "the second run is served from the key's cache")
+
+	// A scope the key is not in deletes nothing.
+	code, out, errOut := producer("reset", lookupKey("ada"), "--scope", "run", "--run-id", "l-1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "deleted 0 entries of key \"user/ada\" (run scope l-1)\n", out)
+
+	code, out, errOut = producer("reset", lookupKey("ada"), "--scope", "workflow", "--workflow", "lookup", "--output", "json")
+	require.Equal(t, 0, code, errOut)
+	var reset httpapi.KeyReset
+	require.NoError(t, json.Unmarshal([]byte(out), &reset))
+	require.Equal(t, httpapi.KeyReset{Key: "user/ada", Scope: "workflow", Workflow: "lookup", Deleted: 1}, reset)
+
+	code, out, errOut = producer("--scope", "workflow", "reset", "--workflow", "lookup", lookupKey("ada"))
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "deleted 0 entries of key \"user/ada\" (workflow scope lookup)\n", out, "a repeat deletes nothing")
+
+	startAndWait("l-3")
+	require.Equal(t, int64(2), tb.lookups.Load(), "after the reset the step runs again")
+
+	code, out, errOut = producer("reset", "nothing-here", "--scope", "global")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "deleted 0 entries of key \"nothing-here\" (global scope)\n", out)
+}
+
+func TestConflictExitCode(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+
+	code, _, errOut := producer("start", "greet", `{"name":"ada"}`, "--id", "c-1")
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut := producer("start", "greet", `{"name":"bob"}`, "--id", "c-1")
+	require.Equal(t, 4, code, errOut)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "idempotency conflict")
+	code, _, errOut = producer("start", "hold", `{"name":"ada"}`, "--id", "c-1")
+	require.Equal(t, 4, code, "another workflow under the same ID: %s", errOut)
+
+	// A duplicate the workflow's policy rejects while the run is running.
+	code, _, errOut = producer("start", "exclusive", `{"name":"eve"}`, "--id", "x-1")
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = producer("start", "exclusive", `{"name":"eve"}`, "--id", "x-1")
+	require.Equal(t, 4, code, errOut)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "x-1")
+
+	code, out, errOut = producer("get", "c-1", "--output", "json")
+	require.Equal(t, 0, code, errOut)
+	var run view.Run
+	require.NoError(t, json.Unmarshal([]byte(out), &run))
+	require.JSONEq(t, `{"name":"ada"}`, string(run.Input), "the run keeps its input")
+	require.Equal(t, int64(2), run.Duplicates)
+	require.Equal(t, "conflict", run.RecentDuplicates[0].Outcome)
+	require.False(t, run.RecentDuplicates[0].FingerprintMatch)
+}
+
+// TestIDNotFromEnvironment: --id is read from the command line only, so a
+// stray JETFLOW_ID does not make every start land on one run.
+func TestIDNotFromEnvironment(t *testing.T) {
+	t.Parallel()
+	tb := newTestbed(t)
+	producer := tb.cli(t, map[string]string{
+		"JETFLOW_ID": "fixed", "JETFLOW_TIMEOUT": "1ns", "JETFLOW_SCOPE": "bogus", "JETFLOW_LIMIT": "1",
+		// A setting of serve in the environment does not bother the other commands.
+		"JETFLOW_HTTP_ADDR": "127.0.0.1:1234",
+	})
+	ids := map[string]bool{}
+	for range 2 {
+		code, out, errOut := producer("start", "greet", `{"name":"ada"}`, "--output", "json")
+		require.Equal(t, 0, code, errOut)
+		var res view.StartResult
+		require.NoError(t, json.Unmarshal([]byte(out), &res))
+		require.Equal(t, "created", res.Outcome)
+		require.NotEqual(t, "fixed", res.RunID)
+		ids[res.RunID] = true
+	}
+	require.Len(t, ids, 2)
+	for id := range ids {
+		code, _, errOut := producer("wait", id) // JETFLOW_TIMEOUT=1ns is not read either
+		require.Equal(t, 0, code, errOut)
+	}
+	code, _, errOut := producer("reset", "k", "--scope", "global")
+	require.Equal(t, 0, code, errOut)
+	require.Len(t, listJSON(t, producer).Runs, 2, "JETFLOW_LIMIT is not read")
+}
+
+func TestCommandErrors(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"ListArity", []string{"list", "x"}, "error: list takes no arguments"},
+		{"ResetArity", []string{"reset", "--scope", "global"}, "error: reset takes one key"},
+		{"ServeArity", []string{"serve", "now"}, "error: serve takes no arguments"},
+		{"ResetNoScope", []string{"reset", "k"}, "error: reset needs --scope global, workflow or run"},
+		{"ResetBadScope", []string{"reset", "k", "--scope", "team"}, `error: invalid value "team" for --scope`},
+		{"ResetWorkflowScopeNoWorkflow", []string{"reset", "k", "--scope", "workflow"}, "error: --scope workflow needs --workflow W"},
+		{"ResetRunScopeWithWorkflow", []string{"reset", "k", "--scope", "run", "--run-id", "r", "--workflow", "w"}, "error: --scope run needs --run-id R and no --workflow"},
+		{"ResetGlobalWithRunID", []string{"reset", "k", "--scope", "global", "--run-id", "r"}, "error: --scope global takes neither"},
+		{"ResetInvalidRunID", []string{"reset", "k", "--scope", "run", "--run-id", "a.b"}, "error: reset key: "},
+		{"ListBadStatus", []string{"list", "--status", "done"}, `error: invalid value "done" for --status`},
+		{"ListBadLimit", []string{"list", "--limit", "501"}, "error: invalid value 501 for --limit: want 1..500"},
+		{"ListBadCursor", []string{"list", "--cursor", "a b"}, "error: jetflow: invalid list options"},
+		{"StatusOnGet", []string{"get", "r", "--status", "running"}, "error: --status is a flag of list, not get"},
+		{"WorkflowOnStart", []string{"start", "greet", "{}", "--workflow", "w"}, "error: --workflow is a flag of list and reset, not start"},
+		{"HTTPAddrOnList", []string{"list", "--http-addr", "127.0.0.1:0"}, "error: --http-addr is a flag of serve, not list"},
+		{"BadReplicas", []string{"list", "--replicas", "2"}, "error: invalid value 2 for --replicas"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			code, out, errOut := producer(tc.args...)
+			require.Equal(t, 1, code, errOut)
+			require.Empty(t, out)
+			require.Contains(t, errOut, tc.want)
+			require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+		})
+	}
+}

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow"
+	conf "github.com/jetflow/jetflow/internal/config"
+	"github.com/jetflow/jetflow/internal/natsconn"
+)
+
+// errConfigPrinted is parseArgs's answer to --print-config: the settings
+// were printed and the producer should exit without doing anything else.
+var errConfigPrinted = errors.New("configuration printed")
+
+// cli is a parsed command line with its settings.
+type cli struct {
+	// Settings: the command line, else JETFLOW_<FLAG>, else the config file.
+	nats     natsconn.Options
+	replicas int
+	output   string
+	serve    serveConfig
+
+	// The invocation: command line only.
+	command  string
+	args     []string
+	id       string
+	timeout  time.Duration
+	workflow string
+	status   string
+	limit    int
+	cursor   string
+	scope    jetflow.KeyScope
+	runID    string
+}
+
+// serveConfig holds the settings of producer serve.
+type serveConfig struct {
+	httpAddr       string
+	tokens         []string
+	webhooks       string
+	requestTimeout time.Duration
+	logFormat      string
+	logLevel       zerolog.Level
+}
+
+// arity is how many positional arguments each command takes, and its
+// synopsis for an error about them.
+var arity = map[string]struct {
+	n        int
+	synopsis string
+}{
+	"start": {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> [--id RUNID]"},
+	"get":   {1, "get takes one run ID: producer get <run-id>"},
+	"wait":  {1, "wait takes one run ID: producer wait <run-id>"},
+	"list":  {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
+	"reset": {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
+	"serve": {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
+}
+
+// commandFlags are the flags only some commands take. Given on the command
+// line to another command they are an error; settings among them read from
+// the environment or a config file are ignored by the other commands.
+var commandFlags = map[string][]string{
+	"id":              {"start"},
+	"timeout":         {"wait"},
+	"workflow":        {"list", "reset"},
+	"status":          {"list"},
+	"limit":           {"list"},
+	"cursor":          {"list"},
+	"scope":           {"reset"},
+	"run-id":          {"reset"},
+	"http-addr":       {"serve"},
+	"api-token":       {"serve"},
+	"webhooks":        {"serve"},
+	"request-timeout": {"serve"},
+	"log-format":      {"serve"},
+	"log-level":       {"serve"},
+}
+
+// invocationFlags are read from the command line only: a stray JETFLOW_ID
+// must not make every start reuse one run ID.
+var invocationFlags = []string{"id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "print-config"}
+
+// parseArgs reads args (without the program name), the environment through
+// getenv and the config file. Flags may come before, between and after the
+// positional arguments; "--" ends the flags. It checks the command's
+// arguments and flags. stderrIsTerminal picks serve's default log format.
+// With --print-config it prints the settings to stdout and returns
+// errConfigPrinted, whatever the command. A bad value is reported with its
+// flag's name and, when it did not come from the command line, its origin.
+func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool, stdout io.Writer) (cli, error) {
+	c := cli{nats: natsconn.Options{URL: "nats://127.0.0.1:4222"}}
+	var (
+		scope, tokens, logLevel string
+		printConfig             bool
+	)
+	fs := flag.NewFlagSet("producer", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {} // run prints the usage text for -h
+	natsconn.Register(fs, &c.nats)
+	fs.IntVar(&c.replicas, "replicas", 1, "")
+	fs.StringVar(&c.output, "output", "text", "")
+	fs.String(conf.FileFlag, "", "")
+	fs.BoolVar(&printConfig, "print-config", false, "")
+	fs.StringVar(&c.id, "id", "", "")
+	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
+	fs.StringVar(&c.workflow, "workflow", "", "")
+	fs.StringVar(&c.status, "status", "", "")
+	fs.IntVar(&c.limit, "limit", 0, "")
+	fs.StringVar(&c.cursor, "cursor", "", "")
+	fs.StringVar(&scope, "scope", "", "")
+	fs.StringVar(&c.runID, "run-id", "", "")
+	fs.StringVar(&c.serve.httpAddr, "http-addr", "127.0.0.1:8080", "")
+	fs.StringVar(&tokens, "api-token", "", "")
+	fs.StringVar(&c.serve.webhooks, "webhooks", "", "")
+	fs.DurationVar(&c.serve.requestTimeout, "request-timeout", 10*time.Second, "")
+	fs.StringVar(&c.serve.logFormat, "log-format", "", "")
+	fs.StringVar(&logLevel, "log-level", "info", "")
+	// natsconn.Register promises to mark its secrets; marking them here
+	// again changes nothing and keeps them redacted whatever it does.
+	conf.Secret(fs, "api-token", natsconn.FlagPassword, natsconn.FlagToken)
+	conf.CommandLineOnly(fs, invocationFlags...)
+
+	flagArgs, pos := splitArgs(fs, args)
+	origins, err := conf.Load(fs, flagArgs, getenv)
+	if err != nil {
+		return cli{}, err
+	}
+	if err := c.settings(origins, tokens, logLevel, stderrIsTerminal); err != nil {
+		return cli{}, err
+	}
+	if printConfig {
+		if err := printSettings(stdout, fs, origins, c.nats); err != nil {
+			return cli{}, fmt.Errorf("print config: %w", err)
+		}
+		return cli{}, errConfigPrinted
+	}
+
+	if len(pos) == 0 {
+		return cli{}, errors.New("no command given")
+	}
+	c.command, c.args = pos[0], pos[1:]
+	a, ok := arity[c.command]
+	switch {
+	case !ok:
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, list, reset or serve", c.command)
+	case len(c.args) != a.n:
+		return cli{}, errors.New(a.synopsis)
+	}
+	var misplaced error
+	fs.VisitAll(func(f *flag.Flag) {
+		if origins[f.Name].Source != conf.FromFlag || misplaced != nil {
+			return
+		}
+		if cmds, only := commandFlags[f.Name]; only && !slices.Contains(cmds, c.command) {
+			misplaced = fmt.Errorf("--%s is a flag of %s, not %s", f.Name, strings.Join(cmds, " and "), c.command)
+		}
+	})
+	if misplaced != nil {
+		return cli{}, misplaced
+	}
+	if err := c.invocation(scope); err != nil {
+		return cli{}, err
+	}
+	return c, nil
+}
+
+// printSettings prints the settings as conf.Print does, and also hides
+// credentials written into the server URL (nats://user:password@host), which
+// conf.Print cannot know to be secret.
+func printSettings(w io.Writer, fs *flag.FlagSet, origins conf.Origins, o natsconn.Options) error {
+	var b strings.Builder
+	if err := conf.Print(&b, fs, origins); err != nil {
+		return err
+	}
+	out := b.String()
+	if o.URL != "" && o.Redacted() != o.URL {
+		out = strings.ReplaceAll(out, o.URL, o.Redacted())
+	}
+	_, err := io.WriteString(w, out)
+	return err
+}
+
+// splitArgs separates flags (with their values) from positional arguments,
+// so that flags may come anywhere on the line. Everything after "--" is
+// positional. A flag fs does not know is passed on for Load to report.
+func splitArgs(fs *flag.FlagSet, args []string) (flags, pos []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return flags, append(pos, args[i+1:]...)
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil || isBool(f) || i+1 == len(args) {
+			continue
+		}
+		flags = append(flags, args[i+1])
+		i++
+	}
+	return flags, pos
+}
+
+// isBool reports whether f takes no value (--print-config).
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// settings checks the settings, which may come from the environment or the
+// config file, and fills in the parsed ones.
+func (c *cli) settings(o conf.Origins, tokens, logLevel string, stderrIsTerminal bool) error {
+	switch {
+	case c.output != "text" && c.output != "json":
+		return fmt.Errorf("invalid value %q for %s: want text or json", c.output, o.Flag("output"))
+	case c.replicas != 1 && c.replicas != 3:
+		return fmt.Errorf("invalid value %d for %s: want 1, or 3 on a three-node cluster", c.replicas, o.Flag("replicas"))
+	case c.serve.requestTimeout <= 0:
+		return fmt.Errorf("invalid value %s for %s: must be positive", c.serve.requestTimeout, o.Flag("request-timeout"))
+	}
+	if c.serve.logFormat == "" {
+		c.serve.logFormat = "json"
+		if stderrIsTerminal {
+			c.serve.logFormat = "console"
+		}
+	}
+	if c.serve.logFormat != "json" && c.serve.logFormat != "console" {
+		return fmt.Errorf("invalid value %q for %s: want json or console", c.serve.logFormat, o.Flag("log-format"))
+	}
+	lvl, err := zerolog.ParseLevel(logLevel)
+	if err != nil || logLevel == "" {
+		return fmt.Errorf("invalid value %q for %s: want trace, debug, info, warn or error", logLevel, o.Flag("log-level"))
+	}
+	c.serve.logLevel = lvl
+	if err := checkAddr(c.serve.httpAddr); err != nil {
+		return fmt.Errorf("invalid value %q for %s: %w", c.serve.httpAddr, o.Flag("http-addr"), err)
+	}
+	if c.serve.tokens, err = splitTokens(tokens); err != nil {
+		// Never the value: it is a secret.
+		return fmt.Errorf("invalid value for %s: %w", o.Flag("api-token"), err)
+	}
+	return c.nats.Validate()
+}
+
+// splitTokens splits the comma-separated --api-token into its tokens; ""
+// is none. An empty token in a list is an error.
+func splitTokens(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	tokens := strings.Split(s, ",")
+	for i, t := range tokens {
+		tokens[i] = strings.TrimSpace(t)
+		if tokens[i] == "" {
+			return nil, fmt.Errorf("token %d of the comma-separated list is empty", i+1)
+		}
+	}
+	return tokens, nil
+}
+
+// checkAddr accepts host:port with a port in 0..65535.
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return errors.New("want a port number 0..65535")
+	}
+	return nil
+}
+
+// invocation checks the command-line-only flags of the command.
+func (c *cli) invocation(scope string) error {
+	switch {
+	case c.timeout <= 0:
+		return fmt.Errorf("invalid value %s for --timeout: must be positive", c.timeout)
+	case c.limit < 0 || c.limit > jetflow.MaxListLimit:
+		return fmt.Errorf("invalid value %d for --limit: want 1..%d", c.limit, jetflow.MaxListLimit)
+	case c.status != "" && !slices.Contains([]jetflow.RunStatus{
+		jetflow.StatusRunning, jetflow.StatusCompleted, jetflow.StatusFailed, jetflow.StatusCancelled,
+	}, jetflow.RunStatus(c.status)):
+		return fmt.Errorf("invalid value %q for --status: want running, completed, failed or cancelled", c.status)
+	}
+	if c.command != "reset" {
+		return nil
+	}
+	switch scope {
+	case "global":
+		c.scope = jetflow.ScopeGlobal
+		if c.workflow != "" || c.runID != "" {
+			return errors.New("--scope global takes neither --workflow nor --run-id")
+		}
+	case "workflow":
+		c.scope = jetflow.ScopeWorkflow
+		if c.workflow == "" || c.runID != "" {
+			return errors.New("--scope workflow needs --workflow W and no --run-id")
+		}
+	case "run":
+		c.scope = jetflow.ScopeRun
+		if c.runID == "" || c.workflow != "" {
+			return errors.New("--scope run needs --run-id R and no --workflow")
+		}
+	case "":
+		return errors.New("reset needs --scope global, workflow or run")
+	default:
+		return fmt.Errorf("invalid value %q for --scope: want global, workflow or run", scope)
+	}
+	return nil
+}
+
+// listOptions is the page list asks for.
+func (c cli) listOptions() jetflow.ListOptions {
+	return jetflow.ListOptions{
+		Workflow: c.workflow, Status: jetflow.RunStatus(c.status), After: c.cursor, Limit: c.limit,
+	}
+}
+
+// scopeID is the ID of reset's scope: the workflow, the run ID, or "" for
+// the global scope.
+func (c cli) scopeID() string {
+	switch c.scope {
+	case jetflow.ScopeWorkflow:
+		return c.workflow
+	case jetflow.ScopeRun:
+		return c.runID
+	}
+	return ""
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/webhook"
+)
+
+// serve runs producer serve until ctx is done: the HTTP API under /v1/ and
+// /metrics, /healthz and /readyz (ready when the client can reach NATS and
+// the engine's buckets) on one address. It then stops accepting, lets
+// in-flight requests finish (opshttp.ShutdownTimeout) and returns nil.
+// getenv resolves the webhook sources' secret_env. ready, if not nil, is
+// called with the bound address once the listener is bound. It returns the
+// first error that keeps it from serving.
+func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.Logger, ready func(addr string)) error {
+	var sources []webhook.Source
+	if c.serve.webhooks != "" {
+		var err error
+		if sources, err = loadWebhooks(c.serve.webhooks, getenv); err != nil {
+			return err
+		}
+	}
+
+	nc, err := c.nats.Connect("jetflow-producer",
+		nats.Timeout(5*time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: closed by us
+				log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Msg("connected to NATS")
+
+	reg, metrics, err := newRegistry()
+	if err != nil {
+		return err
+	}
+	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{Metrics: metrics, RequestTimeout: c.serve.requestTimeout})
+	if err != nil {
+		return err
+	}
+	api, err := httpapi.New(httpapi.Config{
+		Backend:        client,
+		Tokens:         c.serve.tokens,
+		Sources:        sources,
+		RequestTimeout: c.serve.requestTimeout,
+		Observe:        metrics.ObserveHTTP,
+		Logger:         log.With().Str("component", "httpapi").Logger(),
+	})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api)
+	opshttp.Register(mux, reg, opshttp.Check{Name: "jetflow", Fn: client.Ready})
+
+	ln, err := opshttp.Listen(c.serve.httpAddr)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(sources))
+	for i, s := range sources {
+		names[i] = s.Name
+	}
+	log.Info().Str("addr", ln.Addr().String()).Bool("auth", len(c.serve.tokens) > 0).Strs("webhook_sources", names).
+		Msg("serving the API on /v1/ and /metrics /healthz /readyz")
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	if err := opshttp.Serve(ctx, ln, mux); err != nil {
+		return fmt.Errorf("http server: %w", err)
+	}
+	log.Info().Msg("stopped")
+	return nil
+}
+
+// newRegistry is the registry /metrics serves: Go runtime and process
+// collectors plus jetflow's metrics.
+func newRegistry() (*prometheus.Registry, *jetflow.Metrics, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := jetflow.NewMetrics(reg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	return reg, m, nil
+}
+
+// newLogger is serve's logger: JSON lines, or a console format, on w.
+func newLogger(s serveConfig, w io.Writer) zerolog.Logger {
+	if s.logFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}
+	}
+	return zerolog.New(w).Level(s.logLevel).With().Timestamp().Logger()
+}

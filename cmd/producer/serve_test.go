@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/view"
+	"github.com/jetflow/jetflow/internal/webhook"
+)
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startServe runs serve for args with the environment vars until the test
+// ends, and returns its base URL, its logs and a stop that cancels it as
+// SIGTERM does and returns serve's error.
+func startServe(t *testing.T, tb *testbed, vars map[string]string, args ...string) (string, *syncBuffer, func() error) {
+	t.Helper()
+	c, err := parseArgs(append([]string{"serve", "--http-addr", "127.0.0.1:0"}, args...), tb.env(vars), false, io.Discard)
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, c, tb.env(vars), zerolog.New(logs), func(addr string) { ready <- addr })
+	}()
+	var (
+		once   sync.Once
+		result error
+	)
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case result = <-served:
+			case <-time.After(20 * time.Second):
+				t.Error("serve did not stop within 20s")
+			}
+		})
+		return result
+	}
+	t.Cleanup(func() { _ = stop() }) // before the testbed's cleanups: last in, first out
+	select {
+	case addr := <-ready:
+		return "http://" + addr, logs, stop
+	case err := <-served:
+		t.Fatalf("serve returned before it was ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve not ready within 20s")
+	}
+	return "", nil, nil
+}
+
+// response is one HTTP answer.
+type response struct {
+	code   int
+	header http.Header
+	body   string
+}
+
+func do(t *testing.T, method, url string, header http.Header, body []byte) response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	require.NoError(t, err)
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return response{code: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+func bearer(token string) http.Header {
+	return http.Header{"Authorization": {"Bearer " + token}}
+}
+
+func TestServe(t *testing.T) {
+	t.Parallel()
+	tb := newTestbed(t)
+	hooks := writeFile(t, "hooks.yaml", "- name: users\n  provider: standard\n  workflow: greet\n  secret_env: USERS_WEBHOOK_SECRET\n")
+	const tok1, tok2 = "tok-one-5c1e", "tok-two-9d3f"
+	vars := map[string]string{"USERS_WEBHOOK_SECRET": stdSecret, "JETFLOW_API_TOKEN": tok1 + ", " + tok2}
+	base, logs, stop := startServe(t, tb, vars, "--webhooks", hooks)
+
+	// A start with an Idempotency-Key, then its replay.
+	const input = `{"name":"ada-payload-7f"}`
+	start := func(token string) response {
+		h := bearer(token)
+		h.Set("Idempotency-Key", `"http-1"`)
+		h.Set("Content-Type", "application/json")
+		return do(t, http.MethodPost, base+"/v1/workflows/greet/runs", h, []byte(input))
+	}
+	require.Equal(t, http.StatusUnauthorized, start("wrong").code)
+	first := start(tok2)
+	require.Equal(t, http.StatusCreated, first.code, first.body)
+	require.Equal(t, "created", first.header.Get("Jetflow-Outcome"))
+	replay := start(tok1)
+	require.Equal(t, http.StatusCreated, replay.code, replay.body)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.body, replay.body)
+
+	res := do(t, http.MethodGet, base+"/v1/runs/http-1/result?wait=20s", bearer(tok1), nil)
+	require.Equal(t, http.StatusOK, res.code, res.body)
+	var run view.Run
+	require.NoError(t, json.Unmarshal([]byte(res.body), &run))
+	require.Equal(t, "completed", run.Status)
+	require.JSONEq(t, `"hello, ada-payload-7f"`, string(run.Output))
+
+	res = do(t, http.MethodGet, base+"/v1/runs/http-1", bearer(tok2), nil)
+	require.Equal(t, http.StatusOK, res.code, res.body)
+	require.NoError(t, json.Unmarshal([]byte(res.body), &run))
+	require.Equal(t, "greet", run.Workflow)
+	require.Equal(t, int64(1), run.Duplicates)
+	require.Len(t, run.Steps, 1)
+
+	// A Standard Webhooks delivery signed with the secret from the
+	// environment starts a run; one signed with another secret does not.
+	body := []byte(`{"type":"user.created","name":"hook"}`)
+	hook := func(secret string) response {
+		h := webhook.Sign(webhook.Standard, secret, "msg_1", time.Now(), body)
+		h.Set("Content-Type", "application/json")
+		return do(t, http.MethodPost, base+"/v1/webhooks/users", h, body)
+	}
+	require.Equal(t, http.StatusUnauthorized, hook(stdSecret2).code)
+	res = hook(stdSecret)
+	require.Equal(t, http.StatusAccepted, res.code, res.body)
+	require.JSONEq(t, `{"run_id":"users-msg_1","outcome":"created"}`, res.body)
+	res = hook(stdSecret)
+	require.Equal(t, http.StatusAccepted, res.code, res.body)
+	require.JSONEq(t, `{"run_id":"users-msg_1","outcome":"existing"}`, res.body)
+	code, out, errOut := tb.cli(t, nil)("wait", "users-msg_1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "run users-msg_1 completed: \"hello, hook\"\n", out)
+
+	// Operations endpoints on the same port.
+	res = do(t, http.MethodGet, base+"/healthz", nil, nil)
+	require.Equal(t, http.StatusOK, res.code)
+	res = do(t, http.MethodGet, base+"/readyz", nil, nil)
+	require.Equal(t, http.StatusOK, res.code, res.body)
+	require.JSONEq(t, `{"ready":true,"checks":{"jetflow":"ok"}}`, res.body)
+	res = do(t, http.MethodGet, base+"/metrics", nil, nil)
+	require.Equal(t, http.StatusOK, res.code)
+	for _, series := range []string{
+		`jetflow_http_requests_total{code="201",route="POST /v1/workflows/{name}/runs"} 2`,
+		`jetflow_http_requests_total{code="401",route="POST /v1/workflows/{name}/runs"} 1`,
+		`jetflow_http_requests_total{code="202",route="POST /v1/webhooks/{source}"} 2`,
+		`jetflow_http_requests_total{code="200",route="GET /v1/runs/{id}/result"} 1`,
+	} {
+		require.Regexp(t, "(?m)^"+regexp.QuoteMeta(series)+"$", res.body)
+	}
+	require.Contains(t, res.body, "go_goroutines ")
+	require.Contains(t, res.body, "process_start_time_seconds ")
+	require.Equal(t, http.StatusNotFound, do(t, http.MethodGet, base+"/nope", nil, nil).code)
+
+	// SIGTERM: serve stops cleanly and the port closes.
+	require.NoError(t, stop())
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/healthz", nil)
+	require.NoError(t, err)
+	_, err = http.DefaultClient.Do(req) // the server is gone: this fails at once
+	require.Error(t, err)
+
+	log := logs.String()
+	require.Contains(t, log, `"message":"serving the API on /v1/ and /metrics /healthz /readyz"`)
+	require.Contains(t, log, `"webhook_sources":["users"]`)
+	require.Contains(t, log, `"message":"stopped"`)
+	for _, secret := range []string{tok1, tok2, stdSecret, strings.TrimPrefix(stdSecret, "whsec_"), "ada-payload-7f", "user.created"} {
+		require.NotContains(t, log, secret)
+		require.NotContains(t, res.body, secret)
+	}
+}
+
+// TestServeNoNATS: serve fails, with exit code 1, when NATS is not there.
+func TestServeNoNATS(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runNoServer(t, map[string]string{"JETFLOW_NATS_URL": "nats://127.0.0.1:1"}, "serve", "--http-addr", "127.0.0.1:0")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, `"level":"error"`)
+	require.Contains(t, errOut, "connect to nats://127.0.0.1:1")
+}
