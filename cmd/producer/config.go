@@ -126,9 +126,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.DurationVar(&c.serve.requestTimeout, "request-timeout", 10*time.Second, "")
 	fs.StringVar(&c.serve.logFormat, "log-format", "", "")
 	fs.StringVar(&logLevel, "log-level", "info", "")
-	// natsconn.Register promises to mark its secrets; marking them here
-	// again changes nothing and keeps them redacted whatever it does.
-	conf.Secret(fs, "api-token", natsconn.FlagPassword, natsconn.FlagToken)
+	conf.Secret(fs, "api-token") // natsconn.Register marks its own secrets
 	conf.CommandLineOnly(fs, invocationFlags...)
 
 	flagArgs, pos := splitArgs(fs, args)
