@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 // The users of deploy/nats/accounts.conf, loaded from that file, so the
@@ -24,6 +26,7 @@ const (
 
 	workerUser          = "jetflow_worker"
 	producerUser        = "jetflow_producer"
+	operatorUser        = "jetflow_operator"
 	trustedProducerUser = "jetflow_trusted_producer"
 
 	// The commented-out trusted producer block sits between these markers.
@@ -34,14 +37,18 @@ const (
 var securityPasswords = map[string]string{
 	workerUser:          "worker-secret",
 	producerUser:        "producer-secret",
+	operatorUser:        "operator-secret",
 	trustedProducerUser: "trusted-secret",
 }
 
 // Least privilege (deploy/nats/accounts.conf): the worker user runs the
 // engine; the producer user starts runs only by request-reply or a durable
-// start envelope, and reads them, and cannot write the run bucket, publish a task, or create or delete
-// a stream; the direct jetflow.Start needs the trusted producer profile and
-// fails, with an error and in bounded time, for the producer user.
+// start envelope, reads and lists them, and cannot write the run bucket,
+// reset a task key, publish a task, or create or delete a stream; the
+// operator user may do what the producer does and reset task keys, and
+// cannot write a run or publish a task; the direct jetflow.Start needs the
+// trusted producer profile and fails, with an error and in bounded time,
+// for the producer user.
 func TestLeastPrivilegeUsers(t *testing.T) {
 	url := securedServer(t)
 	ctx := ctxT(t, 60*time.Second)
@@ -84,7 +91,14 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			return info.Attempt, nil
 		}, WithBackoff(50*time.Millisecond, 100*time.Millisecond), WithMaxAttempts(3))
 	})
-	w := startWorker(t, wnc, WorkerConfig{}, wf, gated, flaky)
+	// keyed caches its step's result under a task key shared by every run
+	// of the workflow; the result is the count of the step's executions.
+	keyed := NewWorkflow("secure-keyed", func(ctx *Context, _ int) (int, error) {
+		return Step(ctx, "send", func(context.Context) (int, error) {
+			return effects.inc("secure-keyed/send"), nil
+		}, WithIdempotencyKey("welcome", time.Hour), WithKeyScope(ScopeWorkflow))
+	})
+	w := startWorker(t, wnc, WorkerConfig{}, wf, gated, flaky, keyed)
 	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
@@ -180,8 +194,66 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		producerPerms.requireNone(t)
 	})
 
+	// ListRuns: an ordered consumer on KV_jetflow_runs (key listing), then
+	// direct gets of the runs and their audits.
+	t.Run("producer lists runs", func(t *testing.T) {
+		page, err := pc.ListRuns(ctx, ListOptions{Workflow: "secure"})
+		require.NoError(t, err)
+		require.Equal(t, []string{"sec-1", "sec-durable"}, runIDs(page.Runs))
+		require.Empty(t, page.Next)
+		require.Equal(t, int64(1), page.Runs[0].Duplicates, "the audit is read too")
+
+		page, err = pc.ListRuns(ctx, ListOptions{Limit: 2})
+		require.NoError(t, err)
+		require.Equal(t, []string{"sec-1", "sec-durable"}, runIDs(page.Runs))
+		require.Equal(t, "sec-durable", page.Next)
+		page, err = pc.ListRuns(ctx, ListOptions{After: page.Next, Status: StatusCompleted})
+		require.NoError(t, err)
+		require.Equal(t, []string{"sec-flaky", "sec-gated"}, runIDs(page.Runs))
+
+		// What producer serve's /readyz asks.
+		require.NoError(t, pc.Ready(ctx))
+		producerPerms.requireNone(t)
+	})
+
 	wjs, err := natsjs.New(wnc)
 	require.NoError(t, err)
+
+	// The operator user: the producer's rights plus task-key reset.
+	onc, operatorPerms := securedConn(t, url, operatorUser)
+	oc, err := NewClient(ctxT(t, 10*time.Second), onc, ClientConfig{Name: "least-privilege-operator"})
+	require.NoError(t, err)
+
+	// No keyed step has run yet, so the task-key bucket does not exist: a
+	// reset finds nothing and does not try to create the bucket.
+	t.Run("operator reset before the task-key bucket exists", func(t *testing.T) {
+		n, err := oc.ResetTaskKey(ctxT(t, 10*time.Second), "welcome", ScopeWorkflow, "secure-keyed")
+		require.NoError(t, err)
+		require.Zero(t, n)
+		_, err = wjs.KeyValue(ctx, "jetflow_taskkeys")
+		require.ErrorIs(t, err, natsjs.ErrBucketNotFound)
+		operatorPerms.requireNone(t)
+	})
+
+	// The first run executes the keyed step; the second is served from the
+	// key (the worker creates the bucket on first use).
+	t.Run("producer starts keyed runs", func(t *testing.T) {
+		for _, id := range []string{"sec-keyed-1", "sec-keyed-2"} {
+			_, err := pc.StartByName(ctx, "secure-keyed", json.RawMessage(`0`), WithRunID(id))
+			require.NoError(t, err)
+			run, err := pc.WaitRun(ctx, id)
+			require.NoError(t, err)
+			require.Equal(t, StatusCompleted, run.Status)
+			require.JSONEq(t, `1`, string(run.Output), "run %s", id)
+		}
+		require.Equal(t, 1, effects.get("secure-keyed/send"))
+		producerPerms.requireNone(t)
+	})
+	keyName, err := state.TaskKeyName(ScopeWorkflow, "secure-keyed", "send", "welcome")
+	require.NoError(t, err)
+	workerKeys, err := wjs.KeyValue(ctx, "jetflow_taskkeys")
+	require.NoError(t, err)
+
 	workerRuns, err := wjs.KeyValue(ctx, "jetflow_runs")
 	require.NoError(t, err)
 	committed, err := workerRuns.Get(ctx, "sec-1")
@@ -250,6 +322,81 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.NoError(t, err)
 	})
 
+	// A reset purges keys, and a purge is a publish to the key's subject,
+	// which is also how a forged result would be written: the producer may
+	// not. Its ResetTaskKey cannot even look the bucket up, and fails when
+	// its context ends; a hand-made purge is dropped.
+	t.Run("producer cannot reset a task key", func(t *testing.T) {
+		began := time.Now()
+		_, err := pc.ResetTaskKey(ctxT(t, 2*time.Second), "welcome", ScopeWorkflow, "secure-keyed")
+		require.Error(t, err)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(began), 10*time.Second)
+		producerPerms.requireDenied(t, "$JS.API.STREAM.INFO.KV_jetflow_taskkeys")
+
+		purge := nats.NewMsg("$KV.jetflow_taskkeys." + keyName)
+		purge.Header.Set("KV-Operation", "PURGE")
+		purge.Header.Set("Nats-Rollup", "sub")
+		_, err = pjs.PublishMsg(ctxT(t, 2*time.Second), purge)
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$KV.jetflow_taskkeys."+keyName)
+
+		// The key still holds the cached result.
+		e, err := workerKeys.Get(ctx, keyName)
+		require.NoError(t, err)
+		require.Equal(t, natsjs.KeyValuePut, e.Operation())
+	})
+
+	t.Run("operator resets a task key and lists runs", func(t *testing.T) {
+		// Bounded on its own: a denied request fails this subtest only.
+		n, err := oc.ResetTaskKey(ctxT(t, 10*time.Second), "welcome", ScopeWorkflow, "secure-keyed")
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		_, err = workerKeys.Get(ctx, keyName)
+		require.ErrorIs(t, err, natsjs.ErrKeyNotFound)
+		n, err = oc.ResetTaskKey(ctxT(t, 10*time.Second), "welcome", ScopeWorkflow, "secure-keyed")
+		require.NoError(t, err)
+		require.Zero(t, n, "a repeat finds nothing to remove")
+
+		// The next run executes the step again.
+		_, err = oc.StartByName(ctx, "secure-keyed", json.RawMessage(`0`), WithRunID("sec-keyed-3"))
+		require.NoError(t, err)
+		run, err := oc.WaitRun(ctx, "sec-keyed-3")
+		require.NoError(t, err)
+		require.JSONEq(t, `2`, string(run.Output))
+		require.Equal(t, 2, effects.get("secure-keyed/send"))
+
+		page, err := oc.ListRuns(ctx, ListOptions{Workflow: "secure-keyed"})
+		require.NoError(t, err)
+		require.Equal(t, []string{"sec-keyed-1", "sec-keyed-2", "sec-keyed-3"}, runIDs(page.Runs))
+		steps, err := oc.Steps(ctx, "sec-keyed-3")
+		require.NoError(t, err)
+		require.Len(t, steps, 1)
+		// producer serve runs as the operator: its /readyz check passes.
+		require.NoError(t, oc.Ready(ctx))
+		operatorPerms.requireNone(t)
+	})
+
+	// Beyond task keys the operator is a producer.
+	t.Run("operator cannot write a run or publish a task", func(t *testing.T) {
+		ojs, err := natsjs.New(onc)
+		require.NoError(t, err)
+		runs, err := ojs.KeyValue(ctx, "jetflow_runs")
+		require.NoError(t, err)
+		_, err = runs.Put(ctxT(t, 2*time.Second), "sec-1", []byte(`{"forged":true}`))
+		require.Error(t, err)
+		operatorPerms.requireDenied(t, "$KV.jetflow_runs.sec-1")
+		_, err = ojs.Publish(ctxT(t, 2*time.Second), "jetflow.task.secure.sec-op-forged", []byte(`{}`))
+		require.Error(t, err)
+		operatorPerms.requireDenied(t, "jetflow.task.secure.sec-op-forged")
+
+		now, err := workerRuns.Get(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Equal(t, committed.Revision(), now.Revision())
+		_, err = pc.GetRun(ctx, "sec-op-forged")
+		require.ErrorIs(t, err, ErrRunNotFound)
+	})
+
 	t.Run("producer's direct Start fails in bounded time", func(t *testing.T) {
 		var r result
 		select {
@@ -292,6 +439,14 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	workerPerms.requireNone(t)
 }
 
+func runIDs(runs []Run) []string {
+	ids := make([]string, len(runs))
+	for i, r := range runs {
+		ids[i] = r.RunID
+	}
+	return ids
+}
+
 // securedServer starts a nats-server with JetStream and the users of
 // deploy/nats/accounts.conf (the trusted producer block uncommented), and
 // returns its URL. Passwords come from the environment, as in production.
@@ -300,6 +455,7 @@ func securedServer(t *testing.T) string {
 	for _, env := range []struct{ name, user string }{
 		{"JETFLOW_WORKER_PASSWORD", workerUser},
 		{"JETFLOW_PRODUCER_PASSWORD", producerUser},
+		{"JETFLOW_OPERATOR_PASSWORD", operatorUser},
 		{"JETFLOW_TRUSTED_PRODUCER_PASSWORD", trustedProducerUser},
 	} {
 		t.Setenv(env.name, securityPasswords[env.user])

@@ -1,0 +1,577 @@
+package deploy
+
+import (
+	"encoding/json"
+	"errors"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/jetflow/jetflow/internal/metrics"
+)
+
+// ---------------------------------------------------------------------------
+// Prometheus and Grafana: every metric named exists.
+
+// histograms are the families exported as histograms: PromQL reads them
+// through their _bucket, _sum and _count series.
+var histograms = map[string]bool{
+	"jetflow_step_duration_seconds":         true,
+	"jetflow_run_duration_seconds":          true,
+	"jetflow_http_request_duration_seconds": true,
+}
+
+// metricLabels are the label names of each family, as internal/metrics
+// registers them.
+var metricLabels = map[string][]string{
+	"jetflow_starts_total":                  {"entry", "outcome", "state"},
+	"jetflow_duplicates_suppressed_total":   {"layer"},
+	"jetflow_steps_total":                   {"workflow", "step", "result"},
+	"jetflow_step_duration_seconds":         {"workflow", "step"},
+	"jetflow_runs_finished_total":           {"workflow", "state"},
+	"jetflow_run_duration_seconds":          {"workflow", "state"},
+	"jetflow_redeliveries_total":            {"workflow"},
+	"jetflow_max_deliveries_total":          {"workflow"},
+	"jetflow_steps_in_flight":               {},
+	"jetflow_consumer_pending":              {"consumer"},
+	"jetflow_consumer_ack_pending":          {"consumer"},
+	"jetflow_consumer_sample_errors_total":  {},
+	"jetflow_http_requests_total":           {"route", "code"},
+	"jetflow_http_request_duration_seconds": {"route"},
+}
+
+// targetLabels are added by Prometheus to every scraped series.
+var targetLabels = []string{"job", "instance"}
+
+func TestMetricTablesMatchTheMetricsPackage(t *testing.T) {
+	t.Parallel()
+	names := metrics.Names()
+	for name := range metricLabels {
+		require.Contains(t, names, name, "metricLabels names a family internal/metrics does not export")
+	}
+	for name := range histograms {
+		require.Contains(t, names, name)
+	}
+}
+
+var (
+	promString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'` + "|`[^`]*`")
+	promMetric   = regexp.MustCompile(`\bjetflow_[a-zA-Z0-9_]*`)
+	promUp       = regexp.MustCompile(`\bup\b`)
+	promSelector = regexp.MustCompile(`\b(jetflow_[a-zA-Z0-9_]*|up)\s*\{([^}]*)\}`)
+	promMatcher  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
+	promGrouping = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)`)
+	promJob      = regexp.MustCompile(`\bjob\s*=\s*"([^"]*)"`)
+)
+
+// checkPromQL reports what is wrong with expr: a metric name that
+// internal/metrics does not export (a histogram counts through _bucket,
+// _sum and _count only), a label a family does not have, a quantile
+// without le, or no jetflow metric at all.
+func checkPromQL(expr string) []error {
+	exported := map[string]bool{}
+	for _, n := range metrics.Names() {
+		exported[n] = true
+	}
+	var errs []error
+	bare := promString.ReplaceAllString(expr, `""`)
+
+	families := map[string]bool{}
+	for _, name := range promMetric.FindAllString(bare, -1) {
+		family, ok := metricFamily(name, exported)
+		if !ok {
+			errs = append(errs, errors.New("unknown metric "+name))
+			continue
+		}
+		families[family] = true
+	}
+	if len(families) == 0 && !promUp.MatchString(bare) {
+		errs = append(errs, errors.New("names no jetflow metric"))
+	}
+
+	allowed := slices.Clone(targetLabels)
+	for f := range families {
+		allowed = append(allowed, metricLabels[f]...)
+		if histograms[f] {
+			allowed = append(allowed, "le")
+		}
+	}
+	for _, m := range promSelector.FindAllStringSubmatch(bare, -1) {
+		family, ok := metricFamily(m[1], exported)
+		if !ok || m[1] == "up" {
+			continue
+		}
+		labels, known := metricLabels[family]
+		if !known {
+			continue
+		}
+		own := append(slices.Clone(targetLabels), labels...)
+		if strings.HasSuffix(m[1], "_bucket") {
+			own = append(own, "le")
+		}
+		for _, lm := range promMatcher.FindAllStringSubmatch(m[2], -1) {
+			if !slices.Contains(own, lm[1]) {
+				errs = append(errs, errors.New(m[1]+" has no label "+lm[1]))
+			}
+		}
+	}
+	groupsLE := false
+	for _, g := range promGrouping.FindAllStringSubmatch(bare, -1) {
+		for _, l := range strings.Split(g[1], ",") {
+			l = strings.TrimSpace(l)
+			if l == "" {
+				continue
+			}
+			groupsLE = groupsLE || l == "le"
+			if !slices.Contains(allowed, l) {
+				errs = append(errs, errors.New("groups by "+l+", a label none of its metrics has"))
+			}
+		}
+	}
+	if strings.Contains(bare, "histogram_quantile") && !groupsLE {
+		errs = append(errs, errors.New("histogram_quantile without le in its grouping"))
+	}
+	return errs
+}
+
+// metricFamily maps a series name to its exported family.
+func metricFamily(name string, exported map[string]bool) (string, bool) {
+	if name == "up" {
+		return "", true
+	}
+	if exported[name] {
+		return name, !histograms[name]
+	}
+	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && exported[base] && histograms[base] {
+			return base, true
+		}
+	}
+	return "", false
+}
+
+func TestCheckPromQLCatchesMistakes(t *testing.T) {
+	t.Parallel()
+	for expr, ok := range map[string]bool{
+		`sum by (outcome) (rate(jetflow_starts_total[5m]))`:                                        true,
+		`histogram_quantile(0.99, sum by (le) (rate(jetflow_step_duration_seconds_bucket[5m])))`:   true,
+		`max by (consumer) (jetflow_consumer_pending{consumer=~"jetflow_step_.*"})`:                true,
+		`absent(up{job="jetflow-worker"} == 1)`:                                                    true,
+		`sum(rate(jetflow_start_total[5m]))`:                                                       false, // typo
+		`rate(jetflow_step_duration_seconds[5m])`:                                                  false, // histogram without suffix
+		`histogram_quantile(0.99, sum by (step) (rate(jetflow_step_duration_seconds_bucket[5m])))`: false, // no le
+		`sum(rate(jetflow_steps_total{results="failed"}[5m]))`:                                     false, // label typo
+		`sum by (layer) (rate(jetflow_steps_total[5m]))`:                                           false, // label of another family
+		`vector(1)`: false,
+		`sum(rate(jetflow_http_requests_total{code=~"5.."}[5m])) / sum(rate(jetflow_http_requests_total[5m]))`: true,
+	} {
+		errs := checkPromQL(expr)
+		require.Equal(t, ok, len(errs) == 0, "%s: %v", expr, errs)
+	}
+}
+
+type grafanaPanel struct {
+	ID      int            `json:"id"`
+	Type    string         `json:"type"`
+	Title   string         `json:"title"`
+	GridPos map[string]int `json:"gridPos"`
+	Targets []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+	Panels []grafanaPanel `json:"panels"`
+}
+
+func TestGrafanaDashboard(t *testing.T) {
+	t.Parallel()
+	var d struct {
+		UID        string         `json:"uid"`
+		Title      string         `json:"title"`
+		Panels     []grafanaPanel `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Type  string `json:"type"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	require.NoError(t, json.Unmarshal(readFile(t, filepath.Join("grafana", "dashboards", "jetflow.json")), &d))
+	require.NotEmpty(t, d.UID)
+	require.NotEmpty(t, d.Title)
+	require.NotEmpty(t, d.Panels)
+
+	var exprs []string
+	ids := map[int]bool{}
+	var walk func([]grafanaPanel)
+	walk = func(ps []grafanaPanel) {
+		for _, p := range ps {
+			require.NotEmpty(t, p.Title, "panel %d has no title", p.ID)
+			require.False(t, ids[p.ID], "panel id %d used twice", p.ID)
+			ids[p.ID] = true
+			require.Contains(t, p.GridPos, "w", "panel %q has no gridPos", p.Title)
+			if p.Type == "row" {
+				walk(p.Panels)
+				continue
+			}
+			require.NotEmpty(t, p.Targets, "panel %q has no targets", p.Title)
+			for _, tg := range p.Targets {
+				require.NotEmpty(t, tg.Expr, "panel %q has a target without expr", p.Title)
+				exprs = append(exprs, tg.Expr)
+			}
+		}
+	}
+	walk(d.Panels)
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		switch q := v.Query.(type) {
+		case string:
+			exprs = append(exprs, q)
+		case map[string]any:
+			s, _ := q["query"].(string)
+			exprs = append(exprs, s)
+		}
+	}
+
+	used := map[string]bool{}
+	for _, e := range exprs {
+		require.Empty(t, checkPromQL(e), "dashboard expr %s", e)
+		for _, n := range promMetric.FindAllString(promString.ReplaceAllString(e, `""`), -1) {
+			used[n] = true
+		}
+	}
+	// The panels the dashboard promises (docs/operations.md).
+	for _, want := range []string{
+		"jetflow_starts_total", "jetflow_duplicates_suppressed_total", "jetflow_steps_total",
+		"jetflow_step_duration_seconds_bucket", "jetflow_consumer_pending", "jetflow_consumer_ack_pending",
+		"jetflow_steps_in_flight", "jetflow_runs_finished_total", "jetflow_run_duration_seconds_bucket",
+		"jetflow_redeliveries_total", "jetflow_max_deliveries_total",
+		"jetflow_http_requests_total", "jetflow_http_request_duration_seconds_bucket",
+	} {
+		require.True(t, used[want], "no panel shows %s", want)
+	}
+	requireKnownJobs(t, exprs)
+}
+
+type promRule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	For         string            `yaml:"for"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+func TestAlertRules(t *testing.T) {
+	t.Parallel()
+	var f struct {
+		Groups []struct {
+			Name  string     `yaml:"name"`
+			Rules []promRule `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(readFile(t, filepath.Join("prometheus", "alerts.yml")), &f))
+	require.NotEmpty(t, f.Groups)
+
+	names := map[string]bool{}
+	var exprs []string
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			require.NotEmpty(t, r.Alert, "group %s: a rule without alert (recording rules belong elsewhere)", g.Name)
+			require.False(t, names[r.Alert], "alert %s defined twice", r.Alert)
+			names[r.Alert] = true
+			require.Empty(t, checkPromQL(r.Expr), "alert %s", r.Alert)
+			require.Contains(t, []string{"warning", "critical"}, r.Labels["severity"], "alert %s: severity", r.Alert)
+			require.NotEmpty(t, r.Annotations["summary"], "alert %s: summary", r.Alert)
+			if r.For != "" {
+				_, err := time.ParseDuration(r.For)
+				require.NoError(t, err, "alert %s: for", r.Alert)
+			}
+			exprs = append(exprs, r.Expr)
+		}
+	}
+	for _, want := range []string{
+		"JetflowBacklogGrowing", "JetflowStepsFailing", "JetflowMaxDeliveriesHit",
+		"JetflowNoWorkerUp", "JetflowIdempotencyConflictsSpike", "JetflowHTTP5xx",
+	} {
+		require.True(t, names[want], "alert %s missing", want)
+	}
+	requireKnownJobs(t, exprs)
+}
+
+type promConfig struct {
+	RuleFiles     []string `yaml:"rule_files"`
+	ScrapeConfigs []struct {
+		JobName       string `yaml:"job_name"`
+		StaticConfigs []struct {
+			Targets []string `yaml:"targets"`
+		} `yaml:"static_configs"`
+	} `yaml:"scrape_configs"`
+}
+
+func loadPromConfig(t *testing.T) promConfig {
+	t.Helper()
+	var c promConfig
+	require.NoError(t, yaml.Unmarshal(readFile(t, filepath.Join("prometheus", "prometheus.yml")), &c))
+	return c
+}
+
+// requireKnownJobs checks that every job="..." in exprs is a scrape job.
+func requireKnownJobs(t *testing.T, exprs []string) {
+	t.Helper()
+	jobs := map[string]bool{}
+	for _, sc := range loadPromConfig(t).ScrapeConfigs {
+		jobs[sc.JobName] = true
+	}
+	for _, e := range exprs {
+		for _, m := range promJob.FindAllStringSubmatch(e, -1) {
+			require.True(t, jobs[m[1]], "%s: job %q is not scraped by prometheus.yml", e, m[1])
+		}
+	}
+}
+
+func TestPrometheusConfig(t *testing.T) {
+	t.Parallel()
+	c := loadPromConfig(t)
+	require.NotEmpty(t, c.RuleFiles)
+	for _, f := range c.RuleFiles {
+		require.FileExists(t, filepath.Join("prometheus", f))
+	}
+
+	// Static targets are compose services, on the port each one serves
+	// /metrics on.
+	services := loadCompose(t).Services
+	jobs := map[string]bool{}
+	for _, sc := range c.ScrapeConfigs {
+		jobs[sc.JobName] = true
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				host, port, ok := strings.Cut(target, ":")
+				require.True(t, ok, "target %s has no port", target)
+				if host == "localhost" {
+					continue
+				}
+				s, ok := services[host]
+				require.True(t, ok, "job %s: target %s is not a compose service", sc.JobName, target)
+				flags := parseFlags(s.Command)
+				require.True(t, strings.HasSuffix(flags["ops-addr"], ":"+port) || strings.HasSuffix(flags["http-addr"], ":"+port),
+					"job %s: %s does not serve on port %s", sc.JobName, host, port)
+			}
+		}
+	}
+	require.True(t, jobs["jetflow-worker"])
+	require.True(t, jobs["jetflow-producer"])
+}
+
+// TestPromtool runs Prometheus's own checks when promtool is installed
+// (Debian package prometheus), and unit-tests the alert rules on made-up
+// series; machines without promtool skip.
+func TestPromtool(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not on PATH: install Debian's prometheus package to run Prometheus's own checks of deploy/prometheus")
+	}
+	run := func(t *testing.T, args ...string) {
+		t.Helper()
+		out, err := exec.Command(promtool, args...).CombinedOutput()
+		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
+	}
+	t.Run("check config", func(t *testing.T) {
+		t.Parallel()
+		run(t, "check", "config", filepath.Join("prometheus", "prometheus.yml"))
+	})
+	t.Run("check rules", func(t *testing.T) {
+		t.Parallel()
+		run(t, "check", "rules", filepath.Join("prometheus", "alerts.yml"))
+	})
+	t.Run("alerts fire", func(t *testing.T) {
+		t.Parallel()
+		run(t, "test", "rules", writeAlertTests(t))
+	})
+}
+
+// alertCase is one promtool rule test: series (1-minute samples in
+// promtool's expanding notation), and the alerts expected at evalTime with
+// their labels beyond the rule's own. No alerts: the rule must stay quiet.
+type alertCase struct {
+	alert    string
+	series   map[string]string
+	evalTime string
+	fires    []map[string]string
+}
+
+var alertCases = []alertCase{
+	{
+		alert:    "JetflowNoWorkerUp",
+		series:   map[string]string{`up{job="jetflow-worker", instance="w1"}`: "0x10"},
+		evalTime: "5m",
+		fires:    []map[string]string{{}},
+	},
+	{
+		alert:    "JetflowNoWorkerUp",
+		series:   map[string]string{`up{job="jetflow-worker", instance="w1"}`: "0x5 1x10"},
+		evalTime: "10m",
+	},
+	{
+		alert:    "JetflowMaxDeliveriesHit",
+		series:   map[string]string{`jetflow_max_deliveries_total{workflow="order"}`: "0 0 0 1 1 1"},
+		evalTime: "5m",
+		fires:    []map[string]string{{"workflow": "order"}},
+	},
+	{
+		alert:    "JetflowMaxDeliveriesHit",
+		series:   map[string]string{`jetflow_max_deliveries_total{workflow="order"}`: "0x10"},
+		evalTime: "10m",
+	},
+	{
+		alert: "JetflowHTTP5xx",
+		series: map[string]string{
+			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="200"}`: "0+100x20",
+			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="503"}`: "0+5x20",
+		},
+		evalTime: "15m",
+		fires:    []map[string]string{{}},
+	},
+	{
+		alert: "JetflowHTTP5xx",
+		series: map[string]string{
+			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="200"}`: "0+100x20",
+			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="422"}`: "0+50x20",
+		},
+		evalTime: "15m",
+	},
+	{
+		alert:    "JetflowBacklogGrowing",
+		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_step_order", instance="w1"}`: "0+100x40"},
+		evalTime: "35m",
+		fires:    []map[string]string{{"consumer": "jetflow_step_order"}},
+	},
+	{
+		alert:    "JetflowBacklogGrowing",
+		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_step_order", instance="w1"}`: "5000x40"},
+		evalTime: "35m",
+	},
+	{
+		alert: "JetflowStepsStalled",
+		series: map[string]string{
+			`jetflow_consumer_pending{consumer="jetflow_step_order"}`:                  "50x30",
+			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "7x30",
+		},
+		evalTime: "25m",
+		fires:    []map[string]string{{"consumer": "jetflow_step_order"}},
+	},
+	{
+		alert:    "JetflowStepsStalled", // no step ever ran
+		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_start_order"}`: "3x30"},
+		evalTime: "25m",
+		fires:    []map[string]string{{"consumer": "jetflow_start_order"}},
+	},
+	{
+		alert: "JetflowStepsStalled",
+		series: map[string]string{
+			`jetflow_consumer_pending{consumer="jetflow_step_order"}`:                  "50x30",
+			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "0+10x30",
+		},
+		evalTime: "25m",
+	},
+	{
+		alert: "JetflowStepsFailing",
+		series: map[string]string{
+			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "0+100x30",
+			`jetflow_steps_total{workflow="order", step="charge", result="failed"}`:    "0+10x30",
+		},
+		evalTime: "25m",
+		fires:    []map[string]string{{"workflow": "order", "step": "charge"}},
+	},
+	{
+		alert: "JetflowIdempotencyConflictsSpike",
+		series: map[string]string{
+			`jetflow_starts_total{entry="http", outcome="created", state="running"}`:  "0+600x30",
+			`jetflow_starts_total{entry="http", outcome="conflict", state="running"}`: "0+12x30",
+		},
+		evalTime: "25m",
+		fires:    []map[string]string{{}},
+	},
+}
+
+// writeAlertTests renders alertCases as a promtool test file, with the
+// expected annotations taken from alerts.yml (label templates filled in),
+// and returns its path.
+func writeAlertTests(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs(filepath.Join("prometheus", "alerts.yml"))
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Rules []promRule `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(readFile(t, abs), &rules))
+	byName := map[string]promRule{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			byName[r.Alert] = r
+		}
+	}
+	labelRef := regexp.MustCompile(`\{\{\s*\$labels\.(\w+)\s*\}\}`)
+
+	type expAlert struct {
+		Labels      map[string]string `yaml:"exp_labels"`
+		Annotations map[string]string `yaml:"exp_annotations"`
+	}
+	type ruleTest struct {
+		EvalTime  string     `yaml:"eval_time"`
+		AlertName string     `yaml:"alertname"`
+		ExpAlerts []expAlert `yaml:"exp_alerts"`
+	}
+	type series struct {
+		Series string `yaml:"series"`
+		Values string `yaml:"values"`
+	}
+	type test struct {
+		Interval    string     `yaml:"interval"`
+		InputSeries []series   `yaml:"input_series"`
+		AlertTests  []ruleTest `yaml:"alert_rule_test"`
+	}
+	var tests []test
+	for _, c := range alertCases {
+		rule, ok := byName[c.alert]
+		require.True(t, ok, "no alert %s in alerts.yml", c.alert)
+		rt := ruleTest{EvalTime: c.evalTime, AlertName: c.alert, ExpAlerts: []expAlert{}}
+		for _, extra := range c.fires {
+			labels := maps.Clone(rule.Labels)
+			maps.Copy(labels, extra)
+			annotations := map[string]string{}
+			for k, v := range rule.Annotations {
+				annotations[k] = labelRef.ReplaceAllStringFunc(v, func(ref string) string {
+					return labels[labelRef.FindStringSubmatch(ref)[1]]
+				})
+			}
+			rt.ExpAlerts = append(rt.ExpAlerts, expAlert{Labels: labels, Annotations: annotations})
+		}
+		tc := test{Interval: "1m", AlertTests: []ruleTest{rt}}
+		for s, v := range c.series {
+			tc.InputSeries = append(tc.InputSeries, series{Series: s, Values: v})
+		}
+		tests = append(tests, tc)
+	}
+	out, err := yaml.Marshal(map[string]any{
+		"rule_files":          []string{abs},
+		"evaluation_interval": "1m",
+		"tests":               tests,
+	})
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "alerts_test.yml")
+	require.NoError(t, os.WriteFile(path, out, 0o600))
+	return path
+}

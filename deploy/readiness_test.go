@@ -1,0 +1,77 @@
+package deploy
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+)
+
+// TestWorkerUserPassesReadiness runs a worker as the least-privilege
+// jetflow_worker user of nats/accounts.conf and asks it what /readyz asks:
+// every probe of the deploy files depends on it (consumer info, bucket
+// status); the backlog gauges are sampled with the same consumer info.
+func TestWorkerUserPassesReadiness(t *testing.T) {
+	t.Parallel()
+	url := accountsServer(t)
+	nc, err := nats.Connect(url, nats.UserInfo("jetflow_worker", natsPasswords["JETFLOW_WORKER_PASSWORD"]))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+
+	ws := jetflow.NewWorkers()
+	require.NoError(t, ws.Add(jetflow.NewWorkflow("deploycheck", func(_ *jetflow.Context, in int) (int, error) {
+		return in, nil
+	})))
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{Concurrency: 2})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(stopCtx))
+	})
+
+	readyCtx, cancelReady := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelReady()
+	require.NoError(t, w.Ready(readyCtx), "the worker user cannot pass /readyz: check accounts.conf")
+}
+
+// accountsServer starts a nats-server with JetStream and the account of
+// nats/accounts.conf on a free loopback port, and returns its URL. The
+// passwords are defined as variables in a copy of the file instead of the
+// environment, so that tests may run in parallel.
+func accountsServer(t *testing.T) string {
+	t.Helper()
+	raw := readFile(t, filepath.Join("nats", "accounts.conf"))
+	var vars []byte
+	for k, v := range natsPasswords {
+		vars = append(vars, k+": \""+v+"\"\n"...)
+	}
+	conf := filepath.Join(t.TempDir(), "accounts.conf")
+	require.NoError(t, os.WriteFile(conf, append(vars, raw...), 0o600))
+
+	opts, err := server.ProcessConfigFile(conf)
+	require.NoError(t, err)
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.JetStream, opts.StoreDir = true, t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	srv, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go srv.Start()
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	require.True(t, srv.ReadyForConnections(10*time.Second), "server not ready")
+	require.Eventually(t, srv.JetStreamEnabled, 10*time.Second, 10*time.Millisecond)
+	return srv.ClientURL()
+}
