@@ -89,49 +89,17 @@ func TestFaultWorkerProcessesKilledUnderLoad(t *testing.T) {
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	var (
-		mu       sync.Mutex
-		children = []*exec.Cmd{startChild(t, env, "slow", srv.URL), startChild(t, env, "slow", srv.URL)}
-		kills    int
-	)
-	stopKiller := make(chan struct{})
-	killerDone := make(chan struct{})
-	go func() {
-		defer close(killerDone)
-		for {
-			select {
-			case <-stopKiller:
-				return
-			case <-time.After(time.Duration(150+rand.IntN(350)) * time.Millisecond):
-			}
-			mu.Lock()
-			i := rand.IntN(len(children))
-			victim := children[i]
-			mu.Unlock()
-			_ = victim.Process.Signal(syscall.SIGKILL)
-			_ = victim.Wait()
-			replacement, err := spawnChild(t, env, "slow", srv.URL)
-			if err != nil {
-				t.Errorf("restart worker process: %v", err)
-				return
-			}
-			mu.Lock()
-			children[i] = replacement
-			kills++
-			mu.Unlock()
-		}
-	}()
+	// Each victim is killed first and replaced after: a crash, not a
+	// handover.
+	roll := rollWorkers(t, env, srv.URL, 150*time.Millisecond, syscall.SIGKILL)
 
 	ledger := faultcheck.NewLedger()
 	load(t, c, crashWorkflow(srv.URL, nil), "kill", faultScale(200, 3000), 10*time.Millisecond, ledger)
-	close(stopKiller)
-	<-killerDone
+	kills := roll.stop()
 
 	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
 	require.NoError(t, writes.Stop())
-	mu.Lock()
 	t.Logf("worker kills=%d; %s", kills, v)
-	mu.Unlock()
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
 	require.Positive(t, v.Duplicates)
@@ -198,57 +166,75 @@ func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	var (
-		mu       sync.Mutex
-		children = []*exec.Cmd{startChild(t, env, "slow", srv.URL), startChild(t, env, "slow", srv.URL)}
-		drains   int
-	)
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(200+rand.IntN(300)) * time.Millisecond):
-			}
-			// Start the replacement first, as a rolling update does, so
-			// that one worker is always serving.
-			replacement, err := spawnChild(t, env, "slow", srv.URL)
-			if err != nil {
-				t.Errorf("start worker process: %v", err)
-				return
-			}
-			mu.Lock()
-			i := rand.IntN(len(children))
-			victim := children[i]
-			children[i] = replacement
-			mu.Unlock()
-			_ = victim.Process.Signal(syscall.SIGTERM)
-			if err := victim.Wait(); err != nil {
-				t.Errorf("worker process after SIGTERM: %v (want a clean drain, exit 0)", err)
-			}
-			mu.Lock()
-			drains++
-			mu.Unlock()
-		}
-	}()
+	// The replacement starts first, as in a rolling update, so that one
+	// worker is always serving; then the victim drains.
+	roll := rollWorkers(t, env, srv.URL, 100*time.Millisecond, syscall.SIGTERM)
 
 	ledger := faultcheck.NewLedger()
-	load(t, c, crashWorkflow(srv.URL, nil), "drain", faultScale(200, 3000), 10*time.Millisecond, ledger)
-	close(stop)
-	<-done
+	load(t, c, crashWorkflow(srv.URL, nil), "drain", faultScale(500, 3000), 10*time.Millisecond, ledger)
+	drains := roll.stop()
 
 	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
 	require.NoError(t, writes.Stop())
-	mu.Lock()
 	t.Logf("worker drains=%d; %s", drains, v)
 	require.Positive(t, drains)
-	mu.Unlock()
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
 	require.Equal(t, v.CommittedSteps, v.SideEffects, "a drained worker's steps must not run again elsewhere")
 	require.Zero(t, v.Reruns)
 	require.Positive(t, v.Duplicates)
+}
+
+// roller replaces the two child workers of a test one at a time.
+type roller struct {
+	halt chan struct{}
+	done chan struct{}
+	n    int // replacements made; read after done
+}
+
+// rollWorkers starts two child workers ("slow" steps) and, every interval
+// plus up to 1.5 intervals at random, replaces one of them by sending it
+// sig. With SIGKILL the victim dies first and its replacement starts after
+// (a crash). With any other signal the replacement starts first, as in a
+// rolling update, and the victim must then drain and exit 0. stop ends the
+// rolling and returns how many workers were replaced.
+func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval time.Duration, sig syscall.Signal) *roller {
+	r := &roller{halt: make(chan struct{}), done: make(chan struct{})}
+	children := []*exec.Cmd{startChild(t, env, "slow", effectsURL), startChild(t, env, "slow", effectsURL)}
+	go func() {
+		defer close(r.done)
+		for {
+			select {
+			case <-r.halt:
+				return
+			case <-time.After(interval + time.Duration(rand.Int64N(int64(interval)*3/2))):
+			}
+			i := rand.IntN(len(children))
+			victim := children[i]
+			if sig == syscall.SIGKILL {
+				_ = victim.Process.Signal(sig)
+				_ = victim.Wait()
+			}
+			next, err := spawnChild(t, env, "slow", effectsURL)
+			if err != nil {
+				t.Errorf("start worker process: %v", err)
+				return
+			}
+			children[i] = next
+			if sig != syscall.SIGKILL {
+				_ = victim.Process.Signal(sig)
+				if err := victim.Wait(); err != nil {
+					t.Errorf("worker process after %v: %v (want a clean drain, exit 0)", sig, err)
+				}
+			}
+			r.n++
+		}
+	}()
+	return r
+}
+
+func (r *roller) stop() int {
+	close(r.halt)
+	<-r.done
+	return r.n
 }

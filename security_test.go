@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // The users of deploy/nats/accounts.conf, loaded from that file, so the
@@ -465,21 +465,7 @@ func securedServer(t *testing.T) string {
 	conf := filepath.Join(t.TempDir(), "accounts.conf")
 	require.NoError(t, os.WriteFile(conf, []byte(uncommentTrusted(t, string(raw))), 0o600))
 
-	opts, err := server.ProcessConfigFile(conf)
-	require.NoError(t, err)
-	opts.Host, opts.Port = "127.0.0.1", -1
-	opts.JetStream, opts.StoreDir = true, t.TempDir()
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	require.NoError(t, err)
-	go srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	require.True(t, srv.ReadyForConnections(10*time.Second), "server not ready")
-	require.Eventually(t, srv.JetStreamEnabled, 10*time.Second, 10*time.Millisecond)
-	return srv.ClientURL()
+	return testenv.ConfigServer(t, conf)
 }
 
 // uncommentTrusted removes the comment mark of each line between the

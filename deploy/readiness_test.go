@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // TestWorkerUserPassesReadiness runs a worker as the least-privilege
@@ -59,19 +59,5 @@ func accountsServer(t *testing.T) string {
 	conf := filepath.Join(t.TempDir(), "accounts.conf")
 	require.NoError(t, os.WriteFile(conf, append(vars, raw...), 0o600))
 
-	opts, err := server.ProcessConfigFile(conf)
-	require.NoError(t, err)
-	opts.Host, opts.Port = "127.0.0.1", -1
-	opts.JetStream, opts.StoreDir = true, t.TempDir()
-	opts.NoSigs, opts.NoLog = true, true
-	srv, err := server.NewServer(opts)
-	require.NoError(t, err)
-	go srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	require.True(t, srv.ReadyForConnections(10*time.Second), "server not ready")
-	require.Eventually(t, srv.JetStreamEnabled, 10*time.Second, 10*time.Millisecond)
-	return srv.ClientURL()
+	return testenv.ConfigServer(t, conf)
 }

@@ -71,6 +71,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/logging"
 )
 
 // Exit codes.
@@ -157,7 +158,7 @@ func main() {
 // run executes one command line and returns the process exit code. Results
 // go to stdout; errors go to stderr, one line each (serve logs there).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	c, err := parseArgs(args, getenv, isTerminal(stderr), stdout)
+	c, err := parseArgs(args, getenv, logging.IsTerminal(stderr), stdout)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprint(stdout, usage)
@@ -170,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 
 	if c.command == "serve" {
-		log := newLogger(c.serve, stderr)
+		log := logging.New(stderr, c.serve.logFormat, c.serve.logLevel)
 		if err := serve(ctx, c, getenv, log, nil); err != nil {
 			log.Error().Err(err).Msg("producer serve failed")
 			return exitCode(err)
@@ -232,14 +233,4 @@ func exitCode(err error) int {
 	default:
 		return exitError
 	}
-}
-
-// isTerminal reports whether w is a terminal (for the default log format).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

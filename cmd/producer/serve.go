@@ -3,17 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
@@ -34,26 +32,17 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 		}
 	}
 
-	nc, err := c.nats.Connect("jetflow-producer",
-		nats.Timeout(5*time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: closed by us
-				log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
-		}),
-	)
+	nc, err := c.nats.Connect("jetflow-producer", append(natsconn.LogEvents(log), nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Msg("connected to NATS")
 
-	reg, metrics, err := newRegistry()
+	reg := opshttp.NewRegistry()
+	metrics, err := jetflow.NewMetrics(reg)
 	if err != nil {
-		return err
+		return fmt.Errorf("metrics: %w", err)
 	}
 	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{Metrics: metrics, RequestTimeout: c.serve.requestTimeout})
 	if err != nil {
@@ -92,24 +81,4 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	}
 	log.Info().Msg("stopped")
 	return nil
-}
-
-// newRegistry is the registry /metrics serves: Go runtime and process
-// collectors plus jetflow's metrics.
-func newRegistry() (*prometheus.Registry, *jetflow.Metrics, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := jetflow.NewMetrics(reg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("metrics: %w", err)
-	}
-	return reg, m, nil
-}
-
-// newLogger is serve's logger: JSON lines, or a console format, on w.
-func newLogger(s serveConfig, w io.Writer) zerolog.Logger {
-	if s.logFormat == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}
-	}
-	return zerolog.New(w).Level(s.logLevel).With().Timestamp().Logger()
 }

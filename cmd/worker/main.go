@@ -45,14 +45,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
 
@@ -66,7 +66,7 @@ func main() {
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer, stderr *os.File) int {
-	cfg, err := parseConfig(args, getenv, isTerminal(stderr), stdout, stderr)
+	cfg, err := parseConfig(args, getenv, logging.IsTerminal(stderr), stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errConfigPrinted) {
 		return 0
 	}
@@ -74,7 +74,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		fmt.Fprintf(stderr, "worker: %v\n", err)
 		return 1
 	}
-	log := newLogger(cfg, stderr)
+	log := logging.New(stderr, cfg.LogFormat, cfg.LogLevel)
 	if err := serve(ctx, cfg, log, nil); err != nil {
 		log.Error().Err(err).Msg("worker failed")
 		return 1
@@ -111,17 +111,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger, ready func(endpo
 			Msg("embedded NATS server started")
 	}
 
-	nc, err := natsOpts.Connect("jetflow-worker",
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err == nil { // closed by us
-				return
-			}
-			log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info().Str("url", c.ConnectedUrlRedacted()).Msg("reconnected to NATS")
-		}),
-	)
+	nc, err := natsOpts.Connect("jetflow-worker", natsconn.LogEvents(log)...)
 	if err != nil {
 		return err
 	}
@@ -135,8 +125,9 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger, ready func(endpo
 		metrics *jetflow.Metrics
 	)
 	if cfg.OpsAddr != "" {
-		if reg, metrics, err = newRegistry(); err != nil {
-			return err
+		reg = opshttp.NewRegistry()
+		if metrics, err = jetflow.NewMetrics(reg); err != nil {
+			return fmt.Errorf("metrics: %w", err)
 		}
 		if ops, err = opshttp.Listen(cfg.OpsAddr); err != nil {
 			return err
@@ -215,18 +206,6 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger, ready func(endpo
 	return errors.Join(drainErr, opsErr)
 }
 
-// newRegistry is the registry --ops-addr serves: Go runtime and process
-// collectors plus jetflow's metrics.
-func newRegistry() (*prometheus.Registry, *jetflow.Metrics, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := jetflow.NewMetrics(reg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("metrics: %w", err)
-	}
-	return reg, m, nil
-}
-
 // logHints tells a first-time user what to try next.
 func logHints(log zerolog.Logger, natsURL, paymentsURL string) {
 	producer := "go run ./cmd/producer"
@@ -243,17 +222,4 @@ func logHints(log zerolog.Logger, natsURL, paymentsURL string) {
 	} {
 		log.Info().Msg("try: " + hint)
 	}
-}
-
-func newLogger(cfg config, w *os.File) zerolog.Logger {
-	var out io.Writer = w
-	if cfg.LogFormat == "console" {
-		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: !isTerminal(w)}
-	}
-	return zerolog.New(out).Level(cfg.LogLevel).With().Timestamp().Logger()
-}
-
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -336,4 +337,20 @@ func checkURLs(s string) (hasCreds bool, err error) {
 		}
 	}
 	return hasCreds, nil
+}
+
+// LogEvents returns connection options that log to log when the connection
+// drops (warn) and when it is back (info, with the redacted server URL). A
+// close by the program itself logs nothing.
+func LogEvents(log zerolog.Logger) []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: closed by us
+				log.Warn().Err(err).Msg("disconnected from NATS; reconnecting")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
+		}),
+	}
 }

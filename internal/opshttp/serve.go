@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Server timeouts used by Serve. There is no write timeout: the producer's
@@ -61,4 +64,12 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		return fmt.Errorf("opshttp: serve: %w", err)
 	}
 	return nil
+}
+
+// NewRegistry returns a registry with the Go runtime and process
+// collectors, for a command's /metrics; jetflow.NewMetrics adds jetflow's.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }

@@ -202,3 +202,17 @@ func writePEM(t testing.TB, path, blockType string, der []byte, mode os.FileMode
 	require.NoError(t, os.WriteFile(path, data, mode))
 	return path
 }
+
+// ConfigServer starts a nats-server from a configuration file (as
+// nats-server -c would read it, includes and $VARIABLES resolved), on
+// 127.0.0.1 with a free port and JetStream storing in t.TempDir(), shut down
+// when t ends. It returns the client URL.
+func ConfigServer(t testing.TB, confFile string) string {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(confFile)
+	require.NoError(t, err)
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.JetStream, opts.StoreDir = true, t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	return startSecure(t, opts).URL
+}
