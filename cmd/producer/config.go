@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow"
 	conf "github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/opshttp"
 )
 
 // errConfigPrinted is parseArgs's answer to --print-config: the settings
@@ -248,7 +247,7 @@ func (c *cli) settings(o conf.Origins, tokens, logLevel string, stderrIsTerminal
 		return fmt.Errorf("invalid value %q for %s: want trace, debug, info, warn or error", logLevel, o.Flag("log-level"))
 	}
 	c.serve.logLevel = lvl
-	if err := checkAddr(c.serve.httpAddr); err != nil {
+	if err := opshttp.CheckAddr(c.serve.httpAddr); err != nil {
 		return fmt.Errorf("invalid value %q for %s: %w", c.serve.httpAddr, o.Flag("http-addr"), err)
 	}
 	if c.serve.tokens, err = splitTokens(tokens); err != nil {
@@ -272,18 +271,6 @@ func splitTokens(s string) ([]string, error) {
 		}
 	}
 	return tokens, nil
-}
-
-// checkAddr accepts host:port with a port in 0..65535.
-func checkAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return errors.New("want host:port")
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return errors.New("want a port number 0..65535")
-	}
-	return nil
 }
 
 // invocation checks the command-line-only flags of the command.

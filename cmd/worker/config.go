@@ -5,14 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	conf "github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/opshttp"
 )
 
 // errConfigPrinted is parseConfig's answer to --print-config: the
@@ -164,12 +163,8 @@ func checkAddr(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return errors.New("want host:port, or empty to disable")
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return errors.New("want a port number 0..65535")
+	if err := opshttp.CheckAddr(addr); err != nil {
+		return fmt.Errorf("%w, or empty to disable", err)
 	}
 	return nil
 }
