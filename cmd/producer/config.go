@@ -137,7 +137,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 		return cli{}, err
 	}
 	if printConfig {
-		if err := printSettings(stdout, fs, origins, c.nats); err != nil {
+		if err := conf.Print(stdout, fs, origins); err != nil {
 			return cli{}, fmt.Errorf("print config: %w", err)
 		}
 		return cli{}, errConfigPrinted
@@ -170,22 +170,6 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 		return cli{}, err
 	}
 	return c, nil
-}
-
-// printSettings prints the settings as conf.Print does, and also hides
-// credentials written into the server URL (nats://user:password@host), which
-// conf.Print cannot know to be secret.
-func printSettings(w io.Writer, fs *flag.FlagSet, origins conf.Origins, o natsconn.Options) error {
-	var b strings.Builder
-	if err := conf.Print(&b, fs, origins); err != nil {
-		return err
-	}
-	out := b.String()
-	if o.URL != "" && o.Redacted() != o.URL {
-		out = strings.ReplaceAll(out, o.URL, o.Redacted())
-	}
-	_, err := io.WriteString(w, out)
-	return err
 }
 
 // splitArgs separates flags (with their values) from positional arguments,

@@ -243,3 +243,18 @@ func TestRunPrintConfig(t *testing.T) {
 	code = run(t.Context(), []string{"--print-config", "--replicas", "5"}, env(nil), &stdout, stderr)
 	require.Equal(t, 1, code, "an invalid configuration is not printed")
 }
+
+// TestPrintConfigRedactsURLCredentials: credentials written into
+// --nats-url are not printed, from the environment or a flag.
+func TestPrintConfigRedactsURLCredentials(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{"nats://alice:s3cretpw@127.0.0.1:4222", "nats://tok3nvalue@127.0.0.1:4222,nats://b:4222"} {
+		var out bytes.Buffer
+		_, err := parseConfig([]string{"--print-config"}, env(map[string]string{"JETFLOW_NATS_URL": url}), false, &out, io.Discard)
+		require.ErrorIs(t, err, errConfigPrinted)
+		require.Contains(t, out.String(), "nats-url: ")
+		for _, secret := range []string{"s3cretpw", "tok3nvalue"} {
+			require.NotContains(t, out.String(), secret)
+		}
+	}
+}

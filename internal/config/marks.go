@@ -22,6 +22,13 @@ func Secret(fs *flag.FlagSet, names ...string) {
 	}
 }
 
+// Redactor marks flag name of fs as holding a value that may embed a
+// secret (a URL with credentials): Print shows redact(value) instead of the
+// value. Marking again replaces redact; it panics if fs has no such flag.
+func Redactor(fs *flag.FlagSet, name string, redact func(string) string) {
+	mark(fs, name).redact = redact
+}
+
 // CommandLineOnly marks the named flags of fs as commands rather than
 // settings (--print-config, say): Load reads them from the command line
 // alone, never from the environment or a config file (a file naming one is
@@ -39,6 +46,7 @@ type marked struct {
 	flag.Value
 	secret          bool
 	commandLineOnly bool
+	redact          func(string) string
 }
 
 func mark(fs *flag.FlagSet, name string) *marked {
@@ -104,6 +112,22 @@ func (m *marked) Get() any {
 func isSecret(f *flag.Flag) bool {
 	m, ok := f.Value.(*marked)
 	return ok && m.secret
+}
+
+// printed is f's value as Print shows it: Redacted for a secret that is
+// set, redacted by its Redactor, or as it is.
+func printed(f *flag.Flag) string {
+	v := f.Value.String()
+	m, ok := f.Value.(*marked)
+	switch {
+	case !ok || v == "":
+		return v
+	case m.secret:
+		return Redacted
+	case m.redact != nil:
+		return m.redact(v)
+	}
+	return v
 }
 
 func isCommandLineOnly(f *flag.Flag) bool {

@@ -14,7 +14,7 @@ import (
 // `name: value # origin` line each in flag name order, as YAML that Load
 // accepts as a config file. The origin comment is the one origins records
 // ("default" for a flag it lacks). A secret that is set prints as Redacted
-// and an unset one as "". Command-line-only flags and --config are left
+// and an unset one as ""; a flag with a Redactor prints as it redacts it. Command-line-only flags and --config are left
 // out. It returns the first write error.
 func Print(w io.Writer, fs *flag.FlagSet, origins Origins) error {
 	var b bytes.Buffer
@@ -22,10 +22,7 @@ func Print(w io.Writer, fs *flag.FlagSet, origins Origins) error {
 		if f.Name == FileFlag || isCommandLineOnly(f) {
 			return
 		}
-		v := f.Value.String()
-		if isSecret(f) && v != "" {
-			v = Redacted
-		}
+		v := printed(f)
 		fmt.Fprintf(&b, "%s: %s # %s\n", f.Name, scalar(v), origins[f.Name])
 	})
 	_, err := w.Write(b.Bytes())

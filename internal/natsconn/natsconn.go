@@ -111,6 +111,7 @@ func Register(fs *flag.FlagSet, o *Options) {
 	fs.StringVar(&o.TLSKey, FlagTLSKey, o.TLSKey, "PEM client private key `file` (with --nats-tls-cert)")
 	fs.StringVar(&o.TLSCA, FlagTLSCA, o.TLSCA, "PEM `file` of CAs to trust for the server's certificate (default: system roots)")
 	config.Secret(fs, FlagPassword, FlagToken)
+	config.Redactor(fs, FlagURL, Redact) // nats://user:password@host
 }
 
 // SecurityFlags names the authentication and TLS flags that are set, in
