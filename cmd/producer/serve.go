@@ -54,6 +54,7 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 		Sources:        sources,
 		RequestTimeout: c.serve.requestTimeout,
 		Observe:        metrics.ObserveHTTP,
+		Stopping:       ctx, // on SIGTERM, long polls answer at once
 		Logger:         log.With().Str("component", "httpapi").Logger(),
 	})
 	if err != nil {

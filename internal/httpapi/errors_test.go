@@ -28,7 +28,7 @@ func TestErrorStatuses(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", jetflow.ErrIdempotencyConflict), 422},
 		{jetflow.ErrDuplicateRejected, 409},
 		{jetflow.ErrRunIDRequired, 400},
-		{jetflow.ErrUnknownWorkflow, 404},
+		{jetflow.ErrUnknownWorkflow, 503},
 		{jetflow.ErrInputTooLarge, 413},
 		{jetflow.ErrInvalidInput, 400},
 		{fmt.Errorf("jetflow: start x: %w", context.DeadlineExceeded), 504},

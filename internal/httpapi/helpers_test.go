@@ -71,7 +71,8 @@ type observation struct {
 // Workflows: "echo" (echoIn -> n*2 via one step; blocks until release
 // when Block), "reject" (as echo, but a duplicate while running is
 // rejected), "keyed" (as echo, requires an Idempotency-Key), "fails"
-// (fails at once), "hook" (any JSON, for webhooks) and "mailer" (a step
+// (fails at once), "hook" (any JSON, for webhooks; StartNew after it
+// ended) and "mailer" (a step
 // with the global task key given as input, counted in sends).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
@@ -99,7 +100,10 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 		jetflow.NewWorkflow("reject", echo, jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.RejectWhileRunning})),
 		jetflow.NewWorkflow("keyed", echo, jetflow.RequireRunID()),
 		jetflow.NewWorkflow("fails", func(*jetflow.Context, echoIn) (int, error) { return 0, errors.New("it failed") }),
-		jetflow.NewWorkflow("hook", func(*jetflow.Context, json.RawMessage) (bool, error) { return true, nil }),
+		// A hook run ID started again after its run ended would start a new
+		// run, but for webhooks, whose redeliveries must land on the run.
+		jetflow.NewWorkflow("hook", func(*jetflow.Context, json.RawMessage) (bool, error) { return true, nil },
+			jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{AfterCompleted: jetflow.StartNew, AfterFailed: jetflow.StartNew})),
 		jetflow.NewWorkflow("mailer", func(ctx *jetflow.Context, key string) (int64, error) {
 			return jetflow.Step(ctx, "send", func(context.Context) (int64, error) { return b.sends.Add(1), nil },
 				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))

@@ -80,7 +80,10 @@ var errorStatuses = []struct {
 	{jetflow.ErrIdempotencyConflict, http.StatusUnprocessableEntity},
 	{jetflow.ErrDuplicateRejected, http.StatusConflict},
 	{jetflow.ErrRunIDRequired, http.StatusBadRequest},
-	{jetflow.ErrUnknownWorkflow, http.StatusNotFound},
+	// No responder: no worker serves the workflow. It may be unknown, or
+	// its workers may be restarting (a rollout): 503 with Retry-After, so
+	// that a client retries instead of dropping the start.
+	{jetflow.ErrUnknownWorkflow, http.StatusServiceUnavailable},
 	{jetflow.ErrRunNotFound, http.StatusNotFound},
 	{jetflow.ErrInputTooLarge, http.StatusRequestEntityTooLarge},
 	{jetflow.ErrInvalidInput, http.StatusBadRequest},

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -78,14 +77,17 @@ func (s *Server) readRun(r *http.Request, id string) (jetflow.Run, error) {
 	return s.cfg.Backend.GetRun(ctx, id)
 }
 
-// waitRun waits up to wait for the run to end, and returns it as it is
-// then. It stops early, with the context's error, when the client goes
-// away.
+// waitRun waits up to wait for the run to end, or until the server begins
+// to stop (Config.Stopping), and returns it as it is then. It stops early,
+// with the context's error, when the client goes away.
 func (s *Server) waitRun(r *http.Request, id string, wait time.Duration) (jetflow.Run, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
+	if s.cfg.Stopping != nil {
+		defer context.AfterFunc(s.cfg.Stopping, cancel)()
+	}
 	run, err := s.cfg.Backend.WaitRun(ctx, id)
-	if err == nil || r.Context().Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || r.Context().Err() != nil || ctx.Err() == nil {
 		return run, err
 	}
 	return s.readRun(r, id) // the wait is over: the run as it is now

@@ -230,3 +230,36 @@ func TestReadTimeoutIs504(t *testing.T) {
 	require.Equal(t, http.StatusGatewayTimeout, res.code, "body: %s", res.body)
 	res.problem(t)
 }
+
+// A long poll in flight when the server begins to stop answers at once
+// with the run as it is (202), instead of holding the shutdown for its
+// whole wait.
+func TestResultWaitEndsWhenServerStops(t *testing.T) {
+	t.Parallel()
+	stopping, stop := context.WithCancel(context.Background())
+	defer stop()
+	waiting := make(chan struct{}, 1)
+	b := setup(t, func(c *Config) {
+		c.Stopping = stopping
+		c.Backend = &waitSignal{Backend: c.Backend, waiting: waiting}
+	})
+	require.Equal(t, http.StatusCreated, b.post("echo", "stop-1", `{"n":1,"block":true}`).code)
+
+	done := make(chan response, 1)
+	go func() {
+		done <- doCtx(t, ctxT(t, 30*time.Second), b.srv, http.MethodGet, "/v1/runs/stop-1/result?wait=60s", nil, "")
+	}()
+	select {
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long poll did not start waiting")
+	}
+	stop()
+	select {
+	case res := <-done:
+		require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+		require.Equal(t, "running", res.header.Get(HeaderRunStatus))
+	case <-time.After(10 * time.Second): // far below the 60s wait
+		t.Fatal("the long poll kept waiting after the server began to stop")
+	}
+}

@@ -72,6 +72,10 @@ type Config struct {
 	// Logger receives server-side failures (5xx); it never receives
 	// tokens, secrets or payloads. The zero value discards.
 	Logger zerolog.Logger
+	// Stopping, if set, ends when the server begins to shut down: long
+	// polls then answer at once with the run as it is (202 while it
+	// runs), so that a graceful shutdown need not wait out their waits.
+	Stopping context.Context
 }
 
 // Server is the HTTP API. It is an http.Handler, safe for concurrent use.

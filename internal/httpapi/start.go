@@ -25,7 +25,20 @@ const (
 	HeaderOutcome = "Jetflow-Outcome"
 	// HeaderRunStatus is the run's status when the answer was made.
 	HeaderRunStatus = "Jetflow-Run-Status"
+	// HeaderAfterExpiry is "true" when the start created a run over one
+	// with the same run ID whose retention had passed: a new run, not a
+	// replay of the old one.
+	HeaderAfterExpiry = "Jetflow-After-Expiry"
 )
+
+// startHeaders sets the headers every successful start answer carries.
+func startHeaders(h http.Header, res jetflow.StartResult) {
+	h.Set(HeaderOutcome, string(res.Outcome))
+	h.Set(HeaderRunStatus, string(res.Status))
+	if res.AfterExpiry {
+		h.Set(HeaderAfterExpiry, "true")
+	}
+}
 
 // Started is the body of a successful start. It has only fields derived
 // from the stored run, so that every replay of a request gets the same
@@ -60,6 +73,12 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 			Detail: "the body must be JSON: send Content-Type application/json (or none)"})
 		return
 	}
+	if src, ok := s.webhookPrefix(key); ok {
+		// The run IDs of a webhook source are its events': a start that
+		// took one first would capture the event's real delivery.
+		s.fail(w, r, key, fmt.Errorf("%w: Idempotency-Key %q: keys starting %q are reserved for webhook source %s", errBadRequest, key, src+"-", src))
+		return
+	}
 	input, err := s.readJSON(w, r)
 	if err != nil {
 		s.fail(w, r, key, err)
@@ -82,8 +101,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	h.Set("Location", runLinks(res.RunID).Run)
-	h.Set(HeaderOutcome, string(res.Outcome))
-	h.Set(HeaderRunStatus, string(res.Status))
+	startHeaders(h, res)
 	if res.Outcome == jetflow.OutcomeExisting {
 		h.Set(HeaderReplayed, "true")
 	}

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/jetflow/jetflow"
 )
@@ -42,16 +43,31 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	// A redelivery of the event always lands on its run: attach while it
+	// runs, return it after it ended, whatever the workflow's own policy
+	// (a StartNew policy would process the event twice, a reject policy
+	// would make the provider retry until it gives up).
 	res, err := s.cfg.Backend.StartByName(ctx, src.Workflow, body,
 		jetflow.WithRunID(runID),
 		jetflow.WithSource("webhook:"+src.Name),
 		jetflow.WithEntryPoint(jetflow.EntryWebhook),
-		jetflow.WithFingerprintMode(jetflow.FingerprintIgnore))
+		jetflow.WithFingerprintMode(jetflow.FingerprintIgnore),
+		jetflow.WithConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.Attach, AfterCompleted: jetflow.ReturnExisting, AfterFailed: jetflow.ReturnExisting}))
 	if err != nil {
 		s.fail(w, r, runID, err)
 		return
 	}
-	w.Header().Set(HeaderOutcome, string(res.Outcome))
-	w.Header().Set(HeaderRunStatus, string(res.Status))
+	startHeaders(w.Header(), res)
 	writeJSON(w, http.StatusAccepted, "application/json", WebhookAccepted{RunID: res.RunID, Outcome: string(res.Outcome)})
+}
+
+// webhookPrefix reports whether key is in the run ID space of a configured
+// webhook source ("<source>-..."), and which.
+func (s *Server) webhookPrefix(key string) (string, bool) {
+	for name := range s.sources {
+		if strings.HasPrefix(key, name+"-") {
+			return name, true
+		}
+	}
+	return "", false
 }

@@ -67,14 +67,20 @@ func TestWebhookDeliveries(t *testing.T) {
 			require.Equal(t, "webhook:"+src.Name, run.Source)
 			require.JSONEq(t, body, string(run.Input))
 
-			// The provider re-delivers the event, signed anew a minute later
-			// (and, for GitHub, with the event header this time).
+			// The provider re-delivers the event after its run ended, signed
+			// anew a minute later (and, for GitHub, with the event header
+			// this time): the same run, although the workflow's policy
+			// would start a new one for an ordinary start.
+			b.waitDone(wantRun)
 			again := signed(src, id, testNow.Add(time.Minute), body)
 			again.header.Set("X-GitHub-Event", "invoice")
 			res = b.deliver(src.Name, again)
 			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
 			res.json(t, &acc)
 			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "existing"}, acc)
+			run, err = b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
+			require.NoError(t, err)
+			require.Zero(t, run.Generation, "the redelivery must not start the run again")
 
 			// Tampered: the body changed after signing.
 			id, body = event("evt_tampered_1")
@@ -105,7 +111,13 @@ func TestWebhookDeliveries(t *testing.T) {
 		}
 	}
 
-	res := b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
+	// A plain start may not take a run ID of a webhook source's events.
+	res := b.post("echo", "stripe-evt_squat", `{"n":1}`)
+	require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+	require.Contains(t, res.problem(t).Detail, "reserved for webhook source stripe")
+	b.requireNoRun("stripe-evt_squat")
+
+	res = b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
 	require.Equal(t, http.StatusNotFound, res.code)
 	res.problem(t)
 

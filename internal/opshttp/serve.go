@@ -21,8 +21,9 @@ const (
 	ReadTimeout       = 30 * time.Second
 	IdleTimeout       = 120 * time.Second
 	// ShutdownTimeout is how long Serve waits for in-flight requests after
-	// its context is done before closing their connections.
-	ShutdownTimeout = 10 * time.Second
+	// its context is done before closing their connections: longer than a
+	// start or read against NATS may take (10s by default in the API).
+	ShutdownTimeout = 20 * time.Second
 	maxHeaderBytes  = 64 << 10
 )
 
