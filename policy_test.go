@@ -166,6 +166,12 @@ func TestConflictPolicyTable(t *testing.T) {
 	require.ErrorIs(t, err, ErrDuplicateRejected)
 	_, err = Start(ctxT(t, 5*time.Second), c, strict, polInput{"ok"}, WithRunID("strict-1"), WithConflictPolicy(ConflictPolicy{}))
 	require.NoError(t, err, "a per-call policy overrides the workflow's")
+	// Under a rejecting policy, the same key with another input is still a
+	// conflict (HTTP 422), not the policy's refusal (409): only a repeat of
+	// the same request is the policy's to refuse.
+	_, err = Start(ctxT(t, 5*time.Second), c, strict, polInput{"other"}, WithRunID("strict-1"))
+	require.ErrorIs(t, err, ErrIdempotencyConflict)
+	require.NotErrorIs(t, err, ErrDuplicateRejected)
 }
 
 // G3: 32 concurrent "start new after failure" calls on one failed run ID

@@ -205,9 +205,6 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case act == actReject:
-			entry.Outcome = state.AuditRejected
-			refusal = &RejectedError{RunID: req.RunID, Status: run.Status}
 		case act == actStartNew && round < maxRestartRounds:
 			next, rev, won, err := a.restart(ctx, req, run, res.Revision)
 			if err != nil {
@@ -220,8 +217,14 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 			res.Outcome = Restarted
 			entry.Outcome = state.AuditRestarted
 		case !entry.FingerprintMatch && !req.IgnoreInput:
+			// Before the policy's refusal: a key reused with another
+			// payload is a conflict (HTTP 422) in every state, and only a
+			// repeat of the same request is the policy's to refuse (409).
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(fp)}
+		case act == actReject:
+			entry.Outcome = state.AuditRejected
+			refusal = &RejectedError{RunID: req.RunID, Status: run.Status}
 		default:
 			entry.Outcome = state.AuditExisting
 		}
