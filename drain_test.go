@@ -41,9 +41,17 @@ func TestStopFinishesInFlightStep(t *testing.T) {
 	h, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("drain-1"))
 	require.NoError(t, err)
 	<-started
+	require.NoError(t, w.Ready(ctxT(t, 5*time.Second)))
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(ctxT(t, 20*time.Second)) }()
+	// A draining worker is not ready, and says so at once while the drain
+	// waits for the step (a readiness probe must not wait for it).
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		return w.Ready(ctx) != nil
+	}, 5*time.Second, 10*time.Millisecond)
 	select {
 	case err := <-stopped:
 		t.Fatalf("Stop returned %v while a step was running", err)

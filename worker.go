@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -85,6 +86,14 @@ type Worker struct {
 	mu        sync.Mutex
 	started   bool
 	stopServe func(context.Context) error
+	// serving is what Ready checks, set once Start succeeded and cleared
+	// when Stop begins; read without mu, so that a readiness probe never
+	// waits for a drain.
+	serving atomic.Pointer[serving]
+}
+
+// serving is a started worker's resources, for Ready.
+type serving struct {
 	assets    *jetstream.Assets
 	consumers []natsjs.Consumer
 }
@@ -168,7 +177,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)
 	})
-	w.pool, w.started, w.assets, w.consumers = pool, true, assets, consumers
+	w.pool, w.started = pool, true
+	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
 		stopSampling()
 		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx))
@@ -198,13 +208,11 @@ func backlogs(ctx context.Context, consumers []natsjs.Consumer) ([]metrics.Backl
 // probe should call; it costs one JetStream request per consumer and two
 // per bucket checked.
 func (w *Worker) Ready(ctx context.Context) error {
-	w.mu.Lock()
-	started, assets, consumers := w.started, w.assets, w.consumers
-	w.mu.Unlock()
-	if !started {
+	s := w.serving.Load()
+	if s == nil {
 		return errors.New("jetflow: worker not started, or stopping")
 	}
-	return ready(ctx, w.nc, assets, consumers)
+	return ready(ctx, w.nc, s.assets, s.consumers)
 }
 
 // ready checks the connection, the buckets runs and steps, and consumers.
@@ -231,6 +239,7 @@ func ready(ctx context.Context, nc *nats.Conn, assets *jetstream.Assets, consume
 // run again with the same step IDs. Stop returns ctx's error in that case;
 // calling it again, or on a worker never started, returns nil.
 func (w *Worker) Stop(ctx context.Context) error {
+	w.serving.Store(nil) // not ready from now on, before waiting for mu
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.started {
