@@ -153,7 +153,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    NameHTTPDuration,
 			Help:    "HTTP API request latency in seconds.",
-			Buckets: prometheus.DefBuckets,
+			// Up to a minute: a result long poll may wait 60s.
+			Buckets: prometheus.ExponentialBucketsRange(0.001, 60, 17),
 		}, []string{"route"}),
 	}
 	collectors := []prometheus.Collector{
