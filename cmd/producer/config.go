@@ -45,6 +45,7 @@ type cli struct {
 // serveConfig holds the settings of producer serve.
 type serveConfig struct {
 	httpAddr       string
+	opsAddr        string // "" serves the operations endpoints on httpAddr
 	tokens         []string
 	webhooks       string
 	requestTimeout time.Duration
@@ -79,6 +80,7 @@ var commandFlags = map[string][]string{
 	"scope":           {"reset"},
 	"run-id":          {"reset"},
 	"http-addr":       {"serve"},
+	"ops-addr":        {"serve"},
 	"api-token":       {"serve"},
 	"webhooks":        {"serve"},
 	"request-timeout": {"serve"},
@@ -120,6 +122,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.StringVar(&scope, "scope", "", "")
 	fs.StringVar(&c.runID, "run-id", "", "")
 	fs.StringVar(&c.serve.httpAddr, "http-addr", "127.0.0.1:8080", "")
+	fs.StringVar(&c.serve.opsAddr, "ops-addr", "", "")
 	fs.StringVar(&tokens, "api-token", "", "")
 	fs.StringVar(&c.serve.webhooks, "webhooks", "", "")
 	fs.DurationVar(&c.serve.requestTimeout, "request-timeout", 10*time.Second, "")
@@ -233,6 +236,11 @@ func (c *cli) settings(o conf.Origins, tokens, logLevel string, stderrIsTerminal
 	c.serve.logLevel = lvl
 	if err := opshttp.CheckAddr(c.serve.httpAddr); err != nil {
 		return fmt.Errorf("invalid value %q for %s: %w", c.serve.httpAddr, o.Flag("http-addr"), err)
+	}
+	if c.serve.opsAddr != "" {
+		if err := opshttp.CheckAddr(c.serve.opsAddr); err != nil {
+			return fmt.Errorf("invalid value %q for %s: %w, or empty to use --http-addr", c.serve.opsAddr, o.Flag("ops-addr"), err)
+		}
 	}
 	if c.serve.tokens, err = splitTokens(tokens); err != nil {
 		// Never the value: it is a secret.

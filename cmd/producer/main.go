@@ -125,6 +125,8 @@ Flags (anywhere on the line):
   reset:  --scope S              global, workflow (with --workflow) or run (with --run-id)
           --workflow W, --run-id R
   serve:  --http-addr ADDR       listen address (default 127.0.0.1:8080)
+          --ops-addr ADDR        serve /metrics, /healthz, /readyz here instead of on
+                                 --http-addr (keep them off a public webhook port)
           --api-token T          bearer tokens the API requires, comma-separated (secret)
           --webhooks FILE        YAML list of webhook sources (format: go doc ./cmd/producer)
           --request-timeout D    bound on each start and read against NATS (default 10s)

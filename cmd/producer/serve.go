@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -62,23 +64,53 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
-	opshttp.Register(mux, reg, opshttp.Check{Name: "jetflow", Fn: client.Ready})
+	check := opshttp.Check{Name: "jetflow", Fn: client.Ready}
+	var opsLn net.Listener // a separate operations listener (--ops-addr)
+	if c.serve.opsAddr == "" {
+		opshttp.Register(mux, reg, check)
+	} else if opsLn, err = opshttp.Listen(c.serve.opsAddr); err != nil {
+		return err
+	}
 
 	ln, err := opshttp.Listen(c.serve.httpAddr)
 	if err != nil {
+		if opsLn != nil {
+			err = errors.Join(err, opsLn.Close())
+		}
 		return err
 	}
 	names := make([]string, len(sources))
 	for i, s := range sources {
 		names[i] = s.Name
 	}
-	log.Info().Str("addr", ln.Addr().String()).Bool("auth", len(c.serve.tokens) > 0).Strs("webhook_sources", names).
-		Msg("serving the API on /v1/ and /metrics /healthz /readyz")
+	ev := log.Info().Str("addr", ln.Addr().String()).Bool("auth", len(c.serve.tokens) > 0).Strs("webhook_sources", names)
+	if opsLn == nil {
+		ev.Msg("serving the API on /v1/ and /metrics /healthz /readyz")
+	} else {
+		ev.Str("ops_addr", opsLn.Addr().String()).Msg("serving the API on /v1/, and /metrics /healthz /readyz on ops_addr")
+	}
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	if err := opshttp.Serve(ctx, ln, mux); err != nil {
-		return fmt.Errorf("http server: %w", err)
+	if opsLn == nil {
+		if err := opshttp.Serve(ctx, ln, mux); err != nil {
+			return fmt.Errorf("http server: %w", err)
+		}
+	} else {
+		// Both servers stop together: on ctx, or when either fails.
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		opsErr := make(chan error, 1)
+		go func() {
+			err := opshttp.Serve(sctx, opsLn, opshttp.Handler(reg, check))
+			stop()
+			opsErr <- err
+		}()
+		err := opshttp.Serve(sctx, ln, mux)
+		stop()
+		if err = errors.Join(err, <-opsErr); err != nil {
+			return fmt.Errorf("http server: %w", err)
+		}
 	}
 	log.Info().Msg("stopped")
 	return nil

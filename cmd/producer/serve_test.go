@@ -210,3 +210,31 @@ func TestServeNoNATS(t *testing.T) {
 	require.Contains(t, errOut, `"level":"error"`)
 	require.Contains(t, errOut, "connect to nats://127.0.0.1:1")
 }
+
+// TestServeOpsAddr: with --ops-addr the operations endpoints move to their
+// own listener, off the API's (which may face the internet for webhooks).
+func TestServeOpsAddr(t *testing.T) {
+	t.Parallel()
+	tb := newTestbed(t)
+	base, logs, stop := startServe(t, tb, nil, "--ops-addr", "127.0.0.1:0")
+
+	var line struct {
+		OpsAddr string `json:"ops_addr"`
+	}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, `"ops_addr"`) {
+			require.NoError(t, json.Unmarshal([]byte(l), &line))
+		}
+	}
+	require.NotEmpty(t, line.OpsAddr, "logs: %s", logs.String())
+	ops := "http://" + line.OpsAddr
+
+	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+		require.Equal(t, http.StatusNotFound, do(t, http.MethodGet, base+path, nil, nil).code, "API port %s", path)
+		res := do(t, http.MethodGet, ops+path, nil, nil)
+		require.Equal(t, http.StatusOK, res.code, "ops port %s: %s", path, res.body)
+	}
+	require.Equal(t, http.StatusOK, do(t, http.MethodGet, base+"/v1/runs", nil, nil).code)
+	require.Contains(t, do(t, http.MethodGet, ops+"/metrics", nil, nil).body, `jetflow_http_requests_total{code="200",route="GET /v1/runs"} 1`)
+	require.NoError(t, stop())
+}
