@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
@@ -156,7 +158,11 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 
 	// Repeat the start until the broker no longer recognises the message ID
 	// (its window has passed); every one of them must be absorbed.
-	admit := dedupe.New(c.assets, nil, nil)
+	// The metrics say which layer stopped each one.
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	admit := dedupe.New(c.assets, nil, m.internal())
 	var outcomes []dedupe.Outcome
 	require.Eventually(t, func() bool {
 		res, err := admit.Admit(context.Background(), dedupe.Request{RunID: "evt-1", Workflow: "window", Input: json.RawMessage(`1`)})
@@ -172,6 +178,15 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 	for _, o := range outcomes {
 		require.Equal(t, dedupe.Existing, o, "every repeated start is absorbed")
 	}
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	require.Equal(t, float64(len(outcomes)-1), sample(byName, "jetflow_duplicates_suppressed_total", map[string]string{"layer": "broker"}))
+	require.Equal(t, 1.0, sample(byName, "jetflow_duplicates_suppressed_total", map[string]string{"layer": "kv"}), "the last one passed the broker")
+	require.Equal(t, float64(len(outcomes)), sample(byName, "jetflow_starts_total", map[string]string{"outcome": "existing", "state": "completed"}))
 	h2, err := Start(ctxT(t, 10*time.Second), c, wf, 1, WithRunID("evt-1"))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeExisting, h2.Outcome)

@@ -1,6 +1,7 @@
 package jetflow
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -182,4 +183,40 @@ func TestMetricsEntryPoints(t *testing.T) {
 		require.Equal(t, want, sample(byName, "jetflow_starts_total", map[string]string{"entry": entry, "outcome": "created"}), entry)
 	}
 	require.Equal(t, 1.0, sample(byName, "jetflow_starts_total", map[string]string{"entry": "nats", "outcome": "error", "state": "none"}))
+}
+
+// TestMetricsTaskKeyLayer: a step served from its task key's cached result
+// counts as a duplicate stopped by the task-key layer, and still as a
+// committed step of its run.
+func TestMetricsTaskKeyLayer(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	sends := newCounter()
+	wf := NewWorkflow("keyed-mail", func(ctx *Context, to string) (int, error) {
+		return Step(ctx, "send", func(context.Context) (int, error) { return sends.inc(to), nil },
+			WithIdempotencyKey("welcome-"+to, time.Hour), WithKeyScope(ScopeGlobal))
+	})
+	env.worker(WorkerConfig{Metrics: m}, wf)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	for _, id := range []string{"mail-1", "mail-2"} { // two runs, one email
+		h, err := Start(ctx, c, wf, "ada", WithRunID(id))
+		require.NoError(t, err)
+		out, err := h.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, out, "the second run reuses the first send's result")
+	}
+	require.Equal(t, 1, sends.get("ada"))
+
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	require.Equal(t, 1.0, sample(byName, "jetflow_duplicates_suppressed_total", map[string]string{"layer": "task_key"}))
+	require.Equal(t, 2.0, sample(byName, "jetflow_steps_total", map[string]string{"workflow": "keyed-mail", "step": "send", "result": "committed"}))
 }
