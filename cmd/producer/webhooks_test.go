@@ -126,3 +126,20 @@ func TestServeWebhooksFileError(t *testing.T) {
 	require.NotContains(t, errOut, "stripe-inline-secret")
 	require.NotContains(t, errOut, "nats://", "it fails before connecting")
 }
+
+// The example file in deploy/ loads, with its secrets from the environment.
+func TestLoadWebhooksExample(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"STRIPE_WEBHOOK_SECRET": stripeSecret, "GITHUB_WEBHOOK_SECRET": githubSecret,
+		"GITHUB_WEBHOOK_SECRET_OLD": githubSecret + "-old", "USERS_WEBHOOK_SECRET": stdSecret,
+	}
+	sources, err := loadWebhooks("../../deploy/webhooks.example.yaml", func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Len(t, sources, 3)
+	for _, s := range sources {
+		require.NoError(t, s.Validate())
+		require.Equal(t, "order", s.Workflow, "the example worker serves order")
+	}
+	require.Equal(t, []string{githubSecret, githubSecret + "-old"}, sources[1].Secrets)
+}
