@@ -151,8 +151,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "HTTP API requests by route pattern and status code.",
 		}, []string{"route", "code"}),
 		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    NameHTTPDuration,
-			Help:    "HTTP API request latency in seconds.",
+			Name: NameHTTPDuration,
+			Help: "HTTP API request latency in seconds.",
 			// Up to a minute: a result long poll may wait 60s.
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 60, 17),
 		}, []string{"route"}),
