@@ -81,73 +81,13 @@ func load(t *testing.T, c *Client, wf *Workflow[int, int], prefix string, n int,
 // committed attempt, none ran after its commit, no result was rewritten.
 func TestFaultWorkerProcessesKilledUnderLoad(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
-	effects := faultcheck.NewEffects()
-	srv := httptest.NewServer(effects)
-	t.Cleanup(srv.Close)
-	c := env.client()
-	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
-	require.NoError(t, err)
-
 	// Each victim is killed first and replaced after: a crash, not a
 	// handover.
-	roll := rollWorkers(t, env, srv.URL, 150*time.Millisecond, syscall.SIGKILL)
-
-	ledger := faultcheck.NewLedger()
-	load(t, c, crashWorkflow(srv.URL, nil), "kill", faultScale(200, 3000), 10*time.Millisecond, ledger)
-	kills := roll.stop()
-
-	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
-	require.NoError(t, writes.Stop())
+	v, kills := underRollingWorkers(t, syscall.SIGKILL, 150*time.Millisecond, "kill", faultScale(200, 3000))
 	t.Logf("worker kills=%d; %s", kills, v)
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
 	require.Positive(t, v.Duplicates)
-}
-
-// The whole single-node embedded server (the default deployment) is
-// restarted while runs are in flight. Producers retry the starts that fail
-// during the restart; workers reconnect. Nothing is lost or doubled.
-func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
-	t.Parallel()
-	env := newEnv(t, Topology{})
-	effects := faultcheck.NewEffects()
-	wf := NewWorkflow("restartable", func(ctx *Context, in int) (int, error) {
-		sum := in
-		for _, name := range []string{"a", "b", "c"} {
-			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
-				info, _ := StepInfo(sctx)
-				effects.Record(info.StepID, info.Attempt)
-				return sum + 1, nil
-			}, WithBackoff(50*time.Millisecond, 200*time.Millisecond))
-			if err != nil {
-				return 0, err
-			}
-			sum = v
-		}
-		return sum, nil
-	})
-	env.worker(WorkerConfig{AckWait: time.Second}, wf)
-	c := env.client()
-
-	ledger := faultcheck.NewLedger()
-	n := faultScale(150, 2000)
-	loaded := make(chan struct{})
-	go func() {
-		defer close(loaded)
-		load(t, c, wf, "rs", n, 5*time.Millisecond, ledger)
-	}()
-	// Restart once a third of the load is in.
-	require.Eventually(t, func() bool { return ledger.Len() > n/3 }, 30*time.Second, 5*time.Millisecond)
-	require.NoError(t, env.srv.Restart())
-	restarted := time.Now()
-	<-loaded
-	t.Logf("load done %s after the restart", time.Since(restarted))
-
-	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, nil, 3)
-	t.Logf("server restarted once, all final %s after it; %s", time.Since(restarted), v)
-	require.True(t, v.OK(), v.String())
-	require.Equal(t, v.Runs, v.Completed)
 }
 
 // Worker processes are stopped with SIGTERM, one at a time at random
@@ -158,6 +98,23 @@ func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
 // step runs twice: every side effect is a committed step's only attempt.
 func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
 	t.Parallel()
+	// The replacement starts first, as in a rolling update, so that one
+	// worker is always serving; then the victim drains.
+	v, drains := underRollingWorkers(t, syscall.SIGTERM, 100*time.Millisecond, "drain", faultScale(500, 3000))
+	t.Logf("worker drains=%d; %s", drains, v)
+	require.Positive(t, drains)
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, v.Runs, v.Completed)
+	require.Equal(t, v.CommittedSteps, v.SideEffects, "a drained worker's steps must not run again elsewhere")
+	require.Zero(t, v.Reruns)
+	require.Positive(t, v.Duplicates)
+}
+
+// underRollingWorkers starts n runs (prefix-0..n-1, 30% duplicates) of the
+// crash workflow while rollWorkers replaces worker processes with sig every
+// interval or so, then checks every run and step. It returns the verdict
+// and how many workers were replaced.
+func underRollingWorkers(t *testing.T, sig syscall.Signal, interval time.Duration, prefix string, n int) (faultcheck.Verdict, int) {
 	env := newEnv(t, Topology{})
 	effects := faultcheck.NewEffects()
 	srv := httptest.NewServer(effects)
@@ -166,23 +123,14 @@ func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	// The replacement starts first, as in a rolling update, so that one
-	// worker is always serving; then the victim drains.
-	roll := rollWorkers(t, env, srv.URL, 100*time.Millisecond, syscall.SIGTERM)
-
+	roll := rollWorkers(t, env, srv.URL, interval, sig)
 	ledger := faultcheck.NewLedger()
-	load(t, c, crashWorkflow(srv.URL, nil), "drain", faultScale(500, 3000), 10*time.Millisecond, ledger)
-	drains := roll.stop()
+	load(t, c, crashWorkflow(srv.URL, nil), prefix, n, 10*time.Millisecond, ledger)
+	replaced := roll.stop()
 
 	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
 	require.NoError(t, writes.Stop())
-	t.Logf("worker drains=%d; %s", drains, v)
-	require.Positive(t, drains)
-	require.True(t, v.OK(), v.String())
-	require.Equal(t, v.Runs, v.Completed)
-	require.Equal(t, v.CommittedSteps, v.SideEffects, "a drained worker's steps must not run again elsewhere")
-	require.Zero(t, v.Reruns)
-	require.Positive(t, v.Duplicates)
+	return v, replaced
 }
 
 // roller replaces the two child workers of a test one at a time.
