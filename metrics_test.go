@@ -134,11 +134,20 @@ func TestMetricsCountOneRun(t *testing.T) {
 
 	// Backlog gauges are sampled from the worker's consumers; in-flight
 	// returns to zero once nothing runs.
+	// Backlogs cover the step and start task consumers and the durable
+	// start consumer.
+	var consumers []string
 	require.Eventually(t, func() bool {
 		f := scrape(t, url)
-		_, sampled := f["jetflow_consumer_pending"]
-		return sampled && sample(f, "jetflow_steps_in_flight", nil) == 0
+		consumers = consumers[:0]
+		for _, m := range f["jetflow_consumer_pending"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				consumers = append(consumers, l.GetValue())
+			}
+		}
+		return len(consumers) == 3 && sample(f, "jetflow_steps_in_flight", nil) == 0
 	}, 10*time.Second, 20*time.Millisecond)
+	require.ElementsMatch(t, []string{"jetflow_start_metered", "jetflow_step_metered", "jetflow_admit_metered"}, consumers)
 
 	resp, err := http.Get(srv.URL + "/readyz")
 	require.NoError(t, err)

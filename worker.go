@@ -163,12 +163,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
-	stopDurable, err := dedupe.ServeDurable(ctx, assets, admit, served, dedupe.DurableConfig{
+	stopDurable, startConsumers, err := dedupe.ServeDurable(ctx, assets, admit, served, dedupe.DurableConfig{
 		AckWait: w.cfg.AckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), pool.Stop(ctx))
 	}
+	consumers = append(consumers, startConsumers...)
 	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), pool.Stop(ctx))

@@ -123,9 +123,10 @@ func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Se
 // and admits each with the same code as Serve. An envelope is acked once
 // admission decided, terminated (and logged at error level) when it can
 // never be admitted, and handed back with a delay on an infrastructure
-// error. The returned function stops consuming and waits, until its
-// context ends, for admissions in progress.
-func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (func(context.Context) error, error) {
+// error. stop ends the consuming and waits, until its context ends, for
+// admissions in progress; consumers are the start consumers bound (for
+// backlog and readiness checks).
+func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (stop func(context.Context) error, consumers []natsjs.Consumer, err error) {
 	cfg = cfg.withDefaults()
 	pool := consume.New(cfg.Concurrency*max(len(served), 1), false, log)
 	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, MaxAckPending: 16 * cfg.Concurrency}
@@ -135,10 +136,11 @@ func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, se
 			err = pool.Consume(c, cfg.Concurrency, &durable{a: a, cfg: cfg, log: log, workflow: name, wf: wf})
 		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("jetflow: consume durable starts of %s: %w", name, err), pool.Stop(ctx))
+			return nil, nil, errors.Join(fmt.Errorf("jetflow: consume durable starts of %s: %w", name, err), pool.Stop(ctx))
 		}
+		consumers = append(consumers, c)
 	}
-	return pool.Stop, nil
+	return pool.Stop, consumers, nil
 }
 
 // durable admits the durable starts of one workflow (a consume.Handler).
