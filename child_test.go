@@ -1,6 +1,7 @@
 package jetflow
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -33,6 +34,7 @@ const (
 	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
 	crashStep      = "b"
 	childAckWait   = time.Second
+	childReady     = "jetflow-child-ready" // a child's stdout line once its worker started
 )
 
 // crashWorkflow has steps a, b, c; every attempt of every step reports its
@@ -80,6 +82,10 @@ func killSelf() {
 
 // runChildWorker is the child process's main.
 func runChildWorker() int {
+	// As cmd/worker does: a SIGTERM from the very start drains, it never
+	// kills the process outright.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	crash := os.Getenv(childCrashEnv)
 	effects := os.Getenv(childEffectEnv)
 	var hooks workflow.Hooks
@@ -127,8 +133,7 @@ func runChildWorker() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Println(childReady) // for waitReady
 	<-sig
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -189,9 +194,23 @@ func spawnChild(t *testing.T, env *testEnv, crash, effectsURL string) (*exec.Cmd
 		childEnv+"=1", childURLEnv+"="+env.srv.ClientURL(),
 		childCrashEnv+"="+crash, childEffectEnv+"="+effectsURL)
 	cmd.Stderr = os.Stderr
+	ready := make(chan struct{})
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
+	go func() { // until the child exits and its stdout closes
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == childReady {
+				close(ready)
+			}
+		}
+	}()
+	childrenReady.Store(cmd, ready)
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -199,6 +218,25 @@ func spawnChild(t *testing.T, env *testEnv, crash, effectsURL string) (*exec.Cmd
 		}
 	})
 	return cmd, nil
+}
+
+// childrenReady maps a child's *exec.Cmd to a channel closed once its
+// worker has started.
+var childrenReady sync.Map
+
+// waitReady waits until the child's worker has started (it prints
+// childReady), as a rolling update waits for a new pod's readiness.
+func waitReady(cmd *exec.Cmd, d time.Duration) error {
+	ch, ok := childrenReady.Load(cmd)
+	if !ok {
+		return fmt.Errorf("not a child worker")
+	}
+	select {
+	case <-ch.(chan struct{}):
+		return nil
+	case <-time.After(d):
+		return fmt.Errorf("child worker not started within %s", d)
+	}
 }
 
 // waitKilled waits for a child to die by SIGKILL.

@@ -143,12 +143,18 @@ type roller struct {
 // rollWorkers starts two child workers ("slow" steps) and, every interval
 // plus up to 1.5 intervals at random, replaces one of them by sending it
 // sig. With SIGKILL the victim dies first and its replacement starts after
-// (a crash). With any other signal the replacement starts first, as in a
-// rolling update, and the victim must then drain and exit 0. stop ends the
+// (a crash). With any other signal the replacement starts first and the
+// victim gets sig once the replacement's worker serves, as in a rolling
+// update; the victim must then drain and exit 0. stop ends the
 // rolling and returns how many workers were replaced.
 func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval time.Duration, sig syscall.Signal) *roller {
 	r := &roller{halt: make(chan struct{}), done: make(chan struct{})}
 	children := []*exec.Cmd{startChild(t, env, "slow", effectsURL), startChild(t, env, "slow", effectsURL)}
+	if sig != syscall.SIGKILL {
+		for _, c := range children {
+			require.NoError(t, waitReady(c, 30*time.Second))
+		}
+	}
 	go func() {
 		defer close(r.done)
 		for {
@@ -170,6 +176,11 @@ func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval time.Du
 			}
 			children[i] = next
 			if sig != syscall.SIGKILL {
+				// A handover: the victim goes once its replacement serves.
+				if err := waitReady(next, 30*time.Second); err != nil {
+					t.Errorf("replacement worker: %v", err)
+					return
+				}
 				_ = victim.Process.Signal(sig)
 				if err := victim.Wait(); err != nil {
 					t.Errorf("worker process after %v: %v (want a clean drain, exit 0)", sig, err)
