@@ -52,7 +52,7 @@ type WorkerConfig struct {
 func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.Name == "" {
 		host, _ := os.Hostname()
-		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), nuid.Next()[:6])
+		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomSuffix())
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 64
@@ -250,4 +250,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 	err := errors.Join(w.stopServe(ctx), w.pool.Stop(ctx))
 	w.log.Info().Err(err).Msg("worker stopped")
 	return err
+}
+
+// randomSuffix tells apart the workers of one process. A NUID's first 12
+// characters are a per-process prefix; its last ones change with every
+// call.
+func randomSuffix() string {
+	id := nuid.Next()
+	return id[len(id)-6:]
 }

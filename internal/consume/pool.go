@@ -126,6 +126,10 @@ func (p *Pool) release(msg natsjs.Msg, h Handler) {
 	}
 }
 
+// Stopping reports whether Stop has begun: from then on no new message is
+// started.
+func (p *Pool) Stopping() bool { return p.stopping.Load() }
+
 // InFlight is the number of messages being handled.
 func (p *Pool) InFlight() int { return int(p.inFlight.Load()) }
 

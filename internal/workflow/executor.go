@@ -40,6 +40,9 @@ type Hooks struct {
 	// next task is published and the current one acknowledged. won is false
 	// when another worker had committed the step first.
 	AfterCommit func(stepID string, won bool)
+	// AfterRelease runs when a task fetched but never started was handed
+	// back (Release), with its run ID.
+	AfterRelease func(runID string)
 	// NoHeartbeat (read by the Pool) stops tasks from extending their ack
 	// deadline, as a paused or partitioned worker would fail to: the task
 	// is redelivered while its step still runs (a zombie).
@@ -417,6 +420,11 @@ func (e *Executor) Release(msg natsjs.Msg) error {
 			if err != nil && !errors.Is(err, jetstream.ErrExists) {
 				e.log.Warn().Err(err).Str("run_id", t.RunID).Msg("cannot record an unstarted attempt; the redelivery will count one more")
 			}
+		}
+	}
+	if h := e.cfg.Hooks.AfterRelease; h != nil {
+		if t, err := state.DecodeTask(msg.Data()); err == nil {
+			h(t.RunID)
 		}
 	}
 	return msg.Nak()
