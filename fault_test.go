@@ -90,6 +90,51 @@ func TestFaultWorkerProcessesKilledUnderLoad(t *testing.T) {
 	require.Positive(t, v.Duplicates)
 }
 
+// The whole single-node embedded server (the default deployment) is
+// restarted while runs are in flight. Producers retry the starts that fail
+// during the restart; workers reconnect. Nothing is lost or doubled.
+func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	wf := NewWorkflow("restartable", func(ctx *Context, in int) (int, error) {
+		sum := in
+		for _, name := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
+				info, _ := StepInfo(sctx)
+				effects.Record(info.StepID, info.Attempt)
+				return sum + 1, nil
+			}, WithBackoff(50*time.Millisecond, 200*time.Millisecond))
+			if err != nil {
+				return 0, err
+			}
+			sum = v
+		}
+		return sum, nil
+	})
+	env.worker(WorkerConfig{AckWait: time.Second}, wf)
+	c := env.client()
+
+	ledger := faultcheck.NewLedger()
+	n := faultScale(150, 2000)
+	loaded := make(chan struct{})
+	go func() {
+		defer close(loaded)
+		load(t, c, wf, "rs", n, 5*time.Millisecond, ledger)
+	}()
+	// Restart once a third of the load is in.
+	require.Eventually(t, func() bool { return ledger.Len() > n/3 }, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, env.srv.Restart())
+	restarted := time.Now()
+	<-loaded
+	t.Logf("load done %s after the restart", time.Since(restarted))
+
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, nil, 3)
+	t.Logf("server restarted once, all final %s after it; %s", time.Since(restarted), v)
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, v.Runs, v.Completed)
+}
+
 // Worker processes are stopped with SIGTERM, one at a time at random
 // moments, while runs are started at a steady pace (30% duplicates); each
 // is replaced by a new process. A worker that gets SIGTERM stops fetching,
