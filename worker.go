@@ -243,6 +243,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.serving.Store(nil) // not ready from now on, before waiting for mu
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.serving.Store(nil) // a Start that held mu meanwhile set it again
 	if !w.started {
 		return nil
 	}

@@ -276,9 +276,11 @@ func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
 // Redact returns the server URL list s with credentials hidden: a password
-// becomes "xxxxx" and a user-only part (a token) becomes "redacted". A URL
-// that does not parse is replaced by "<invalid URL>", since it cannot be
-// redacted reliably.
+// becomes "xxxxx" and a user-only part (a token) becomes "redacted"; only
+// scheme, credentials and host of a URL with credentials are kept. A URL
+// that does not parse is replaced by "<invalid URL>", and one whose "@" did
+// not parse as credentials (a password with an unescaped '#', '?' or '/')
+// by "<redacted URL>", since neither can be redacted reliably.
 func Redact(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
@@ -286,13 +288,16 @@ func Redact(s string) string {
 		switch {
 		case err != nil:
 			parts[i] = "<invalid URL>"
+		case u.User == nil && strings.Contains(p, "@"):
+			parts[i] = "<redacted URL>"
 		case u.User == nil:
 			parts[i] = strings.TrimSpace(p)
 		default:
-			if _, hasPassword := u.User.Password(); !hasPassword {
-				u.User = url.User("redacted")
+			user := "redacted"
+			if _, hasPassword := u.User.Password(); hasPassword {
+				user = u.User.Username() + ":xxxxx"
 			}
-			parts[i] = u.Redacted()
+			parts[i] = u.Scheme + "://" + user + "@" + u.Host
 		}
 	}
 	return strings.Join(parts, ",")
@@ -333,8 +338,14 @@ func checkURLs(s string) (hasCreds bool, err error) {
 		if u.Hostname() == "" {
 			return false, settingErr(FlagURL, ErrBadURL, "%s has no host", where)
 		}
+		if (u.User == nil && strings.Contains(p, "@")) || u.RawQuery != "" || u.Fragment != "" || strings.Trim(u.Path, "/") != "" {
+			return false, settingErr(FlagURL, ErrBadURL, "%s has a path, query or fragment: if its password holds '/', '?' or '#', percent-encode them", where)
+		}
 		if u.User != nil {
 			hasCreds = true
+			if pw, _ := u.User.Password(); pw == "xxxxx" || u.User.Username() == "redacted" {
+				return false, settingErr(FlagURL, ErrBadURL, "%s holds the credentials placeholder --print-config shows, not the credentials", where)
+			}
 		}
 	}
 	return hasCreds, nil

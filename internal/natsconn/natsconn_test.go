@@ -83,6 +83,9 @@ func TestValidate(t *testing.T) {
 		{name: "BadScheme", o: natsconn.Options{URL: "http://" + secret + "@h:4222"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: `scheme "http"`},
 		{name: "NoHost", o: natsconn.Options{URL: "nats://h:1,nats://"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: "URL 2 of 2 has no host"},
 		{name: "Unparsable", o: natsconn.Options{URL: "nats://u:" + secret + "@h:port"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: "does not parse"},
+		{name: "UnescapedHashInPassword", o: natsconn.Options{URL: "nats://svc:2024#" + secret + "@h:4222"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: "percent-encode"},
+		{name: "PrintedPassword", o: natsconn.Options{URL: "nats://app:xxxxx@h:4222"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: "placeholder"},
+		{name: "PrintedToken", o: natsconn.Options{URL: "nats://redacted@h:4222"}, flag: "nats-url", sentinel: natsconn.ErrBadURL, want: "placeholder"},
 		{name: "UserWithoutPassword", o: natsconn.Options{User: "app"}, flag: "nats-password", sentinel: natsconn.ErrIncomplete, want: "required with --nats-user"},
 		{name: "PasswordWithoutUser", o: natsconn.Options{Password: secret}, flag: "nats-user", sentinel: natsconn.ErrIncomplete},
 		{name: "TokenAndUser", o: natsconn.Options{User: "app", Password: secret, Token: secret}, flag: "nats-token", sentinel: natsconn.ErrConflict, want: "cannot be combined with --nats-user"},
@@ -191,6 +194,8 @@ func TestRedact(t *testing.T) {
 		"nats://a:1, tls://u:" + secret + "@b:2": "nats://a:1,tls://u:xxxxx@b:2",
 		"h:4222":                                 "h:4222",
 		"nats://u:" + secret + "@h:port":         "<invalid URL>",
+		"nats://svc:2024#" + secret + "@h:4222":  "<redacted URL>", // '#' not escaped: no user parsed
+		"nats://u:p@h:4222/#" + secret:           "nats://u:xxxxx@h:4222",
 		"":                                       "",
 	} {
 		require.Equal(t, want, natsconn.Redact(in), in)
