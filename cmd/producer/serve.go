@@ -50,13 +50,18 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if err != nil {
 		return err
 	}
+	// apiCtx ends on SIGTERM, or when the operations server fails: the API
+	// then drains (long polls answer at once) while the operations
+	// endpoints stay up, not ready, until it is done.
+	apiCtx, stopAPI := context.WithCancel(ctx)
+	defer stopAPI()
 	api, err := httpapi.New(httpapi.Config{
 		Backend:        client,
 		Tokens:         c.serve.tokens,
 		Sources:        sources,
 		RequestTimeout: c.serve.requestTimeout,
 		Observe:        metrics.ObserveHTTP,
-		Stopping:       ctx, // on SIGTERM, long polls answer at once
+		Stopping:       apiCtx,
 		Logger:         log.With().Str("component", "httpapi").Logger(),
 	})
 	if err != nil {
@@ -64,10 +69,18 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
-	check := opshttp.Check{Name: "jetflow", Fn: client.Ready}
+	checks := []opshttp.Check{
+		{Name: "jetflow", Fn: client.Ready},
+		{Name: "serving", Fn: func(context.Context) error {
+			if apiCtx.Err() != nil {
+				return errors.New("shutting down")
+			}
+			return nil
+		}},
+	}
 	var opsLn net.Listener // a separate operations listener (--ops-addr)
 	if c.serve.opsAddr == "" {
-		opshttp.Register(mux, reg, check)
+		opshttp.Register(mux, reg, checks...)
 	} else if opsLn, err = opshttp.Listen(c.serve.opsAddr); err != nil {
 		return err
 	}
@@ -92,22 +105,24 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
+	// Starts and reads in flight at shutdown may take their request
+	// timeout (twice: a long poll reads before and after its wait).
+	grace := 2*c.serve.requestTimeout + 5*time.Second
 	if opsLn == nil {
-		if err := opshttp.Serve(ctx, ln, mux); err != nil {
+		if err := opshttp.ServeGrace(apiCtx, ln, mux, grace); err != nil {
 			return fmt.Errorf("http server: %w", err)
 		}
 	} else {
-		// Both servers stop together: on ctx, or when either fails.
-		sctx, stop := context.WithCancel(ctx)
-		defer stop()
+		opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopOps()
 		opsErr := make(chan error, 1)
 		go func() {
-			err := opshttp.Serve(sctx, opsLn, opshttp.Handler(reg, check))
-			stop()
+			err := opshttp.Serve(opsCtx, opsLn, opshttp.Handler(reg, checks...))
+			stopAPI() // the API does not outlive its operations endpoints
 			opsErr <- err
 		}()
-		err := opshttp.Serve(sctx, ln, mux)
-		stop()
+		err := opshttp.ServeGrace(apiCtx, ln, mux, grace)
+		stopOps() // after the API's drain: its last counters can be scraped until then
 		if err = errors.Join(err, <-opsErr); err != nil {
 			return fmt.Errorf("http server: %w", err)
 		}

@@ -169,7 +169,7 @@ func TestServe(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.code)
 	res = do(t, http.MethodGet, base+"/readyz", nil, nil)
 	require.Equal(t, http.StatusOK, res.code, res.body)
-	require.JSONEq(t, `{"ready":true,"checks":{"jetflow":"ok"}}`, res.body)
+	require.JSONEq(t, `{"ready":true,"checks":{"jetflow":"ok","serving":"ok"}}`, res.body)
 	res = do(t, http.MethodGet, base+"/metrics", nil, nil)
 	require.Equal(t, http.StatusOK, res.code)
 	for _, series := range []string{

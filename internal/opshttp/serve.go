@@ -43,6 +43,12 @@ func Listen(addr string) (net.Listener, error) {
 // shutdown that ctx asked for, and the server's error when serving fails
 // first. Serve always closes ln.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	return ServeGrace(ctx, ln, h, ShutdownTimeout)
+}
+
+// ServeGrace is Serve with its own shutdown grace: how long requests in
+// flight when ctx ends may take to finish (at least ShutdownTimeout).
+func ServeGrace(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: ReadHeaderTimeout,
@@ -57,7 +63,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		return fmt.Errorf("opshttp: serve: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(grace, ShutdownTimeout))
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return errors.Join(fmt.Errorf("opshttp: shutdown: %w", err), srv.Close())
