@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
 )
@@ -73,4 +76,32 @@ func newTestServer(t *testing.T, h http.Handler) *httptest.Server {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// expiredBackend answers every start as a new run created over an expired
+// one with the same ID.
+type expiredBackend struct{ fakeBackend }
+
+func (e *expiredBackend) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...jetflow.StartOption) (jetflow.StartResult, error) {
+	res, err := e.fakeBackend.StartByName(ctx, name, input, opts...)
+	res.AfterExpiry = true
+	return res, err
+}
+
+// A start after the key's retention passed says so; others do not.
+func TestAfterExpiryHeader(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		backend Backend
+		want    string
+	}{{&fakeBackend{}, ""}, {&expiredBackend{}, "true"}} {
+		s, err := New(Config{Backend: tc.backend})
+		require.NoError(t, err)
+		req := httptest.NewRequest(http.MethodPost, "/v1/workflows/w/runs", strings.NewReader(`{}`))
+		req.Header.Set(HeaderIdempotencyKey, "k-1")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+		require.Equal(t, tc.want, rec.Header().Get(HeaderAfterExpiry))
+	}
 }

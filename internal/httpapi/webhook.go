@@ -1,11 +1,13 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/webhook"
 )
 
 // WebhookAccepted is the body of an accepted webhook delivery, whether it
@@ -57,6 +59,15 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, runID, err)
 		return
 	}
+	if res.Outcome == jetflow.OutcomeExisting {
+		// The run ID was already taken: by an earlier delivery of this
+		// event, or by a start from elsewhere that named the event's run ID
+		// first, whose input the event must not be taken for.
+		if err := s.checkWebhookRun(r, src, runID); err != nil {
+			s.fail(w, r, runID, err)
+			return
+		}
+	}
 	startHeaders(w.Header(), res)
 	writeJSON(w, http.StatusAccepted, "application/json", WebhookAccepted{RunID: res.RunID, Outcome: string(res.Outcome)})
 }
@@ -70,4 +81,24 @@ func (s *Server) webhookPrefix(key string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// errTakenRunID: a webhook event's run ID names a run that another kind of
+// start created.
+var errTakenRunID = errors.New("run ID taken")
+
+// checkWebhookRun returns an error matching jetflow.ErrDuplicateRejected
+// (409) when the run under the event's run ID was not started by this
+// webhook source.
+func (s *Server) checkWebhookRun(r *http.Request, src webhook.Source, runID string) error {
+	run, err := s.readRun(r, runID)
+	if err != nil {
+		return err
+	}
+	if want := "webhook:" + src.Name; run.Source != want {
+		s.log.Warn().Str("run_id", runID).Str("source", src.Name).Str("run_source", run.Source).
+			Msg("httpapi: a webhook event's run ID was taken by another start; the event is refused")
+		return fmt.Errorf("%w: %w: run %s was started by %q, not by webhook source %s: the event is not processed", jetflow.ErrDuplicateRejected, errTakenRunID, runID, run.Source, src.Name)
+	}
+	return nil
 }

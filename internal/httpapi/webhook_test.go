@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -117,6 +118,15 @@ func TestWebhookDeliveries(t *testing.T) {
 	require.Contains(t, res.problem(t).Detail, "reserved for webhook source stripe")
 	b.requireNoRun("stripe-evt_squat")
 
+	// A run ID taken first by another kind of start (here the Go SDK): the
+	// event is refused (409, the provider retries and shows it), never
+	// taken for the run's forged input.
+	_, err := b.client.StartByName(ctxT(t, 10*time.Second), "hook", json.RawMessage(`{"forged":true}`), jetflow.WithRunID("stripe-evt_taken"))
+	require.NoError(t, err)
+	res = b.deliver("stripe", signed(testSources[2], "evt_taken", testNow, `{"id":"evt_taken","type":"invoice.paid"}`))
+	require.Equal(t, http.StatusConflict, res.code, "body: %s", res.body)
+	require.Contains(t, res.problem(t).Detail, "not by webhook source stripe")
+
 	res = b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
 	require.Equal(t, http.StatusNotFound, res.code)
 	res.problem(t)
@@ -128,7 +138,7 @@ func TestWebhookDeliveries(t *testing.T) {
 
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook"})
 	require.NoError(t, err)
-	require.Len(t, page.Runs, len(testSources), "one run per provider's valid event, nothing else")
+	require.Len(t, page.Runs, len(testSources)+1, "one run per provider's valid event and the forged one, nothing else")
 }
 
 // A source set is checked when the server is made.
