@@ -33,7 +33,18 @@ type WorkerConfig struct {
 	// before redelivering it to another worker (default 30s). Running steps
 	// extend it every AckWait/3, so it bounds how fast a crashed worker's
 	// step is picked up again, not how long a step may run.
+	//
+	// AckWait is a deployment-wide setting, kept on each workflow's shared
+	// consumers: the worker that creates a consumer sets it, and every
+	// worker follows the consumer's value while it runs (re-read every few
+	// seconds). A worker started with another value keeps the deployment's
+	// and logs a warning, unless ApplyAckWait is set.
 	AckWait time.Duration
+	// ApplyAckWait makes this worker's AckWait the deployment's when it
+	// starts: a longer one is applied at once; a shorter one is announced
+	// first and applied once running workers have had time to heartbeat
+	// for it (Start then takes up to a third of the old value plus 10s).
+	ApplyAckWait bool
 	// Topology must match the clients'.
 	Topology Topology
 	// Logger receives structured logs; the default discards them.
@@ -136,7 +147,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
-	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, MaxAckPending: 64 * w.cfg.Concurrency}
+	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
+		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
 	var consumers []natsjs.Consumer
 	for name := range defs {
 		// Runs in progress come first: start tasks get at most a quarter of
@@ -164,7 +176,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
 	stopDurable, startConsumers, err := dedupe.ServeDurable(ctx, assets, admit, served, dedupe.DurableConfig{
-		AckWait: w.cfg.AckWait, Concurrency: min(4, w.cfg.Concurrency),
+		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), pool.Stop(ctx))
@@ -186,6 +198,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
+}
+
+// logConsumer reports a consumer setting kept or changed at start-up.
+func (w *Worker) logConsumer(msg string, kv ...any) {
+	w.log.Warn().Fields(kv).Msg(msg)
 }
 
 // backlogs reads the consumers' infos: what waits to be delivered, and

@@ -1,9 +1,22 @@
 // Package consume runs handlers over JetStream pull consumers with bounded
 // concurrency: tasks (internal/workflow) and durable start envelopes
-// (internal/dedupe) are consumed the same way. From the moment a message
-// arrives until its handler returns, its ack deadline is extended; a
-// message fetched but not started when the pool stops is handed back; Stop
-// drains within a deadline.
+// (internal/dedupe) are consumed the same way.
+//
+// Its promise is the one a live worker owes the others: a message this
+// process holds is never redelivered to another process while this one is
+// alive and not stalled. Three rules keep it:
+//
+//   - it pulls only as many messages as it has free slots for, so nothing
+//     waits un-heartbeated in a client buffer (no prefetch);
+//   - from the moment a message is received until it is settled, its ack
+//     deadline is extended every third of the consumer's AckWait, also while
+//     it waits for a slot the pool shares between consumers;
+//   - the AckWait it extends against is the consumer's, the deployment's
+//     setting, re-read while the pool runs (see jetstream.EffectiveAckWait),
+//     not the one this process was started with.
+//
+// A message fetched but not started when the pool stops is handed back
+// (Handler.Release); Stop drains within a deadline.
 package consume
 
 import (
@@ -14,13 +27,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
 // stuckGrace is how long Stop still waits, after cancelling the running
 // steps' contexts, for steps and workflow bodies that ignore cancellation.
 const stuckGrace = 5 * time.Second
+
+// fetchWait is how long one pull request waits on the server for messages.
+// It bounds how long Stop waits for pulls in flight (whose messages are
+// handed back, never dropped in transit), and costs one request per
+// consumer per fetchWait while idle.
+const fetchWait = time.Second
 
 // Handler processes and settles messages.
 type Handler interface {
@@ -32,18 +54,20 @@ type Handler interface {
 }
 
 // Pool consumes messages from consumers and hands them to their handlers
-// with bounded concurrency. From the moment a message arrives until it is
-// settled, its ack deadline is extended every third of the consumer's
-// AckWait, so a message waiting for a free slot is not redelivered to
-// another process behind the back of this one.
+// with bounded concurrency.
 type Pool struct {
 	log         zerolog.Logger
-	sem         chan struct{}
-	wg          sync.WaitGroup
-	stopping    atomic.Bool
-	running     []natsjs.ConsumeContext
+	sem         chan struct{} // running handlers, across consumers
 	noHeartbeat bool
 	inFlight    atomic.Int64
+
+	mu      sync.Mutex
+	sources []*source
+
+	stopping atomic.Bool
+	quit     chan struct{} // closed when Stop begins
+	loops    sync.WaitGroup
+	handlers sync.WaitGroup
 
 	// hard is cancelled when the drain deadline passes: running steps see
 	// their context cancelled and their tasks are released.
@@ -51,73 +75,191 @@ type Pool struct {
 	hardCancel context.CancelFunc
 }
 
+// source is one consumer the pool pulls from.
+type source struct {
+	c natsjs.Consumer
+	h Handler
+	// own holds a token per message of this consumer that is fetched or
+	// requested and not yet settled: at most its limit.
+	own chan struct{}
+	// ackWait is the consumer's effective AckWait (nanoseconds), followed
+	// while the pool runs.
+	ackWait atomic.Int64
+}
+
+func (s *source) beatEvery() time.Duration {
+	return max(time.Duration(s.ackWait.Load())/3, time.Millisecond)
+}
+
 // New returns a pool running at most concurrency handlers at once.
 // noHeartbeat (tests only) disables ack-deadline extension.
 func New(concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
 	hard, cancel := context.WithCancel(context.Background())
-	return &Pool{log: log, sem: make(chan struct{}, concurrency),
-		noHeartbeat: noHeartbeat, hard: hard, hardCancel: cancel}
+	p := &Pool{log: log, sem: make(chan struct{}, concurrency), noHeartbeat: noHeartbeat,
+		quit: make(chan struct{}), hard: hard, hardCancel: cancel}
+	p.loops.Add(1)
+	go p.follow()
+	return p
 }
 
-// Consume starts pulling from c into h, running at most limit of its
-// messages at once within the pool's concurrency (limit <= 0: no limit of
-// its own). Prefetch is kept to that size.
+// Consume starts pulling from c into h, holding at most limit of its
+// messages at once (limit <= 0 or above the pool's concurrency: the pool's
+// concurrency). Handlers of all consumers share the pool's concurrency; a
+// message that waits for a slot is heartbeated meanwhile.
 func (p *Pool) Consume(c natsjs.Consumer, limit int, h Handler) error {
 	if limit <= 0 || limit > cap(p.sem) {
 		limit = cap(p.sem)
 	}
-	// The consumer's AckWait is the deployment's (the last worker to
-	// provision it set it), not necessarily this worker's setting.
-	every := c.CachedInfo().Config.AckWait / 3
-	if every <= 0 {
-		every = 10 * time.Second
+	if p.stopping.Load() {
+		return errors.New("jetflow: pool is stopping")
 	}
-	own := make(chan struct{}, limit)
-	cc, err := c.Consume(func(msg natsjs.Msg) { p.handle(msg, h, own, every) },
-		natsjs.PullMaxMessages(limit),
-		natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
-			if !errors.Is(err, natsjs.ErrNoHeartbeat) {
-				p.log.Warn().Err(err).Str("consumer", c.CachedInfo().Name).Msg("consumer")
-			}
-		}))
-	if err != nil {
-		return err
-	}
-	p.running = append(p.running, cc)
+	s := &source{c: c, h: h, own: make(chan struct{}, limit)}
+	s.ackWait.Store(int64(jetstream.EffectiveAckWait(c.CachedInfo().Config)))
+	p.mu.Lock()
+	p.sources = append(p.sources, s)
+	p.mu.Unlock()
+	p.loops.Add(1)
+	go p.pull(s)
 	return nil
 }
 
-func (p *Pool) handle(msg natsjs.Msg, h Handler, own chan struct{}, every time.Duration) {
+// pull requests as many messages as s has free slots, whenever it has one.
+// Several pull requests may be open at once; each holds the slots it asked
+// for until it ends.
+func (p *Pool) pull(s *source) {
+	defer p.loops.Done()
+	for {
+		select {
+		case s.own <- struct{}{}:
+		case <-p.quit:
+			return
+		}
+		n := 1
+	more:
+		for n < cap(s.own) {
+			select {
+			case s.own <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		batch, err := s.c.Fetch(n, natsjs.FetchMaxWait(fetchWait))
+		p.loops.Add(1)
+		go p.receive(s, batch, err, n)
+	}
+}
+
+// receive starts the messages of one pull request and gives back the slots
+// it did not fill. A pull that failed without a message (NATS unavailable,
+// a leader change) keeps its slots for a short pause, so that pulling does
+// not spin.
+func (p *Pool) receive(s *source, batch natsjs.MessageBatch, err error, slots int) {
+	defer p.loops.Done()
+	got := 0
+	if err == nil {
+		for msg := range batch.Messages() {
+			got++
+			p.start(s, msg)
+		}
+		err = batch.Error()
+	}
+	if err != nil && got == 0 && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, natsjs.ErrNoMessages) {
+		if !p.stopping.Load() {
+			p.log.Warn().Err(err).Str("consumer", s.c.CachedInfo().Name).Msg("cannot pull tasks; retrying")
+		}
+		select {
+		case <-time.After(fetchWait):
+		case <-p.quit:
+		}
+	}
+	for range slots - got {
+		<-s.own
+	}
+}
+
+// start runs one received message: its ack deadline is extended from now
+// on, while it waits for a slot and while its handler runs. It gives back
+// the message's slot of s when the handler returns.
+func (p *Pool) start(s *source, msg natsjs.Msg) {
 	if p.stopping.Load() {
-		p.release(msg, h)
+		p.release(msg, s.h)
+		<-s.own
 		return
 	}
 	stopBeat := func() {}
 	if !p.noHeartbeat {
-		stopBeat = Heartbeat(every, func() {
+		stopBeat = heartbeat(s.beatEvery, func() {
 			if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
 				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend ack deadline")
 			}
 		})
 	}
-	own <- struct{}{}
-	p.sem <- struct{}{}
-	if p.stopping.Load() { // Stop began while this task waited for a slot
-		<-p.sem
-		<-own
-		stopBeat()
-		p.release(msg, h)
-		return
-	}
-	p.wg.Add(1)
-	p.inFlight.Add(1)
+	p.handlers.Add(1)
 	go func() {
-		defer p.wg.Done()
-		defer func() { p.inFlight.Add(-1); <-p.sem; <-own }()
+		defer p.handlers.Done()
+		defer func() { <-s.own }()
 		defer stopBeat()
-		h.Handle(p.hard, msg)
+		select {
+		case p.sem <- struct{}{}:
+		case <-p.quit:
+			p.release(msg, s.h)
+			return
+		}
+		defer func() { <-p.sem }()
+		if p.stopping.Load() { // Stop began while this message waited for a slot
+			p.release(msg, s.h)
+			return
+		}
+		p.inFlight.Add(1)
+		defer p.inFlight.Add(-1)
+		s.h.Handle(p.hard, msg)
 	}()
 }
+
+// follow re-reads the consumers' AckWait, each every
+// jetstream.AckWaitRefresh of its current value, so that heartbeats keep
+// pace with the deployment's setting when an operator changes it.
+func (p *Pool) follow() {
+	defer p.loops.Done()
+	tick := time.NewTicker(followTick)
+	defer tick.Stop()
+	due := map[*source]time.Time{}
+	for {
+		select {
+		case <-tick.C:
+		case <-p.quit:
+			return
+		}
+		p.mu.Lock()
+		sources := append([]*source(nil), p.sources...)
+		p.mu.Unlock()
+		for _, s := range sources {
+			every := jetstream.AckWaitRefresh(time.Duration(s.ackWait.Load()))
+			if next, ok := due[s]; !ok {
+				due[s] = time.Now().Add(every)
+				continue
+			} else if time.Now().Before(next) {
+				continue
+			}
+			due[s] = time.Now().Add(every)
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			info, err := s.c.Info(ctx)
+			cancel()
+			if err != nil {
+				continue // the value read last stands; NATS trouble is reported by pulls
+			}
+			now := jetstream.EffectiveAckWait(info.Config)
+			if old := time.Duration(s.ackWait.Swap(int64(now))); old != now {
+				p.log.Info().Str("consumer", info.Name).Str("ack_wait", now.String()).Str("was", old.String()).
+					Msg("consumer AckWait changed; heartbeats follow it")
+			}
+		}
+	}
+}
+
+// followTick is the resolution of follow's schedule.
+const followTick = 50 * time.Millisecond
 
 // release hands a message that was fetched but not started back at once.
 func (p *Pool) release(msg natsjs.Msg, h Handler) {
@@ -133,25 +275,22 @@ func (p *Pool) Stopping() bool { return p.stopping.Load() }
 // InFlight is the number of messages being handled.
 func (p *Pool) InFlight() int { return int(p.inFlight.Load()) }
 
-// Stop stops pulling, releases buffered tasks, and waits for running tasks
-// to finish and be acknowledged. When ctx ends first, running steps get
-// their context cancelled and their tasks are released (not committed); Stop
-// waits a short grace for that and returns an error (ctx's, and how many
-// tasks ignored the cancellation: their messages are redelivered after the
-// ack deadline). A second call returns at once.
+// Stop stops pulling, hands back messages that were received but not
+// started (including those of pull requests still open, which it waits
+// for), and waits for running handlers to finish and settle. When ctx ends
+// first, running handlers get their context cancelled (steps are released,
+// not committed); Stop waits a short grace for that and returns an error
+// (ctx's, and how many handlers ignored the cancellation: their messages are
+// redelivered after the ack deadline). A second call returns at once.
 func (p *Pool) Stop(ctx context.Context) error {
 	if p.stopping.Swap(true) {
 		return nil
 	}
-	for _, cc := range p.running {
-		cc.Drain()
-	}
+	close(p.quit)
 	done := make(chan struct{})
 	go func() {
-		for _, cc := range p.running {
-			<-cc.Closed()
-		}
-		p.wg.Wait()
+		p.loops.Wait()
+		p.handlers.Wait()
 		close(done)
 	}()
 	select {
@@ -172,6 +311,11 @@ func (p *Pool) Stop(ctx context.Context) error {
 // Heartbeat calls beat every interval until the returned stop is called.
 // It costs a timer, not a goroutine, while nothing is due.
 func Heartbeat(every time.Duration, beat func()) (stop func()) {
+	return heartbeat(func() time.Duration { return every }, beat)
+}
+
+// heartbeat is Heartbeat with an interval read again before every wait.
+func heartbeat(every func() time.Duration, beat func()) (stop func()) {
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -182,11 +326,11 @@ func Heartbeat(every time.Duration, beat func()) (stop func()) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {
-			t.Reset(every)
+			t.Reset(every())
 		}
 	}
 	mu.Lock()
-	t = time.AfterFunc(every, tick)
+	t = time.AfterFunc(every(), tick)
 	mu.Unlock()
 	return func() {
 		mu.Lock()

@@ -27,6 +27,8 @@ type DurableConfig struct {
 	// AckWait of the per-workflow start consumers; admission in progress
 	// extends it every third.
 	AckWait time.Duration
+	// ApplyAckWait: see jetstream.ConsumerConfig.
+	ApplyAckWait bool
 	// Concurrency is how many envelopes of one workflow a worker admits at
 	// once (default 4).
 	Concurrency int
@@ -129,7 +131,8 @@ func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Se
 func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (stop func(context.Context) error, consumers []natsjs.Consumer, err error) {
 	cfg = cfg.withDefaults()
 	pool := consume.New(cfg.Concurrency*max(len(served), 1), false, log)
-	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, MaxAckPending: 16 * cfg.Concurrency}
+	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, MaxAckPending: 16 * cfg.Concurrency,
+		Log: func(msg string, kv ...any) { log.Warn().Fields(kv).Msg(msg) }}
 	for name, wf := range served {
 		c, err := assets.EnsureStartConsumer(ctx, name, cc)
 		if err == nil {

@@ -254,21 +254,67 @@ func ensureBucket(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsj
 
 // ConsumerConfig is the per-workflow task consumer setting.
 type ConsumerConfig struct {
-	AckWait       time.Duration
+	// AckWait is the consumer's AckWait when this process creates it. An
+	// existing consumer keeps the deployment's value (every worker follows
+	// it) unless ApplyAckWait is set.
+	AckWait time.Duration
+	// ApplyAckWait makes AckWait the deployment's value on an existing
+	// consumer too: raised at once, lowered in two phases (see
+	// lowerAckWait) so that running workers speed up their heartbeats
+	// before the broker shortens the deadline.
+	ApplyAckWait  bool
 	MaxAckPending int
+	// Log receives a line when an existing consumer's AckWait is kept or
+	// changed (nil: none).
+	Log func(msg string, kv ...any)
 }
 
-// EnsureConsumer creates or updates the durable consumer of kind for
-// workflow.
+// LoweringMetadata is the consumer metadata key that announces a lower
+// AckWait about to be applied: every worker heartbeats against the lower of
+// the two from the moment it reads it (EffectiveAckWait).
+const LoweringMetadata = "jetflow_ack_wait_lowering"
+
+// EffectiveAckWait is the ack deadline a holder of cfg's messages must
+// heartbeat against: the consumer's AckWait, or a lower one announced in
+// its metadata.
+func EffectiveAckWait(cfg natsjs.ConsumerConfig) time.Duration {
+	d := cfg.AckWait
+	if d <= 0 {
+		d = 30 * time.Second // the server's default
+	}
+	if v, ok := cfg.Metadata[LoweringMetadata]; ok {
+		if l, err := time.ParseDuration(v); err == nil && l > 0 && l < d {
+			d = l
+		}
+	}
+	return d
+}
+
+// MaxAckWaitRefresh bounds how long a worker goes without re-reading a
+// consumer's AckWait.
+const MaxAckWaitRefresh = 5 * time.Second
+
+// AckWaitRefresh is how often a worker re-reads the AckWait of a consumer
+// whose effective AckWait is ackWait: a third of it, between 250ms and
+// MaxAckWaitRefresh.
+func AckWaitRefresh(ackWait time.Duration) time.Duration {
+	return min(max(ackWait/3, 250*time.Millisecond), MaxAckWaitRefresh)
+}
+
+// EnsureConsumer creates the durable consumer of kind for workflow, or
+// binds to it as it is (see ConsumerConfig.ApplyAckWait).
 func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskKind, cc ConsumerConfig) (natsjs.Consumer, error) {
 	return a.ensureConsumer(ctx, TasksStream, ConsumerName(workflow, kind), consumerFilter(workflow, kind),
 		"jetflow tasks of workflow "+workflow, cc)
 }
 
-// ensureConsumer creates or updates a durable, explicitly acked pull
-// consumer; deliveries are not limited (the engine counts attempts).
+// ensureConsumer creates a durable, explicitly acked pull consumer, or
+// binds to the existing one; deliveries are not limited (the engine counts
+// attempts). The consumer's AckWait and MaxAckPending are the deployment's:
+// the first process creates them, later ones follow them, and only
+// ApplyAckWait changes AckWait.
 func (a *Assets) ensureConsumer(ctx context.Context, stream, durable, filter, desc string, cc ConsumerConfig) (natsjs.Consumer, error) {
-	c, err := a.JS.CreateOrUpdateConsumer(ctx, stream, natsjs.ConsumerConfig{
+	cfg := natsjs.ConsumerConfig{
 		Durable:       durable,
 		Description:   desc,
 		FilterSubject: filter,
@@ -277,11 +323,82 @@ func (a *Assets) ensureConsumer(ctx context.Context, stream, durable, filter, de
 		MaxDeliver:    -1,
 		MaxAckPending: cc.MaxAckPending,
 		DeliverPolicy: natsjs.DeliverAllPolicy,
-	})
+	}
+	c, err := a.JS.Consumer(ctx, stream, durable)
+	if errors.Is(err, natsjs.ErrConsumerNotFound) {
+		c, err = a.JS.CreateConsumer(ctx, stream, cfg)
+		if errors.Is(err, natsjs.ErrConsumerExists) {
+			c, err = a.JS.Consumer(ctx, stream, durable)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: consumer %s on %s: %w", durable, stream, err)
 	}
+	have := c.CachedInfo().Config
+	if have.FilterSubject != filter {
+		// Written by an older version, or by hand: the filter decides
+		// which tasks the consumer sees, so it is always put right.
+		have.FilterSubject = filter
+		if c, err = a.JS.UpdateConsumer(ctx, stream, have); err != nil {
+			return nil, fmt.Errorf("jetflow: consumer %s on %s: %w", durable, stream, err)
+		}
+		have = c.CachedInfo().Config
+	}
+	switch {
+	case cc.AckWait == 0 || have.AckWait == cc.AckWait && have.Metadata[LoweringMetadata] == "":
+	case !cc.ApplyAckWait:
+		cc.log("consumer keeps the deployment's AckWait; this process's setting is not applied",
+			"consumer", durable, "ack_wait", have.AckWait.String(), "configured", cc.AckWait.String())
+	case cc.AckWait > have.AckWait:
+		// Raising is safe at once: heartbeats sent for the shorter
+		// deadline are more frequent than the longer one needs.
+		have.AckWait = cc.AckWait
+		delete(have.Metadata, LoweringMetadata)
+		if c, err = a.JS.UpdateConsumer(ctx, stream, have); err != nil {
+			return nil, fmt.Errorf("jetflow: consumer %s on %s: raise AckWait: %w", durable, stream, err)
+		}
+		cc.log("consumer AckWait raised", "consumer", durable, "ack_wait", cc.AckWait.String())
+	default:
+		if c, err = a.lowerAckWait(ctx, stream, have, cc); err != nil {
+			return nil, fmt.Errorf("jetflow: consumer %s on %s: lower AckWait: %w", durable, stream, err)
+		}
+	}
 	return c, nil
+}
+
+// lowerAckWait lowers a consumer's AckWait in two phases. First it
+// announces the new value in the consumer's metadata, which every worker
+// re-reads within AckWaitRefresh and heartbeats against at once; after
+// twice that, plus one heartbeat period of the old value, no running task
+// is still paced for the old deadline, and the AckWait itself is lowered.
+func (a *Assets) lowerAckWait(ctx context.Context, stream string, have natsjs.ConsumerConfig, cc ConsumerConfig) (natsjs.Consumer, error) {
+	old := have.AckWait
+	meta := make(map[string]string, len(have.Metadata)+1)
+	for k, v := range have.Metadata {
+		meta[k] = v
+	}
+	meta[LoweringMetadata] = cc.AckWait.String()
+	have.Metadata = meta
+	if _, err := a.JS.UpdateConsumer(ctx, stream, have); err != nil {
+		return nil, err
+	}
+	grace := 2*AckWaitRefresh(old) + old/3
+	cc.log("lowering consumer AckWait: announced, waiting for workers to follow",
+		"consumer", have.Durable, "ack_wait", cc.AckWait.String(), "was", old.String(), "grace", grace.String())
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(grace):
+	}
+	have.AckWait = cc.AckWait
+	delete(have.Metadata, LoweringMetadata)
+	return a.JS.UpdateConsumer(ctx, stream, have)
+}
+
+func (cc ConsumerConfig) log(msg string, kv ...any) {
+	if cc.Log != nil {
+		cc.Log(msg, kv...)
+	}
 }
 
 // StartConsumerName is the durable consumer of workflow's start envelopes on
