@@ -134,8 +134,8 @@ func TestMetricsCountOneRun(t *testing.T) {
 
 	// Backlog gauges are sampled from the worker's consumers; in-flight
 	// returns to zero once nothing runs.
-	// Backlogs cover the step and start task consumers and the durable
-	// start consumer.
+	// Backlogs cover the step and start task consumers, the durable
+	// start consumer and the due-timer consumer.
 	var consumers []string
 	require.Eventually(t, func() bool {
 		f := scrape(t, url)
@@ -145,9 +145,9 @@ func TestMetricsCountOneRun(t *testing.T) {
 				consumers = append(consumers, l.GetValue())
 			}
 		}
-		return len(consumers) == 3 && sample(f, "jetflow_steps_in_flight", nil) == 0
+		return len(consumers) == 4 && sample(f, "jetflow_steps_in_flight", nil) == 0
 	}, 10*time.Second, 20*time.Millisecond)
-	require.ElementsMatch(t, []string{"jetflow_start_metered", "jetflow_step_metered", "jetflow_admit_metered"}, consumers)
+	require.ElementsMatch(t, []string{"jetflow_start_metered", "jetflow_step_metered", "jetflow_admit_metered", "jetflow_due"}, consumers)
 
 	resp, err := http.Get(srv.URL + "/readyz")
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -177,4 +178,87 @@ func waitActive(t *testing.T, p *overlapProbe, stepID string) {
 		defer p.mu.Unlock()
 		return p.active[stepID] > 0
 	}, 20*time.Second, 5*time.Millisecond, "step %s did not start", stepID)
+}
+
+// A downstream outage: one step of many runs fails and backs off for an
+// hour. Its retries wait as timers, not as ack-pending tasks, so they
+// cannot fill the consumer's MaxAckPending (64 × Concurrency) and stop
+// other runs of the same workflow.
+func TestLongBackoffDoesNotStallOtherRuns(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("outage", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "call", func(context.Context) (int, error) {
+			if in < 0 {
+				return 0, RetryAfter(errors.New("dependency down"), time.Hour)
+			}
+			return in, nil
+		})
+	})
+	// Concurrency 1: the consumer allows 64 tasks ack-pending.
+	env.worker(WorkerConfig{Concurrency: 1}, wf)
+	c := env.client()
+	const failing = 70
+	for i := range failing {
+		_, err := Start(ctxT(t, 10*time.Second), c, wf, -1, WithRunID(fmt.Sprintf("down-%d", i)))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		info, err := c.assets.Timers.Info(context.Background())
+		return err == nil && info.State.Msgs == failing
+	}, 60*time.Second, 10*time.Millisecond, "the failing runs did not all wait as timers")
+
+	for i := range 3 {
+		h, err := Start(ctxT(t, 10*time.Second), c, wf, i+1, WithRunID(fmt.Sprintf("up-%d", i)))
+		require.NoError(t, err)
+		out, err := h.Result(ctxT(t, 30*time.Second))
+		require.NoError(t, err, "a healthy run stalled behind the backoffs")
+		require.Equal(t, i+1, out)
+	}
+	run, err := c.GetRun(ctxT(t, 5*time.Second), "down-0")
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, run.Status)
+}
+
+// A retry after a long backoff runs once the backoff has passed, never
+// before, with the next attempt number.
+func TestRetryTimerRunsTheNextAttemptAfterItsBackoff(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	const backoff = 2 * time.Second
+	var (
+		mu    sync.Mutex
+		calls []time.Time
+		seen  []int
+	)
+	wf := NewWorkflow("later", func(ctx *Context, _ int) (int, error) {
+		return Step(ctx, "call", func(sctx context.Context) (int, error) {
+			info, _ := StepInfo(sctx)
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, time.Now())
+			seen = append(seen, info.Attempt)
+			if info.Attempt < 3 {
+				return 0, RetryAfter(errors.New("not yet"), backoff)
+			}
+			return info.Attempt, nil
+		})
+	})
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	h, err := Start(ctxT(t, 10*time.Second), c, wf, 0, WithRunID("later-1"))
+	require.NoError(t, err)
+	out, err := h.Result(ctxT(t, 10*backoff+30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 3, out)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1, 2, 3}, seen)
+	for i := 1; i < len(calls); i++ {
+		require.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), backoff, "attempt %d ran early", seen[i])
+	}
+	steps, err := c.Steps(ctxT(t, 5*time.Second), "later-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Equal(t, 3, steps[0].Attempt)
 }

@@ -167,11 +167,23 @@ func (w *Worker) Start(ctx context.Context) error {
 			consumers = append(consumers, c)
 		}
 	}
+	// Due timers (retries after a long backoff) are moved into the task
+	// stream by a few slots of their own, never waiting behind steps.
+	duePool := consume.New(dueSlots, false, w.log)
+	stopPools := func(ctx context.Context) error { return errors.Join(duePool.Stop(ctx), pool.Stop(ctx)) }
+	dueCons, err := assets.EnsureDueConsumer(ctx, cc)
+	if err == nil {
+		err = duePool.Consume(dueCons, dueSlots, &workflow.DueForwarder{JS: assets.JS, Log: w.log})
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("jetflow: consume due timers: %w", err), stopPools(ctx))
+	}
+	consumers = append(consumers, dueCons)
 	cancels, err := w.nc.Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
 		exec.MarkCancelled(strings.TrimPrefix(m.Subject, CancelSubjectPrefix), string(m.Data))
 	})
 	if err != nil {
-		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), pool.Stop(ctx))
+		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), stopPools(ctx))
 	}
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
@@ -179,12 +191,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), pool.Stop(ctx))
+		return errors.Join(err, cancels.Unsubscribe(), stopPools(ctx))
 	}
 	consumers = append(consumers, startConsumers...)
 	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), pool.Stop(ctx))
+		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
 	sampling, stopSampling := context.WithCancel(context.Background())
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
@@ -194,11 +206,15 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
 		stopSampling()
-		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx))
+		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
 }
+
+// dueSlots is how many due timers a worker moves into the task stream at
+// once.
+const dueSlots = 4
 
 // logConsumer reports a consumer setting kept or changed at start-up.
 func (w *Worker) logConsumer(msg string, kv ...any) {

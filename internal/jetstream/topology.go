@@ -124,7 +124,9 @@ type Assets struct {
 	JS       natsjs.JetStream
 	Tasks    natsjs.Stream
 	// Starts is the durable start stream (JETFLOW_STARTS).
-	Starts   natsjs.Stream
+	Starts natsjs.Stream
+	// Timers holds tasks until they are due (JETFLOW_TIMERS).
+	Timers   natsjs.Stream
 	Runs     *KV
 	Steps    *KV
 	Audit    *KV
@@ -192,7 +194,23 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", StartsStream, err)
 	}
-	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, TaskKeys: newTaskKeys(js, mode, topo, storage)}
+	timers, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
+		Name:        TimersStream,
+		Description: "jetflow timers: tasks stored until they are due (retry backoffs), then published to " + dueSubjects,
+		Subjects:    []string{timerSubjects, dueSubjects},
+		Retention:   natsjs.WorkQueuePolicy,
+		Storage:     storage,
+		Replicas:    topo.Replicas,
+		Duplicates:  topo.DuplicateWindow,
+		// Message schedules (server 2.12+): the server publishes a stored
+		// timer to its target subject when it is due.
+		AllowMsgSchedules: true,
+		AllowRollup:       true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TimersStream, err)
+	}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, TaskKeys: newTaskKeys(js, mode, topo, storage)}
 	for _, b := range []struct {
 		name    string
 		desc    string

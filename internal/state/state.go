@@ -170,6 +170,11 @@ type Task struct {
 	// Rev is the run record's revision the fields above were read at; zero
 	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
+	// Attempt is the attempt the first delivery of this message runs (0
+	// means 1). A retry after a failed attempt n is a new message, stored
+	// as a timer and published when its backoff has passed, with Attempt
+	// n+1.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // RunFromTask rebuilds the running run record a step task carries.
@@ -320,6 +325,9 @@ func DecodeTask(b []byte) (Task, error) {
 		if _, err := validateStepID(t.RunID, t.StepID); err != nil {
 			return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
 		}
+	}
+	if t.Attempt < 0 {
+		return Task{}, fmt.Errorf("%w: task: attempt %d", ErrCorrupt, t.Attempt)
 	}
 	if t.Generation < 0 || t.Retention < 0 || (t.PrevRev != 0 && (t.Generation == 0 || t.StepID != "")) {
 		return Task{}, fmt.Errorf("%w: task: generation %d with previous revision %d", ErrCorrupt, t.Generation, t.PrevRev)

@@ -166,6 +166,8 @@ type settlement struct {
 	kind   settleKind
 	stepID string
 	delay  time.Duration
+	// attempt is the attempt that failed (retry).
+	attempt int
 	output json.RawMessage
 	err    error // workflow error (finish) or cause (release, retry)
 	panic  bool

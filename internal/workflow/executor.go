@@ -194,7 +194,7 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		}
 		e.settleErr(msg.Ack(), "ack")
 	case settleRetry:
-		e.settleErr(msg.NakWithDelay(s.delay), "nak")
+		e.retry(ctx, log, msg, c.task, s)
 	case settleRelease:
 		if s.err != nil {
 			log.Warn().Err(s.err).Msg("task released")
@@ -306,7 +306,7 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).
 				Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
 			e.observeStep(c.run.Workflow, name, metrics.StepRetried, start)
-			c.suspend(&settlement{kind: settleRetry, delay: delay, err: err})
+			c.suspend(&settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err})
 		default:
 			rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step"}
 			result = metrics.StepFailed
@@ -368,15 +368,28 @@ func attemptKey(t state.Task) string {
 	return state.RunIdentity(t.RunID, t.Generation) + ".start"
 }
 
+// firstAttempt is the attempt the first delivery of t runs: 1, or the
+// attempt a retry timer was stored for.
+func firstAttempt(t state.Task) int { return max(1, t.Attempt) }
+
 // beginAttempt returns the number of the attempt about to run the task's
-// step. A first delivery is attempt 1 and costs nothing. A redelivery reads
-// and advances the task's attempt record with compare-and-set before the
-// step runs, so concurrent deliveries get distinct numbers, and a delivery
-// that never ran the step (handed back on shutdown, see Release)
-// does not use up MaxAttempts. A redelivery that finds no record counts the
-// first delivery as having run (it may have crashed mid-step).
+// step, and makes sure no other delivery gets the same number. The step's
+// attempt record holds the highest attempt started.
+//
+//   - The first delivery of a task message at attempt 1 costs nothing: it
+//     is attempt 1.
+//   - A redelivery reads and advances the record with compare-and-set
+//     before the step runs. Finding no record, it counts the first delivery
+//     as having run (it may have crashed mid-step), unless that delivery
+//     was handed back unstarted (Release writes the record).
+//   - The first delivery of a retry (a message stored for attempt n > 1)
+//     records n, so that its own redelivery is n+1.
+//
+// Attempts are thus counted per start of the step, not per delivery: a
+// delivery that never ran the step does not use up MaxAttempts.
 func (e *Executor) beginAttempt(c *Context) (int, error) {
-	if c.delivered <= 1 {
+	first := firstAttempt(c.task)
+	if c.delivered <= 1 && first == 1 {
 		return 1, nil
 	}
 	key := attemptKey(c.task)
@@ -384,8 +397,10 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 		v, rev, err := e.cfg.Assets.Attempts.Get(c.nctx, key)
 		var attempt int
 		switch {
+		case errors.Is(err, jetstream.ErrNotFound) && c.delivered > 1 && first == 1:
+			attempt = 2 // the first delivery ran attempt 1 without a record
 		case errors.Is(err, jetstream.ErrNotFound):
-			attempt = 2
+			attempt = first
 		case err != nil:
 			return 0, err
 		default:
@@ -393,7 +408,7 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 			if err != nil {
 				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
 			}
-			attempt = started + 1
+			attempt = max(first, started+1)
 		}
 		b := []byte(strconv.Itoa(attempt))
 		if rev == 0 {
@@ -408,14 +423,15 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 	}
 }
 
-// Release hands back a task that was fetched but never started (buffered
-// when the worker began to stop). On its first delivery it first records
-// that no attempt ran, so the redelivery is attempt 1, not 2.
+// Release hands back a task that was fetched but never started (received
+// while the worker was stopping). On its first delivery it first records
+// that its attempt did not start, so that the redelivery runs the same
+// attempt number, not the next.
 func (e *Executor) Release(msg natsjs.Msg) error {
 	if meta, err := msg.Metadata(); err == nil && meta.NumDelivered == 1 {
 		if t, err := state.DecodeTask(msg.Data()); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), []byte("0"))
+			_, err := e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), []byte(strconv.Itoa(firstAttempt(t)-1)))
 			cancel()
 			if err != nil && !errors.Is(err, jetstream.ErrExists) {
 				e.log.Warn().Err(err).Str("run_id", t.RunID).Msg("cannot record an unstarted attempt; the redelivery will count one more")

@@ -1,0 +1,92 @@
+package workflow
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// timerMinDelay is the shortest backoff kept in a timer. A shorter one waits
+// as a delayed NAK: that keeps the task ack-pending on its consumer for the
+// delay, which is harmless for a moment but, over a long backoff during a
+// downstream outage, could fill the consumer's MaxAckPending and stall every
+// task of the workflow.
+const timerMinDelay = 2 * time.Second
+
+// retry settles a task whose step failed and is to run again after s.delay.
+// A long delay is stored as a timer carrying the next attempt number, and
+// only then is the task acknowledged (and the ack confirmed): if the worker
+// dies in between, the task is redelivered and runs early, as after any
+// crash, and the timer's task later only replays the committed step.
+func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, t state.Task, s *settlement) {
+	if s.delay < timerMinDelay {
+		e.settleErr(msg.NakWithDelay(s.delay), "nak")
+		return
+	}
+	t.Attempt = s.attempt + 1
+	b, err := state.Encode(t)
+	if err == nil {
+		err = jetstream.ScheduleTask(ctx, e.cfg.Assets.JS, msg.Subject(), retryMsgID(t), b, e.cfg.Now().Add(s.delay))
+	}
+	if err != nil {
+		log.Warn().Err(err).Msg("cannot store the retry timer; the task waits ack-pending instead")
+		e.settleErr(msg.NakWithDelay(s.delay), "nak")
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	e.settleErr(msg.DoubleAck(actx), "ack")
+}
+
+// retryMsgID names the task message of one retry of a step: the timer and
+// the task it becomes share it, so a repeated store or forward within the
+// broker's window is absorbed.
+func retryMsgID(t state.Task) string {
+	return attemptKey(t) + "#" + strconv.Itoa(t.Attempt)
+}
+
+// DueForwarder moves due timers from JETFLOW_TIMERS into the task stream
+// (a consume.Handler). A timer whose task subject already has a pending
+// task is dropped: that task runs the step.
+type DueForwarder struct {
+	JS  natsjs.JetStream
+	Log zerolog.Logger
+}
+
+// Handle publishes one due timer as a task and acknowledges it.
+func (f *DueForwarder) Handle(ctx context.Context, msg natsjs.Msg) {
+	subject, ok := jetstream.DueTaskSubject(msg.Subject())
+	t, err := state.DecodeTask(msg.Data())
+	if !ok || err != nil {
+		f.Log.Error().Err(err).Str("subject", msg.Subject()).Msg("malformed due timer terminated")
+		f.settle(msg.TermWithReason("malformed due timer"))
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	d, err := jetstream.PublishTask(pctx, f.JS, subject, retryMsgID(t), msg.Data())
+	if err != nil {
+		f.Log.Warn().Err(err).Str("run_id", t.RunID).Str("subject", subject).Msg("cannot publish a due task; retrying")
+		f.settle(msg.NakWithDelay(time.Second))
+		return
+	}
+	if d == jetstream.PendingSubject {
+		f.Log.Debug().Str("run_id", t.RunID).Str("subject", subject).Msg("due timer dropped: a task for it is pending")
+	}
+	f.settle(msg.Ack())
+}
+
+// Release hands a due timer back.
+func (f *DueForwarder) Release(msg natsjs.Msg) error { return msg.Nak() }
+
+func (f *DueForwarder) settle(err error) {
+	if err != nil {
+		f.Log.Warn().Err(err).Msg("cannot settle due timer")
+	}
+}
