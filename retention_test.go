@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 // G9: a workflow's retention decides how long its run IDs are remembered.
@@ -70,4 +72,78 @@ func TestRetentionExpiryIsExplicit(t *testing.T) {
 	long := NewWorkflow("long", func(ctx *Context, in int) (int, error) { return in, nil }, WithRetention(2*time.Hour))
 	_, err = Start(ctx, c, long, 1)
 	require.ErrorIs(t, err, ErrInvalidRetention)
+}
+
+// storedRun reads the run record of runID as stored.
+func storedRun(t *testing.T, c *Client, runID string) state.Run {
+	t.Helper()
+	v, _, err := c.assets.Runs.Get(ctxT(t, 5*time.Second), runID)
+	require.NoError(t, err)
+	run, err := state.DecodeRun(v)
+	require.NoError(t, err)
+	return run
+}
+
+// waitExpired waits until the record of runID has expired.
+func waitExpired(t *testing.T, c *Client, runID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := c.GetRun(context.Background(), runID)
+		return errors.Is(err, ErrRunNotFound)
+	}, 20*time.Second, 50*time.Millisecond, "the run record of %s never expired", runID)
+}
+
+// G9: a run created after its run ID's retention passed says so
+// (after_expiry) for as long as its record is kept, also once it has ended:
+// the run's end, written by the worker of its last step, keeps every field
+// the record was created with.
+func TestAfterExpiryRunStillSaysSoWhenFinished(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := NewWorkflow("flagged", func(ctx *Context, in int) (int, error) {
+		for _, name := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
+				info, _ := StepInfo(sctx)
+				effects.inc(info.StepID)
+				return in + 1, nil
+			})
+			if err != nil {
+				return 0, err
+			}
+			in = v
+		}
+		return in, nil
+	}, WithRetention(2*time.Second))
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+
+	h, err := Start(ctx, c, wf, 1, WithRunID("flag-1"))
+	require.NoError(t, err)
+	_, err = h.Result(ctx)
+	require.NoError(t, err)
+	waitExpired(t, c, "flag-1")
+
+	again, err := Start(ctx, c, wf, 10, WithRunID("flag-1"), WithSource("svc-b"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCreated, again.Outcome)
+	require.True(t, again.AfterExpiry)
+	created := storedRun(t, c, "flag-1")
+	require.True(t, created.AfterExpiry)
+	out, err := again.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 13, out)
+
+	done := storedRun(t, c, "flag-1")
+	require.Equal(t, state.StatusCompleted, done.Status)
+	require.True(t, done.AfterExpiry, "the finished run lost after_expiry")
+	require.Equal(t, "svc-b", done.Source)
+	require.Equal(t, 2*time.Second, done.Retention)
+	require.Equal(t, created.Fingerprint, done.Fingerprint)
+	require.NotZero(t, done.Generation)
+	require.Equal(t, created.Generation, done.Generation)
+	require.Equal(t, created.Token, done.Token)
+	require.True(t, created.CreatedAt.Equal(done.CreatedAt))
+	require.Len(t, effects.snapshot(), 6, "both runs ran their three steps")
 }

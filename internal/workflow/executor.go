@@ -227,12 +227,7 @@ func (e *Executor) settleErr(err error, what string) {
 // dispatch publishes the task of stepID. A task already pending for that
 // step, or one within the broker's duplicate window, absorbs this one.
 func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
-	r := c.run
-	b, err := state.Encode(state.Task{
-		V: state.Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
-		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
-		Generation: r.Generation, Retention: r.Retention,
-	})
+	b, err := state.Encode(state.StepTask(c.run, c.rev, stepID))
 	if err != nil {
 		return err
 	}
