@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,4 +147,73 @@ func TestAfterExpiryRunStillSaysSoWhenFinished(t *testing.T) {
 	require.Equal(t, created.Token, done.Token)
 	require.True(t, created.CreatedAt.Equal(done.CreatedAt))
 	require.Len(t, effects.snapshot(), 6, "both runs ran their three steps")
+}
+
+// G9: a running run never expires, however much longer than its retention
+// it runs: its record is written with the message TTL "never", which also
+// exempts it from the runs bucket's MaxAge (the deployment's retention, here
+// the run's too). The retention counts from the run's end: the finished
+// record is kept that long, then expires.
+func TestRunningRunOutlivesItsRetention(t *testing.T) {
+	t.Parallel()
+	const retention = 2 * time.Second
+	env := newEnv(t, Topology{Retention: retention, DuplicateWindow: time.Second})
+	release := make(chan struct{})
+	var once sync.Once
+	started := make(chan struct{})
+	wf := NewWorkflow("slow", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "block", func(sctx context.Context) (int, error) {
+			once.Do(func() { close(started) })
+			select {
+			case <-release:
+				return in * 2, nil
+			case <-sctx.Done():
+				return 0, sctx.Err()
+			}
+		})
+	})
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+
+	begin := time.Now()
+	h, err := Start(ctx, c, wf, 21, WithRunID("slow-1"))
+	require.NoError(t, err)
+	<-started
+	// Until well past the retention (twice over, and the broker's expiry
+	// checks), the running run is there.
+	for deadline := begin.Add(2*retention + time.Second); time.Now().Before(deadline); {
+		run, err := c.GetRun(ctx, "slow-1")
+		require.NoError(t, err, "the running run expired %s after it started", time.Since(begin))
+		require.Equal(t, StatusRunning, run.Status)
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	close(release)
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 42, out)
+
+	// Kept for the retention after its end (UpdatedAt is taken before the
+	// final write), then gone.
+	ended := storedRun(t, c, "slow-1")
+	require.Equal(t, state.StatusCompleted, ended.Status)
+	for keep := ended.UpdatedAt.Add(retention - 300*time.Millisecond); time.Now().Before(keep); {
+		_, err := c.GetRun(ctx, "slow-1")
+		require.NoError(t, err, "the finished run expired before its retention passed")
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	waitExpired(t, c, "slow-1")
+	marker, err := c.assets.Runs.Latest(ctx, "slow-1")
+	require.NoError(t, err)
+	require.False(t, marker.Live)
+	require.False(t, marker.Time.Before(ended.UpdatedAt.Add(retention)),
+		"expired at %s, ended at %s", marker.Time, ended.UpdatedAt)
 }

@@ -62,8 +62,9 @@ type Request struct {
 	IgnoreInput bool
 	// Policy decides what a duplicate gets in each state of the run.
 	Policy Policy
-	// Retention is how long the run's record is kept after its last write
-	// (0: the deployment's; at most the deployment's).
+	// Retention is how long the run's record is kept after the run ended
+	// (0: the deployment's; at most the deployment's). A running run's
+	// record never expires.
 	Retention time.Duration
 	// Entry is the interface the start came in through, for the starts
 	// metric: "sdk" (default), "nats", "http" or "webhook".
@@ -277,7 +278,7 @@ func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (s
 	if err != nil {
 		return state.Run{}, 0, false, err
 	}
-	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, a.retention(rec))
+	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, runningTTL)
 	if err == nil {
 		return rec, rev, true, nil
 	}
@@ -423,17 +424,16 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, e
 	if err != nil {
 		return admitted{}, err
 	}
-	ttl := a.retention(rec)
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, ttl)
+		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, runningTTL)
 		cancel()
 		if err == nil {
 			return admitted{run: rec, rev: rev, created: true}, nil
 		}
 		if errors.Is(err, jetstream.ErrExists) {
-			st, again, err := a.readExisting(ctx, rec, ttl)
+			st, again, err := a.readExisting(ctx, rec)
 			if err != nil || !again {
 				return st, err
 			}
@@ -455,7 +455,7 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, e
 // readExisting reads the record a create found in the way. again is true
 // when there is none after all (a marker that itself expired meanwhile):
 // the caller creates again.
-func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Duration) (admitted, bool, error) {
+func (a *Admitter) readExisting(ctx context.Context, rec state.Run) (admitted, bool, error) {
 	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
 	if err == nil {
 		run, err := state.DecodeRun(v)
@@ -519,13 +519,11 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (admitted, e
 	return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, nil
 }
 
-// retention is the TTL every write of run's record carries.
-func (a *Admitter) retention(run state.Run) time.Duration {
-	if run.Retention > 0 {
-		return run.Retention
-	}
-	return a.assets.Topology.Retention
-}
+// runningTTL is the TTL of every write of a running run's record: it never
+// expires, however long the run takes. Only the run's final write (the
+// worker's finish, Client.Cancel) carries the retention, so the record is
+// kept for the retention after the run ended.
+const runningTTL = jetstream.TTLNever
 
 // recordDuplicate adds one attempt to the run's audit record with
 // compare-and-set, and returns the new count.

@@ -117,6 +117,7 @@ func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	a := New(assets, nil, nil)
 	_, err = a.Admit(ctx(t), Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`1`)})
 	require.NoError(t, err)
+	end(t, a, "exp-1")
 	require.Eventually(t, func() bool {
 		st, err := assets.Runs.Latest(context.Background(), "exp-1")
 		return err == nil && st.Rev > 0 && !st.Live
@@ -133,4 +134,25 @@ func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, st.created)
 	require.True(t, st.afterExpiry, "the starter must be told the old run expired")
+}
+
+// end writes the end of the running run runID as a worker's finish does:
+// completed, with the retention as the record's TTL (while it runs, the
+// record never expires).
+func end(t *testing.T, a *Admitter, runID string) {
+	t.Helper()
+	v, rev, err := a.assets.Runs.Get(ctx(t), runID)
+	require.NoError(t, err)
+	run, err := state.DecodeRun(v)
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, run.Status)
+	run.Status, run.Output, run.UpdatedAt = state.StatusCompleted, json.RawMessage(`true`), time.Now().UTC()
+	b, err := state.Encode(run)
+	require.NoError(t, err)
+	ttl := run.Retention
+	if ttl == 0 {
+		ttl = a.assets.Topology.Retention
+	}
+	_, err = a.assets.Runs.UpdateTTL(ctx(t), runID, b, rev, ttl)
+	require.NoError(t, err)
 }

@@ -67,8 +67,9 @@ type Run struct {
 	// Generation counts the runs started under this run ID by the conflict
 	// policy's "start new" (0 for the first).
 	Generation int `json:"generation,omitempty"`
-	// Retention is how long the record is kept after its last write: every
-	// write of it carries this TTL (0: the deployment's retention).
+	// Retention is how long the record is kept after the run ended: the
+	// final write carries this TTL (0: the deployment's retention), while
+	// every write of a running run carries the TTL "never".
 	Retention time.Duration `json:"retention,omitempty"`
 	// AfterExpiry: the record was created over the marker of an expired
 	// run with the same run ID (its creator is told so).

@@ -203,8 +203,9 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 	case settleFinish:
 		err := e.finish(ctx, c.run, c.rev, s)
 		if errors.Is(err, jetstream.ErrNotFound) {
-			// The record expired (retention) while the run was going on:
-			// there is nothing left to finish.
+			// The record is gone: nothing is left to finish. (A running
+			// run's record never expires; one written before that rule
+			// may have.)
 			log.Error().Err(err).Msg("run record gone; task dropped")
 		} else if err != nil {
 			log.Warn().Err(err).Msg("cannot record run end; releasing")
