@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -216,4 +219,117 @@ func TestRunningRunOutlivesItsRetention(t *testing.T) {
 	require.False(t, marker.Live)
 	require.False(t, marker.Time.Before(ended.UpdatedAt.Add(retention)),
 		"expired at %s, ended at %s", marker.Time, ended.UpdatedAt)
+}
+
+// onceStep is a workflow of one step, "charge", recording its side effect
+// under its step ID, with the given retention.
+func onceStep(name string, effects *counter, retention time.Duration) *Workflow[int, int] {
+	return NewWorkflow(name, func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "charge", func(sctx context.Context) (int, error) {
+			info, _ := StepInfo(sctx)
+			effects.inc(info.StepID)
+			return in + 1, nil
+		})
+	}, WithRetention(retention))
+}
+
+// G1, G9: a duplicate start answered "existing" after the broker's window
+// leaves its start task in the stream. Consumed only after the run's
+// retention passed (no worker was running), that task creates nothing: no
+// new run, no step runs again.
+func TestStaleStartTaskAfterRetentionCreatesNothing(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{DuplicateWindow: 100 * time.Millisecond})
+	effects := newCounter()
+	wf := onceStep("res", effects, 2*time.Second)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	w := startWorker(t, env.conn(), WorkerConfig{Topology: env.topo}, wf)
+	h, err := Start(ctx, c, wf, 1, WithRunID("res-1"))
+	require.NoError(t, err)
+	_, err = h.Result(ctx)
+	require.NoError(t, err)
+	require.NoError(t, w.Stop(ctx))
+
+	// A duplicate past the broker's window: answered existing, its start
+	// task stored.
+	require.Eventually(t, func() bool {
+		res, err := c.admit.Admit(context.Background(), dedupe.Request{RunID: "res-1", Workflow: "res", Input: json.RawMessage(`1`)})
+		require.NoError(t, err)
+		require.Equal(t, dedupe.Existing, res.Outcome)
+		return res.Broker == jetstream.Stored
+	}, 10*time.Second, 20*time.Millisecond, "the broker's window never passed")
+	info, err := c.assets.Tasks.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs, "the duplicate's start task is pending")
+
+	waitExpired(t, c, "res-1")
+	marker, err := c.assets.Runs.Latest(ctx, "res-1")
+	require.NoError(t, err)
+	env.worker(WorkerConfig{}, wf)
+	waitTasksDrained(t, c)
+
+	_, err = c.GetRun(ctx, "res-1")
+	require.ErrorIs(t, err, ErrRunNotFound, "the stale start task created a run")
+	after, err := c.assets.Runs.Latest(ctx, "res-1")
+	require.NoError(t, err)
+	require.Equal(t, marker.Rev, after.Rev, "the run ID's record was written")
+	require.Equal(t, map[string]int{"res-1.charge.0": 1}, effects.snapshot(), "a step ran again")
+}
+
+// G1: a start that stalls after publishing its start task, for longer than
+// its run lives and is kept (a worker creates the run from the task, runs
+// it, and its record expires), creates nothing when it resumes: it gets
+// ErrRetryStart. A start made after that creates a new run and says so.
+func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := onceStep("stall", effects, time.Second)
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+
+	admit := dedupe.New(c.assets, nil, nil)
+	published, resume := make(chan struct{}), make(chan struct{})
+	admit.SetHooks(dedupe.Hooks{AfterStartPublished: func(string) {
+		close(published)
+		<-resume
+	}})
+	type result struct {
+		res dedupe.Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := admit.Admit(ctx, dedupe.Request{RunID: "stall-1", Workflow: "stall", Input: json.RawMessage(`1`), Retention: time.Second})
+		done <- result{res, err}
+	}()
+	<-published
+	require.Eventually(t, func() bool { // created by the worker from the start task, and run
+		run, err := c.GetRun(context.Background(), "stall-1")
+		return err == nil && run.Status == StatusCompleted
+	}, 20*time.Second, 20*time.Millisecond)
+	waitExpired(t, c, "stall-1")
+	marker, err := c.assets.Runs.Latest(ctx, "stall-1")
+	require.NoError(t, err)
+
+	close(resume)
+	r := <-done
+	require.ErrorIs(t, r.err, ErrRetryStart, "the resumed start got %v", r.res.Outcome)
+	after, err := c.assets.Runs.Latest(ctx, "stall-1")
+	require.NoError(t, err)
+	require.Equal(t, marker.Rev, after.Rev, "the resumed start wrote the run ID's record")
+	waitTasksDrained(t, c)
+	require.Equal(t, map[string]int{"stall-1.charge.0": 1}, effects.snapshot())
+
+	// Starting again now is a new run, after expiry.
+	h, err := Start(ctx, c, wf, 5, WithRunID("stall-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCreated, h.Outcome)
+	require.True(t, h.AfterExpiry)
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 6, out)
+	require.Len(t, effects.snapshot(), 2)
 }

@@ -125,6 +125,14 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	}
 	nctx := context.WithoutCancel(ctx)
 	run, rev, err := e.loadRun(nctx, task)
+	if errors.Is(err, dedupe.ErrStaleStart) {
+		// A start answered by a run that has since expired (a duplicate's
+		// task left in the stream, a task consumed after the retention):
+		// it must never create a run.
+		log.Warn().Err(err).Int("generation", task.Generation).Msg("stale start task dropped: its run expired; no run created")
+		e.settleErr(msg.Ack(), "ack")
+		return
+	}
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot load run; releasing task")
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
@@ -160,7 +168,8 @@ func (e *Executor) MarkCancelled(runID, token string) { e.cancelled.add(runID, t
 
 // loadRun returns the run a task belongs to and the revision it was read
 // at. A start task materialises the run record if its publisher died before
-// writing it; a step task carries the record's fields.
+// writing it (dedupe.ErrStaleStart: the task must be dropped); a step task
+// carries the record's fields.
 func (e *Executor) loadRun(ctx context.Context, t state.Task) (state.Run, uint64, error) {
 	if t.StepID == "" {
 		return e.cfg.Admitter.Materialize(ctx, t)
