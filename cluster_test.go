@@ -1271,3 +1271,45 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 		require.Len(t, runs, 1, "step %s ran %d times: %v", id, len(runs), runs)
 	}
 }
+
+// The run record's TTLs on a replicated bucket: a TTLNever write carries
+// "Nats-TTL: never" and stays past a shorter TTL written to another key; a
+// write with a TTL expires into a marker that Latest (read from the stream
+// leader) returns with the time it was stamped, from every node.
+func TestClusterRunRecordTTLs(t *testing.T) {
+	t.Parallel()
+	env := newR3Env(t)
+	var assets [testenv.ClusterSize]*jetstream.Assets
+	for i := range assets {
+		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo, jetstream.Ensure)
+		require.NoError(t, err)
+		assets[i] = a
+	}
+	runs := assets[0].Runs
+	ctx := ctxT(t, 60*time.Second)
+	rev, err := runs.CreateTTL(ctx, "running", []byte("r"), jetstream.TTLNever)
+	require.NoError(t, err)
+	st, err := assets[0].JS.Stream(ctx, "KV_"+jetstream.RunsBucket)
+	require.NoError(t, err)
+	m, err := st.GetMsg(ctx, rev)
+	require.NoError(t, err)
+	require.Equal(t, "never", m.Header.Get(natsjs.MsgTTLHeader))
+
+	wrote := time.Now() // before the write: the server stamps it later
+	ended, err := runs.CreateTTL(ctx, "ended", []byte("e"), time.Second)
+	require.NoError(t, err)
+	for _, a := range assets {
+		require.Eventually(t, func() bool {
+			k, err := a.Runs.Latest(context.Background(), "ended")
+			return err == nil && !k.Live && k.Rev > ended
+		}, 20*time.Second, 50*time.Millisecond)
+		k, err := a.Runs.Latest(ctx, "ended")
+		require.NoError(t, err)
+		require.False(t, k.Time.Before(wrote.Add(time.Second)), "marker stamped %s, written after %s", k.Time, wrote)
+		require.WithinDuration(t, wrote.Add(time.Second), k.Time, 5*time.Second)
+		v, got, err := a.Runs.Get(ctx, "running")
+		require.NoError(t, err)
+		require.Equal(t, rev, got)
+		require.Equal(t, "r", string(v))
+	}
+}

@@ -55,6 +55,11 @@ var (
 	// ErrInvalidRetention: a workflow retention under a second or longer
 	// than the deployment's.
 	ErrInvalidRetention = dedupe.ErrInvalidRetention
+	// ErrRetryStart: the run ID's run expired while the start was under way
+	// (the start stalled for longer than the run lived and was kept). The
+	// start created nothing; starting again now creates a new run after
+	// expiry (Handle.AfterExpiry).
+	ErrRetryStart = dedupe.ErrRetryStart
 )
 
 // ConflictError says which part of a start differed from the existing run

@@ -80,8 +80,9 @@ func RequireRunID() WorkflowOption {
 }
 
 // WithRetention sets how long the workflow's run IDs and results are
-// remembered after the run's last change (default: the deployment's
-// Topology.Retention, 30 days; at most that). A start after that creates a
+// remembered after the run ended (completed, failed or cancelled; default:
+// the deployment's Topology.Retention, 30 days; at most that). A running
+// run is never forgotten, however long it runs. A start after that creates a
 // new run and says so (Handle.AfterExpiry), never a silent re-run that looks
 // like a duplicate.
 func WithRetention(d time.Duration) WorkflowOption {

@@ -34,7 +34,9 @@ import (
 type KeyScope = state.KeyScope
 
 const (
-	// ScopeRun (the default): the key is private to the run.
+	// ScopeRun (the default): the key is private to the run; a run started
+	// again under the same run ID (StartNew, or a start after the
+	// retention) is another run and does not share it.
 	ScopeRun = state.ScopeRun
 	// ScopeWorkflow: the key is shared by every run of the workflow.
 	ScopeWorkflow = state.ScopeWorkflow
@@ -90,8 +92,9 @@ func WithKeyLease(d time.Duration) StepOption {
 const DefaultKeyLease = workflow.DefaultKeyLease
 
 // ResetTaskKey forgets key in scope, for every step that uses it, so that
-// the next call runs the step again. scopeID is the run ID for ScopeRun, the
-// workflow name for ScopeWorkflow, and empty for ScopeGlobal. It returns how
+// the next call runs the step again. scopeID is the run ID for ScopeRun
+// (every generation of the run), the workflow name for ScopeWorkflow, and
+// empty for ScopeGlobal. It returns how
 // many step entries it removed (0 when the key was not set or had expired).
 // A step running under the key when it is reset still commits its own
 // record but does not cache its result.

@@ -623,3 +623,53 @@ func TestTaskKeyRunningClaimIsRenewed(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load())
 	require.True(t, served(t, c, "long-2"))
 }
+
+// G7, G3: a run-scoped task key is private to one generation of a run. A
+// run started again under its run ID (StartNew) is a new run: its step runs,
+// whether the previous generation's result under the key was a success or
+// a cached failure, and a reset of the run's key covers both generations.
+func TestRunScopedTaskKeyIsPerGeneration(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := NewWorkflow("gen-keys", func(ctx *Context, mode string) (string, error) {
+		return Step(ctx, "charge", func(sctx context.Context) (string, error) {
+			info, _ := StepInfo(sctx)
+			effects.inc(info.StepID)
+			if mode == "fail" {
+				return "", Fatal(errors.New("declined"))
+			}
+			return "charged by " + info.StepID, nil
+		}, WithIdempotencyKey("charge", time.Hour), WithCachedFailures())
+	}, WithDefaultConflictPolicy(ConflictPolicy{AfterCompleted: StartNew, AfterFailed: StartNew}))
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+
+	for _, first := range []string{"ok", "fail"} {
+		id := "gk-" + first
+		h, err := Start(ctx, c, wf, first, WithRunID(id))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, h.Outcome)
+		out, err := h.Result(ctx)
+		if first == "fail" {
+			require.ErrorIs(t, err, ErrRunFailed)
+		} else {
+			require.NoError(t, err)
+			require.Equal(t, "charged by "+id+".charge.0", out)
+		}
+
+		again, err := Start(ctx, c, wf, "ok", WithRunID(id))
+		require.NoError(t, err)
+		require.Equal(t, OutcomeRestarted, again.Outcome)
+		out, err = again.Result(ctx)
+		require.NoError(t, err, "generation 1 got generation 0's cached outcome")
+		require.Equal(t, "charged by "+id+"/1.charge.0", out, "generation 1 must run its own step")
+		require.Equal(t, 1, effects.get(id+".charge.0"))
+		require.Equal(t, 1, effects.get(id+"/1.charge.0"))
+
+		n, err := c.ResetTaskKey(ctx, "charge", ScopeRun, id)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "the reset covers both generations' entries")
+	}
+}

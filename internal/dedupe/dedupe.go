@@ -62,8 +62,9 @@ type Request struct {
 	IgnoreInput bool
 	// Policy decides what a duplicate gets in each state of the run.
 	Policy Policy
-	// Retention is how long the run's record is kept after its last write
-	// (0: the deployment's; at most the deployment's).
+	// Retention is how long the run's record is kept after the run ended
+	// (0: the deployment's; at most the deployment's). A running run's
+	// record never expires.
 	Retention time.Duration
 	// Entry is the interface the start came in through, for the starts
 	// metric: "sdk" (default), "nats", "http" or "webhook".
@@ -95,7 +96,31 @@ type Admitter struct {
 	assets  *jetstream.Assets
 	now     func() time.Time
 	metrics *metrics.Metrics
+	hooks   Hooks
 }
+
+// Hooks let tests stop an admission at exact points. Nil hooks do nothing.
+type Hooks struct {
+	// AfterStartPublished runs in Admit once the start task is published,
+	// before the run record is written or read: a start that stalls there.
+	AfterStartPublished func(runID string)
+}
+
+// SetHooks installs h. Call it before the Admitter is used.
+func (a *Admitter) SetHooks(h Hooks) { a.hooks = h }
+
+// ErrStaleStart is Materialize's answer to a start task that must create
+// nothing: its run ID's record expired after the task was published (the
+// task of a duplicate start left in the stream past the broker's window, or
+// a start task consumed after its run's retention). The task is dropped.
+var ErrStaleStart = errors.New("jetflow: stale start task")
+
+// ErrRetryStart: the run ID's record expired while the start was under way.
+// The start overlapped the whole life of that run (its own start task may
+// have created it), so it creates nothing; a new start of the run ID, made
+// now, creates a new run after expiry (Result.AfterExpiry). Retrying is
+// safe.
+var ErrRetryStart = errors.New("jetflow: the run expired while it was being started; start it again")
 
 // New returns an Admitter over provisioned assets. now and m may be nil.
 func New(assets *jetstream.Assets, now func() time.Time, m *metrics.Metrics) *Admitter {
@@ -138,6 +163,15 @@ func Validate(req Request) error {
 // call ever gets Created (a call retried internally after a lost reply
 // recognises its own write).
 //
+// After the retention, the run ID's record has expired: a call that began
+// after that creates a new run and says so (AfterExpiry). A call that began
+// before the record expired (it stalled while the run ran and expired) was
+// that run's start or duplicate: it creates nothing and gets ErrRetryStart.
+// The two are told apart by the expiry marker's time (the server's clock)
+// and the time the call began (this process's clock), so clocks skewed by
+// less than the retention are enough; a start refused because of skew
+// succeeds when retried after it.
+//
 // The start task is published first, with Nats-Msg-Id = run ID, and carries
 // the whole request: if this process dies before the record is written, the
 // worker that receives the task writes it with the same token, so an
@@ -156,6 +190,11 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
+	// Before anything is published: a record that expired after this is
+	// one this call may have created or been a duplicate of. The wall
+	// clock, whatever a.now is, as the expiry marker is stamped by the
+	// server's.
+	by := starter{began: time.Now()}
 	token := nuid.Next()
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
@@ -168,6 +207,9 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
+	if h := a.hooks.AfterStartPublished; h != nil {
+		h(req.RunID)
+	}
 	rec, err := a.newRecord(req, token)
 	if err != nil {
 		return Result{}, err
@@ -175,9 +217,9 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	var st admitted
 	if broker != jetstream.Stored {
 		// Most likely a duplicate: read first, create only if absent.
-		st, err = a.readOrCreate(ctx, rec)
+		st, err = a.readOrCreate(ctx, rec, by)
 	} else {
-		st, err = a.createOrRead(ctx, rec)
+		st, err = a.createOrRead(ctx, rec, by)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
@@ -269,30 +311,39 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 	return a.replace(ctx, rec, oldRev)
 }
 
-// replace writes rec over the record at revision oldRev. When the write is
-// refused or its answer is lost, it reads what is stored; won says whether
-// that is rec (by its token).
+// replace writes rec over the record (or expiry marker) at revision oldRev.
+// When the write is refused or its answer is lost, it reads what is stored;
+// won says whether that is rec (by its token). When the run ID's record has
+// expired since oldRev, the error is ErrRetryStart.
 func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
 	b, err := state.Encode(rec)
 	if err != nil {
 		return state.Run{}, 0, false, err
 	}
-	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, a.retention(rec))
+	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, runningTTL)
 	if err == nil {
 		return rec, rev, true, nil
 	}
 	if !errors.Is(err, jetstream.ErrRevisionMismatch) && jetstream.IsAPIError(err) {
 		return state.Run{}, 0, false, err
 	}
-	v, rev, gerr := a.assets.Runs.GetExisting(ctx, rec.RunID)
-	if gerr != nil {
-		return state.Run{}, 0, false, errors.Join(err, gerr)
+	// Latest reads from the stream leader: a write it does not show did
+	// not land.
+	latest, lerr := a.assets.Runs.Latest(ctx, rec.RunID)
+	switch {
+	case lerr != nil:
+		return state.Run{}, 0, false, errors.Join(err, lerr)
+	case !latest.Live && latest.Rev == oldRev:
+		return state.Run{}, 0, false, err // the write got no answer and did not land
+	case !latest.Live:
+		return state.Run{}, 0, false, fmt.Errorf("%w: run %s expired at revision %d, after revision %d was read",
+			ErrRetryStart, rec.RunID, latest.Rev, oldRev)
 	}
-	stored, derr := state.DecodeRun(v)
+	stored, derr := state.DecodeRun(latest.Value)
 	if derr != nil {
 		return state.Run{}, 0, false, derr
 	}
-	return stored, rev, stored.Token == rec.Token, nil
+	return stored, latest.Rev, stored.Token == rec.Token, nil
 }
 
 // short abbreviates a fingerprint for messages.
@@ -359,21 +410,39 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 // task of an older generation advances the current one. A start task of a
 // new generation whose publisher died before replacing the ended run
 // finishes the replacement (compare-and-set on the revision it carries).
+//
+// It creates a record only where the run ID was never written: a start
+// task that finds its run ID's record expired (a duplicate's task left in
+// the stream, a task consumed after its run's retention) gets
+// ErrStaleStart and must be dropped, since its start was answered by the
+// run that expired. The one exception is the start task of the run created
+// over that very expiry marker (AfterExpiry, Generation = the marker's
+// revision) whose publisher died before replacing the marker: it finishes
+// the replacement with compare-and-set on the marker.
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
 	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
 	if err != nil {
 		return state.Run{}, 0, err
 	}
-	rec.Generation, rec.Retention = t.Generation, t.Retention
-	st, err := a.readOrCreate(ctx, rec)
+	rec.Generation, rec.Retention, rec.AfterExpiry = t.Generation, t.Retention, t.AfterExpiry
+	st, err := a.readOrCreate(ctx, rec, starter{task: &t})
 	run, rev := st.run, st.rev
 	if err != nil || t.Generation == 0 || run.Generation >= t.Generation {
-		return run, rev, err
+		return run, rev, staleOnRetry(err)
 	}
 	if run.Generation == t.Generation-1 && run.Status.Terminal() && rev == t.PrevRev {
 		run, rev, _, err = a.replace(ctx, rec, rev)
 	}
-	return run, rev, err
+	return run, rev, staleOnRetry(err)
+}
+
+// staleOnRetry turns ErrRetryStart (a record that expired under a write)
+// into ErrStaleStart: a worker never retries a start task over a marker.
+func staleOnRetry(err error) error {
+	if errors.Is(err, ErrRetryStart) {
+		return fmt.Errorf("%w: %w", ErrStaleStart, err)
+	}
+	return err
 }
 
 func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
@@ -402,6 +471,18 @@ const attemptTimeout = 2 * time.Second
 // without an answer (timeout, reconnect).
 const createAttempts = 5
 
+// starter is who asks for a run record to be created; it decides whether
+// the record may be created over the marker an expired record left (see
+// readExisting).
+type starter struct {
+	// began is when the Admit call began (before it published its start
+	// task). It may create over a marker written before that.
+	began time.Time
+	// task is the start task a worker materialises (Materialize). It may
+	// create over a marker only as the after-expiry run it stands for.
+	task *state.Task
+}
+
 // admitted is the run record admission ended up with.
 type admitted struct {
 	run state.Run
@@ -416,24 +497,23 @@ type admitted struct {
 // createOrRead writes rec if the run ID holds no record, else reads the
 // stored one. A create that fails for another reason than a conflict is
 // retried (the write may have landed, and the token tells). A run ID whose
-// record expired (its retention passed) holds a marker: rec replaces it and
-// the result says so.
-func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, error) {
+// record expired (its retention passed) holds a marker: rec replaces it if
+// by may create over it (see readExisting), and the result says so.
+func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) (admitted, error) {
 	b, err := state.Encode(rec)
 	if err != nil {
 		return admitted{}, err
 	}
-	ttl := a.retention(rec)
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, ttl)
+		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, runningTTL)
 		cancel()
 		if err == nil {
 			return admitted{run: rec, rev: rev, created: true}, nil
 		}
 		if errors.Is(err, jetstream.ErrExists) {
-			st, again, err := a.readExisting(ctx, rec, ttl)
+			st, again, err := a.readExisting(ctx, rec, by)
 			if err != nil || !again {
 				return st, err
 			}
@@ -455,7 +535,13 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run) (admitted, e
 // readExisting reads the record a create found in the way. again is true
 // when there is none after all (a marker that itself expired meanwhile):
 // the caller creates again.
-func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Duration) (admitted, bool, error) {
+//
+// When the run ID's record expired, the start by creates a new run over
+// the marker only if it cannot have been answered by the expired run: an
+// Admit call that began after the record expired, or the start task of the
+// after-expiry run itself (see Materialize). Otherwise it creates nothing:
+// Admit gets ErrRetryStart, Materialize ErrStaleStart.
+func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) (admitted, bool, error) {
 	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
 	if err == nil {
 		run, err := state.DecodeRun(v)
@@ -476,16 +562,37 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 		own := err == nil && run.Token == rec.Token
 		return admitted{run: run, rev: latest.Rev, created: own, afterExpiry: own && run.AfterExpiry}, false, err
 	}
-	// The run ID's record expired: this start creates a new run over its
-	// marker, and says so. The new run gets an identity of its own (the
-	// marker's revision as its generation), so it never meets the expired
-	// run's step results, which may outlive its record; and a start task of
-	// its own, stored first like every start task (the one this start
-	// published, if any, names the expired run's identity and is dropped).
+	if t := by.task; t != nil {
+		if !t.AfterExpiry || uint64(t.Generation) != latest.Rev {
+			return admitted{}, false, fmt.Errorf("%w: run %s (generation %d) expired at revision %d after its start task was published",
+				ErrStaleStart, rec.RunID, t.Generation, latest.Rev)
+		}
+		// The after-expiry run's own start task, whose publisher died
+		// before replacing the marker: finish the replacement.
+		rec.Generation, rec.AfterExpiry = t.Generation, true
+		run, rev, won, err := a.replace(ctx, rec, latest.Rev)
+		if err != nil {
+			return admitted{}, false, err
+		}
+		return admitted{run: run, rev: rev, created: won, afterExpiry: won && run.AfterExpiry}, false, nil
+	}
+	if !latest.Time.Before(by.began) {
+		// Expired after this call began: the call overlapped the run's
+		// whole life, and was that run's start or a duplicate of it.
+		return admitted{}, false, fmt.Errorf("%w: run %s expired at %s, after this start began at %s",
+			ErrRetryStart, rec.RunID, latest.Time.UTC().Format(time.RFC3339Nano), by.began.UTC().Format(time.RFC3339Nano))
+	}
+	// The run ID's record expired before this start: it creates a new run
+	// over its marker, and says so. The new run gets an identity of its own
+	// (the marker's revision as its generation), so it never meets the
+	// expired run's step results, which may outlive its record; and a start
+	// task of its own, stored first like every start task (the one this
+	// start published, if any, names the expired run's identity and is
+	// dropped).
 	rec.Generation, rec.AfterExpiry = int(latest.Rev), true
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
-		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention,
+		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention, AfterExpiry: true,
 	})
 	if err != nil {
 		return admitted{}, false, err
@@ -503,10 +610,10 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, ttl time.Dur
 
 // readOrCreate reads the stored record and falls back to createOrRead when
 // there is none.
-func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (admitted, error) {
+func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run, by starter) (admitted, error) {
 	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
 	if errors.Is(err, jetstream.ErrNotFound) {
-		return a.createOrRead(ctx, rec)
+		return a.createOrRead(ctx, rec, by)
 	}
 	if err != nil {
 		return admitted{}, err
@@ -519,13 +626,11 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run) (admitted, e
 	return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, nil
 }
 
-// retention is the TTL every write of run's record carries.
-func (a *Admitter) retention(run state.Run) time.Duration {
-	if run.Retention > 0 {
-		return run.Retention
-	}
-	return a.assets.Topology.Retention
-}
+// runningTTL is the TTL of every write of a running run's record: it never
+// expires, however long the run takes. Only the run's final write (the
+// worker's finish, Client.Cancel) carries the retention, so the record is
+// kept for the retention after the run ended.
+const runningTTL = jetstream.TTLNever
 
 // recordDuplicate adds one attempt to the run's audit record with
 // compare-and-set, and returns the new count.

@@ -34,19 +34,19 @@ func TestCreateRetriedAfterLostReplyIsStillCreated(t *testing.T) {
 	a := setup(t)
 	rec, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`1`)}, "token-A")
 	require.NoError(t, err)
-	st, err := a.createOrRead(ctx(t), rec)
+	st, err := a.createOrRead(ctx(t), rec, starter{began: time.Now()})
 	require.NoError(t, err)
 	require.True(t, st.created)
 
 	// The same call again (its first reply was lost).
-	st, err = a.createOrRead(ctx(t), rec)
+	st, err = a.createOrRead(ctx(t), rec, starter{began: time.Now()})
 	require.NoError(t, err)
 	require.True(t, st.created, "own write recognised by its token")
 	require.Equal(t, "token-A", st.run.Token)
 
 	other, err := a.newRecord(Request{RunID: "r-1", Workflow: "w", Input: json.RawMessage(`2`)}, "token-B")
 	require.NoError(t, err)
-	st, err = a.createOrRead(ctx(t), other)
+	st, err = a.createOrRead(ctx(t), other, starter{began: time.Now()})
 	require.NoError(t, err)
 	require.False(t, st.created)
 	require.JSONEq(t, `1`, string(st.run.Input), "the first record is kept")
@@ -106,9 +106,12 @@ func TestStartTaskCarriesRetention(t *testing.T) {
 	require.Equal(t, 3*time.Second, task.Retention)
 }
 
-// A run created over an expired record's marker by the worker (from the
-// start task) tells its starter that it replaced an expired run, when the
-// starter reads it back by its token.
+// A run ID whose record expired: a start task published before that (a
+// duplicate's, or the expired run's own) creates nothing when a worker
+// materialises it. The start task of the run created over that marker,
+// whose publisher died before replacing it, does: the worker finishes the
+// replacement, and the starter, reading it back by its token, is told it
+// created a run after expiry.
 func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	t.Parallel()
 	nc := testenv.Conn(t, testenv.Server(t))
@@ -117,20 +120,57 @@ func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	a := New(assets, nil, nil)
 	_, err = a.Admit(ctx(t), Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`1`)})
 	require.NoError(t, err)
+	end(t, a, "exp-1")
+	var marker jetstream.KeyState
 	require.Eventually(t, func() bool {
-		st, err := assets.Runs.Latest(context.Background(), "exp-1")
-		return err == nil && st.Rev > 0 && !st.Live
+		marker, err = assets.Runs.Latest(context.Background(), "exp-1")
+		return err == nil && marker.Rev > 0 && !marker.Live
 	}, 20*time.Second, 50*time.Millisecond, "the record never expired into a marker")
 
-	task := state.Task{V: state.Version, RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`), Token: "starter"}
+	for _, stale := range []state.Task{
+		{V: state.Version, RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`), Token: "duplicate"},
+		{V: state.Version, RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`), Token: "other-marker",
+			Generation: int(marker.Rev) + 1, AfterExpiry: true},
+	} {
+		_, _, err := a.Materialize(ctx(t), stale)
+		require.ErrorIs(t, err, ErrStaleStart, "token %s", stale.Token)
+	}
+	st, err := assets.Runs.Latest(ctx(t), "exp-1")
+	require.NoError(t, err)
+	require.Equal(t, marker.Rev, st.Rev, "a stale start task wrote nothing")
+
+	task := state.Task{V: state.Version, RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`), Token: "starter",
+		Generation: int(marker.Rev), AfterExpiry: true}
 	run, _, err := a.Materialize(ctx(t), task)
 	require.NoError(t, err)
 	require.True(t, run.AfterExpiry)
-	require.NotZero(t, run.Generation, "a new identity")
+	require.Equal(t, int(marker.Rev), run.Generation, "a new identity")
+	require.Equal(t, "starter", run.Token)
 	rec, err := a.newRecord(Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`2`)}, "starter")
 	require.NoError(t, err)
-	st, err := a.readOrCreate(ctx(t), rec)
+	got, err := a.readOrCreate(ctx(t), rec, starter{began: time.Now()})
 	require.NoError(t, err)
-	require.True(t, st.created)
-	require.True(t, st.afterExpiry, "the starter must be told the old run expired")
+	require.True(t, got.created)
+	require.True(t, got.afterExpiry, "the starter must be told the old run expired")
+}
+
+// end writes the end of the running run runID as a worker's finish does:
+// completed, with the retention as the record's TTL (while it runs, the
+// record never expires).
+func end(t *testing.T, a *Admitter, runID string) {
+	t.Helper()
+	v, rev, err := a.assets.Runs.Get(ctx(t), runID)
+	require.NoError(t, err)
+	run, err := state.DecodeRun(v)
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, run.Status)
+	run.Status, run.Output, run.UpdatedAt = state.StatusCompleted, json.RawMessage(`true`), time.Now().UTC()
+	b, err := state.Encode(run)
+	require.NoError(t, err)
+	ttl := run.Retention
+	if ttl == 0 {
+		ttl = a.assets.Topology.Retention
+	}
+	_, err = a.assets.Runs.UpdateTTL(ctx(t), runID, b, rev, ttl)
+	require.NoError(t, err)
 }

@@ -142,3 +142,56 @@ func TestIsWrongLastSequenceOnlyMatchesCASConflicts(t *testing.T) {
 	require.False(t, IsWrongLastSequence(&natsjs.APIError{ErrorCode: natsjs.JSErrCodeStreamNotFound}))
 	require.False(t, IsWrongLastSequence(errors.New("wrong last sequence")))
 }
+
+// A write with TTLNever ("Nats-TTL: never", stored as -1) outlives both the
+// per-message TTLs and the bucket's MaxAge, which expire the writes around
+// it; the next write with a TTL expires as usual and leaves a marker that
+// says when the key expired.
+func TestKVTTLNeverOutlivesMaxAge(t *testing.T) {
+	t.Parallel()
+	a := setup(t, Topology{Retention: time.Second, DuplicateWindow: 100 * time.Millisecond})
+	info, err := a.JS.Stream(ctx(t), "KV_"+RunsBucket)
+	require.NoError(t, err)
+	require.Equal(t, time.Second, info.CachedInfo().Config.MaxAge)
+
+	began := time.Now()
+	rev, err := a.Runs.CreateTTL(ctx(t), "kept", []byte("running"), TTLNever) // first: the age check passes over it
+	require.NoError(t, err)
+	_, err = a.Runs.CreateTTL(ctx(t), "ttl", []byte("x"), time.Second)
+	require.NoError(t, err)
+	_, err = a.Runs.Create(ctx(t), "max-age", []byte("x"))
+	require.NoError(t, err)
+	m, err := info.GetMsg(ctx(t), rev)
+	require.NoError(t, err)
+	require.Equal(t, "never", m.Header.Get(natsjs.MsgTTLHeader))
+
+	// Both others expire, the TTLNever one stays through twice the MaxAge.
+	deadline := began.Add(2*time.Second + 500*time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, _, e1 := a.Runs.Get(context.Background(), "ttl")
+		_, _, e2 := a.Runs.Get(context.Background(), "max-age")
+		return errors.Is(e1, ErrNotFound) && errors.Is(e2, ErrNotFound) && time.Now().After(deadline)
+	}, 20*time.Second, 50*time.Millisecond)
+	v, got, err := a.Runs.Get(ctx(t), "kept")
+	require.NoError(t, err, "a TTLNever write expired")
+	require.Equal(t, rev, got)
+	require.Equal(t, "running", string(v))
+
+	// The next write's TTL applies again, and its marker has a time.
+	rev2, err := a.Runs.UpdateTTL(ctx(t), "kept", []byte("ended"), rev, time.Second)
+	require.NoError(t, err)
+	wrote := time.Now()
+	require.Eventually(t, func() bool {
+		_, _, err := a.Runs.Get(context.Background(), "kept")
+		return errors.Is(err, ErrNotFound)
+	}, 20*time.Second, 50*time.Millisecond)
+	st, err := a.Runs.Latest(ctx(t), "kept")
+	require.NoError(t, err)
+	require.False(t, st.Live)
+	require.Greater(t, st.Rev, rev2)
+	require.WithinDuration(t, wrote.Add(time.Second), st.Time, 2*time.Second)
+	require.False(t, st.Time.Before(wrote), "the marker is stamped when the key expired")
+
+	_, err = a.Runs.CreateTTL(ctx(t), "neg", []byte("x"), -2*time.Second)
+	require.Error(t, err, "only TTLNever is a negative TTL")
+}

@@ -61,16 +61,23 @@ func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, erro
 	return k.put(ctx, key, value, 0, 0)
 }
 
+// TTLNever, as the TTL of a write, exempts the message from expiry: it is
+// sent with the header "Nats-TTL: never", which the server stores as a TTL
+// of -1 and also exempts from the bucket's MaxAge. The key is kept until it
+// is written again.
+const TTLNever time.Duration = -1
+
 // CreateTTL is Create with a per-message TTL (whole seconds, rounded up, at
-// least 1s): the key expires ttl after this write. The bucket needs
-// LimitMarkerTTL. Like Create it fails with ErrExists when the key's last
-// message is a delete or expiry marker (see TaskKeys.Create).
+// least 1s; or TTLNever): the key expires ttl after this write. The bucket
+// needs LimitMarkerTTL. Like Create it fails with ErrExists when the key's
+// last message is a delete or expiry marker (see TaskKeys.Create).
 func (k *KV) CreateTTL(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error) {
 	return k.put(ctx, key, value, 0, ttl)
 }
 
 // UpdateTTL is Update with a per-message TTL: the key now expires ttl after
-// this write. rev may be a marker's revision, to recreate an expired key.
+// this write (never with TTLNever). rev may be a marker's revision, to
+// recreate an expired key.
 func (k *KV) UpdateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	if rev == 0 {
 		return 0, fmt.Errorf("jetflow: update %s/%s: revision 0 is a create", k.Bucket(), key)
@@ -87,13 +94,19 @@ func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (
 	return k.put(ctx, key, value, rev, 0)
 }
 
-// put writes with compare-and-set on the key's last revision (0: none) and,
-// when ttl > 0, a per-message TTL rounded up to whole seconds.
+// put writes with compare-and-set on the key's last revision (0: none) and
+// a per-message TTL: rounded up to whole seconds when ttl > 0, "never" with
+// TTLNever, none (the bucket's MaxAge) when ttl is 0.
 func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	msg := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
 	opts := []natsjs.PublishOpt{natsjs.WithExpectLastSequencePerSubject(rev)}
-	if ttl > 0 {
+	switch {
+	case ttl == TTLNever:
+		msg.Header.Set(natsjs.MsgTTLHeader, "never")
+	case ttl > 0:
 		opts = append(opts, natsjs.WithMsgTTL(WholeSeconds(ttl)))
+	case ttl < 0:
+		return 0, fmt.Errorf("jetflow: write %s/%s: negative TTL %s (TTLNever is the only one)", k.Bucket(), key, ttl)
 	}
 	ack, err := k.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
@@ -140,6 +153,9 @@ type KeyState struct {
 	Rev uint64
 	// Live is true when Value is a value (not a marker).
 	Live bool
+	// Time is when the server stored the message (by the server's clock):
+	// for an expiry marker, when the key expired.
+	Time time.Time
 }
 
 // Latest reads the last message of key, markers included: on a bucket with
@@ -169,7 +185,7 @@ func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
 		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
 	}
 	live := m.Header.Get("KV-Operation") == "" && m.Header.Get(natsjs.MarkerReasonHeader) == ""
-	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live}, nil
+	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live, Time: m.Time}, nil
 }
 
 // leaderGet reads the last message of key from the bucket stream's leader
@@ -193,9 +209,10 @@ func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
 	var resp struct {
 		Error   *natsjs.APIError `json:"error,omitempty"`
 		Message *struct {
-			Seq    uint64 `json:"seq"`
-			Header []byte `json:"hdrs,omitempty"`
-			Data   []byte `json:"data,omitempty"`
+			Seq    uint64    `json:"seq"`
+			Header []byte    `json:"hdrs,omitempty"`
+			Data   []byte    `json:"data,omitempty"`
+			Time   time.Time `json:"time"`
 		} `json:"message,omitempty"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
@@ -218,7 +235,7 @@ func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
 		}
 		live = h.Get("KV-Operation") == "" && h.Get(natsjs.MarkerReasonHeader) == ""
 	}
-	return KeyState{Value: resp.Message.Data, Rev: resp.Message.Seq, Live: live}, nil
+	return KeyState{Value: resp.Message.Data, Rev: resp.Message.Seq, Live: live, Time: resp.Message.Time}, nil
 }
 
 // GetExisting reads a key that a compare-and-set has just reported as

@@ -78,9 +78,10 @@ type Topology struct {
 	// (default 2 minutes). It is only the first line of dedup: admission is
 	// decided by the run bucket.
 	DuplicateWindow time.Duration
-	// Retention is how long run records, step results and audits are kept
-	// after their last write (default 30 days). A run ID is remembered for
-	// this long; a start after that creates a new run.
+	// Retention is how long run records are kept after their run ended,
+	// and step results and audits after their last write (default 30
+	// days); a running run's record never expires. A run ID is remembered
+	// for this long; a start after that creates a new run.
 	Retention time.Duration
 	// MemoryStorage keeps everything in memory (tests and benchmarks of the
 	// broker limit only).

@@ -67,8 +67,9 @@ type Run struct {
 	// Generation counts the runs started under this run ID by the conflict
 	// policy's "start new" (0 for the first).
 	Generation int `json:"generation,omitempty"`
-	// Retention is how long the record is kept after its last write: every
-	// write of it carries this TTL (0: the deployment's retention).
+	// Retention is how long the record is kept after the run ended: the
+	// final write carries this TTL (0: the deployment's retention), while
+	// every write of a running run carries the TTL "never".
 	Retention time.Duration `json:"retention,omitempty"`
 	// AfterExpiry: the record was created over the marker of an expired
 	// run with the same run ID (its creator is told so).
@@ -167,6 +168,10 @@ type Task struct {
 	PrevRev    uint64 `json:"prev_rev,omitempty"`
 	// Retention is the run record's.
 	Retention time.Duration `json:"retention,omitempty"`
+	// AfterExpiry is the run record's (step tasks). On a start task it
+	// says that the run is created over the marker its expired predecessor
+	// left, at revision Generation (see dedupe.Admitter.Materialize).
+	AfterExpiry bool `json:"after_expiry,omitempty"`
 	// Rev is the run record's revision the fields above were read at; zero
 	// on a start task.
 	Rev uint64 `json:"rev,omitempty"`
@@ -177,11 +182,24 @@ type Task struct {
 	Attempt int `json:"attempt,omitempty"`
 }
 
-// RunFromTask rebuilds the running run record a step task carries.
+// StepTask is the task of stepID in the running run r, read at revision
+// rev: it carries every stored field of r, so that RunFromTask gives r back
+// and the run's final write (which starts from it) loses none of them.
+func StepTask(r Run, rev uint64, stepID string) Task {
+	return Task{
+		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
+		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
+		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry,
+	}
+}
+
+// RunFromTask rebuilds the running run record a step task carries (see
+// StepTask); UpdatedAt is the run's creation time.
 func RunFromTask(t Task) Run {
 	return Run{
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
-		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
+		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
 	}
 }
 

@@ -1,8 +1,11 @@
 package state
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -52,4 +55,39 @@ func TestDecodeRejectsMalformedRecords(t *testing.T) {
 	run, err := DecodeRun([]byte(`{"v":1,"run_id":"r","workflow":"w","status":"completed","input":1}`))
 	require.NoError(t, err)
 	require.True(t, run.Status.Terminal())
+}
+
+// A step task carries every stored field of a running run: the run's final
+// write starts from RunFromTask and must lose none of them (after_expiry,
+// source, retention, fingerprint, generation, created_at...). A field added
+// to Run fails this test until StepTask and RunFromTask carry it.
+func TestStepTaskCarriesEveryRunField(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	run := Run{
+		V: Version, RunID: "order-42", Workflow: "orders", Input: json.RawMessage(`{"n":1}`),
+		Status: StatusRunning, Token: "tok", Fingerprint: "fp", Generation: 7, Retention: time.Hour,
+		AfterExpiry: true, Source: "svc", CreatedAt: created, UpdatedAt: created,
+		Output: json.RawMessage(`1`), Error: &ErrorInfo{Message: "x"},
+	}
+	// Fields a running run does not have yet, or that its finish rewrites.
+	rewritten := map[string]bool{"Status": true, "UpdatedAt": true, "Output": true, "Error": true}
+	v := reflect.ValueOf(run)
+	for i := range v.NumField() {
+		require.False(t, v.Field(i).IsZero(), "set Run.%s in this test", v.Type().Field(i).Name)
+	}
+	task := StepTask(run, 9, "order-42/7.a.0")
+	require.Equal(t, uint64(9), task.Rev)
+	b, err := Encode(task)
+	require.NoError(t, err)
+	decoded, err := DecodeTask(b)
+	require.NoError(t, err)
+	got := reflect.ValueOf(RunFromTask(decoded))
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Name
+		if rewritten[name] {
+			continue
+		}
+		require.Equal(t, v.Field(i).Interface(), got.Field(i).Interface(), "Run.%s lost through a step task", name)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -31,7 +32,8 @@ type KeyScope int
 
 // Scopes. The zero value is the run scope.
 const (
-	// ScopeRun: the key is private to one run.
+	// ScopeRun: the key is private to one run (one generation of a run
+	// ID, see RunTaskKeyName).
 	ScopeRun KeyScope = iota
 	// ScopeWorkflow: shared by every run of one workflow.
 	ScopeWorkflow
@@ -115,7 +117,27 @@ func TaskKeyName(scope KeyScope, scopeID, step, key string) (string, error) {
 	return prefix + "." + TaskKeyHash(key) + "." + step, nil
 }
 
-// TaskKeyFilter matches the bucket keys of key for every step in scope.
+// RunTaskKeyName is the bucket key of a run-scoped key, called by the step
+// named step in generation generation of the run runID (see RunIdentity):
+// TaskKeyName(ScopeRun, runID, step, key) for the first generation, with
+// ".<generation>" appended for a later one. A run started again under the
+// same run ID (the conflict policy's "start new", or a start after the
+// retention) is another run and never meets its predecessor's cached
+// results; a reset of the run's key (TaskKeyFilter) covers every
+// generation.
+func RunTaskKeyName(runID string, generation int, step, key string) (string, error) {
+	name, err := TaskKeyName(ScopeRun, runID, step, key)
+	if err != nil || generation == 0 {
+		return name, err
+	}
+	if generation < 0 {
+		return "", fmt.Errorf("%w: negative generation %d", ErrInvalidTaskKey, generation)
+	}
+	return name + "." + strconv.Itoa(generation), nil
+}
+
+// TaskKeyFilter matches the bucket keys of key for every step in scope
+// (<prefix>.<hash>.>), and in the run scope for every generation of the run.
 func TaskKeyFilter(scope KeyScope, scopeID, key string) (string, error) {
 	if err := ValidateTaskKey(key); err != nil {
 		return "", err
@@ -124,7 +146,7 @@ func TaskKeyFilter(scope KeyScope, scopeID, key string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return prefix + "." + TaskKeyHash(key) + ".*", nil
+	return prefix + "." + TaskKeyHash(key) + ".>", nil
 }
 
 // Task key entry states.

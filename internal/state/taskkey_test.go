@@ -30,8 +30,16 @@ func TestTaskKeyNameLayout(t *testing.T) {
 		require.Equal(t, tc.want, got)
 		filter, err := TaskKeyFilter(tc.scope, tc.scopeID, "welcome/ada@example.com")
 		require.NoError(t, err)
-		require.Equal(t, strings.TrimSuffix(tc.want, "send-email")+"*", filter)
+		require.Equal(t, strings.TrimSuffix(tc.want, "send-email")+">", filter)
 	}
+	// A later generation of a run has keys of its own, which the run's
+	// filter still covers.
+	first, err := RunTaskKeyName("order-42", 0, "send-email", "welcome/ada@example.com")
+	require.NoError(t, err)
+	require.Equal(t, "r.order-42."+h+".send-email", first)
+	second, err := RunTaskKeyName("order-42", 3, "send-email", "welcome/ada@example.com")
+	require.NoError(t, err)
+	require.Equal(t, "r.order-42."+h+".send-email.3", second)
 	// Any bytes are a key: only the hash reaches the bucket.
 	got, err := TaskKeyName(ScopeGlobal, "", "a", "spaces, dots. and \x00 bytes ✓")
 	require.NoError(t, err)

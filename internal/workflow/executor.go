@@ -125,6 +125,14 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	}
 	nctx := context.WithoutCancel(ctx)
 	run, rev, err := e.loadRun(nctx, task)
+	if errors.Is(err, dedupe.ErrStaleStart) {
+		// A start answered by a run that has since expired (a duplicate's
+		// task left in the stream, a task consumed after the retention):
+		// it must never create a run.
+		log.Warn().Err(err).Int("generation", task.Generation).Msg("stale start task dropped: its run expired; no run created")
+		e.settleErr(msg.Ack(), "ack")
+		return
+	}
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot load run; releasing task")
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
@@ -160,7 +168,8 @@ func (e *Executor) MarkCancelled(runID, token string) { e.cancelled.add(runID, t
 
 // loadRun returns the run a task belongs to and the revision it was read
 // at. A start task materialises the run record if its publisher died before
-// writing it; a step task carries the record's fields.
+// writing it (dedupe.ErrStaleStart: the task must be dropped); a step task
+// carries the record's fields.
 func (e *Executor) loadRun(ctx context.Context, t state.Task) (state.Run, uint64, error) {
 	if t.StepID == "" {
 		return e.cfg.Admitter.Materialize(ctx, t)
@@ -203,8 +212,9 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 	case settleFinish:
 		err := e.finish(ctx, c.run, c.rev, s)
 		if errors.Is(err, jetstream.ErrNotFound) {
-			// The record expired (retention) while the run was going on:
-			// there is nothing left to finish.
+			// The record is gone: nothing is left to finish. (A running
+			// run's record never expires; one written before that rule
+			// may have.)
 			log.Error().Err(err).Msg("run record gone; task dropped")
 		} else if err != nil {
 			log.Warn().Err(err).Msg("cannot record run end; releasing")
@@ -227,12 +237,7 @@ func (e *Executor) settleErr(err error, what string) {
 // dispatch publishes the task of stepID. A task already pending for that
 // step, or one within the broker's duplicate window, absorbs this one.
 func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
-	r := c.run
-	b, err := state.Encode(state.Task{
-		V: state.Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
-		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: c.rev,
-		Generation: r.Generation, Retention: r.Retention,
-	})
+	b, err := state.Encode(state.StepTask(c.run, c.rev, stepID))
 	if err != nil {
 		return err
 	}

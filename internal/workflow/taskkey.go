@@ -130,14 +130,18 @@ func (c *Context) keyCall(k TaskKey, name, id string) *keyCall {
 	if !k.used() {
 		return nil
 	}
-	scopeID := ""
+	var (
+		bkey string
+		err  error
+	)
 	switch k.Scope {
-	case state.ScopeRun:
-		scopeID = c.run.RunID
+	case state.ScopeRun: // private to this generation of the run
+		bkey, err = state.RunTaskKeyName(c.run.RunID, c.run.Generation, name, k.Key)
 	case state.ScopeWorkflow:
-		scopeID = c.run.Workflow
+		bkey, err = state.TaskKeyName(k.Scope, c.run.Workflow, name, k.Key)
+	default:
+		bkey, err = state.TaskKeyName(k.Scope, "", name, k.Key)
 	}
-	bkey, err := state.TaskKeyName(k.Scope, scopeID, name, k.Key)
 	if err != nil { // validated by Step; the run ID and name are valid
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
