@@ -168,7 +168,7 @@ type settlement struct {
 	delay  time.Duration
 	// attempt is the attempt that failed (retry).
 	attempt int
-	output json.RawMessage
-	err    error // workflow error (finish) or cause (release, retry)
-	panic  bool
+	output  json.RawMessage
+	err     error // workflow error (finish) or cause (release, retry)
+	panic   bool
 }
