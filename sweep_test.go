@@ -1,0 +1,183 @@
+package jetflow
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/sweep"
+)
+
+// passLog keeps the sweep passes a worker reports.
+type passLog struct {
+	mu     sync.Mutex
+	passes []sweep.Pass
+}
+
+func (l *passLog) add(p sweep.Pass) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.passes = append(l.passes, p)
+}
+
+// count returns how many passes list runID in the field get selects.
+func (l *passLog) count(runID string, get func(sweep.Pass) []string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, p := range l.passes {
+		if slices.Contains(get(p), runID) {
+			n++
+		}
+	}
+	return n
+}
+
+func checked(p sweep.Pass) []string { return p.Checked }
+
+func touched(p sweep.Pass) []string {
+	return slices.Concat(p.Suspected, p.Redispatched, p.Absorbed)
+}
+
+// TestSweeperResumesARunThatLostItsTask builds the state the sweeper is
+// there for — a running run whose first step is committed and which has no
+// task left (as if its next task had been removed from JETFLOW_TASKS) —
+// next to a healthy run whose long second step is running. The worker's
+// sweeper dispatches the stuck run's start task again: the run completes,
+// its committed step does not run again, the others run once, and the
+// metric counts one stuck run. The healthy run, checked at least twice, is
+// never dispatched again. With the sweeper disabled (SweepInterval < 0) the
+// stuck run never completes.
+func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	ctx := ctxT(t, 30*time.Second)
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+
+	// The stuck run: created an hour ago, step a committed by a worker that
+	// is gone, no task anywhere.
+	assets, err := jetstream.Provision(ctx, env.conn(), env.topo, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	input := json.RawMessage(`5`)
+	fp, err := dedupe.Fingerprint("swept", input)
+	require.NoError(t, err)
+	created := time.Now().UTC().Add(-time.Hour)
+	rec, err := state.Encode(state.Run{
+		V: state.Version, RunID: "swept-1", Workflow: "swept", Input: input, Status: state.StatusRunning,
+		Token: "token-swept-1", Fingerprint: fp, CreatedAt: created, UpdatedAt: created,
+	})
+	require.NoError(t, err)
+	_, err = assets.Runs.Create(ctx, "swept-1", rec)
+	require.NoError(t, err)
+	step, err := state.Encode(state.Step{
+		V: state.Version, StepID: "swept-1.a.0", RunID: "swept-1", Name: "a", Seq: 0, Attempt: 1,
+		Output: json.RawMessage(`6`), Worker: "gone", Committed: created.Add(time.Second),
+	})
+	require.NoError(t, err)
+	_, err = assets.Steps.Create(ctx, "swept-1.a.0", step)
+	require.NoError(t, err)
+
+	effects := newCounter()
+	swept := threeSteps("swept", effects)
+	release := make(chan struct{})
+	slow := NewWorkflow("sweep_slow", func(ctx *Context, in int) (int, error) {
+		a, err := Step(ctx, "a", func(sctx context.Context) (int, error) {
+			info, _ := StepInfo(sctx)
+			effects.inc(info.StepID)
+			return in + 1, nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		return Step(ctx, "b", func(sctx context.Context) (int, error) {
+			info, _ := StepInfo(sctx)
+			effects.inc(info.StepID)
+			select { // runs for several StuckAfters, heartbeated
+			case <-release:
+			case <-sctx.Done():
+				return 0, sctx.Err()
+			}
+			return a + 1, nil
+		})
+	})
+
+	passes := &passLog{}
+	const stuckAfter = 600 * time.Millisecond
+	env.worker(WorkerConfig{
+		AckWait: 200 * time.Millisecond, SweepInterval: 20 * time.Millisecond, StuckAfter: stuckAfter,
+		Metrics: m, sweepHook: passes.add,
+	}, swept, slow)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the worker's stop, if the test fails early
+	c := env.client()
+
+	h, err := Start(ctx, c, slow, 1, WithRunID("slow-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("slow-1.b.0") == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	out, err := (&Handle[int]{RunID: "swept-1", client: c}).Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8, out, "a's committed 6, then b and c")
+	require.Equal(t, 0, effects.get("swept-1.a.0"), "the committed step did not run again")
+	require.Equal(t, 1, effects.get("swept-1.b.0"))
+	require.Equal(t, 1, effects.get("swept-1.c.0"))
+
+	// The healthy run gets old enough to be checked, twice, and is left
+	// alone: its step task is pending (delivered and heartbeated).
+	require.Eventually(t, func() bool { return passes.count("slow-1", checked) >= 2 }, 10*time.Second, 5*time.Millisecond)
+	require.Zero(t, passes.count("slow-1", touched), "the healthy run was suspected or dispatched again")
+	unblock()
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, got)
+	require.Equal(t, map[string]int{"slow-1.a.0": 1, "slow-1.b.0": 1, "swept-1.b.0": 1, "swept-1.c.0": 1}, effects.snapshot())
+
+	require.Equal(t, 1, passes.count("swept-1", func(p sweep.Pass) []string { return p.Redispatched }))
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	byName := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != metrics.NameRunsStuck {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			byName[s.GetLabel()[0].GetValue()] = s.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, map[string]float64{"swept": 1}, byName, "one stuck run, of workflow swept")
+}
+
+func TestWorkerConfigSweepSettings(t *testing.T) {
+	t.Parallel()
+	ws := NewWorkers()
+	require.NoError(t, ws.Add(threeSteps("cfg", newCounter())))
+	for _, tc := range []struct {
+		cfg  WorkerConfig
+		want string
+	}{
+		{WorkerConfig{}, ""},
+		{WorkerConfig{SweepInterval: -1, StuckAfter: time.Nanosecond}, ""}, // no sweeper: nothing to check
+		{WorkerConfig{AckWait: time.Minute, StuckAfter: 2 * time.Minute}, "StuckAfter must be at least 3 × AckWait (3m0s), got 2m0s"},
+		{WorkerConfig{SweepInterval: time.Millisecond}, "SweepInterval must be at least 10ms"},
+	} {
+		_, err := NewWorker(nil, ws, tc.cfg)
+		if tc.want == "" {
+			require.NoError(t, err)
+		} else {
+			require.ErrorContains(t, err, tc.want)
+		}
+	}
+}
