@@ -43,6 +43,19 @@ func (l *passLog) count(runID string, get func(sweep.Pass) []string) int {
 	return n
 }
 
+// errors counts the passes that met an error.
+func (l *passLog) errors() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, p := range l.passes {
+		if p.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
 func checked(p sweep.Pass) []string { return p.Checked }
 
 func touched(p sweep.Pass) []string {
@@ -70,24 +83,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	// is gone, no task anywhere.
 	assets, err := jetstream.Provision(ctx, env.conn(), env.topo, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	input := json.RawMessage(`5`)
-	fp, err := dedupe.Fingerprint("swept", input)
-	require.NoError(t, err)
-	created := time.Now().UTC().Add(-time.Hour)
-	rec, err := state.Encode(state.Run{
-		V: state.Version, RunID: "swept-1", Workflow: "swept", Input: input, Status: state.StatusRunning,
-		Token: "token-swept-1", Fingerprint: fp, CreatedAt: created, UpdatedAt: created,
-	})
-	require.NoError(t, err)
-	_, err = assets.Runs.Create(ctx, "swept-1", rec)
-	require.NoError(t, err)
-	step, err := state.Encode(state.Step{
-		V: state.Version, StepID: "swept-1.a.0", RunID: "swept-1", Name: "a", Seq: 0, Attempt: 1,
-		Output: json.RawMessage(`6`), Worker: "gone", Committed: created.Add(time.Second),
-	})
-	require.NoError(t, err)
-	_, err = assets.Steps.Create(ctx, "swept-1.a.0", step)
-	require.NoError(t, err)
+	writeStuckRun(t, assets, "swept", "swept-1", `5`, `6`)
 
 	effects := newCounter()
 	swept := threeSteps("swept", effects)
@@ -158,6 +154,36 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]float64{"swept": 1}, byName, "one stuck run, of workflow swept")
+}
+
+// writeStuckRun writes, as a crash and a lost message would leave them, the
+// record of a run of wf created an hour ago and still running, and the
+// committed results of its first steps (step names a, b, c..., outputs as
+// given), with no task anywhere.
+func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID, input string, outputs ...string) {
+	t.Helper()
+	ctx := ctxT(t, 10*time.Second)
+	fp, err := dedupe.Fingerprint(wf, json.RawMessage(input))
+	require.NoError(t, err)
+	created := time.Now().UTC().Add(-time.Hour)
+	rec, err := state.Encode(state.Run{
+		V: state.Version, RunID: runID, Workflow: wf, Input: json.RawMessage(input), Status: state.StatusRunning,
+		Token: "token-" + runID, Fingerprint: fp, CreatedAt: created, UpdatedAt: created,
+	})
+	require.NoError(t, err)
+	_, err = assets.Runs.Create(ctx, runID, rec)
+	require.NoError(t, err)
+	for i, out := range outputs {
+		name := string(rune('a' + i))
+		id := state.StepID(runID, name, 0)
+		step, err := state.Encode(state.Step{
+			V: state.Version, StepID: id, RunID: runID, Name: name, Seq: i, Attempt: 1,
+			Output: json.RawMessage(out), Worker: "gone", Committed: created.Add(time.Second),
+		})
+		require.NoError(t, err)
+		_, err = assets.Steps.Create(ctx, id, step)
+		require.NoError(t, err)
+	}
 }
 
 func TestWorkerConfigSweepSettings(t *testing.T) {
