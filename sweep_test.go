@@ -110,9 +110,10 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	})
 
 	passes := &passLog{}
-	const stuckAfter = 600 * time.Millisecond
+	// StuckAfter is the least allowed (3 × AckWait); AckWait is long enough
+	// that a loaded machine does not miss heartbeats of the long step.
 	env.worker(WorkerConfig{
-		AckWait: 200 * time.Millisecond, SweepInterval: 20 * time.Millisecond, StuckAfter: stuckAfter,
+		AckWait: 500 * time.Millisecond, SweepInterval: 20 * time.Millisecond, StuckAfter: 1500 * time.Millisecond,
 		Metrics: m, sweepHook: passes.add,
 	}, swept, slow)
 	var once sync.Once

@@ -202,8 +202,10 @@ type Sweeper struct {
 	log    zerolog.Logger
 	served map[string]bool
 
-	// seen is the highest revision of the runs bucket read so far.
-	seen uint64
+	// seen is the highest revision of the runs bucket read so far, in the
+	// bucket stream created at created.
+	seen    uint64
+	created time.Time
 	// runs are the running runs of served workflows, by run ID.
 	runs map[string]*tracked
 	// timers is JETFLOW_TIMERS once bound.
@@ -328,6 +330,9 @@ func cmp(first, err error) error {
 // and the memory the number of running runs. Issue 15's index of running
 // runs will replace this read.
 func (s *Sweeper) read(ctx context.Context) (int, error) {
+	if err := s.checkBucket(ctx); err != nil {
+		return 0, err
+	}
 	opts := []natsjs.WatchOpt{}
 	if s.seen > 0 {
 		opts = append(opts, natsjs.ResumeFromRevision(s.seen+1))
@@ -372,6 +377,31 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 			s.apply(e)
 		}
 	}
+}
+
+// checkBucket starts the reading over when the runs bucket is not the
+// stream the sweeper has been reading: recreated (another creation time),
+// or restored from a snapshot older than what was read (its last sequence
+// below the highest revision read). Resuming after the old revision would
+// skip its records.
+func (s *Sweeper) checkBucket(ctx context.Context) error {
+	st, err := s.cfg.Assets.Runs.Raw().Status(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: bucket %s: %w", s.cfg.Assets.Runs.Bucket(), err)
+	}
+	bs, ok := st.(*natsjs.KeyValueBucketStatus)
+	if !ok {
+		return nil
+	}
+	info := bs.StreamInfo()
+	if s.seen > 0 && (!info.Created.Equal(s.created) || info.State.LastSeq < s.seen) {
+		s.log.Warn().Uint64("read_up_to", s.seen).Uint64("last_seq", info.State.LastSeq).
+			Msg("the runs bucket was recreated or restored; reading every run record again")
+		s.seen = 0
+		clear(s.runs)
+	}
+	s.created = info.Created
+	return nil
 }
 
 // apply keeps or forgets the run of one record (or marker).
@@ -488,8 +518,14 @@ func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (di
 	if err != nil {
 		return dispatchChanged, err
 	}
-	if rev != t.Revision || run.Status != state.StatusRunning {
-		// Changed since it was read: the next pass reads the new revision.
+	if run.Status != state.StatusRunning || !s.served[run.Workflow] {
+		delete(s.runs, t.RunID) // ended meanwhile (or another run now)
+		return dispatchChanged, nil
+	}
+	if rev != t.Revision {
+		// Written since it was read (a new generation): checked again as
+		// this revision, StuckAfter from now.
+		t.Run = Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Revision: rev}
 		return dispatchChanged, nil
 	}
 	b, err := state.Encode(state.Task{

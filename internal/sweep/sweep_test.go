@@ -257,6 +257,33 @@ func TestRecordChangedBeforeDispatchIsLeftAlone(t *testing.T) {
 	require.Equal(t, 0.0, countStuck(t, b.reg, "w"))
 }
 
+// TestRecreatedBucketIsReadAgain: a sweeper that has read a runs bucket
+// up to some revision reads every record again when the bucket is
+// recreated (or restored) with fewer: resuming after the old revision
+// would miss them.
+func TestRecreatedBucketIsReadAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.t0.Add(-time.Hour)
+	for _, id := range []string{"r1", "r2", "r3"} {
+		b.run(id, "w", 0, state.StatusCompleted, old)
+	}
+	s := b.sweeper()
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 3, p.Read)
+
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), "KV_"+jetstream.RunsBucket))
+	_, err := jetstream.Provision(ctx(t), b.assets.JS.Conn(), jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	b.run("stuck", "w", 0, state.StatusRunning, old) // revision 1 of the new bucket
+
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 1, p.Read)
+	require.Equal(t, []string{"stuck"}, p.Suspected)
+}
+
 func TestConfigDefaultsAndValidation(t *testing.T) {
 	t.Parallel()
 	c := sweep.Config{AckWait: 30 * time.Second}.WithDefaults()
