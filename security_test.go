@@ -421,7 +421,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	t.Run("worker sweeper resumes a stuck run", func(t *testing.T) {
 		assets, err := jetstream.Provision(ctx, wnc, Topology{}, jetstream.Ensure)
 		require.NoError(t, err)
-		writeStuckRun(t, assets, "secure", "sec-stuck", `1`, `2`)
+		writeStuckRun(t, assets, "secure", "sec-stuck", 0, `1`, `2`)
 		run, err := pc.WaitRun(ctx, "sec-stuck")
 		require.NoError(t, err)
 		require.Equal(t, StatusCompleted, run.Status)

@@ -64,11 +64,12 @@ func touched(p sweep.Pass) []string {
 
 // TestSweeperResumesARunThatLostItsTask builds the state the sweeper is
 // there for — a running run whose first step is committed and which has no
-// task left (as if its next task had been removed from JETFLOW_TASKS) —
-// next to a healthy run whose long second step is running. The worker's
-// sweeper dispatches the stuck run's start task again: the run completes,
-// its committed step does not run again, the others run once, and the
-// metric counts one stuck run. The healthy run, checked at least twice, is
+// task left (as if its next task had been removed from JETFLOW_TASKS), one
+// whose steps are all committed, and a later generation's — next to a
+// healthy run whose long second step is running. The worker's sweeper
+// dispatches the stuck runs' start tasks again: they complete, their
+// committed steps do not run again, the others run once, and the metric
+// counts three stuck runs. The healthy run, checked at least twice, is
 // never dispatched again. With the sweeper disabled (SweepInterval < 0) the
 // stuck run never completes.
 func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
@@ -83,7 +84,11 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	// is gone, no task anywhere.
 	assets, err := jetstream.Provision(ctx, env.conn(), env.topo, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	writeStuckRun(t, assets, "swept", "swept-1", `5`, `6`)
+	writeStuckRun(t, assets, "swept", "swept-1", 0, `5`, `6`)
+	// Every step committed, the run's end not recorded; and a third
+	// generation (identity swept-3/3) stuck after its first step.
+	writeStuckRun(t, assets, "swept", "swept-2", 0, `1`, `2`, `3`, `4`)
+	writeStuckRun(t, assets, "swept", "swept-3", 3, `10`, `11`)
 
 	effects := newCounter()
 	swept := threeSteps("swept", effects)
@@ -131,6 +136,11 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	require.Equal(t, 0, effects.get("swept-1.a.0"), "the committed step did not run again")
 	require.Equal(t, 1, effects.get("swept-1.b.0"))
 	require.Equal(t, 1, effects.get("swept-1.c.0"))
+	for id, want := range map[string]int{"swept-2": 4, "swept-3": 13} {
+		out, err := (&Handle[int]{RunID: id, client: c}).Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, out, id)
+	}
 
 	// The healthy run gets old enough to be checked, twice, and is left
 	// alone: its step task is pending (delivered and heartbeated).
@@ -140,9 +150,15 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	got, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, got)
-	require.Equal(t, map[string]int{"slow-1.a.0": 1, "slow-1.b.0": 1, "swept-1.b.0": 1, "swept-1.c.0": 1}, effects.snapshot())
+	require.Equal(t, map[string]int{
+		"slow-1.a.0": 1, "slow-1.b.0": 1,
+		"swept-1.b.0": 1, "swept-1.c.0": 1, // swept-1.a.0 was committed
+		"swept-3/3.b.0": 1, "swept-3/3.c.0": 1, // swept-2's steps were all committed
+	}, effects.snapshot())
 
-	require.Equal(t, 1, passes.count("swept-1", func(p sweep.Pass) []string { return p.Redispatched }))
+	for _, id := range []string{"swept-1", "swept-2", "swept-3"} {
+		require.Equal(t, 1, passes.count(id, func(p sweep.Pass) []string { return p.Redispatched }), id)
+	}
 	fams, err := reg.Gather()
 	require.NoError(t, err)
 	byName := map[string]float64{}
@@ -154,14 +170,14 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 			byName[s.GetLabel()[0].GetValue()] = s.GetCounter().GetValue()
 		}
 	}
-	require.Equal(t, map[string]float64{"swept": 1}, byName, "one stuck run, of workflow swept")
+	require.Equal(t, map[string]float64{"swept": 3}, byName, "three stuck runs, of workflow swept")
 }
 
 // writeStuckRun writes, as a crash and a lost message would leave them, the
-// record of a run of wf created an hour ago and still running, and the
-// committed results of its first steps (step names a, b, c..., outputs as
-// given), with no task anywhere.
-func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID, input string, outputs ...string) {
+// record of generation gen of a run of wf created an hour ago and still
+// running, and the committed results of its first steps (step names a, b,
+// c..., outputs as given), with no task anywhere.
+func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID string, gen int, input string, outputs ...string) {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)
 	fp, err := dedupe.Fingerprint(wf, json.RawMessage(input))
@@ -169,14 +185,14 @@ func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID, input stri
 	created := time.Now().UTC().Add(-time.Hour)
 	rec, err := state.Encode(state.Run{
 		V: state.Version, RunID: runID, Workflow: wf, Input: json.RawMessage(input), Status: state.StatusRunning,
-		Token: "token-" + runID, Fingerprint: fp, CreatedAt: created, UpdatedAt: created,
+		Token: "token-" + runID, Fingerprint: fp, Generation: gen, CreatedAt: created, UpdatedAt: created,
 	})
 	require.NoError(t, err)
 	_, err = assets.Runs.Create(ctx, runID, rec)
 	require.NoError(t, err)
 	for i, out := range outputs {
 		name := string(rune('a' + i))
-		id := state.StepID(runID, name, 0)
+		id := state.StepID(state.RunIdentity(runID, gen), name, 0)
 		step, err := state.Encode(state.Step{
 			V: state.Version, StepID: id, RunID: runID, Name: name, Seq: i, Attempt: 1,
 			Output: json.RawMessage(out), Worker: "gone", Committed: created.Add(time.Second),
