@@ -287,7 +287,7 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 		p.Checked = append(p.Checked, id)
 		busy, err := s.busy(ctx, t.Run, timers)
 		if err != nil {
-			p.Err = cmp(p.Err, err)
+			p.Err = firstErr(p.Err, err)
 			continue // checked again at the next pass
 		}
 		switch {
@@ -299,7 +299,7 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 		default:
 			d, err := s.redispatch(ctx, t, now)
 			if err != nil {
-				p.Err = cmp(p.Err, err)
+				p.Err = firstErr(p.Err, err)
 				continue
 			}
 			t.suspect, t.next = false, now.Add(s.cfg.StuckAfter)
@@ -315,7 +315,7 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 	return p
 }
 
-func cmp(first, err error) error {
+func firstErr(first, err error) error {
 	if first != nil {
 		return first
 	}
