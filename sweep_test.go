@@ -63,15 +63,15 @@ func touched(p sweep.Pass) []string {
 }
 
 // TestSweeperResumesARunThatLostItsTask builds the state the sweeper is
-// there for — a running run whose first step is committed and which has no
-// task left (as if its next task had been removed from JETFLOW_TASKS), one
-// whose steps are all committed, and a later generation's — next to a
-// healthy run whose long second step is running. The worker's sweeper
-// dispatches the stuck runs' start tasks again: they complete, their
-// committed steps do not run again, the others run once, and the metric
-// counts three stuck runs. The healthy run, checked at least twice, is
-// never dispatched again. With the sweeper disabled (SweepInterval < 0) the
-// stuck run never completes.
+// there for — running runs with no task left, as if their next task had
+// been removed from JETFLOW_TASKS: one whose first step is committed, one
+// whose steps are all committed, one with none, and a later generation's —
+// next to a healthy run whose long second step is running. The worker's
+// sweeper dispatches the stuck runs' start tasks again: they complete,
+// their committed steps do not run again, the others run once, and the
+// metric counts four stuck runs. The healthy run, checked at least twice,
+// is never suspected. With the sweeper disabled (SweepInterval < 0) no
+// stuck run completes.
 func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -89,6 +89,8 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	// generation (identity swept-3/3) stuck after its first step.
 	writeStuckRun(t, assets, "swept", "swept-2", 0, `1`, `2`, `3`, `4`)
 	writeStuckRun(t, assets, "swept", "swept-3", 3, `10`, `11`)
+	// Nothing committed: the start task itself runs the first step.
+	writeStuckRun(t, assets, "swept", "swept-4", 0, `20`)
 
 	effects := newCounter()
 	swept := threeSteps("swept", effects)
@@ -136,7 +138,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	require.Equal(t, 0, effects.get("swept-1.a.0"), "the committed step did not run again")
 	require.Equal(t, 1, effects.get("swept-1.b.0"))
 	require.Equal(t, 1, effects.get("swept-1.c.0"))
-	for id, want := range map[string]int{"swept-2": 4, "swept-3": 13} {
+	for id, want := range map[string]int{"swept-2": 4, "swept-3": 13, "swept-4": 23} {
 		out, err := (&Handle[int]{RunID: id, client: c}).Result(ctx)
 		require.NoError(t, err)
 		require.Equal(t, want, out, id)
@@ -154,9 +156,10 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 		"slow-1.a.0": 1, "slow-1.b.0": 1,
 		"swept-1.b.0": 1, "swept-1.c.0": 1, // swept-1.a.0 was committed
 		"swept-3/3.b.0": 1, "swept-3/3.c.0": 1, // swept-2's steps were all committed
+		"swept-4.a.0": 1, "swept-4.b.0": 1, "swept-4.c.0": 1,
 	}, effects.snapshot())
 
-	for _, id := range []string{"swept-1", "swept-2", "swept-3"} {
+	for _, id := range []string{"swept-1", "swept-2", "swept-3", "swept-4"} {
 		require.Equal(t, 1, passes.count(id, func(p sweep.Pass) []string { return p.Redispatched }), id)
 	}
 	fams, err := reg.Gather()
@@ -170,7 +173,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 			byName[s.GetLabel()[0].GetValue()] = s.GetCounter().GetValue()
 		}
 	}
-	require.Equal(t, map[string]float64{"swept": 3}, byName, "three stuck runs, of workflow swept")
+	require.Equal(t, map[string]float64{"swept": 4}, byName, "four stuck runs, of workflow swept")
 }
 
 // writeStuckRun writes, as a crash and a lost message would leave them, the
