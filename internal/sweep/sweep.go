@@ -463,6 +463,9 @@ func (s *Sweeper) busy(ctx context.Context, run Run, timers natsjs.Stream) (bool
 	}
 	if timers != nil {
 		has, err := hasMessages(ctx, timers, timerSubjectStart+run.Workflow+"."+identity+".>")
+		if errors.Is(err, natsjs.ErrStreamNotFound) {
+			s.timers, err = nil, nil // deleted: no timers, looked up again next pass
+		}
 		if has || err != nil {
 			return has, err
 		}

@@ -284,6 +284,34 @@ func TestRecreatedBucketIsReadAgain(t *testing.T) {
 	require.Equal(t, []string{"stuck"}, p.Suspected)
 }
 
+// TestTimersStreamIsOptional: a timer keeps a run healthy while
+// JETFLOW_TIMERS holds it; once the stream is gone, the run has no timer
+// (not an error that would keep it from ever being dispatched).
+func TestTimersStreamIsOptional(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.assets.JS.CreateStream(ctx(t), natsjs.StreamConfig{Name: sweep.TimersStream, Subjects: []string{"jetflow.timer.>"}})
+	require.NoError(t, err)
+	_, err = b.assets.JS.Publish(ctx(t), "jetflow.timer.w.sleeping.a.0", []byte(`{}`))
+	require.NoError(t, err)
+	b.run("sleeping", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
+	s := b.sweeper()
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Checked)
+	require.Empty(t, p.Suspected)
+
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), sweep.TimersStream))
+	b.now = b.now.Add(stuckAfter)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Suspected)
+	b.now = b.now.Add(interval)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Redispatched)
+}
+
 func TestConfigDefaultsAndValidation(t *testing.T) {
 	t.Parallel()
 	c := sweep.Config{AckWait: 30 * time.Second}.WithDefaults()
