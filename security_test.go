@@ -15,7 +15,9 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -98,7 +100,10 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			return effects.inc("secure-keyed/send"), nil
 		}, WithIdempotencyKey("welcome", time.Hour), WithKeyScope(ScopeWorkflow))
 	})
-	w := startWorker(t, wnc, WorkerConfig{}, wf, gated, flaky, keyed)
+	// The sweeper makes a pass every 20ms, so that its reads are
+	// exercised under the worker's permissions too.
+	sweeps := &passLog{}
+	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed)
 	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
@@ -410,6 +415,19 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		producerPerms.requireDenied(t, "jetflow.task.secure.sec-direct")
 		_, err := pc.GetRun(ctx, "sec-direct")
 		require.ErrorIs(t, err, ErrRunNotFound)
+	})
+
+	// The worker's sweeper finds a run left without a task and resumes it.
+	t.Run("worker sweeper resumes a stuck run", func(t *testing.T) {
+		assets, err := jetstream.Provision(ctx, wnc, Topology{}, jetstream.Ensure)
+		require.NoError(t, err)
+		writeStuckRun(t, assets, "secure", "sec-stuck", 0, `1`, `2`)
+		run, err := pc.WaitRun(ctx, "sec-stuck")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `4`, string(run.Output))
+		require.Equal(t, 1, sweeps.count("sec-stuck", func(p sweep.Pass) []string { return p.Redispatched }))
+		require.Zero(t, sweeps.errors(), "sweep passes failed")
 	})
 
 	// The trusted producer profile (the commented block of accounts.conf)

@@ -19,6 +19,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -54,9 +55,20 @@ type WorkerConfig struct {
 	// BacklogInterval is how often the worker samples its consumers'
 	// backlogs for Metrics (default 15s).
 	BacklogInterval time.Duration
+	// SweepInterval is how often the worker's sweeper looks for stuck runs:
+	// running, with no pending task or timer (default 1m; negative: no
+	// sweeper). See docs/operations.md, "Stuck runs".
+	SweepInterval time.Duration
+	// StuckAfter is how long a run is left alone, after its creation or
+	// after it was last seen with a pending task, before the sweeper checks
+	// it (default 5m, or 3 × AckWait when that is more; at least 3 ×
+	// AckWait).
+	StuckAfter time.Duration
 
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
+	// sweepHook sees the report of every sweep pass (tests).
+	sweepHook func(sweep.Pass)
 }
 
 // WithDefaults fills unset fields.
@@ -81,7 +93,7 @@ func (c WorkerConfig) validate() error {
 	case c.AckWait < 100*time.Millisecond:
 		return fmt.Errorf("jetflow: worker config: AckWait must be at least 100ms, got %s", c.AckWait)
 	}
-	return nil
+	return c.validateSweep()
 }
 
 // Worker executes the runs of the workflows in its registry. Run as many
@@ -132,6 +144,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("jetflow: worker already started")
 	}
 	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology, jetstream.CreateOrUpdate)
+	if err != nil {
+		return err
+	}
+	sweeper, err := w.newSweeper(assets)
 	if err != nil {
 		return err
 	}
@@ -202,9 +218,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)
 	})
+	stopSweep := startSweeper(sweeper)
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
+		stopSweep()
 		stopSampling()
 		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
 	}

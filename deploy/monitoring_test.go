@@ -47,6 +47,7 @@ var metricLabels = map[string][]string{
 	"jetflow_consumer_sample_errors_total":  {},
 	"jetflow_http_requests_total":           {"route", "code"},
 	"jetflow_http_request_duration_seconds": {"route"},
+	"jetflow_runs_stuck_total":              {"workflow"},
 }
 
 // targetLabels are added by Prometheus to every scraped series.
@@ -432,6 +433,17 @@ var alertCases = []alertCase{
 		alert:    "JetflowMaxDeliveriesHit",
 		series:   map[string]string{`jetflow_max_deliveries_total{workflow="order"}`: "0x10"},
 		evalTime: "10m",
+	},
+	{
+		alert:    "JetflowRunsStuck",
+		series:   map[string]string{`jetflow_runs_stuck_total{workflow="order"}`: "0 0 0 1 1 1"},
+		evalTime: "5m",
+		fires:    []map[string]string{{"workflow": "order"}},
+	},
+	{
+		alert:    "JetflowRunsStuck",
+		series:   map[string]string{`jetflow_runs_stuck_total{workflow="order"}`: "0x20"},
+		evalTime: "20m",
 	},
 	{
 		alert: "JetflowHTTP5xx",

@@ -33,11 +33,15 @@ type config struct {
 	Concurrency  int
 	AckWait      time.Duration
 	DrainTimeout time.Duration
-	OpsAddr      string
-	LogFormat    string
-	LogLevel     zerolog.Level
-	PaymentsAddr string
-	FlakyCharge  bool
+	// SweepInterval and StuckAfter set the stuck-run sweeper
+	// (jetflow.WorkerConfig).
+	SweepInterval time.Duration
+	StuckAfter    time.Duration
+	OpsAddr       string
+	LogFormat     string
+	LogLevel      zerolog.Level
+	PaymentsAddr  string
+	FlakyCharge   bool
 }
 
 // embedded reports whether the worker runs its own NATS server.
@@ -81,6 +85,8 @@ func parseConfig(args []string, getenv func(string) string, stderrIsTerminal boo
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of the engine's streams and buckets: 1, or 3 on a three-node cluster (needs --nats-url)")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "how many steps run at once")
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "how long before a crashed worker's step is redelivered")
+	fs.DurationVar(&c.SweepInterval, "sweep-interval", time.Minute, "how often to look for stuck runs (running, no pending task or timer); negative disables")
+	fs.DurationVar(&c.StuckAfter, "stuck-after", 0, "how long a run is left alone before the sweeper checks it (0: 5m, or 3 × --ack-wait when that is more)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running steps may take to finish")
 	fs.StringVar(&c.OpsAddr, "ops-addr", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&c.LogFormat, "log-format", "", "json or console (default console on a terminal, json otherwise)")
@@ -133,6 +139,10 @@ func (c config) validate(o conf.Origins) error {
 		return fmt.Errorf("invalid value %d for %s: must be at least 1", c.Concurrency, o.Flag("concurrency"))
 	case c.AckWait < 100*time.Millisecond:
 		return fmt.Errorf("invalid value %s for %s: must be at least 100ms", c.AckWait, o.Flag("ack-wait"))
+	case c.SweepInterval >= 0 && c.SweepInterval < 10*time.Millisecond:
+		return fmt.Errorf("invalid value %s for %s: must be at least 10ms, or negative to disable the sweeper", c.SweepInterval, o.Flag("sweep-interval"))
+	case c.StuckAfter != 0 && c.StuckAfter < 3*c.AckWait:
+		return fmt.Errorf("invalid value %s for %s: must be at least 3 × --ack-wait (%s)", c.StuckAfter, o.Flag("stuck-after"), 3*c.AckWait)
 	case c.DrainTimeout <= 0:
 		return fmt.Errorf("invalid value %s for %s: must be positive", c.DrainTimeout, o.Flag("drain-timeout"))
 	case c.Replicas != 1 && c.Replicas != 3:

@@ -36,7 +36,8 @@ func TestParseConfigDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, config{
 		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, Concurrency: 64,
-		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, OpsAddr: "127.0.0.1:8081", LogFormat: "json",
+		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, SweepInterval: time.Minute,
+		OpsAddr: "127.0.0.1:8081", LogFormat: "json",
 		LogLevel: zerolog.InfoLevel, PaymentsAddr: "127.0.0.1:0",
 	}, c)
 	require.True(t, c.embedded())
@@ -50,21 +51,23 @@ func TestParseConfigEnvFallback(t *testing.T) {
 	t.Parallel()
 	ca := testenv.GenerateCerts(t).CAFile
 	vars := map[string]string{
-		"JETFLOW_NATS_URL":      "nats://nats-1:4222",
-		"JETFLOW_NATS_USER":     "app",
-		"JETFLOW_NATS_PASSWORD": "pw",
-		"JETFLOW_NATS_TLS_CA":   ca,
-		"JETFLOW_DATA_DIR":      "/var/lib/jetflow",
-		"JETFLOW_PORT":          "4333",
-		"JETFLOW_REPLICAS":      "3",
-		"JETFLOW_CONCURRENCY":   "8",
-		"JETFLOW_ACK_WAIT":      "10s",
-		"JETFLOW_DRAIN_TIMEOUT": "1m",
-		"JETFLOW_OPS_ADDR":      ":9090",
-		"JETFLOW_SYNC_ALWAYS":   "true",
-		"JETFLOW_LOG_FORMAT":    "console",
-		"JETFLOW_LOG_LEVEL":     "debug",
-		"JETFLOW_FLAKY_CHARGE":  "1",
+		"JETFLOW_NATS_URL":       "nats://nats-1:4222",
+		"JETFLOW_NATS_USER":      "app",
+		"JETFLOW_NATS_PASSWORD":  "pw",
+		"JETFLOW_NATS_TLS_CA":    ca,
+		"JETFLOW_DATA_DIR":       "/var/lib/jetflow",
+		"JETFLOW_PORT":           "4333",
+		"JETFLOW_REPLICAS":       "3",
+		"JETFLOW_CONCURRENCY":    "8",
+		"JETFLOW_ACK_WAIT":       "10s",
+		"JETFLOW_DRAIN_TIMEOUT":  "1m",
+		"JETFLOW_SWEEP_INTERVAL": "-1s",
+		"JETFLOW_STUCK_AFTER":    "2m",
+		"JETFLOW_OPS_ADDR":       ":9090",
+		"JETFLOW_SYNC_ALWAYS":    "true",
+		"JETFLOW_LOG_FORMAT":     "console",
+		"JETFLOW_LOG_LEVEL":      "debug",
+		"JETFLOW_FLAKY_CHARGE":   "1",
 	}
 	c, err := parseConfig(nil, env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
@@ -72,6 +75,7 @@ func TestParseConfigEnvFallback(t *testing.T) {
 		NATS:    natsconn.Options{URL: "nats://nats-1:4222", User: "app", Password: "pw", TLSCA: ca},
 		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
 		Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
+		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute,
 		LogFormat: "console", LogLevel: zerolog.DebugLevel, PaymentsAddr: "127.0.0.1:0", FlakyCharge: true,
 	}, c)
 	require.False(t, c.embedded())
@@ -135,6 +139,8 @@ func TestParseConfigRejectsBadValues(t *testing.T) {
 		{"ZeroConcurrency", []string{"--concurrency", "0"}, nil, "invalid value 0 for --concurrency: must be at least 1"},
 		{"ZeroConcurrencyFromFile", []string{"--config", lowConcurrency}, nil, "--concurrency (from " + lowConcurrency + " line 1): must be at least 1"},
 		{"ShortAckWait", nil, map[string]string{"JETFLOW_ACK_WAIT": "10ms"}, "--ack-wait (from JETFLOW_ACK_WAIT): must be at least 100ms"},
+		{"ShortSweepInterval", []string{"--sweep-interval", "1ms"}, nil, "invalid value 1ms for --sweep-interval: must be at least 10ms"},
+		{"ShortStuckAfter", []string{"--ack-wait", "1m", "--stuck-after", "2m"}, nil, "invalid value 2m0s for --stuck-after: must be at least 3 × --ack-wait (3m0s)"},
 		{"NegativeDrain", []string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: must be positive"},
 		{"LogFormat", []string{"--log-format", "xml"}, nil, `invalid value "xml" for --log-format`},
 		{"LogLevel", nil, map[string]string{"JETFLOW_LOG_LEVEL": "loud"}, `invalid value "loud" for --log-level (from JETFLOW_LOG_LEVEL)`},
@@ -210,7 +216,7 @@ func TestPrintConfig(t *testing.T) {
 	}
 	require.NotContains(t, printed, "print-config")
 	require.NotContains(t, printed, "\nconfig:")
-	require.Equal(t, 22, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 24, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	// Round trip: the printed file gives the same configuration.
 	again := writeConfig(t, printed)

@@ -46,6 +46,7 @@ const (
 	NameBacklogSampleErrors = "jetflow_consumer_sample_errors_total"
 	NameHTTPRequests        = "jetflow_http_requests_total"
 	NameHTTPDuration        = "jetflow_http_request_duration_seconds"
+	NameRunsStuck           = "jetflow_runs_stuck_total"
 )
 
 // names is every family in registration order; Names returns a copy.
@@ -53,7 +54,7 @@ var names = []string{
 	NameStarts, NameSuppressed, NameSteps, NameStepDuration, NameRunsFinished,
 	NameRunDuration, NameRedeliveries, NameMaxDeliveries, NameStepsInFlight,
 	NameConsumerPending, NameConsumerAckPending, NameBacklogSampleErrors,
-	NameHTTPRequests, NameHTTPDuration,
+	NameHTTPRequests, NameHTTPDuration, NameRunsStuck,
 }
 
 // Names lists every metric family name this package exports, in a fixed
@@ -82,6 +83,7 @@ type Metrics struct {
 	sampleErrors  prometheus.Counter
 	httpRequests  *prometheus.CounterVec
 	httpDuration  *prometheus.HistogramVec
+	runsStuck     *prometheus.CounterVec
 
 	backlog backlogState
 }
@@ -156,11 +158,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			// Up to a minute: a result long poll may wait 60s.
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 60, 17),
 		}, []string{"route"}),
+		runsStuck: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: NameRunsStuck,
+			Help: "Running runs found with no pending task or timer and dispatched again by the sweeper.",
+		}, []string{"workflow"}),
 	}
 	collectors := []prometheus.Collector{
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
+		m.runsStuck,
 	}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -236,6 +243,16 @@ func (m *Metrics) MaxDeliveries(workflow string) {
 		return
 	}
 	m.maxDeliveries.WithLabelValues(workflow).Inc()
+}
+
+// RunStuck counts a run of workflow that the sweeper found running with
+// nothing left to advance it (no pending task, no timer) and dispatched
+// again.
+func (m *Metrics) RunStuck(workflow string) {
+	if m == nil {
+		return
+	}
+	m.runsStuck.WithLabelValues(workflow).Inc()
 }
 
 // InFlight adds delta (+1 when a task starts, -1 when it ends) to the

@@ -51,6 +51,7 @@ func record(t *testing.T, m *metrics.Metrics) {
 	m.Redelivered("order")
 	m.Redelivered("order")
 	m.MaxDeliveries("order")
+	m.RunStuck("order")
 
 	m.InFlight(1)
 	m.InFlight(1)
@@ -125,6 +126,7 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameRunDuration, labels: map[string]string{"workflow": "order", "state": "other"}, value: 1, sum: 1},
 		{family: metrics.NameRedeliveries, labels: map[string]string{"workflow": "order"}, value: 2},
 		{family: metrics.NameMaxDeliveries, labels: map[string]string{"workflow": "order"}, value: 1},
+		{family: metrics.NameRunsStuck, labels: map[string]string{"workflow": "order"}, value: 1},
 		{family: metrics.NameStepsInFlight, labels: map[string]string{}, value: 1},
 		{family: metrics.NameConsumerPending, labels: map[string]string{"consumer": "tasks-order"}, value: 5},
 		{family: metrics.NameConsumerAckPending, labels: map[string]string{"consumer": "tasks-order"}, value: 2},
@@ -281,7 +283,7 @@ func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 func TestNamesReturnsACopy(t *testing.T) {
 	t.Parallel()
 	names := metrics.Names()
-	require.Len(t, names, 14)
+	require.Len(t, names, 15)
 	names[0] = "changed"
 	require.Equal(t, metrics.NameStarts, metrics.Names()[0])
 }
@@ -296,6 +298,7 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 		m.RunFinished("order", "failed", time.Second)
 		m.Redelivered("order")
 		m.MaxDeliveries("order")
+		m.RunStuck("order")
 		m.InFlight(1)
 		m.HTTP("GET /v1/runs/{id}", http.StatusOK, time.Second)
 		called := func(context.Context) ([]metrics.Backlog, error) {

@@ -1,0 +1,121 @@
+package sweep
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// read brings s.runs up to date with the run records written since the
+// highest revision already read: one ordered consumer on the runs bucket
+// per pass, from that revision on (every record on the first pass). A
+// record is one message per key (the bucket keeps one revision), so the
+// cost of a pass is the number of records written since the previous one,
+// and the memory the number of running runs. Issue 15's index of running
+// runs will replace this read.
+func (s *Sweeper) read(ctx context.Context) (int, error) {
+	if err := s.checkBucket(ctx); err != nil {
+		return 0, err
+	}
+	opts := []natsjs.WatchOpt{}
+	if s.seen > 0 {
+		opts = append(opts, natsjs.ResumeFromRevision(s.seen+1))
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.cfg.Assets.Runs.Raw().WatchAll(wctx, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("sweep: watch %s: %w", s.cfg.Assets.Runs.Bucket(), err)
+	}
+	defer func() {
+		_ = w.Stop()
+		// Unblock the watcher's delivery callback if it is waiting to hand
+		// over an entry; the channel is closed once it has stopped.
+		drain := time.NewTimer(5 * time.Second)
+		defer drain.Stop()
+		for {
+			select {
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+			case <-drain.C:
+				return
+			}
+		}
+	}()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return n, fmt.Errorf("sweep: watch %s ended", s.cfg.Assets.Runs.Bucket())
+			}
+			if e == nil {
+				return n, nil // caught up
+			}
+			n++
+			s.seen = max(s.seen, e.Revision())
+			s.apply(e)
+		}
+	}
+}
+
+// checkBucket starts the reading over when the runs bucket is not the
+// stream the sweeper has been reading: recreated (another creation time),
+// or restored from a snapshot older than what was read (its last sequence
+// below the highest revision read). Resuming after the old revision would
+// skip its records.
+func (s *Sweeper) checkBucket(ctx context.Context) error {
+	st, err := s.cfg.Assets.Runs.Raw().Status(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: bucket %s: %w", s.cfg.Assets.Runs.Bucket(), err)
+	}
+	bs, ok := st.(*natsjs.KeyValueBucketStatus)
+	if !ok {
+		return nil
+	}
+	info := bs.StreamInfo()
+	if s.seen > 0 && (!info.Created.Equal(s.created) || info.State.LastSeq < s.seen) {
+		s.log.Warn().Uint64("read_up_to", s.seen).Uint64("last_seq", info.State.LastSeq).
+			Msg("the runs bucket was recreated or restored; reading every run record again")
+		s.seen = 0
+		clear(s.runs)
+	}
+	s.created = info.Created
+	return nil
+}
+
+// apply keeps or forgets the run of one record (or marker).
+func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
+	id := e.Key()
+	if e.Operation() != natsjs.KeyValuePut {
+		delete(s.runs, id) // deleted, purged or expired
+		return
+	}
+	run, err := state.DecodeRun(e.Value())
+	if err != nil || run.Status != state.StatusRunning || !s.served[run.Workflow] {
+		if err != nil {
+			s.log.Debug().Err(err).Str("run_id", id).Msg("undecodable run record ignored")
+		}
+		delete(s.runs, id)
+		return
+	}
+	if t, ok := s.runs[id]; ok && t.Revision == e.Revision() {
+		return
+	}
+	since := run.UpdatedAt
+	if run.CreatedAt.After(since) {
+		since = run.CreatedAt
+	}
+	s.runs[id] = &tracked{
+		Run:  Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Revision: e.Revision()},
+		next: since.Add(s.cfg.StuckAfter),
+	}
+}

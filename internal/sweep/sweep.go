@@ -1,0 +1,322 @@
+// Package sweep is the last line of defence for runs in progress: a
+// sweeper finds runs that are running with nothing left that could advance
+// them, and dispatches them again.
+//
+// # The invariant it checks
+//
+// A live running run always has a message that will advance it: its
+// current task stays in JETFLOW_TASKS (pending, delivered or waiting for a
+// retry) until the worker holding it has stored the next one, and a step
+// waiting for a retry or a sleep has a timer in JETFLOW_TIMERS. Every pair
+// of writes in the engine is ordered to keep this true across crashes (see
+// docs/ARCHITECTURE.md). A run without either has lost its message — a task
+// terminated or purged by hand, a stream restored from an old snapshot, a
+// bug — and would stay running for ever.
+//
+// # One pass
+//
+//  1. Read the run records written since the previous pass (a KV watcher
+//     resuming after the highest revision already read; the first pass
+//     reads every record). Keep, in memory, the running runs of the
+//     workflows this worker serves; forget the others.
+//  2. For each kept run that is due for a check (StuckAfter after its
+//     creation, then StuckAfter after every healthy check), ask the streams
+//     whether it has a task (JETFLOW_TASKS, its start subject and its step
+//     subjects), a timer (JETFLOW_TIMERS, when that stream exists) or an
+//     awaited event (the AwaitsEvent hook).
+//  3. A run with none is a suspect, checked again at the next pass. A run
+//     found with none on two passes in a row, whose record is still the
+//     same revision and still running, is stuck: it is counted, logged and
+//     its start task is published again.
+//
+// # Why a start task
+//
+// A start task replays the workflow body: committed steps return their
+// stored results without running, and the first uncommitted step is run
+// (when it is the run's first step, which the start task owns) or its task
+// is published (absorbed when it is pending after all). So dispatching the
+// start task again is idempotent: at worst one more replay. Its message ID
+// is <identity>.sweep.<revision>.<epoch> (epoch = now / StuckAfter), distinct
+// from the original start's (which the broker may still remember) and the
+// same for every sweeper deciding about the same record in the same epoch,
+// so the sweepers of several workers store one task; the stream's
+// one-pending-task-per-subject limit absorbs the rest.
+package sweep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Timer store names. JETFLOW_TIMERS holds a retry or sleep timer of a step
+// under jetflow.timer.<workflow>.<step-id>. The stream is optional: when it
+// does not exist, no run has a timer.
+//
+// TODO(merge): use the internal/jetstream constants once the timer store
+// (issue 10, durable timers) is on main.
+const (
+	TimersStream      = "JETFLOW_TIMERS"
+	timerSubjectStart = "jetflow.timer."
+)
+
+// Defaults.
+const (
+	// DefaultInterval is how often a sweeper makes a pass.
+	DefaultInterval = time.Minute
+	// DefaultStuckAfter is how old a run must be, and how long it must have
+	// been since it was last seen healthy, before it is checked.
+	DefaultStuckAfter = 5 * time.Minute
+	// AckWaits is the least StuckAfter in AckWaits.
+	AckWaits = 3
+	// MinInterval bounds how often a sweeper may make a pass.
+	MinInterval = 10 * time.Millisecond
+)
+
+// Run is what the sweeper knows about a run it is checking: enough to name
+// its subjects, not its input.
+type Run struct {
+	RunID      string
+	Workflow   string
+	Generation int
+	// Revision of the run record the sweeper read.
+	Revision uint64
+}
+
+// Identity is the run generation's identity (state.RunIdentity): the token
+// of its start subject and the prefix of its step IDs.
+func (r Run) Identity() string { return state.RunIdentity(r.RunID, r.Generation) }
+
+// Pass reports what one pass did, for tests and logs.
+type Pass struct {
+	// Read is how many run records (and markers) the pass read from the
+	// runs bucket: all of them on a sweeper's first pass, then only those
+	// written since.
+	Read int
+	// Tracked is how many running runs of served workflows the sweeper
+	// keeps in memory after the pass.
+	Tracked int
+	// Checked lists the runs whose task and timer were looked up.
+	Checked []string
+	// Suspected lists the runs found without a task, timer or awaited event
+	// for the first time; the next pass checks them again.
+	Suspected []string
+	// Redispatched lists the stuck runs whose start task this pass stored.
+	Redispatched []string
+	// Absorbed lists stuck runs whose start task was not stored: another
+	// sweeper's was (same message ID), or a start task is pending after all.
+	Absorbed []string
+	// Err is the first error the pass met (it went on with the other runs).
+	Err error
+}
+
+// Config configures a Sweeper. Zero durations take the defaults.
+type Config struct {
+	Assets *jetstream.Assets
+	// Workflows are the workflows whose runs this sweeper looks after: the
+	// ones its worker serves (the metric's workflow label is bounded by
+	// them, and a run of a workflow nobody serves is not stuck, only
+	// waiting).
+	Workflows []string
+	// AckWait is the task consumers' ack wait; StuckAfter is at least
+	// AckWaits of it.
+	AckWait time.Duration
+	// Interval between passes (default 1 minute); each wait is jittered by
+	// ±10% so that the sweepers of many workers spread out.
+	Interval time.Duration
+	// StuckAfter (default 5 minutes, or AckWaits × AckWait when that is
+	// more) is how old a run must be before it is checked, and how long a
+	// run found healthy is left alone before it is checked again. A stuck
+	// run is dispatched again between StuckAfter and StuckAfter + 2 ×
+	// Interval after its creation or its last healthy check.
+	StuckAfter time.Duration
+	Logger     zerolog.Logger
+	// Metrics counts stuck runs (nil: none).
+	Metrics *metrics.Metrics
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+
+	// AwaitsEvent is the hook for waited events (G16): it reports whether
+	// run is waiting for an event delivered to it, which makes it healthy
+	// without a task or a timer. Events do not exist yet: nil means no run
+	// ever waits for one.
+	AwaitsEvent func(ctx context.Context, run Run) (bool, error)
+	// AfterPass, when set, is called with the report of every pass (tests).
+	AfterPass func(Pass)
+}
+
+// WithDefaults fills unset fields.
+func (c Config) WithDefaults() Config {
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.StuckAfter == 0 {
+		c.StuckAfter = max(DefaultStuckAfter, AckWaits*c.AckWait)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate names the first bad field. It checks the settings only, so that
+// a worker can validate its configuration before it connects.
+func (c Config) Validate() error {
+	switch {
+	case c.AckWait <= 0:
+		return fmt.Errorf("sweep: AckWait must be positive, got %s", c.AckWait)
+	case c.Interval < MinInterval:
+		return fmt.Errorf("sweep: Interval must be at least %s, got %s", MinInterval, c.Interval)
+	case c.StuckAfter < AckWaits*c.AckWait:
+		return fmt.Errorf("sweep: StuckAfter must be at least %d AckWaits (%s), got %s",
+			AckWaits, AckWaits*c.AckWait, c.StuckAfter)
+	}
+	return nil
+}
+
+// tracked is a running run kept between passes.
+type tracked struct {
+	Run
+	// next is when the run is due for a check.
+	next time.Time
+	// suspect: found without a task, timer or awaited event at its last
+	// check.
+	suspect bool
+}
+
+// Sweeper finds stuck runs. Its passes run one at a time (Start's loop, or
+// calls of Pass that the caller does not overlap).
+type Sweeper struct {
+	cfg    Config
+	log    zerolog.Logger
+	served map[string]bool
+
+	// seen is the highest revision of the runs bucket read so far, in the
+	// bucket stream created at created.
+	seen    uint64
+	created time.Time
+	// runs are the running runs of served workflows, by run ID.
+	runs map[string]*tracked
+	// timers is JETFLOW_TIMERS once bound.
+	timers natsjs.Stream
+}
+
+// New returns a sweeper; it touches NATS only in passes.
+func New(cfg Config) (*Sweeper, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Assets == nil {
+		return nil, errors.New("sweep: Assets are required")
+	}
+	served := make(map[string]bool, len(cfg.Workflows))
+	for _, wf := range cfg.Workflows {
+		served[wf] = true
+	}
+	return &Sweeper{
+		cfg: cfg, log: cfg.Logger.With().Str("component", "sweeper").Logger(),
+		served: served, runs: make(map[string]*tracked),
+	}, nil
+}
+
+// Start makes passes until stop is called; stop waits for a pass in
+// progress to end (its NATS requests are cancelled).
+func (s *Sweeper) Start() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// The first pass comes within half an interval: a worker that
+		// starts after an outage looks soon, and many workers started
+		// together do not all look at once.
+		wait := time.Duration(rand.Int64N(int64(s.cfg.Interval)/2 + 1))
+		for {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			pctx, cancelPass := context.WithTimeout(ctx, max(2*s.cfg.Interval, time.Minute))
+			p := s.Pass(pctx)
+			cancelPass()
+			if p.Err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(p.Err).Msg("sweep pass incomplete; the next pass tries again")
+			}
+			if h := s.cfg.AfterPass; h != nil && ctx.Err() == nil {
+				h(p)
+			}
+			// ±10% jitter.
+			wait = s.cfg.Interval*9/10 + time.Duration(rand.Int64N(int64(s.cfg.Interval)/5+1))
+		}
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// Pass reads the run records written since the last pass, checks the runs
+// that are due, and dispatches the stuck ones again.
+func (s *Sweeper) Pass(ctx context.Context) Pass {
+	var p Pass
+	p.Read, p.Err = s.read(ctx)
+	now := s.cfg.Now()
+	timers := s.bindTimers(ctx)
+	for id, t := range s.runs {
+		if ctx.Err() != nil {
+			break
+		}
+		if now.Before(t.next) {
+			continue
+		}
+		p.Checked = append(p.Checked, id)
+		busy, err := s.busy(ctx, t.Run, timers)
+		if err != nil {
+			p.Err = firstErr(p.Err, err)
+			continue // checked again at the next pass
+		}
+		switch {
+		case busy:
+			t.suspect, t.next = false, now.Add(s.cfg.StuckAfter)
+		case !t.suspect:
+			t.suspect = true // look again at the next pass
+			p.Suspected = append(p.Suspected, id)
+		default:
+			d, err := s.redispatch(ctx, t, now)
+			if err != nil {
+				p.Err = firstErr(p.Err, err)
+				continue
+			}
+			t.suspect, t.next = false, now.Add(s.cfg.StuckAfter)
+			switch d {
+			case dispatchStored:
+				p.Redispatched = append(p.Redispatched, id)
+			case dispatchAbsorbed:
+				p.Absorbed = append(p.Absorbed, id)
+			}
+		}
+	}
+	p.Tracked = len(s.runs)
+	return p
+}
+
+func firstErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}

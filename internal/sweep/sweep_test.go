@@ -1,0 +1,353 @@
+package sweep_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/sweep"
+	"github.com/jetflow/jetflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	testenv.VerifyNoLeaks(m)
+}
+
+const (
+	ackWait    = 100 * time.Millisecond
+	stuckAfter = time.Second
+	interval   = 100 * time.Millisecond
+)
+
+// bundle is one test's server, assets and clock.
+type bundle struct {
+	t      *testing.T
+	assets *jetstream.Assets
+	reg    *prometheus.Registry
+	m      *metrics.Metrics
+	t0     time.Time
+	now    time.Time
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	nc := testenv.Conn(t, testenv.Server(t))
+	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg)
+	require.NoError(t, err)
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	return &bundle{t: t, assets: a, reg: reg, m: m, t0: t0, now: t0}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// sweeper returns a sweeper of workflows "w" (on the bundle's clock) whose
+// AwaitsEvent hook says run "waiter" waits for an event.
+func (b *bundle) sweeper() *sweep.Sweeper {
+	b.t.Helper()
+	s, err := sweep.New(sweep.Config{
+		Assets: b.assets, Workflows: []string{"w"}, AckWait: ackWait, Interval: interval,
+		StuckAfter: stuckAfter, Logger: testenv.Logger(b.t), Metrics: b.m,
+		Now: func() time.Time { return b.now },
+		AwaitsEvent: func(_ context.Context, r sweep.Run) (bool, error) {
+			return r.RunID == "waiter", nil
+		},
+	})
+	require.NoError(b.t, err)
+	return s
+}
+
+// run writes a run record created at created.
+func (b *bundle) run(id, wf string, gen int, status state.Status, created time.Time) uint64 {
+	b.t.Helper()
+	rec, err := state.Encode(state.Run{
+		V: state.Version, RunID: id, Workflow: wf, Input: json.RawMessage(`{"n":1}`), Status: status,
+		Token: "token-" + id, Generation: gen, CreatedAt: created, UpdatedAt: created,
+	})
+	require.NoError(b.t, err)
+	rev, err := b.assets.Runs.Create(ctx(b.t), id, rec)
+	require.NoError(b.t, err)
+	return rev
+}
+
+// task stores a message on a task subject.
+func (b *bundle) task(subject string) {
+	b.t.Helper()
+	d, err := jetstream.PublishTask(ctx(b.t), b.assets.JS, subject, subject, []byte(`{}`))
+	require.NoError(b.t, err)
+	require.Equal(b.t, jetstream.Stored, d)
+}
+
+// TestPassFindsOnlyRunsWithNothingPending builds every case of a running
+// run by hand — a start task, a step task of a later generation, a timer, an
+// awaited event, a run ID that prefixes another's, a young run, a finished
+// run, a run of a workflow not served — and checks that only the runs with
+// nothing pending are dispatched again, on the second pass that finds them
+// so, with a start task that resumes them, once.
+func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.t0.Add(-time.Hour)
+	_, err := b.assets.JS.CreateStream(ctx(t), natsjs.StreamConfig{Name: sweep.TimersStream, Subjects: []string{"jetflow.timer.>"}})
+	require.NoError(t, err)
+
+	stuckRev := b.run("stuck", "w", 0, state.StatusRunning, old)
+	againRev := b.run("again", "w", 3, state.StatusRunning, old)
+	b.task("jetflow.task.w.again.a.0") // a leftover of generation 0: not generation 3's
+	b.run("pre", "w", 0, state.StatusRunning, old)
+	b.run("pre-fix", "w", 0, state.StatusRunning, old)
+	b.task("jetflow.task.w.pre-fix") // pre-fix's start task, not pre's
+	b.run("started", "w", 0, state.StatusRunning, old)
+	b.task("jetflow.task.w.started")
+	b.run("stepping", "w", 2, state.StatusRunning, old)
+	b.task("jetflow.task.w.stepping/2.b.1")
+	b.run("sleeping", "w", 0, state.StatusRunning, old)
+	_, err = b.assets.JS.Publish(ctx(t), "jetflow.timer.w.sleeping.b.0", []byte(`{}`))
+	require.NoError(t, err)
+	b.run("waiter", "w", 0, state.StatusRunning, old)
+	b.run("young", "w", 0, state.StatusRunning, b.t0.Add(-stuckAfter/2))
+	b.run("done", "w", 0, state.StatusCompleted, old)
+	b.run("other", "x", 0, state.StatusRunning, old)
+
+	s := b.sweeper()
+	healthy := []string{"pre-fix", "started", "stepping", "sleeping", "waiter"}
+	stuck := []string{"stuck", "again", "pre"}
+
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 11, p.Read)
+	require.Equal(t, 9, p.Tracked, "running runs of served workflows")
+	require.ElementsMatch(t, slices.Concat(healthy, stuck), p.Checked, "young is not due yet")
+	require.ElementsMatch(t, stuck, p.Suspected)
+	require.Empty(t, p.Redispatched, "one look is not enough")
+
+	b.now = b.now.Add(interval)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 0, p.Read, "nothing written since the last pass")
+	require.ElementsMatch(t, stuck, p.Checked, "healthy runs wait StuckAfter before the next look")
+	require.ElementsMatch(t, stuck, p.Redispatched)
+	require.Equal(t, 3.0, countStuck(t, b.reg, "w"))
+
+	// Each stuck run has its start task back, on its generation's start
+	// subject, with a message ID of the sweep decision.
+	for id, want := range map[string]struct {
+		identity string
+		gen      int
+		rev      uint64
+	}{
+		"stuck": {"stuck", 0, stuckRev},
+		"again": {"again/3", 3, againRev},
+	} {
+		m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w."+want.identity)
+		require.NoError(t, err, id)
+		task, err := state.DecodeTask(m.Data)
+		require.NoError(t, err)
+		require.Equal(t, id, task.RunID)
+		require.Equal(t, "w", task.Workflow)
+		require.Empty(t, task.StepID, "a start task")
+		require.Equal(t, "token-"+id, task.Token)
+		require.Equal(t, want.gen, task.Generation)
+		require.JSONEq(t, `{"n":1}`, string(task.Input))
+		require.Regexp(t, `^`+want.identity+`\.sweep\.`+strconv.FormatUint(want.rev, 10)+`\.\d+$`, m.Header.Get("Nats-Msg-Id"))
+	}
+
+	b.now = b.now.Add(interval)
+	p = s.Pass(ctx(t))
+	require.Empty(t, p.Checked, "nothing is due")
+
+	// A StuckAfter later every run is looked at again: the stuck ones have
+	// their start task now; young is due.
+	b.now = b.now.Add(stuckAfter)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.ElementsMatch(t, append(slices.Concat(healthy, stuck), "young"), p.Checked)
+	require.ElementsMatch(t, []string{"young"}, p.Suspected)
+
+	// A record written since is read, and only it: a finished run is
+	// forgotten. Young, found with nothing pending twice, is dispatched.
+	v, rev, err := b.assets.Runs.Get(ctx(t), "started")
+	require.NoError(t, err)
+	run, err := state.DecodeRun(v)
+	require.NoError(t, err)
+	run.Status = state.StatusCompleted
+	enc, err := state.Encode(run)
+	require.NoError(t, err)
+	_, err = b.assets.Runs.Update(ctx(t), "started", enc, rev)
+	require.NoError(t, err)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 1, p.Read)
+	require.Equal(t, 8, p.Tracked)
+	require.Equal(t, []string{"young"}, p.Redispatched)
+	require.Equal(t, 4.0, countStuck(t, b.reg, "w"))
+}
+
+// TestConcurrentSweepersDispatchOnce: two sweepers (two workers) deciding
+// about the same stuck run in the same epoch publish one start task, even
+// when the first one was consumed before the second sweeper published.
+func TestConcurrentSweepersDispatchOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.run("stuck", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
+	s1, s2 := b.sweeper(), b.sweeper()
+	for _, s := range []*sweep.Sweeper{s1, s2} {
+		p := s.Pass(ctx(t))
+		require.NoError(t, p.Err)
+		require.Equal(t, []string{"stuck"}, p.Suspected)
+	}
+	b.now = b.now.Add(interval)
+	p := s1.Pass(ctx(t))
+	require.Equal(t, []string{"stuck"}, p.Redispatched)
+	// A worker takes the task and acknowledges it (here: removes it).
+	m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w.stuck")
+	require.NoError(t, err)
+	require.NoError(t, b.assets.Tasks.DeleteMsg(ctx(t), m.Sequence))
+
+	p = s2.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Empty(t, p.Redispatched)
+	require.Equal(t, []string{"stuck"}, p.Absorbed, "the broker's message ID window absorbed the same decision")
+	require.Equal(t, 1.0, countStuck(t, b.reg, "w"))
+}
+
+// TestRecordChangedBeforeDispatchIsLeftAlone: a run that finishes between
+// the check and the dispatch (its last task acknowledged after its record
+// was set completed) is not dispatched again.
+func TestRecordChangedBeforeDispatchIsLeftAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rev := b.run("finishing", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
+	s := b.sweeper()
+	require.Equal(t, []string{"finishing"}, s.Pass(ctx(t)).Suspected)
+	v, _, err := b.assets.Runs.Get(ctx(t), "finishing")
+	require.NoError(t, err)
+	run, err := state.DecodeRun(v)
+	require.NoError(t, err)
+	run.Status = state.StatusCompleted
+	enc, err := state.Encode(run)
+	require.NoError(t, err)
+	_, err = b.assets.Runs.Update(ctx(t), "finishing", enc, rev)
+	require.NoError(t, err)
+
+	// The next pass reads the new revision first and forgets the run.
+	b.now = b.now.Add(interval)
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Empty(t, p.Redispatched)
+	require.Equal(t, 0, p.Tracked)
+	_, err = b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w.finishing")
+	require.ErrorIs(t, err, natsjs.ErrMsgNotFound)
+	require.Equal(t, 0.0, countStuck(t, b.reg, "w"))
+}
+
+// TestRecreatedBucketIsReadAgain: a sweeper that has read a runs bucket
+// up to some revision reads every record again when the bucket is
+// recreated (or restored) with fewer: resuming after the old revision
+// would miss them.
+func TestRecreatedBucketIsReadAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.t0.Add(-time.Hour)
+	for _, id := range []string{"r1", "r2", "r3"} {
+		b.run(id, "w", 0, state.StatusCompleted, old)
+	}
+	s := b.sweeper()
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 3, p.Read)
+
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), "KV_"+jetstream.RunsBucket))
+	_, err := jetstream.Provision(ctx(t), b.assets.JS.Conn(), jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	b.run("stuck", "w", 0, state.StatusRunning, old) // revision 1 of the new bucket
+
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 1, p.Read)
+	require.Equal(t, []string{"stuck"}, p.Suspected)
+}
+
+// TestTimersStreamIsOptional: a timer keeps a run healthy while
+// JETFLOW_TIMERS holds it; once the stream is gone, the run has no timer
+// (not an error that would keep it from ever being dispatched).
+func TestTimersStreamIsOptional(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.assets.JS.CreateStream(ctx(t), natsjs.StreamConfig{Name: sweep.TimersStream, Subjects: []string{"jetflow.timer.>"}})
+	require.NoError(t, err)
+	_, err = b.assets.JS.Publish(ctx(t), "jetflow.timer.w.sleeping.a.0", []byte(`{}`))
+	require.NoError(t, err)
+	b.run("sleeping", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
+	s := b.sweeper()
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Checked)
+	require.Empty(t, p.Suspected)
+
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), sweep.TimersStream))
+	b.now = b.now.Add(stuckAfter)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Suspected)
+	b.now = b.now.Add(interval)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, []string{"sleeping"}, p.Redispatched)
+}
+
+func TestConfigDefaultsAndValidation(t *testing.T) {
+	t.Parallel()
+	c := sweep.Config{AckWait: 30 * time.Second}.WithDefaults()
+	require.Equal(t, sweep.DefaultInterval, c.Interval)
+	require.Equal(t, sweep.DefaultStuckAfter, c.StuckAfter)
+	require.NoError(t, c.Validate())
+
+	c = sweep.Config{AckWait: 10 * time.Minute}.WithDefaults()
+	require.Equal(t, 30*time.Minute, c.StuckAfter, "the default follows a long AckWait")
+
+	for name, bad := range map[string]sweep.Config{
+		"StuckAfter": {AckWait: time.Second, Interval: time.Second, StuckAfter: 2 * time.Second},
+		"Interval":   {AckWait: time.Second, Interval: time.Millisecond, StuckAfter: time.Minute},
+		"AckWait":    {Interval: time.Second, StuckAfter: time.Minute},
+	} {
+		require.ErrorContains(t, bad.Validate(), name)
+	}
+	_, err := sweep.New(sweep.Config{AckWait: time.Second})
+	require.ErrorContains(t, err, "Assets")
+}
+
+func countStuck(t *testing.T, reg *prometheus.Registry, wf string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != metrics.NameRunsStuck {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "workflow" && l.GetValue() == wf {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

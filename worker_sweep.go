@@ -1,0 +1,51 @@
+package jetflow
+
+import (
+	"fmt"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/sweep"
+)
+
+// sweepConfig is the sweeper setting of c, defaults filled in.
+func (c WorkerConfig) sweepConfig() sweep.Config {
+	return sweep.Config{AckWait: c.AckWait, Interval: c.SweepInterval, StuckAfter: c.StuckAfter}.WithDefaults()
+}
+
+// validateSweep names the bad sweeper field of c, if any.
+func (c WorkerConfig) validateSweep() error {
+	if c.SweepInterval < 0 {
+		return nil // no sweeper
+	}
+	sc := c.sweepConfig()
+	switch {
+	case sc.Interval < sweep.MinInterval:
+		return fmt.Errorf("jetflow: worker config: SweepInterval must be at least %s (negative: no sweeper), got %s",
+			sweep.MinInterval, c.SweepInterval)
+	case sc.StuckAfter < sweep.AckWaits*c.AckWait:
+		return fmt.Errorf("jetflow: worker config: StuckAfter must be at least %d × AckWait (%s), got %s",
+			sweep.AckWaits, sweep.AckWaits*c.AckWait, c.StuckAfter)
+	}
+	return sc.Validate()
+}
+
+// newSweeper returns the worker's sweeper over assets, looking after the
+// runs of the workflows it serves; nil when SweepInterval is negative.
+func (w *Worker) newSweeper(assets *jetstream.Assets) (*sweep.Sweeper, error) {
+	if w.cfg.SweepInterval < 0 {
+		return nil, nil
+	}
+	sc := w.cfg.sweepConfig()
+	sc.Assets, sc.Workflows, sc.Logger = assets, w.ws.Names(), w.log
+	sc.Metrics, sc.AfterPass = w.cfg.Metrics.internal(), w.cfg.sweepHook
+	return sweep.New(sc)
+}
+
+// startSweeper starts s's passes (none when s is nil); stop waits for them
+// to end.
+func startSweeper(s *sweep.Sweeper) (stop func()) {
+	if s == nil {
+		return func() {}
+	}
+	return s.Start()
+}
