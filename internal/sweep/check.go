@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -44,12 +45,18 @@ func (s *Sweeper) busy(ctx context.Context, run Run, timers natsjs.Stream) (bool
 		}
 	}
 	if timers != nil {
-		has, err := hasMessages(ctx, timers, timerSubjectStart+run.Workflow+"."+identity+".>")
-		if errors.Is(err, natsjs.ErrStreamNotFound) {
-			s.timers, err = nil, nil // deleted: no timers, looked up again next pass
-		}
-		if has || err != nil {
-			return has, err
+		// jetflow.timer.<rest> and jetflow.due.<rest>, of the start task
+		// and of the step tasks.
+		anyTimer := "jetflow.*." + strings.TrimPrefix(start, "jetflow.task.")
+		for _, f := range []string{anyTimer, anyTimer + ".>"} {
+			has, err := hasMessages(ctx, timers, f)
+			if errors.Is(err, natsjs.ErrStreamNotFound) {
+				s.timers, err = nil, nil // deleted: no timers, looked up again next pass
+				break
+			}
+			if has || err != nil {
+				return has, err
+			}
 		}
 	}
 	if s.cfg.AwaitsEvent != nil {

@@ -59,16 +59,11 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// Timer store names. JETFLOW_TIMERS holds a retry or sleep timer of a step
-// under jetflow.timer.<workflow>.<step-id>. The stream is optional: when it
-// does not exist, no run has a timer.
-//
-// TODO(merge): use the internal/jetstream constants once the timer store
-// (issue 10, durable timers) is on main.
-const (
-	TimersStream      = "JETFLOW_TIMERS"
-	timerSubjectStart = "jetflow.timer."
-)
+// TimersStream holds the timers of runs (retries after a long backoff):
+// a timer of the task on jetflow.task.<rest> waits on jetflow.timer.<rest>
+// and, once due and until a worker moves it into the task stream, on
+// jetflow.due.<rest>. When the stream does not exist, no run has a timer.
+const TimersStream = jetstream.TimersStream
 
 // Defaults.
 const (

@@ -104,8 +104,6 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	old := b.t0.Add(-time.Hour)
-	_, err := b.assets.JS.CreateStream(ctx(t), natsjs.StreamConfig{Name: sweep.TimersStream, Subjects: []string{"jetflow.timer.>"}})
-	require.NoError(t, err)
 
 	stuckRev := b.run("stuck", "w", 0, state.StatusRunning, old)
 	againRev := b.run("again", "w", 3, state.StatusRunning, old)
@@ -118,7 +116,10 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	b.run("stepping", "w", 2, state.StatusRunning, old)
 	b.task("jetflow.task.w.stepping/2.b.1")
 	b.run("sleeping", "w", 0, state.StatusRunning, old)
-	_, err = b.assets.JS.Publish(ctx(t), "jetflow.timer.w.sleeping.b.0", []byte(`{}`))
+	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeping.b.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	b.run("due", "w", 0, state.StatusRunning, old)
+	_, err = b.assets.JS.Publish(ctx(t), "jetflow.due.w.due", []byte(`{}`)) // fired, not yet moved
 	require.NoError(t, err)
 	b.run("waiter", "w", 0, state.StatusRunning, old)
 	b.run("young", "w", 0, state.StatusRunning, b.t0.Add(-stuckAfter/2))
@@ -126,13 +127,13 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	b.run("other", "x", 0, state.StatusRunning, old)
 
 	s := b.sweeper()
-	healthy := []string{"pre-fix", "started", "stepping", "sleeping", "waiter"}
+	healthy := []string{"pre-fix", "started", "stepping", "sleeping", "due", "waiter"}
 	stuck := []string{"stuck", "again", "pre"}
 
 	p := s.Pass(ctx(t))
 	require.NoError(t, p.Err)
-	require.Equal(t, 11, p.Read)
-	require.Equal(t, 9, p.Tracked, "running runs of served workflows")
+	require.Equal(t, 12, p.Read)
+	require.Equal(t, 10, p.Tracked, "running runs of served workflows")
 	require.ElementsMatch(t, slices.Concat(healthy, stuck), p.Checked, "young is not due yet")
 	require.ElementsMatch(t, stuck, p.Suspected)
 	require.Empty(t, p.Redispatched, "one look is not enough")
@@ -290,9 +291,8 @@ func TestRecreatedBucketIsReadAgain(t *testing.T) {
 func TestTimersStreamIsOptional(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.assets.JS.CreateStream(ctx(t), natsjs.StreamConfig{Name: sweep.TimersStream, Subjects: []string{"jetflow.timer.>"}})
-	require.NoError(t, err)
-	_, err = b.assets.JS.Publish(ctx(t), "jetflow.timer.w.sleeping.a.0", []byte(`{}`))
+	// Provisioning created JETFLOW_TIMERS; a retry timer waits in it.
+	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeping.a.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	b.run("sleeping", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
 	s := b.sweeper()
