@@ -195,7 +195,7 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	p = s.Pass(ctx(t))
 	require.NoError(t, p.Err)
 	require.Equal(t, 1, p.Read)
-	require.Equal(t, 8, p.Tracked)
+	require.Equal(t, 9, p.Tracked)
 	require.Equal(t, []string{"young"}, p.Redispatched)
 	require.Equal(t, 4.0, countStuck(t, b.reg, "w"))
 }
