@@ -2,7 +2,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all test race lint vet fmt bench bench-quick run
+.PHONY: all test race lint vet fmt bench bench-quick run stress
 
 all: lint test
 
@@ -34,3 +34,8 @@ bench-quick:
 # The main job: a worker with the embedded NATS server and the example workflows.
 run:
 	$(GO) run ./cmd/worker
+
+# The fault and cluster tests, 5 rounds with the race detector while a CPU
+# hog keeps both cores busy (scripts/stress.sh; JETFLOW_STRESS_RUNS=n).
+stress:
+	./scripts/stress.sh

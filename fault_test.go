@@ -129,7 +129,7 @@ func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
 	<-loaded
 	t.Logf("load done %s after the restart", time.Since(restarted))
 
-	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, nil, 3)
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, nil, 3, time.Second)
 	t.Logf("server restarted once, all final %s after it; %s", time.Since(restarted), v)
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
@@ -173,7 +173,7 @@ func underRollingWorkers(t *testing.T, sig syscall.Signal, interval time.Duratio
 	load(t, c, crashWorkflow(srv.URL, nil), prefix, n, 10*time.Millisecond, ledger)
 	replaced := roll.stop()
 
-	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3)
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3, childAckWait)
 	require.NoError(t, writes.Stop())
 	return v, replaced
 }

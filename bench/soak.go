@@ -143,7 +143,7 @@ func runSoak(ctx context.Context, args []string) error {
 	stopKiller()
 	fmt.Printf("soak: starts done in %s (%s starts/s); waiting for every run to finish\n",
 		startDur.Round(time.Millisecond), num(float64(cfg.starts)/startDur.Seconds()))
-	v := faultcheck.Check(ctx, assets, ledger, effects, nil, 3)
+	v := faultcheck.Check(ctx, assets, ledger, effects, nil, 3, soakAckWait)
 	total := time.Since(t0)
 	fmt.Printf("soak: all final after %s: %s runs/s, %s steps/s end to end; %d worker processes killed\n",
 		total.Round(time.Millisecond), num(float64(v.Completed)/total.Seconds()),
@@ -262,7 +262,7 @@ func runSoakWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
-		Concurrency: *concurrency, AckWait: 2 * time.Second,
+		Concurrency: *concurrency, AckWait: soakAckWait,
 		Topology: jetstream.Topology{Replicas: *replicas},
 	})
 	if err != nil {
@@ -343,3 +343,7 @@ func (f *workerFleet) stopAll() {
 		_ = p.Wait()
 	}
 }
+
+// soakAckWait is the soak workers' AckWait, and the checker's allowance
+// between a commit and a later attempt's effect.
+const soakAckWait = 2 * time.Second

@@ -173,10 +173,6 @@ func (w *Writes) rewritten() []string {
 	return keys
 }
 
-// commitSlack absorbs the distance between the commit time a worker writes
-// into the step record (just before the write) and the write itself.
-const commitSlack = 500 * time.Millisecond
-
 // Verdict is what the checker saw.
 type Verdict struct {
 	Starts         int // accepted starts
@@ -211,7 +207,14 @@ func (v Verdict) String() string {
 // Check waits until every run the ledger knows is final (or ctx ends) and
 // then reads every run and step back. stepsPerRun is how many steps a
 // completed run commits.
-func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects, w *Writes, stepsPerRun int) Verdict {
+//
+// ackWait is the workers' AckWait. It is the allowance between a commit
+// and an effect of a later attempt: that attempt read the step as not yet
+// committed before the commit landed, and reached the effect server up to a
+// scheduling delay later. A worker delayed by more than AckWait counts as
+// stalled, so an effect later than that after the commit is a committed
+// step run again.
+func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects, w *Writes, stepsPerRun int, ackWait time.Duration) Verdict {
 	l.mu.Lock()
 	v := Verdict{FailedStarts: l.failed}
 	ids := make(map[string]bool)
@@ -276,7 +279,7 @@ func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects,
 				switch {
 				case a.attempt == s.Attempt:
 					ran = true
-				case a.attempt > s.Attempt && a.at.After(s.Committed.Add(commitSlack)):
+				case a.attempt > s.Attempt && a.at.After(s.Committed.Add(ackWait)):
 					// A later attempt that began after the commit was
 					// written: the committed step ran again.
 					v.Doubled++
