@@ -101,6 +101,8 @@ type StartOption func(*startOptions)
 
 type startOptions struct {
 	runID       string
+	runIDSet    bool // WithRunID was given, even with ""
+	generateID  bool // WithGeneratedRunID
 	source      string
 	ignoreInput bool
 	policy      *ConflictPolicy
@@ -146,8 +148,34 @@ func WithFingerprintMode(m FingerprintMode) StartOption {
 
 // WithRunID sets the run ID: the caller's idempotency key, such as
 // "stripe-evt_123" or "order-42" (1..128 characters of [A-Za-z0-9_=-]).
-// Without it a unique ID is generated and every start creates a new run.
-func WithRunID(id string) StartOption { return func(o *startOptions) { o.runID = id } }
+// Every start needs it or WithGeneratedRunID: a start with neither is
+// ErrRunIDRequired, and WithRunID("") is ErrInvalidRunID, never a
+// generated ID (an unset variable must not start a new run on each retry).
+func WithRunID(id string) StartOption {
+	return func(o *startOptions) { o.runID, o.runIDSet = id, true }
+}
+
+// WithGeneratedRunID asks for a unique generated run ID: the start always
+// creates a new run, so a retry of it is not deduplicated. It excludes
+// WithRunID, and a workflow defined with RequireRunID refuses it
+// (ErrRunIDRequired). The handle's RunID is the generated ID.
+func WithGeneratedRunID() StartOption { return func(o *startOptions) { o.generateID = true } }
+
+// checkRunID checks a start's run ID options: a valid WithRunID, or
+// WithGeneratedRunID where the workflow allows it.
+func (o startOptions) checkRunID(workflow string, requireRunID bool) error {
+	switch {
+	case o.generateID && o.runIDSet:
+		return fmt.Errorf("%w: WithRunID and WithGeneratedRunID exclude each other", ErrInvalidRunID)
+	case o.generateID && requireRunID:
+		return fmt.Errorf("%w: workflow %s refuses a generated run ID", ErrRunIDRequired, workflow)
+	case o.generateID:
+		return nil
+	case !o.runIDSet:
+		return fmt.Errorf("%w: start %s with WithRunID (your idempotency key) or WithGeneratedRunID", ErrRunIDRequired, workflow)
+	}
+	return state.ValidateRunID(o.runID)
+}
 
 // WithSource overrides the client name recorded in the audit for this start.
 func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
@@ -181,7 +209,8 @@ type Handle[R any] struct {
 }
 
 // Start starts a run of wf with input, or returns the run that already has
-// the run ID. It is idempotent on the run ID (WithRunID): any number of
+// the run ID. It needs WithRunID, or WithGeneratedRunID for a new run each
+// time (ErrRunIDRequired otherwise). It is idempotent on the run ID: any number of
 // calls, concurrent or retried, from any number of processes, at any time
 // within the retention, create exactly one run; every call returns its
 // handle, and exactly one of them says OutcomeCreated. A duplicate is not an
@@ -196,10 +225,10 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
 	o := c.startOpts(opts)
-	if o.runID == "" {
-		if wf.requireRunID {
-			return nil, fmt.Errorf("%w: workflow %s", ErrRunIDRequired, wf.Name())
-		}
+	if err := o.checkRunID(wf.Name(), wf.requireRunID); err != nil {
+		return nil, err
+	}
+	if o.generateID {
 		o.runID = nuid.Next()
 	}
 	policy := wf.policy
@@ -264,16 +293,16 @@ type StartResult struct {
 // asking a worker that serves it, so that an unknown workflow name
 // (ErrUnknownWorkflow), an input the workflow cannot decode (ErrInvalidInput)
 // or an invalid run ID (ErrInvalidRunID) is reported before anything is
-// stored. Repeat calls behave as Start's.
+// stored. As for Start, it needs WithRunID or WithGeneratedRunID. Repeat
+// calls behave as Start's.
 func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (StartResult, error) {
 	if err := state.ValidateName(name); err != nil {
 		return StartResult{}, err
 	}
 	o := c.startOpts(opts)
-	if o.runID != "" { // without one, the worker generates it (or refuses: RequireRunID)
-		if err := state.ValidateRunID(o.runID); err != nil {
-			return StartResult{}, err
-		}
+	// A generated ID is the worker's to make, and to refuse (RequireRunID).
+	if err := o.checkRunID(name, false); err != nil {
+		return StartResult{}, err
 	}
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
@@ -284,7 +313,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source}
+	sr := dedupe.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}

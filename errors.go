@@ -27,8 +27,10 @@ var (
 	// ErrInvalidInput: the input cannot be decoded into the workflow's
 	// input type.
 	ErrInvalidInput = workflow.ErrInput
-	// ErrRunIDRequired: the workflow requires a caller-chosen run ID
-	// (RequireRunID) and the start named none. Nothing was stored.
+	// ErrRunIDRequired: the start named no run ID (WithRunID) and did not
+	// ask for a generated one (WithGeneratedRunID), or asked for a
+	// generated one from a workflow that requires a caller-chosen run ID
+	// (RequireRunID). Nothing was stored.
 	ErrRunIDRequired = dedupe.ErrRunIDRequired
 	// ErrUnknownWorkflow: no worker serves a workflow of that name.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")

@@ -78,7 +78,7 @@ func TestPanicIs500(t *testing.T) {
 	s, err := New(Config{Backend: &panicky{}})
 	require.NoError(t, err)
 	srv := newTestServer(t, s)
-	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodPost, "/v1/workflows/wf/runs", nil, `{}`)
+	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodPost, "/v1/workflows/wf/runs", http.Header{HeaderIdempotencyKey: {"p-1"}}, `{}`)
 	require.Equal(t, http.StatusInternalServerError, res.code)
 	require.NotContains(t, string(res.body), "backend bug")
 	res.problem(t)
