@@ -76,7 +76,12 @@ type Client struct {
 // that are missing (it never changes existing ones: workers own the
 // deployment's settings), and returns a client. The connection stays the
 // caller's to close.
-func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, error) {
+//
+// Like every method of Client, it reports a transient NATS condition (NATS
+// down or reconnecting, a timeout, JetStream unavailable) as an error that
+// matches ErrUnavailable: retry later, with the same run ID for a start.
+func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if cfg.Name == "" {
 		cfg.Name = "go-sdk"
 	}
@@ -94,7 +99,9 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, e
 // NATS, with the engine's runs and steps buckets present. A nil error means
 // ready. It is what a readiness probe of a service that starts runs should
 // call.
-func (c *Client) Ready(ctx context.Context) error { return ready(ctx, c.nc, c.assets, nil) }
+func (c *Client) Ready(ctx context.Context) error {
+	return jetstream.Unavailable(ready(ctx, c.nc, c.assets, nil))
+}
 
 // StartOption configures one start.
 type StartOption func(*startOptions)
@@ -219,7 +226,8 @@ type Handle[R any] struct {
 //
 // A start returns once the run is durably accepted; the run is executed by a
 // worker that serves wf, whenever one is running.
-func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (*Handle[R], error) {
+func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (_ *Handle[R], err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	raw, err := json.Marshal(input)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
@@ -295,7 +303,8 @@ type StartResult struct {
 // or an invalid run ID (ErrInvalidRunID) is reported before anything is
 // stored. As for Start, it needs WithRunID or WithGeneratedRunID. Repeat
 // calls behave as Start's.
-func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (StartResult, error) {
+func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (_ StartResult, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateName(name); err != nil {
 		return StartResult{}, err
 	}
@@ -369,6 +378,11 @@ var replyCodes = map[string]error{
 }
 
 func replyError(e *dedupe.ReplyError) error {
+	if e.Code == dedupe.CodeInternal {
+		// NATS failed on the worker during admission: retry with the same
+		// run ID (docs/protocol.md).
+		return fmt.Errorf("%w: start failed on the worker: %s", ErrUnavailable, e.Message)
+	}
 	base, ok := replyCodes[e.Code]
 	if !ok {
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
@@ -430,7 +444,8 @@ func toAttempt(e state.AuditEntry) DuplicateAttempt {
 }
 
 // GetRun reads a run, or returns ErrRunNotFound.
-func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
+func (c *Client) GetRun(ctx context.Context, runID string) (_ Run, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
@@ -473,14 +488,14 @@ func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
 
 // WaitRun waits until the run reaches a final state and returns it. It
 // returns ErrRunNotFound if the run does not exist when the wait begins,
-// and ctx's error if ctx ends first.
+// and ctx's error (not ErrUnavailable) if ctx ends while it waits.
 func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
 	w, err := c.assets.Runs.Raw().Watch(ctx, runID)
 	if err != nil {
-		return Run{}, fmt.Errorf("jetflow: watch run %s: %w", runID, err)
+		return Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
 	}
 	defer func() { _ = w.Stop() }()
 	seen := false
@@ -503,14 +518,15 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 				}
 				if err != nil {
-					return Run{}, err
+					return Run{}, jetstream.Unavailable(err)
 				}
 				r, err := state.DecodeRun(v)
 				if err != nil {
 					return Run{}, err
 				}
 				if r.Status.Terminal() {
-					return c.toRun(ctx, v)
+					run, err := c.toRun(ctx, v)
+					return run, jetstream.Unavailable(err)
 				}
 				seen = true
 				continue
@@ -524,7 +540,8 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 				return Run{}, err
 			}
 			if r.Status.Terminal() {
-				return c.toRun(ctx, e.Value())
+				run, err := c.toRun(ctx, e.Value())
+				return run, jetstream.Unavailable(err)
 			}
 		}
 	}
@@ -547,7 +564,8 @@ type StepRecord struct {
 // Steps lists a run's committed steps in the order the workflow called
 // them: the run's history, as a tool reads it. For a run ID started again
 // by the conflict policy, it is the current run's history.
-func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) {
+func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
@@ -596,7 +614,8 @@ const CancelSubjectPrefix = "jetflow.cancel."
 // their results can no longer change the run's outcome. Cancelling a
 // cancelled run returns nil; a run that completed or failed returns
 // ErrRunEnded; an unknown one ErrRunNotFound.
-func (c *Client) Cancel(ctx context.Context, runID string) error {
+func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return err
 	}

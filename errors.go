@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -57,6 +58,13 @@ var (
 	// ErrInvalidRetention: a workflow retention under a second or longer
 	// than the deployment's.
 	ErrInvalidRetention = dedupe.ErrInvalidRetention
+	// ErrUnavailable: NATS or JetStream could not serve the call now (down,
+	// reconnecting, closed or draining, reconnect buffer full, no answer in
+	// time, JetStream without a leader or out of resources). The error also
+	// wraps its cause. Retry later; for a start, retry with the same run ID:
+	// the first attempt either created the run, and the retry finds it, or
+	// it did not, and the retry creates it.
+	ErrUnavailable = jetstream.ErrUnavailable
 )
 
 // ConflictError says which part of a start differed from the existing run

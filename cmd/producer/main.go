@@ -57,6 +57,9 @@
 //	3  no run has that ID
 //	4  conflict: the run ID names a run with another input or workflow, or the
 //	   conflict policy rejected the duplicate
+//	5  unavailable: NATS cannot serve the command now (unreachable,
+//	   reconnecting, JetStream unavailable, no answer in time); retry later,
+//	   start with the same run ID (jetflow.ErrUnavailable)
 package main
 
 import (
@@ -74,6 +77,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
 )
 
@@ -84,6 +88,9 @@ const (
 	exitRunFailed = 2 // wait: the run failed or was cancelled
 	exitNotFound  = 3 // no run has that ID
 	exitConflict  = 4 // idempotency conflict or a rejected duplicate
+	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
+	// retrying later is safe, a start with the same run ID.
+	exitUnavailable = 5
 )
 
 const usage = `Usage: producer [flags] <command> [arguments]
@@ -149,6 +156,8 @@ Exit codes:
   2  wait: the run failed or was cancelled
   3  run not found
   4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
+  5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
+     time); retry later, start with the same run ID
 `
 
 func main() {
@@ -187,14 +196,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	nc, err := c.nats.Connect("jetflow-producer", nats.Timeout(5*time.Second))
 	if err != nil {
+		err = jetstream.Unavailable(err)
 		fmt.Fprintf(stderr, "error: %v (is a worker or NATS server running?)\n", err)
-		return exitError
+		return exitCode(err)
 	}
 	defer nc.Close()
 	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{})
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
-		return exitError
+		return exitCode(err)
 	}
 
 	out := &printer{w: stdout, json: c.output == "json"}
@@ -236,6 +246,8 @@ func exitCode(err error) int {
 		return exitRunFailed
 	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected):
 		return exitConflict
+	case jetstream.IsTransient(err):
+		return exitUnavailable
 	default:
 		return exitError
 	}
