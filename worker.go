@@ -41,7 +41,8 @@ type WorkerConfig struct {
 	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
 	Metrics *Metrics
 	// BacklogInterval is how often the worker samples its consumers'
-	// backlogs for Metrics (default 15s).
+	// backlogs for Metrics, and the start stream for envelopes of workflows
+	// no worker serves (default 15s).
 	BacklogInterval time.Duration
 
 	// hooks inject faults in tests.
@@ -178,10 +179,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)
 	})
+	// Envelopes for workflows no worker serves: a gauge and a warn log.
+	stopUnserved := dedupe.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
 		stopSampling()
+		stopUnserved()
 		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")

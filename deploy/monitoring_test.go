@@ -47,6 +47,7 @@ var metricLabels = map[string][]string{
 	"jetflow_consumer_sample_errors_total":  {},
 	"jetflow_http_requests_total":           {"route", "code"},
 	"jetflow_http_request_duration_seconds": {"route"},
+	"jetflow_unserved_start_envelopes":      {},
 }
 
 // targetLabels are added by Prometheus to every scraped series.
@@ -302,6 +303,7 @@ func TestAlertRules(t *testing.T) {
 	for _, want := range []string{
 		"JetflowBacklogGrowing", "JetflowStepsFailing", "JetflowMaxDeliveriesHit",
 		"JetflowNoWorkerUp", "JetflowIdempotencyConflictsSpike", "JetflowHTTP5xx",
+		"JetflowUnservedStarts",
 	} {
 		require.True(t, names[want], "alert %s missing", want)
 	}

@@ -46,6 +46,7 @@ const (
 	NameBacklogSampleErrors = "jetflow_consumer_sample_errors_total"
 	NameHTTPRequests        = "jetflow_http_requests_total"
 	NameHTTPDuration        = "jetflow_http_request_duration_seconds"
+	NameUnservedStarts      = "jetflow_unserved_start_envelopes"
 )
 
 // names is every family in registration order; Names returns a copy.
@@ -53,7 +54,7 @@ var names = []string{
 	NameStarts, NameSuppressed, NameSteps, NameStepDuration, NameRunsFinished,
 	NameRunDuration, NameRedeliveries, NameMaxDeliveries, NameStepsInFlight,
 	NameConsumerPending, NameConsumerAckPending, NameBacklogSampleErrors,
-	NameHTTPRequests, NameHTTPDuration,
+	NameHTTPRequests, NameHTTPDuration, NameUnservedStarts,
 }
 
 // Names lists every metric family name this package exports, in a fixed
@@ -82,6 +83,7 @@ type Metrics struct {
 	sampleErrors  prometheus.Counter
 	httpRequests  *prometheus.CounterVec
 	httpDuration  *prometheus.HistogramVec
+	unserved      prometheus.Gauge
 
 	backlog backlogState
 }
@@ -156,11 +158,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			// Up to a minute: a result long poll may wait 60s.
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 60, 17),
 		}, []string{"route"}),
+		unserved: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: NameUnservedStarts,
+			Help: "Durable start envelopes waiting in JETFLOW_STARTS for workflows that no worker serves (no start consumer), as last sampled.",
+		}),
 	}
 	collectors := []prometheus.Collector{
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
+		m.unserved,
 	}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -171,6 +178,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// UnservedStarts sets how many durable start envelopes wait for workflows
+// that no worker serves. The workflows themselves are logged, not labels:
+// their names come from any publisher, so they are not bounded.
+func (m *Metrics) UnservedStarts(envelopes uint64) {
+	if m == nil {
+		return
+	}
+	m.unserved.Set(float64(envelopes))
 }
 
 // Start counts one start decision. outcome is one of created, existing,

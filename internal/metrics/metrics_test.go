@@ -60,6 +60,9 @@ func record(t *testing.T, m *metrics.Metrics) {
 	m.HTTP("POST /v1/workflows/{name}/runs", http.StatusConflict, 50*time.Millisecond)
 	m.HTTP("", 42, time.Millisecond)
 
+	m.UnservedStarts(4)
+	m.UnservedStarts(3) // replaces
+
 	ctx := t.Context()
 	require.NoError(t, m.SampleBacklog(ctx, backlogs(
 		metrics.Backlog{Consumer: "tasks-order", Pending: 7, AckPending: 3},
@@ -134,6 +137,7 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameHTTPRequests, labels: map[string]string{"route": "other", "code": "other"}, value: 1},
 		{family: metrics.NameHTTPDuration, labels: map[string]string{"route": "POST /v1/workflows/{name}/runs"}, value: 2, sum: 0.15},
 		{family: metrics.NameHTTPDuration, labels: map[string]string{"route": "other"}, value: 1, sum: 0.001},
+		{family: metrics.NameUnservedStarts, labels: map[string]string{}, value: 3},
 	}
 	// Every series in the output is expected, and every expected one is there.
 	total := 0
@@ -281,7 +285,7 @@ func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 func TestNamesReturnsACopy(t *testing.T) {
 	t.Parallel()
 	names := metrics.Names()
-	require.Len(t, names, 14)
+	require.Len(t, names, 15)
 	names[0] = "changed"
 	require.Equal(t, metrics.NameStarts, metrics.Names()[0])
 }
@@ -298,6 +302,7 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 		m.MaxDeliveries("order")
 		m.InFlight(1)
 		m.HTTP("GET /v1/runs/{id}", http.StatusOK, time.Second)
+		m.UnservedStarts(1)
 		called := func(context.Context) ([]metrics.Backlog, error) {
 			t.Error("sample called on a nil *Metrics")
 			return nil, nil
