@@ -76,7 +76,12 @@ type Client struct {
 // that are missing (it never changes existing ones: workers own the
 // deployment's settings), and returns a client. The connection stays the
 // caller's to close.
-func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, error) {
+//
+// Like every method of Client, it reports a transient NATS condition (NATS
+// down or reconnecting, a timeout, JetStream unavailable) as an error that
+// matches ErrUnavailable: retry later, with the same run ID for a start.
+func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if cfg.Name == "" {
 		cfg.Name = "go-sdk"
 	}
@@ -94,13 +99,17 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (*Client, e
 // NATS, with the engine's runs and steps buckets present. A nil error means
 // ready. It is what a readiness probe of a service that starts runs should
 // call.
-func (c *Client) Ready(ctx context.Context) error { return ready(ctx, c.nc, c.assets, nil) }
+func (c *Client) Ready(ctx context.Context) error {
+	return jetstream.Unavailable(ready(ctx, c.nc, c.assets, nil))
+}
 
 // StartOption configures one start.
 type StartOption func(*startOptions)
 
 type startOptions struct {
 	runID       string
+	runIDSet    bool // WithRunID was given, even with ""
+	generateID  bool // WithGeneratedRunID
 	source      string
 	ignoreInput bool
 	policy      *ConflictPolicy
@@ -146,8 +155,34 @@ func WithFingerprintMode(m FingerprintMode) StartOption {
 
 // WithRunID sets the run ID: the caller's idempotency key, such as
 // "stripe-evt_123" or "order-42" (1..128 characters of [A-Za-z0-9_=-]).
-// Without it a unique ID is generated and every start creates a new run.
-func WithRunID(id string) StartOption { return func(o *startOptions) { o.runID = id } }
+// Every start needs it or WithGeneratedRunID: a start with neither is
+// ErrRunIDRequired, and WithRunID("") is ErrInvalidRunID, never a
+// generated ID (an unset variable must not start a new run on each retry).
+func WithRunID(id string) StartOption {
+	return func(o *startOptions) { o.runID, o.runIDSet = id, true }
+}
+
+// WithGeneratedRunID asks for a unique generated run ID: the start always
+// creates a new run, so a retry of it is not deduplicated. It excludes
+// WithRunID, and a workflow defined with RequireRunID refuses it
+// (ErrRunIDRequired). The handle's RunID is the generated ID.
+func WithGeneratedRunID() StartOption { return func(o *startOptions) { o.generateID = true } }
+
+// checkRunID checks a start's run ID options: a valid WithRunID, or
+// WithGeneratedRunID where the workflow allows it.
+func (o startOptions) checkRunID(workflow string, requireRunID bool) error {
+	switch {
+	case o.generateID && o.runIDSet:
+		return fmt.Errorf("%w: WithRunID and WithGeneratedRunID exclude each other", ErrInvalidRunID)
+	case o.generateID && requireRunID:
+		return fmt.Errorf("%w: workflow %s refuses a generated run ID", ErrRunIDRequired, workflow)
+	case o.generateID:
+		return nil
+	case !o.runIDSet:
+		return fmt.Errorf("%w: start %s with WithRunID (your idempotency key) or WithGeneratedRunID", ErrRunIDRequired, workflow)
+	}
+	return state.ValidateRunID(o.runID)
+}
 
 // WithSource overrides the client name recorded in the audit for this start.
 func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
@@ -181,7 +216,8 @@ type Handle[R any] struct {
 }
 
 // Start starts a run of wf with input, or returns the run that already has
-// the run ID. It is idempotent on the run ID (WithRunID): any number of
+// the run ID. It needs WithRunID, or WithGeneratedRunID for a new run each
+// time (ErrRunIDRequired otherwise). It is idempotent on the run ID: any number of
 // calls, concurrent or retried, from any number of processes, at any time
 // within the retention, create exactly one run; every call returns its
 // handle, and exactly one of them says OutcomeCreated. A duplicate is not an
@@ -190,16 +226,17 @@ type Handle[R any] struct {
 //
 // A start returns once the run is durably accepted; the run is executed by a
 // worker that serves wf, whenever one is running.
-func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (*Handle[R], error) {
+func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (_ *Handle[R], err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	raw, err := json.Marshal(input)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
 	o := c.startOpts(opts)
-	if o.runID == "" {
-		if wf.requireRunID {
-			return nil, fmt.Errorf("%w: workflow %s", ErrRunIDRequired, wf.Name())
-		}
+	if err := o.checkRunID(wf.Name(), wf.requireRunID); err != nil {
+		return nil, err
+	}
+	if o.generateID {
 		o.runID = nuid.Next()
 	}
 	policy := wf.policy
@@ -264,16 +301,17 @@ type StartResult struct {
 // asking a worker that serves it, so that an unknown workflow name
 // (ErrUnknownWorkflow), an input the workflow cannot decode (ErrInvalidInput)
 // or an invalid run ID (ErrInvalidRunID) is reported before anything is
-// stored. Repeat calls behave as Start's.
-func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (StartResult, error) {
+// stored. As for Start, it needs WithRunID or WithGeneratedRunID. Repeat
+// calls behave as Start's.
+func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (_ StartResult, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateName(name); err != nil {
 		return StartResult{}, err
 	}
 	o := c.startOpts(opts)
-	if o.runID != "" { // without one, the worker generates it (or refuses: RequireRunID)
-		if err := state.ValidateRunID(o.runID); err != nil {
-			return StartResult{}, err
-		}
+	// A generated ID is the worker's to make, and to refuse (RequireRunID).
+	if err := o.checkRunID(name, false); err != nil {
+		return StartResult{}, err
 	}
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
@@ -284,7 +322,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := dedupe.StartRequest{RunID: o.runID, Input: input, Source: o.source}
+	sr := dedupe.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
@@ -340,6 +378,11 @@ var replyCodes = map[string]error{
 }
 
 func replyError(e *dedupe.ReplyError) error {
+	if e.Code == dedupe.CodeInternal {
+		// NATS failed on the worker during admission: retry with the same
+		// run ID (docs/protocol.md).
+		return fmt.Errorf("%w: start failed on the worker: %s", ErrUnavailable, e.Message)
+	}
 	base, ok := replyCodes[e.Code]
 	if !ok {
 		return fmt.Errorf("jetflow: start failed on the worker: %s", e.Message)
@@ -401,7 +444,8 @@ func toAttempt(e state.AuditEntry) DuplicateAttempt {
 }
 
 // GetRun reads a run, or returns ErrRunNotFound.
-func (c *Client) GetRun(ctx context.Context, runID string) (Run, error) {
+func (c *Client) GetRun(ctx context.Context, runID string) (_ Run, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
@@ -444,14 +488,14 @@ func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
 
 // WaitRun waits until the run reaches a final state and returns it. It
 // returns ErrRunNotFound if the run does not exist when the wait begins,
-// and ctx's error if ctx ends first.
+// and ctx's error (not ErrUnavailable) if ctx ends while it waits.
 func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
 	w, err := c.assets.Runs.Raw().Watch(ctx, runID)
 	if err != nil {
-		return Run{}, fmt.Errorf("jetflow: watch run %s: %w", runID, err)
+		return Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
 	}
 	defer func() { _ = w.Stop() }()
 	seen := false
@@ -474,14 +518,15 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 				}
 				if err != nil {
-					return Run{}, err
+					return Run{}, jetstream.Unavailable(err)
 				}
 				r, err := state.DecodeRun(v)
 				if err != nil {
 					return Run{}, err
 				}
 				if r.Status.Terminal() {
-					return c.toRun(ctx, v)
+					run, err := c.toRun(ctx, v)
+					return run, jetstream.Unavailable(err)
 				}
 				seen = true
 				continue
@@ -495,7 +540,8 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 				return Run{}, err
 			}
 			if r.Status.Terminal() {
-				return c.toRun(ctx, e.Value())
+				run, err := c.toRun(ctx, e.Value())
+				return run, jetstream.Unavailable(err)
 			}
 		}
 	}
@@ -518,7 +564,8 @@ type StepRecord struct {
 // Steps lists a run's committed steps in the order the workflow called
 // them: the run's history, as a tool reads it. For a run ID started again
 // by the conflict policy, it is the current run's history.
-func (c *Client) Steps(ctx context.Context, runID string) ([]StepRecord, error) {
+func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
@@ -567,7 +614,8 @@ const CancelSubjectPrefix = "jetflow.cancel."
 // their results can no longer change the run's outcome. Cancelling a
 // cancelled run returns nil; a run that completed or failed returns
 // ErrRunEnded; an unknown one ErrRunNotFound.
-func (c *Client) Cancel(ctx context.Context, runID string) error {
+func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
 		return err
 	}

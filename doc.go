@@ -11,6 +11,9 @@
 // one gets OutcomeExisting with the run's state and how many duplicates it
 // has absorbed. This holds beyond the broker's duplicate window and across
 // NATS restarts, because the run record is written with create-if-absent.
+// A run ID is never made up for the caller: a start names one, or asks for
+// a generated one explicitly (WithGeneratedRunID: a new run each time), and
+// an empty or absent run ID is an error (ErrInvalidRunID, ErrRunIDRequired).
 //
 // # Workflows and steps
 //
@@ -42,6 +45,9 @@
 // A step's final failure reaches the workflow as a *StepError it can handle.
 // A run that does not complete is reported as a *RunError. Sentinels
 // (ErrInvalidRunID, ErrUnknownWorkflow, ...) match with errors.Is.
+// ErrUnavailable marks every transient NATS condition (NATS down or
+// reconnecting, a timeout, JetStream unavailable): retry later, a start
+// with the same run ID.
 //
 // # Processes
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -27,8 +28,10 @@ var (
 	// ErrInvalidInput: the input cannot be decoded into the workflow's
 	// input type.
 	ErrInvalidInput = workflow.ErrInput
-	// ErrRunIDRequired: the workflow requires a caller-chosen run ID
-	// (RequireRunID) and the start named none. Nothing was stored.
+	// ErrRunIDRequired: the start named no run ID (WithRunID) and did not
+	// ask for a generated one (WithGeneratedRunID), or asked for a
+	// generated one from a workflow that requires a caller-chosen run ID
+	// (RequireRunID). Nothing was stored.
 	ErrRunIDRequired = dedupe.ErrRunIDRequired
 	// ErrUnknownWorkflow: no worker serves a workflow of that name.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")
@@ -60,6 +63,13 @@ var (
 	// start created nothing; starting again now creates a new run after
 	// expiry (Handle.AfterExpiry).
 	ErrRetryStart = dedupe.ErrRetryStart
+	// ErrUnavailable: NATS or JetStream could not serve the call now (down,
+	// reconnecting, closed or draining, reconnect buffer full, no answer in
+	// time, JetStream without a leader or out of resources). The error also
+	// wraps its cause. Retry later; for a start, retry with the same run ID:
+	// the first attempt either created the run, and the retry finds it, or
+	// it did not, and the retry creates it.
+	ErrUnavailable = jetstream.ErrUnavailable
 )
 
 // ConflictError says which part of a start differed from the existing run

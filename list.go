@@ -52,7 +52,8 @@ type RunPage struct {
 // It reads every key of the runs bucket and then each run of the page
 // (with its audit), so it is an operator's tool, not a query path: with a
 // million kept runs a page costs about a second.
-func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (RunPage, error) {
+func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	if err := opts.validate(); err != nil {
 		return RunPage{}, err
 	}

@@ -70,11 +70,13 @@ type workflowOptions struct {
 	requireRunID bool
 }
 
-// RequireRunID makes the caller's run ID mandatory: a start without one
-// (no WithRunID, no run_id in a NATS envelope, no Idempotency-Key header
-// over HTTP) fails with ErrRunIDRequired and stores nothing, instead of
-// getting a generated ID that no retry could ever repeat. Use it for
-// workflows whose duplicates are costly (payments, emails).
+// RequireRunID makes the caller's run ID mandatory even where a generated
+// one is asked for explicitly: a start with WithGeneratedRunID (over NATS
+// "generate_run_id": true, over HTTP ?generate_run_id=true) fails with
+// ErrRunIDRequired and stores nothing, because a generated ID is one that
+// no retry could ever repeat. Use it for workflows whose duplicates are
+// costly (payments, emails). A start that names no run ID and asks for no
+// generated one is refused for every workflow.
 func RequireRunID() WorkflowOption {
 	return func(o *workflowOptions) { o.requireRunID = true }
 }

@@ -203,8 +203,8 @@ func TestProtocolRequestReply(t *testing.T) {
 	ignored := request(t, nc, "proto-rr", `{"run_id":"rr-1","input":11,"fingerprint":"ignore"}`)
 	require.Equal(t, "existing", ignored["outcome"], ignored)
 
-	// A run ID is generated when the envelope has none.
-	generated := request(t, nc, "proto-rr", `{"input":1}`)
+	// A run ID is generated when the envelope asks for one.
+	generated := request(t, nc, "proto-rr", `{"generate_run_id":true,"input":1}`)
 	require.Equal(t, "created", generated["outcome"], generated)
 	require.NotEmpty(t, generated["run_id"])
 

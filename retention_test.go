@@ -74,7 +74,7 @@ func TestRetentionExpiryIsExplicit(t *testing.T) {
 
 	// A retention longer than the deployment's is refused.
 	long := NewWorkflow("long", func(ctx *Context, in int) (int, error) { return in, nil }, WithRetention(2*time.Hour))
-	_, err = Start(ctx, c, long, 1)
+	_, err = Start(ctx, c, long, 1, WithRunID("long-1"))
 	require.ErrorIs(t, err, ErrInvalidRetention)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -98,7 +99,8 @@ const DefaultKeyLease = workflow.DefaultKeyLease
 // many step entries it removed (0 when the key was not set or had expired).
 // A step running under the key when it is reset still commits its own
 // record but does not cache its result.
-func (c *Client) ResetTaskKey(ctx context.Context, key string, scope KeyScope, scopeID string) (int, error) {
+func (c *Client) ResetTaskKey(ctx context.Context, key string, scope KeyScope, scopeID string) (_ int, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
 	filter, err := state.TaskKeyFilter(scope, scopeID, key)
 	if err != nil {
 		return 0, err

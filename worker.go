@@ -53,7 +53,8 @@ type WorkerConfig struct {
 	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
 	Metrics *Metrics
 	// BacklogInterval is how often the worker samples its consumers'
-	// backlogs for Metrics (default 15s).
+	// backlogs for Metrics, and the start stream for envelopes of workflows
+	// no worker serves (default 15s).
 	BacklogInterval time.Duration
 	// SweepInterval is how often the worker's sweeper looks for stuck runs:
 	// running, with no pending task or timer (default 1m; negative: no
@@ -219,11 +220,14 @@ func (w *Worker) Start(ctx context.Context) error {
 		return backlogs(ctx, consumers)
 	})
 	stopSweep := startSweeper(sweeper)
+	// Envelopes for workflows no worker serves: a gauge and a warn log.
+	stopUnserved := dedupe.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
 		stopSweep()
 		stopSampling()
+		stopUnserved()
 		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")

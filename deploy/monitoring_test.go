@@ -48,6 +48,7 @@ var metricLabels = map[string][]string{
 	"jetflow_http_requests_total":           {"route", "code"},
 	"jetflow_http_request_duration_seconds": {"route"},
 	"jetflow_runs_stuck_total":              {"workflow"},
+	"jetflow_unserved_start_envelopes":      {},
 }
 
 // targetLabels are added by Prometheus to every scraped series.
@@ -303,6 +304,7 @@ func TestAlertRules(t *testing.T) {
 	for _, want := range []string{
 		"JetflowBacklogGrowing", "JetflowStepsFailing", "JetflowMaxDeliveriesHit",
 		"JetflowNoWorkerUp", "JetflowIdempotencyConflictsSpike", "JetflowHTTP5xx",
+		"JetflowUnservedStarts",
 	} {
 		require.True(t, names[want], "alert %s missing", want)
 	}

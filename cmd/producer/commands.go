@@ -19,21 +19,22 @@ import (
 // client's setup.
 const opTimeout = 10 * time.Second
 
-// start asks a worker that serves workflow to start a run, so that an
-// unknown workflow, an undecodable input or an invalid run ID is refused
-// before anything is stored.
-func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input, runID string) error {
+// start asks a worker that serves workflow to start a run under runID, or
+// under a generated run ID when generate is set (parseArgs allows exactly
+// one), so that an unknown workflow, an undecodable input or an invalid run
+// ID is refused before anything is stored.
+func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input, runID string, generate bool) error {
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, []byte(input)); err != nil {
 		return fmt.Errorf("invalid JSON input: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	var opts []jetflow.StartOption
-	if runID != "" {
-		opts = append(opts, jetflow.WithRunID(runID))
+	opt := jetflow.WithRunID(runID)
+	if generate {
+		opt = jetflow.WithGeneratedRunID()
 	}
-	res, err := c.StartByName(ctx, workflow, compact.Bytes(), opts...)
+	res, err := c.StartByName(ctx, workflow, compact.Bytes(), opt)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", workflow, err)
 	}

@@ -164,19 +164,24 @@ func TestConflictExitCode(t *testing.T) {
 	require.False(t, run.RecentDuplicates[0].FingerprintMatch)
 }
 
-// TestIDNotFromEnvironment: --id is read from the command line only, so a
-// stray JETFLOW_ID does not make every start land on one run.
+// TestIDNotFromEnvironment: --id and --generate-id are read from the
+// command line only, so a stray JETFLOW_ID does not make every start land
+// on one run, and a JETFLOW_GENERATE_ID does not turn a start without --id
+// into a new run.
 func TestIDNotFromEnvironment(t *testing.T) {
 	t.Parallel()
 	tb := newTestbed(t)
 	producer := tb.cli(t, map[string]string{
 		"JETFLOW_ID": "fixed", "JETFLOW_TIMEOUT": "1ns", "JETFLOW_SCOPE": "bogus", "JETFLOW_LIMIT": "1",
 		// A setting of serve in the environment does not bother the other commands.
-		"JETFLOW_HTTP_ADDR": "127.0.0.1:1234",
+		"JETFLOW_HTTP_ADDR": "127.0.0.1:1234", "JETFLOW_GENERATE_ID": "true",
 	})
+	code, _, errOut := producer("start", "greet", `{"name":"ada"}`)
+	require.Equal(t, 1, code, "JETFLOW_GENERATE_ID is not read")
+	require.Contains(t, errOut, "start needs --id RUNID")
 	ids := map[string]bool{}
 	for range 2 {
-		code, out, errOut := producer("start", "greet", `{"name":"ada"}`, "--output", "json")
+		code, out, errOut := producer("start", "greet", `{"name":"ada"}`, "--generate-id", "--output", "json")
 		require.Equal(t, 0, code, errOut)
 		var res view.StartResult
 		require.NoError(t, json.Unmarshal([]byte(out), &res))
@@ -189,7 +194,7 @@ func TestIDNotFromEnvironment(t *testing.T) {
 		code, _, errOut := producer("wait", id) // JETFLOW_TIMEOUT=1ns is not read either
 		require.Equal(t, 0, code, errOut)
 	}
-	code, _, errOut := producer("reset", "k", "--scope", "global")
+	code, _, errOut = producer("reset", "k", "--scope", "global")
 	require.Equal(t, 0, code, errOut)
 	require.Len(t, listJSON(t, producer).Runs, 2, "JETFLOW_LIMIT is not read")
 }

@@ -30,16 +30,19 @@ type cli struct {
 	serve    serveConfig
 
 	// The invocation: command line only.
-	command  string
-	args     []string
-	id       string
-	timeout  time.Duration
-	workflow string
-	status   string
-	limit    int
-	cursor   string
-	scope    jetflow.KeyScope
-	runID    string
+	command string
+	args    []string
+	id      string
+	// idGiven: --id was on the command line, even as --id "".
+	idGiven    bool
+	generateID bool
+	timeout    time.Duration
+	workflow   string
+	status     string
+	limit      int
+	cursor     string
+	scope      jetflow.KeyScope
+	runID      string
 }
 
 // serveConfig holds the settings of producer serve.
@@ -59,7 +62,7 @@ var arity = map[string]struct {
 	n        int
 	synopsis string
 }{
-	"start": {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> [--id RUNID]"},
+	"start": {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id"},
 	"get":   {1, "get takes one run ID: producer get <run-id>"},
 	"wait":  {1, "wait takes one run ID: producer wait <run-id>"},
 	"list":  {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
@@ -72,6 +75,7 @@ var arity = map[string]struct {
 // the environment or a config file are ignored by the other commands.
 var commandFlags = map[string][]string{
 	"id":              {"start"},
+	"generate-id":     {"start"},
 	"timeout":         {"wait"},
 	"workflow":        {"list", "reset"},
 	"status":          {"list"},
@@ -90,7 +94,7 @@ var commandFlags = map[string][]string{
 
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
-var invocationFlags = []string{"id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "print-config"}
+var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -114,6 +118,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.String(conf.FileFlag, "", "")
 	fs.BoolVar(&printConfig, "print-config", false, "")
 	fs.StringVar(&c.id, "id", "", "")
+	fs.BoolVar(&c.generateID, "generate-id", false, "")
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
 	fs.StringVar(&c.workflow, "workflow", "", "")
 	fs.StringVar(&c.status, "status", "", "")
@@ -169,6 +174,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	if misplaced != nil {
 		return cli{}, misplaced
 	}
+	c.idGiven = origins["id"].Source == conf.FromFlag
 	if err := c.invocation(scope); err != nil {
 		return cli{}, err
 	}
@@ -277,6 +283,9 @@ func (c *cli) invocation(scope string) error {
 	}, jetflow.RunStatus(c.status)):
 		return fmt.Errorf("invalid value %q for --status: want running, completed, failed or cancelled", c.status)
 	}
+	if c.command == "start" {
+		return c.checkStartID()
+	}
 	if c.command != "reset" {
 		return nil
 	}
@@ -300,6 +309,24 @@ func (c *cli) invocation(scope string) error {
 		return errors.New("reset needs --scope global, workflow or run")
 	default:
 		return fmt.Errorf("invalid value %q for --scope: want global, workflow or run", scope)
+	}
+	return nil
+}
+
+// checkStartID checks start's run ID flags: --id with a run ID, or
+// --generate-id, never both and never neither. An empty --id (a script's
+// unset variable) is an error, not a request for a generated ID, so that
+// retrying the script cannot start a new run each time.
+func (c *cli) checkStartID() error {
+	switch {
+	case c.idGiven && c.generateID:
+		return errors.New("--id and --generate-id exclude each other")
+	case c.generateID:
+		return nil
+	case c.idGiven && c.id == "":
+		return errors.New("--id is empty: give the run ID (your idempotency key), or --generate-id for a new run each time")
+	case !c.idGiven:
+		return errors.New("start needs --id RUNID (your idempotency key, the same on every retry), or --generate-id for a new run each time")
 	}
 	return nil
 }

@@ -1,7 +1,7 @@
 // Command producer starts, reads, lists and resets jetflow runs from the
 // command line, and serves them over HTTP.
 //
-//	producer start <workflow> <json-input> [--id RUNID]
+//	producer start <workflow> <json-input> --id RUNID | --generate-id
 //	producer get <run-id>
 //	producer wait <run-id> [--timeout 60s]
 //	producer list [--workflow W] [--status S] [--limit N] [--cursor C]
@@ -15,7 +15,10 @@
 //
 // The run ID given with --id is the caller's idempotency key: starting the
 // same ID again does not start a second run, it reports the existing one
-// ("existing run ...", exit code 0). The same ID with another input or
+// ("existing run ...", exit code 0). start needs --id or --generate-id (a
+// new run with a generated ID each time); --id "" is an error, so that a
+// script whose ID variable is unset fails instead of starting a run on
+// every retry. The same ID with another input or
 // another workflow is a conflict (exit code 4), and so is a duplicate the
 // workflow's conflict policy rejects. reset forgets a task idempotency key
 // (jetflow.WithIdempotencyKey) so that the next step call with it runs again;
@@ -26,10 +29,10 @@
 // Each setting is read from the command line, else from JETFLOW_<FLAG>
 // (--nats-url from JETFLOW_NATS_URL), else from the YAML file named by
 // --config or JETFLOW_CONFIG (keys are flag names), else its default. The
-// flags of one invocation (--id, --timeout, --workflow, --status, --limit,
-// --cursor, --scope, --run-id, --print-config) are read from the command line
-// only. --print-config prints the effective settings, secrets redacted, and
-// exits.
+// flags of one invocation (--id, --generate-id, --timeout, --workflow,
+// --status, --limit, --cursor, --scope, --run-id, --print-config) are read
+// from the command line only. --print-config prints the effective
+// settings, secrets redacted, and exits.
 //
 // # Serving
 //
@@ -54,6 +57,9 @@
 //	3  no run has that ID
 //	4  conflict: the run ID names a run with another input or workflow, or the
 //	   conflict policy rejected the duplicate
+//	5  unavailable: NATS cannot serve the command now (unreachable,
+//	   reconnecting, JetStream unavailable, no answer in time); retry later,
+//	   start with the same run ID (jetflow.ErrUnavailable)
 package main
 
 import (
@@ -71,6 +77,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
 )
 
@@ -81,12 +88,15 @@ const (
 	exitRunFailed = 2 // wait: the run failed or was cancelled
 	exitNotFound  = 3 // no run has that ID
 	exitConflict  = 4 // idempotency conflict or a rejected duplicate
+	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
+	// retrying later is safe, a start with the same run ID.
+	exitUnavailable = 5
 )
 
 const usage = `Usage: producer [flags] <command> [arguments]
 
 Commands:
-  start <workflow> <json-input> [--id RUNID]
+  start <workflow> <json-input> --id RUNID | --generate-id
         start a run; the same RUNID again finds the existing run
   get <run-id>
         show a run and its committed steps
@@ -116,7 +126,8 @@ Flags (anywhere on the line):
   --print-config         print the effective settings (secrets redacted) and exit
   -h, --help             this text
 
-  start:  --id RUNID             the run ID, your idempotency key (default: generated)
+  start:  --id RUNID             the run ID, your idempotency key (required; "" is an error)
+          --generate-id          instead of --id: a generated run ID, a new run each time
   wait:   --timeout D            how long to wait (default 60s)
   list:   --workflow W           only runs of workflow W
           --status S             only runs in state S: running, completed, failed, cancelled
@@ -135,9 +146,9 @@ Flags (anywhere on the line):
 
 Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
-(or JETFLOW_CONFIG), else its default. --id, --timeout, --workflow, --status,
---limit, --cursor, --scope, --run-id and --print-config are read from the
-command line only.
+(or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
+--workflow, --status, --limit, --cursor, --scope, --run-id and --print-config
+are read from the command line only.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
@@ -145,6 +156,8 @@ Exit codes:
   2  wait: the run failed or was cancelled
   3  run not found
   4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
+  5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
+     time); retry later, start with the same run ID
 `
 
 func main() {
@@ -183,20 +196,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	nc, err := c.nats.Connect("jetflow-producer", nats.Timeout(5*time.Second))
 	if err != nil {
+		err = jetstream.Unavailable(err)
 		fmt.Fprintf(stderr, "error: %v (is a worker or NATS server running?)\n", err)
-		return exitError
+		return exitCode(err)
 	}
 	defer nc.Close()
 	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{})
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
-		return exitError
+		return exitCode(err)
 	}
 
 	out := &printer{w: stdout, json: c.output == "json"}
 	switch c.command {
 	case "start":
-		err = start(ctx, client, out, c.args[0], c.args[1], c.id)
+		err = start(ctx, client, out, c.args[0], c.args[1], c.id, c.generateID)
 	case "get":
 		err = get(ctx, client, out, c.args[0])
 	case "wait":
@@ -232,6 +246,8 @@ func exitCode(err error) int {
 		return exitRunFailed
 	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected):
 		return exitConflict
+	case jetstream.IsTransient(err):
+		return exitUnavailable
 	default:
 		return exitError
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -62,6 +63,8 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 // running) and lookup (a step cached under lookupKey in the workflow scope).
 type testbed struct {
 	url string
+	// srv is the embedded server, for tests that stop and restart it.
+	srv *jetstream.Embedded
 	// lookups counts the runs of lookup's step that were not served from
 	// the task key's cache.
 	lookups atomic.Int64
@@ -103,7 +106,7 @@ func newTestbed(t *testing.T) *testbed {
 		require.NoError(t, w.Stop(ctx))
 	})
 	t.Cleanup(func() { close(release) }) // before Stop: cleanups run last-in first-out
-	tb.url = srv.ClientURL()
+	tb.url, tb.srv = srv.ClientURL(), srv
 	return tb
 }
 
@@ -200,10 +203,30 @@ func TestStartGetWait(t *testing.T) {
 	require.Equal(t, 1, run.Steps[0].Attempt)
 }
 
-func TestStartGeneratesRunID(t *testing.T) {
+// A start needs --id or --generate-id: an empty --id (an unset variable in
+// a script) and no --id at all are errors, every time, and start nothing;
+// --generate-id makes a new run with a generated ID.
+func TestStartRunIDFlags(t *testing.T) {
 	t.Parallel()
 	producer := setup(t)
-	code, out, errOut := producer("start", "greet", `{"name":"bob"}`, "--output", "json")
+	for range 2 { // a retried script: still nothing started
+		code, _, errOut := producer("start", "greet", `{"name":"bob"}`, "--id", "")
+		require.Equal(t, 1, code, errOut)
+		require.Contains(t, errOut, "error: --id is empty")
+		code, _, errOut = producer("start", "greet", `{"name":"bob"}`, "--id=")
+		require.Equal(t, 1, code, errOut)
+		code, _, errOut = producer("start", "greet", `{"name":"bob"}`)
+		require.Equal(t, 1, code, errOut)
+		require.Contains(t, errOut, "error: start needs --id RUNID")
+	}
+	code, _, errOut := producer("start", "greet", `{"name":"bob"}`, "--id", "x-1", "--generate-id")
+	require.Equal(t, 1, code, errOut)
+	require.Contains(t, errOut, "exclude each other")
+	code, out, errOut := producer("list", "--output", "json")
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"runs":[]}`, out, "a refused start stores nothing")
+
+	code, out, errOut = producer("start", "greet", `{"name":"bob"}`, "--generate-id", "--output", "json")
 	require.Equal(t, 0, code, errOut)
 	var res struct {
 		RunID   string `json:"run_id"`
@@ -243,9 +266,9 @@ func TestErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"UnknownWorkflow", []string{"start", "nope", `{}`}, 1, `error: start nope: jetflow: unknown workflow: no worker serves "nope"`},
-		{"InvalidJSON", []string{"start", "greet", `{"name":`}, 1, "error: invalid JSON input: unexpected end of JSON input"},
-		{"UndecodableInput", []string{"start", "greet", `"ada"`}, 1, "cannot unmarshal string into Go value of type main.greeting"},
+		{"UnknownWorkflow", []string{"start", "nope", `{}`, "--id", "u-1"}, 1, `error: start nope: jetflow: unknown workflow: no worker serves "nope"`},
+		{"InvalidJSON", []string{"start", "greet", `{"name":`, "--id", "u-2"}, 1, "error: invalid JSON input: unexpected end of JSON input"},
+		{"UndecodableInput", []string{"start", "greet", `"ada"`, "--id", "u-3"}, 1, "cannot unmarshal string into Go value of type main.greeting"},
 		{"InvalidRunID", []string{"start", "greet", `{}`, "--id", "evt 1"}, 1, "error: start greet: jetflow: invalid run ID"},
 		{"GetNotFound", []string{"get", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
 		{"WaitNotFound", []string{"wait", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
@@ -257,7 +280,7 @@ func TestErrors(t *testing.T) {
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},
 		{"BadOutput", []string{"get", "evt_1", "--output", "yaml"}, 1, `error: invalid value "yaml" for --output`},
 		{"BadFlag", []string{"get", "evt_1", "--verbose"}, 1, "error: flag provided but not defined: -verbose"},
-		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 1, "connect to nats://127.0.0.1:1"},
+		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 5, "connect to nats://127.0.0.1:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -201,11 +201,12 @@ func TestServe(t *testing.T) {
 	}
 }
 
-// TestServeNoNATS: serve fails, with exit code 1, when NATS is not there.
+// TestServeNoNATS: serve fails, with exit code 5 (unavailable: try again
+// later), when NATS is not there.
 func TestServeNoNATS(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := runNoServer(t, map[string]string{"JETFLOW_NATS_URL": "nats://127.0.0.1:1"}, "serve", "--http-addr", "127.0.0.1:0")
-	require.Equal(t, 1, code)
+	require.Equal(t, exitUnavailable, code)
 	require.Empty(t, out)
 	require.Contains(t, errOut, `"level":"error"`)
 	require.Contains(t, errOut, "connect to nats://127.0.0.1:1")

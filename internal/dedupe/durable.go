@@ -89,8 +89,10 @@ func settle(r StartReply) settlement {
 
 // handleDurableStart admits one envelope from the start stream. Unlike a
 // request-reply start, the run ID cannot be generated (a redelivery would
-// start a second run): it is the envelope's run_id, else the message's
-// Nats-Msg-Id; when both are given they must be equal.
+// start a second run): it is the envelope's run_id, else, when the envelope
+// has no run_id field, the message's Nats-Msg-Id; when both are given they
+// must be equal. A run_id that is "" or null is an invalid run ID, whatever
+// the header says.
 func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
@@ -98,10 +100,16 @@ func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Se
 		return errorReply(err)
 	}
 	switch {
-	case sr.RunID == "" && msgID == "":
+	case sr.GenerateRunID:
+		a.observeRefusal("nats")
+		return errorReply(fmt.Errorf("%w: a durable start cannot have its run ID generated (every redelivery would start another run): set run_id or the Nats-Msg-Id header, or use request-reply", state.ErrInvalidRunID))
+	case sr.runIDGiven && sr.RunID == "":
+		a.observeRefusal("nats")
+		return errorReply(fmt.Errorf("%w: run_id is empty or null", state.ErrInvalidRunID))
+	case !sr.runIDGiven && msgID == "":
 		a.observeRefusal("nats")
 		return errorReply(fmt.Errorf("%w: a durable start needs a run ID: set run_id or the Nats-Msg-Id header", state.ErrInvalidRunID))
-	case sr.RunID == "":
+	case !sr.runIDGiven:
 		sr.RunID = msgID
 	case msgID != "" && msgID != sr.RunID:
 		a.observeRefusal("nats")

@@ -37,12 +37,17 @@ var startSeeds = []string{
 	`{"run_id":"k-8","input":{"n":`,
 	`{"run_id":"k-9","input":{"tags":["<&>\u2028"]}}`,
 	`{"run_id":"","input":{}}`,
+	`{"run_id":null,"input":{}}`,
+	`{"generate_run_id":true,"input":{"n":1}}`,
+	`{"generate_run_id":true,"run_id":"k-10"}`,
+	`{"run_id":"k-11","run_id":null}`,
 	`not json`, `[]`, `null`, `{}`, ``, `"x"`,
 }
 
 // FuzzDecodeStartRequest checks the start envelope decoder: it never
 // panics; a rejection wraps one of the typed errors a reply is coded from;
-// an accepted request has a valid run ID (the one sent, or a generated one),
+// an accepted request has a valid run ID (the one sent, or a generated one
+// when the envelope asked for it),
 // a valid workflow name, valid JSON input within MaxInputBytes, and
 // round-trips through the envelope encoding.
 func FuzzDecodeStartRequest(f *testing.F) {
@@ -60,11 +65,13 @@ func FuzzDecodeStartRequest(f *testing.F) {
 		}
 		checkRequest(t, workflow, req)
 		var sent struct {
-			RunID string `json:"run_id"`
+			RunID    *string `json:"run_id"`
+			Generate bool    `json:"generate_run_id"`
 		}
 		require.NoError(t, json.Unmarshal(body, &sent), "accepted envelope %q", body)
-		if sent.RunID != "" {
-			require.Equal(t, sent.RunID, req.RunID, "run ID changed")
+		require.True(t, (sent.RunID != nil) != sent.Generate, "accepted %q: a run ID must be given or asked for", body)
+		if sent.RunID != nil {
+			require.Equal(t, *sent.RunID, req.RunID, "run ID changed")
 		}
 
 		// Round trip: the envelope a client would send for req decodes to
@@ -84,7 +91,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 // an error code.
 func requireTyped(t *testing.T, err error) {
 	t.Helper()
-	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, ErrInvalidPolicy} {
+	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, ErrInvalidPolicy, ErrRunIDRequired} {
 		if errors.Is(err, target) {
 			return
 		}

@@ -20,14 +20,15 @@ import (
 // change without the other.
 
 type schema struct {
-	Properties           map[string]*schema `json:"properties"`
-	Required             []string           `json:"required"`
-	AdditionalProperties *bool              `json:"additionalProperties"`
-	Enum                 []string           `json:"enum"`
-	Pattern              string             `json:"pattern"`
-	MaxLength            int                `json:"maxLength"`
-	Description          string             `json:"description"`
-	Type                 string             `json:"type"`
+	Properties           map[string]*schema         `json:"properties"`
+	Required             []string                   `json:"required"`
+	AdditionalProperties *bool                      `json:"additionalProperties"`
+	Enum                 []string                   `json:"enum"`
+	Pattern              string                     `json:"pattern"`
+	MaxLength            int                        `json:"maxLength"`
+	Description          string                     `json:"description"`
+	Type                 string                     `json:"type"`
+	DependentSchemas     map[string]json.RawMessage `json:"dependentSchemas"`
 }
 
 func loadSchema(t *testing.T, name string) *schema {
@@ -87,6 +88,9 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 	minimal := map[string]any{"run_id": "k-1", "input": 1, "source": "s", "fingerprint": "strict", "policy": map[string]any{}}
 	var required []string
 	for _, name := range names {
+		if name == "run_id" || name == "generate_run_id" {
+			continue // one of the two, or (durable) the Nats-Msg-Id header: below
+		}
 		m := map[string]any{}
 		for k, v := range minimal {
 			if k != name {
@@ -101,6 +105,17 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 	}
 	require.Equal(t, sorted(required), sorted(s.Required), "schema required vs the decoder")
 
+	// run_id or generate_run_id, never both (dependentSchemas), and never
+	// neither on request-reply.
+	require.JSONEq(t, `{"not": {"required": ["run_id"]}}`, string(s.DependentSchemas["generate_run_id"]))
+	for env, ok := range map[string]bool{
+		`{"run_id":"k-1"}`: true, `{"generate_run_id":true}`: true, `{}`: false,
+		`{"run_id":"k-1","generate_run_id":true}`: false, `{"run_id":""}`: false, `{"run_id":null}`: false,
+	} {
+		_, err := DecodeStartRequest("w", []byte(env), Policy{})
+		require.Equal(t, ok, err == nil, "%s: %v", env, err)
+	}
+
 	// run_id: the pattern agrees with ValidateRunID.
 	re := regexp.MustCompile(s.Properties["run_id"].Pattern)
 	for _, id := range []string{"a", "stripe-evt_123", "b64==", strings.Repeat("x", 128), "", strings.Repeat("x", 129), "a.b", "a b", "a*", "é"} {
@@ -111,10 +126,10 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 
 	// fingerprint: the enumeration is what the decoder accepts.
 	for _, fp := range s.Properties["fingerprint"].Enum {
-		_, err := DecodeStartRequest("w", []byte(`{"fingerprint":"`+fp+`"}`), Policy{})
+		_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"`+fp+`"}`), Policy{})
 		require.NoError(t, err, fp)
 	}
-	_, err := DecodeStartRequest("w", []byte(`{"fingerprint":"other"}`), Policy{})
+	_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"other"}`), Policy{})
 	require.Error(t, err)
 
 	// policy: fields and values.

@@ -26,21 +26,31 @@ const AdmitSubjectPrefix = "jetflow.admit."
 // "nats"). It labels the starts metric and changes nothing else.
 const EntryHeader = "Jetflow-Entry"
 
-// ErrRunIDRequired: the workflow requires a caller-chosen run ID and the
-// start named none.
+// ErrRunIDRequired: the start named no run ID and did not ask for a
+// generated one, or asked for one from a workflow that requires a
+// caller-chosen run ID (RequireRunID).
 var ErrRunIDRequired = errors.New("jetflow: run ID required")
 
 // StartRequest is the start envelope any NATS client can send.
 type StartRequest struct {
-	// RunID is the idempotency key; generated when empty.
-	RunID  string          `json:"run_id,omitempty"`
-	Input  json.RawMessage `json:"input"`
-	Source string          `json:"source,omitempty"`
+	// RunID is the idempotency key. It is never filled in for the caller:
+	// absent, a start is refused unless GenerateRunID asks for a generated
+	// one; present but empty or null, it is an invalid run ID.
+	RunID string `json:"run_id,omitempty"`
+	// GenerateRunID asks for a generated run ID (request-reply only): every
+	// such start creates a new run. It excludes RunID.
+	GenerateRunID bool            `json:"generate_run_id,omitempty"`
+	Input         json.RawMessage `json:"input"`
+	Source        string          `json:"source,omitempty"`
 	// Fingerprint is "strict" (default: a duplicate with another input is
 	// a conflict) or "ignore" (it is an ordinary duplicate).
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Policy overrides the workflow's conflict policy for this start.
 	Policy *EnvelopePolicy `json:"policy,omitempty"`
+
+	// runIDGiven records that the envelope had a run_id field (possibly ""
+	// or null), as opposed to none.
+	runIDGiven bool
 }
 
 // StartReply answers a StartRequest: an outcome, or an error.
@@ -79,18 +89,41 @@ const (
 var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, CodeTooLarge,
 	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeInternal}
 
-// DecodeStartRequest parses and validates an envelope. The run ID is
-// generated when absent; the policy defaults to base where the envelope
-// leaves it out.
+// DecodeStartRequest parses and validates a request-reply envelope, as
+// Serve does for a workflow that does not require a run ID: the run ID is
+// run_id, generated only when the envelope says generate_run_id; the policy
+// defaults to base where the envelope leaves it out.
 func DecodeStartRequest(workflow string, b []byte, base Policy) (Request, error) {
 	sr, err := parseStartRequest(b)
 	if err != nil {
 		return Request{}, err
 	}
-	if sr.RunID == "" {
-		sr.RunID = nuid.Next()
+	if err := sr.resolveRunID(workflow, false); err != nil {
+		return Request{}, err
 	}
 	return sr.request(workflow, base)
+}
+
+// resolveRunID settles the run ID of a request-reply envelope. A run_id
+// that is present must be valid: "" and null are invalid run IDs, never a
+// request for a generated one (a script whose ID variable is unset must not
+// start a new run on every retry). An envelope without run_id is refused
+// unless it asks for a generated ID with generate_run_id, which excludes
+// run_id and which a workflow that requires a run ID refuses too.
+func (sr *StartRequest) resolveRunID(workflow string, requireRunID bool) error {
+	switch {
+	case sr.GenerateRunID && sr.runIDGiven:
+		return fmt.Errorf("%w: start envelope: run_id and generate_run_id exclude each other", state.ErrCorrupt)
+	case sr.GenerateRunID && requireRunID:
+		return fmt.Errorf("%w: workflow %s needs a caller-chosen run ID, not a generated one (run_id, or the Idempotency-Key header over HTTP)", ErrRunIDRequired, workflow)
+	case sr.GenerateRunID:
+		sr.RunID = nuid.Next()
+	case sr.runIDGiven && sr.RunID == "":
+		return fmt.Errorf("%w: run_id is empty or null (to have one generated, leave it out and set generate_run_id)", state.ErrInvalidRunID)
+	case !sr.runIDGiven:
+		return fmt.Errorf("%w: the start envelope names no run_id: set run_id to your idempotency key, or generate_run_id to true for a new run each time", ErrRunIDRequired)
+	}
+	return nil
 }
 
 // parseStartRequest reads an envelope's JSON: one object, known fields
@@ -108,6 +141,18 @@ func parseStartRequest(b []byte) (StartRequest, error) {
 	}
 	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) {
 		return StartRequest{}, fmt.Errorf("%w: start envelope is null", state.ErrCorrupt)
+	}
+	// Tell a run_id that is absent from one that is "" or null: the
+	// second is a caller's mistake, not a request.
+	var probe struct {
+		RunID json.RawMessage `json:"run_id"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return StartRequest{}, fmt.Errorf("%w: start envelope: %w", state.ErrCorrupt, err)
+	}
+	sr.runIDGiven = probe.RunID != nil
+	if string(probe.RunID) == "null" {
+		sr.RunID = "" // {"run_id":"a","run_id":null}: the last one counts
 	}
 	return sr, nil
 }
@@ -146,8 +191,8 @@ type Served struct {
 	Policy Policy
 	// Retention is the workflow's run retention (0: the deployment's).
 	Retention time.Duration
-	// RequireRunID refuses request-reply starts that name no run ID
-	// instead of generating one.
+	// RequireRunID refuses request-reply starts that ask for a generated
+	// run ID (generate_run_id).
 	RequireRunID bool
 }
 
@@ -209,8 +254,8 @@ func entryOf(h nats.Header) string {
 	}
 }
 
-// handleStart answers a request-reply start: decode the envelope (a run ID
-// is generated when it names none, unless the workflow requires one), then
+// handleStart answers a request-reply start: decode the envelope and
+// settle its run ID (resolveRunID: generated only on request), then
 // admitEnvelope.
 func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
 	sr, err := parseStartRequest(b)
@@ -218,12 +263,9 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b
 		a.observeRefusal(entry)
 		return errorReply(err)
 	}
-	if sr.RunID == "" {
-		if wf.RequireRunID {
-			a.observeRefusal(entry)
-			return errorReply(fmt.Errorf("%w: workflow %s needs a run ID (run_id, or the Idempotency-Key header over HTTP)", ErrRunIDRequired, workflow))
-		}
-		sr.RunID = nuid.Next()
+	if err := sr.resolveRunID(workflow, wf.RequireRunID); err != nil {
+		a.observeRefusal(entry)
+		return errorReply(err)
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {

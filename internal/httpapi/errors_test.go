@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
@@ -31,10 +32,19 @@ func TestErrorStatuses(t *testing.T) {
 		{jetflow.ErrUnknownWorkflow, 503},
 		{jetflow.ErrInputTooLarge, 413},
 		{jetflow.ErrInvalidInput, 400},
-		{fmt.Errorf("jetflow: start x: %w", context.DeadlineExceeded), 504},
-		{nats.ErrTimeout, 504},
+		{fmt.Errorf("jetflow: start x: %w", context.DeadlineExceeded), 503},
+		{nats.ErrTimeout, 503},
 		{nats.ErrConnectionClosed, 503},
 		{nats.ErrNoServers, 503},
+		{fmt.Errorf("jetflow: write x: %w", nats.ErrReconnectBufExceeded), 503},
+		{nats.ErrConnectionReconnecting, 503},
+		{nats.ErrNoResponders, 503},
+		{natsjs.ErrJetStreamNotEnabled, 503},
+		{natsjs.ErrNoStreamResponse, 503},
+		{&natsjs.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}, 503},
+		{&natsjs.APIError{Code: 500, ErrorCode: 10023, Description: "insufficient resources"}, 503},
+		{jetflow.ErrUnavailable, 503},
+		{&natsjs.APIError{Code: 400, ErrorCode: 10059, Description: "stream not found"}, 500},
 		{errors.New("boom"), 500},
 	} {
 		s, err := New(Config{Backend: &fakeBackend{err: tc.err}, Observe: func(route string, code int, _ time.Duration) {
@@ -78,7 +88,7 @@ func TestPanicIs500(t *testing.T) {
 	s, err := New(Config{Backend: &panicky{}})
 	require.NoError(t, err)
 	srv := newTestServer(t, s)
-	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodPost, "/v1/workflows/wf/runs", nil, `{}`)
+	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodPost, "/v1/workflows/wf/runs", http.Header{HeaderIdempotencyKey: {"p-1"}}, `{}`)
 	require.Equal(t, http.StatusInternalServerError, res.code)
 	require.NotContains(t, string(res.body), "backend bug")
 	res.problem(t)

@@ -21,7 +21,7 @@ const fuzzMaxBody = 256
 // FuzzHTTPStart sends POST /v1/workflows/wf/runs with any Idempotency-Key,
 // Content-Type and body to a server on a fake backend. It must never
 // panic, must answer 201 or a 4xx problem, and must call StartByName
-// exactly when the key (absent, a bare run ID, or a run ID quoted as a
+// exactly when the key (a bare run ID, or a run ID quoted as a
 // structured-field string), the content type (absent or JSON) and the body
 // (empty or JSON, within the limit) are all acceptable, with the body as
 // the input. Seeds: testdata/fuzz/FuzzHTTPStart.
@@ -64,12 +64,13 @@ func FuzzHTTPStart(f *testing.F) {
 	})
 }
 
-// keyAcceptable is the oracle for the Idempotency-Key header: absent, or
-// (around optional spaces and tabs) a valid run ID, bare or in double
-// quotes. Escapes can only produce '"' and '\', which no run ID has.
+// keyAcceptable is the oracle for the Idempotency-Key header: (around
+// optional spaces and tabs) a valid run ID, bare or in double quotes.
+// Escapes can only produce '"' and '\', which no run ID has. Absent is
+// refused: the fuzzed requests do not ask for a generated run ID.
 func keyAcceptable(key string) bool {
 	if key == "" {
-		return true
+		return false
 	}
 	v := strings.Trim(key, " \t")
 	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
@@ -45,7 +46,9 @@ var (
 
 // bundle is one test's embedded NATS server, worker, client and API.
 type bundle struct {
-	t      *testing.T
+	t *testing.T
+	// ns is the embedded NATS server, for tests that stop and restart it.
+	ns     *jetstream.Embedded
 	client *jetflow.Client
 	srv    *httptest.Server
 	// release lets every blocked run finish (idempotent).
@@ -78,6 +81,7 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	b := &bundle{t: t, observedCh: make(chan observation, 256)}
 	ns := testenv.Server(t)
+	b.ns = ns
 	gate := make(chan struct{})
 	var once sync.Once
 	b.release = func() { once.Do(func() { close(gate) }) }

@@ -8,9 +8,8 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
@@ -97,22 +96,21 @@ var errorStatuses = []struct {
 	{webhook.ErrMissingHeader, http.StatusUnauthorized},
 	{webhook.ErrBadSignature, http.StatusUnauthorized},
 	{webhook.ErrStaleTimestamp, http.StatusUnauthorized},
-	{context.DeadlineExceeded, http.StatusGatewayTimeout},
-	{nats.ErrTimeout, http.StatusGatewayTimeout},
-	{nats.ErrConnectionClosed, http.StatusServiceUnavailable},
-	{nats.ErrConnectionDraining, http.StatusServiceUnavailable},
-	{nats.ErrConnectionReconnecting, http.StatusServiceUnavailable},
-	{nats.ErrDisconnected, http.StatusServiceUnavailable},
-	{nats.ErrNoServers, http.StatusServiceUnavailable},
-	{nats.ErrNoResponders, http.StatusServiceUnavailable},
+	// NATS or JetStream cannot serve the request now (down, reconnecting,
+	// a timeout, no leader): 503 with Retry-After, so that the client
+	// retries, a start with the same key. jetstream.IsTransient decides.
+	{jetflow.ErrUnavailable, http.StatusServiceUnavailable},
 }
 
 // errBadRequest is matched by the request errors the handlers find
 // themselves (a bad header, query parameter or body).
 var errBadRequest = errors.New("bad request")
 
-// statusOf is the HTTP status for err.
+// statusOf is the HTTP status for err. A transient NATS error that reached
+// here unmarked (from a Backend other than *jetflow.Client) is classified
+// as jetflow's client does.
 func statusOf(err error) int {
+	err = jetstream.Unavailable(err)
 	for _, e := range errorStatuses {
 		if errors.Is(err, e.err) {
 			return e.status

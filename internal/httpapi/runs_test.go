@@ -222,12 +222,14 @@ func TestListRunsPaging(t *testing.T) {
 	}
 }
 
-// A NATS read that does not finish within the request timeout is 504.
-func TestReadTimeoutIs504(t *testing.T) {
+// A NATS read that does not finish within the request timeout is 503 with
+// Retry-After: try again.
+func TestReadTimeoutIs503(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *Config) { c.RequestTimeout = time.Nanosecond })
 	res := b.do(http.MethodGet, "/v1/runs/any-1", nil, "")
-	require.Equal(t, http.StatusGatewayTimeout, res.code, "body: %s", res.body)
+	require.Equal(t, http.StatusServiceUnavailable, res.code, "body: %s", res.body)
+	require.Equal(t, "1", res.header.Get("Retry-After"))
 	res.problem(t)
 }
 

@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/jetflow/jetflow"
@@ -60,12 +62,27 @@ func runLinks(runID string) RunLinks {
 }
 
 // start is POST /v1/workflows/{name}/runs: the body is the input, the
-// Idempotency-Key header the run ID.
+// Idempotency-Key header the run ID. A request without the header is
+// refused (400, idempotency-key-required) unless it asks for a generated
+// run ID with ?generate_run_id=true: a client whose key variable was unset
+// must not start a new run on every retry.
 func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	key, err := parseIdempotencyKey(r.Header)
 	if err != nil {
 		s.fail(w, r, "", err)
+		return
+	}
+	generate, err := parseGenerate(r.URL.Query())
+	switch {
+	case err != nil:
+		s.fail(w, r, "", err)
+		return
+	case generate && key != "":
+		s.fail(w, r, key, fmt.Errorf("%w: an Idempotency-Key and generate_run_id=true exclude each other", errBadRequest))
+		return
+	case !generate && key == "":
+		s.fail(w, r, "", fmt.Errorf("%w: no Idempotency-Key header: send one that names the intent (the same on every retry), or ?generate_run_id=true for a new run each time", jetflow.ErrRunIDRequired))
 		return
 	}
 	if !isJSON(r.Header.Get("Content-Type")) {
@@ -85,7 +102,9 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts := []jetflow.StartOption{jetflow.WithSource("http"), jetflow.WithEntryPoint(jetflow.EntryHTTP)}
-	if key != "" {
+	if generate {
+		opts = append(opts, jetflow.WithGeneratedRunID())
+	} else {
 		opts = append(opts, jetflow.WithRunID(key))
 	}
 	ctx, cancel := s.requestContext(r)
@@ -106,6 +125,20 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		h.Set(HeaderReplayed, "true")
 	}
 	writeJSON(w, http.StatusCreated, "application/json", Started{RunID: res.RunID, Workflow: workflow, Links: runLinks(res.RunID)})
+}
+
+// parseGenerate reads the generate_run_id query parameter: true asks for a
+// generated run ID; absent is false.
+func parseGenerate(q url.Values) (bool, error) {
+	v := q.Get("generate_run_id")
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: generate_run_id %q: want true or false", errBadRequest, clip(v))
+	}
+	return b, nil
 }
 
 // parseIdempotencyKey returns the run ID that the request's

@@ -57,13 +57,36 @@ func TestStartCreatedThenReplayed(t *testing.T) {
 	require.Equal(t, "http", run.Source)
 }
 
-// Without a key each request creates its own run with a generated ID.
-func TestStartWithoutKeyGeneratesRunID(t *testing.T) {
+// Without a key a start is refused, every time, and stores nothing: a
+// client whose key variable is unset must not start a run per retry. A
+// generated ID is asked for with ?generate_run_id=true, and then each
+// request creates its own run.
+func TestStartWithoutKeyIsRefusedUnlessGenerationIsAsked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	for range 2 {
+		res := b.do(http.MethodPost, "/v1/workflows/echo/runs", nil, "")
+		require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+		p := res.problem(t)
+		require.Equal(t, RunIDRequiredType, p.Type)
+		require.Contains(t, p.Detail, "generate_run_id=true")
+		// A header with an empty value is an invalid key.
+		res = b.do(http.MethodPost, "/v1/workflows/echo/runs", http.Header{HeaderIdempotencyKey: {""}}, "")
+		require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+	}
+	for _, bad := range []string{"?generate_run_id=maybe", "?generate_run_id=false"} {
+		res := b.do(http.MethodPost, "/v1/workflows/echo/runs"+bad, nil, "")
+		require.Equal(t, http.StatusBadRequest, res.code, "%s: %s", bad, res.body)
+	}
+	res := b.do(http.MethodPost, "/v1/workflows/echo/runs?generate_run_id=true", http.Header{HeaderIdempotencyKey: {"both-1"}}, "")
+	require.Equal(t, http.StatusBadRequest, res.code, "key and generate_run_id: %s", res.body)
+	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{})
+	require.NoError(t, err)
+	require.Empty(t, page.Runs, "a refused start stores nothing")
+
 	ids := make(map[string]bool)
 	for range 2 {
-		res := b.do(http.MethodPost, "/v1/workflows/echo/runs", nil, "") // no content type, no body: null
+		res := b.do(http.MethodPost, "/v1/workflows/echo/runs?generate_run_id=true", nil, "") // no content type, no body: null
 		require.Equal(t, http.StatusCreated, res.code, "body: %s", res.body)
 		require.Equal(t, "created", res.header.Get(HeaderOutcome))
 		var s Started
@@ -176,6 +199,11 @@ func TestStartRequiredKeyMissingIs400WithLink(t *testing.T) {
 	require.Equal(t, RunIDRequiredType, p.Type)
 	require.True(t, strings.HasPrefix(p.Type, DocsURL+"#"))
 	require.Equal(t, "<"+RunIDRequiredType+`>; rel="describedby"`, res.header.Get("Link"))
+
+	// Nor does it take a generated ID.
+	res = b.do(http.MethodPost, "/v1/workflows/keyed/runs?generate_run_id=true", nil, `{"n":1}`)
+	require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+	require.Equal(t, RunIDRequiredType, res.problem(t).Type)
 
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "keyed"})
 	require.NoError(t, err)

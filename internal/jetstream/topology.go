@@ -86,6 +86,12 @@ type Topology struct {
 	// MemoryStorage keeps everything in memory (tests and benchmarks of the
 	// broker limit only).
 	MemoryStorage bool
+	// StartMaxAge bounds how long a durable start envelope waits in
+	// JETFLOW_STARTS for a worker that serves its workflow (the stream's
+	// MaxAge; default DefaultStartMaxAge, 7 days). An envelope older than
+	// that is dropped unadmitted, so one published for a workflow no worker
+	// serves (a misspelt name) does not wait forever.
+	StartMaxAge time.Duration
 }
 
 // WithDefaults fills unset fields.
@@ -111,6 +117,8 @@ func (t Topology) Validate() error {
 		return fmt.Errorf("jetflow: topology: DuplicateWindow must be at least 100ms, got %s", t.DuplicateWindow)
 	case t.Retention < time.Second:
 		return fmt.Errorf("jetflow: topology: Retention must be at least 1s, got %s", t.Retention)
+	case t.StartMaxAge < 0 || (t.StartMaxAge > 0 && t.StartMaxAge < t.DuplicateWindow):
+		return fmt.Errorf("jetflow: topology: StartMaxAge must be 0 (the default) or at least DuplicateWindow (%s), got %s", t.DuplicateWindow, t.StartMaxAge)
 	case t.DuplicateWindow > t.Retention:
 		return fmt.Errorf("jetflow: topology: DuplicateWindow (%s) longer than Retention (%s)", t.DuplicateWindow, t.Retention)
 	}
@@ -191,6 +199,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 		// Nats-Msg-Id = run ID: a publisher's retry within the window is
 		// absorbed by the broker; admission decides after it.
 		Duplicates: topo.DuplicateWindow,
+		MaxAge:     topo.startMaxAge(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", StartsStream, err)

@@ -47,6 +47,7 @@ const (
 	NameHTTPRequests        = "jetflow_http_requests_total"
 	NameHTTPDuration        = "jetflow_http_request_duration_seconds"
 	NameRunsStuck           = "jetflow_runs_stuck_total"
+	NameUnservedStarts      = "jetflow_unserved_start_envelopes"
 )
 
 // names is every family in registration order; Names returns a copy.
@@ -54,7 +55,7 @@ var names = []string{
 	NameStarts, NameSuppressed, NameSteps, NameStepDuration, NameRunsFinished,
 	NameRunDuration, NameRedeliveries, NameMaxDeliveries, NameStepsInFlight,
 	NameConsumerPending, NameConsumerAckPending, NameBacklogSampleErrors,
-	NameHTTPRequests, NameHTTPDuration, NameRunsStuck,
+	NameHTTPRequests, NameHTTPDuration, NameRunsStuck, NameUnservedStarts,
 }
 
 // Names lists every metric family name this package exports, in a fixed
@@ -84,6 +85,7 @@ type Metrics struct {
 	httpRequests  *prometheus.CounterVec
 	httpDuration  *prometheus.HistogramVec
 	runsStuck     *prometheus.CounterVec
+	unserved      prometheus.Gauge
 
 	backlog backlogState
 }
@@ -162,12 +164,17 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: NameRunsStuck,
 			Help: "Running runs found with no pending task or timer and dispatched again by the sweeper.",
 		}, []string{"workflow"}),
+		unserved: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: NameUnservedStarts,
+			Help: "Durable start envelopes waiting in JETFLOW_STARTS for workflows that no worker serves (no start consumer), as last sampled.",
+		}),
 	}
 	collectors := []prometheus.Collector{
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
 		m.runsStuck,
+		m.unserved,
 	}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -178,6 +185,16 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// UnservedStarts sets how many durable start envelopes wait for workflows
+// that no worker serves. The workflows themselves are logged, not labels:
+// their names come from any publisher, so they are not bounded.
+func (m *Metrics) UnservedStarts(envelopes uint64) {
+	if m == nil {
+		return
+	}
+	m.unserved.Set(float64(envelopes))
 }
 
 // Start counts one start decision. outcome is one of created, existing,

@@ -61,6 +61,9 @@ func record(t *testing.T, m *metrics.Metrics) {
 	m.HTTP("POST /v1/workflows/{name}/runs", http.StatusConflict, 50*time.Millisecond)
 	m.HTTP("", 42, time.Millisecond)
 
+	m.UnservedStarts(4)
+	m.UnservedStarts(3) // replaces
+
 	ctx := t.Context()
 	require.NoError(t, m.SampleBacklog(ctx, backlogs(
 		metrics.Backlog{Consumer: "tasks-order", Pending: 7, AckPending: 3},
@@ -136,6 +139,7 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameHTTPRequests, labels: map[string]string{"route": "other", "code": "other"}, value: 1},
 		{family: metrics.NameHTTPDuration, labels: map[string]string{"route": "POST /v1/workflows/{name}/runs"}, value: 2, sum: 0.15},
 		{family: metrics.NameHTTPDuration, labels: map[string]string{"route": "other"}, value: 1, sum: 0.001},
+		{family: metrics.NameUnservedStarts, labels: map[string]string{}, value: 3},
 	}
 	// Every series in the output is expected, and every expected one is there.
 	total := 0
@@ -301,6 +305,7 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 		m.RunStuck("order")
 		m.InFlight(1)
 		m.HTTP("GET /v1/runs/{id}", http.StatusOK, time.Second)
+		m.UnservedStarts(1)
 		called := func(context.Context) ([]metrics.Backlog, error) {
 			t.Error("sample called on a nil *Metrics")
 			return nil, nil
