@@ -74,7 +74,10 @@ const (
 
 // settle classifies a reply for the durable path.
 func settle(r StartReply) settlement {
-	if r.Error == nil {
+	if r.Error == nil || errors.Is(r.cause, ErrRetryStart) {
+		// ErrRetryStart: the envelope's start overlapped its run's whole
+		// life (the run was created, ran and expired meanwhile). Admitting
+		// it again would create a second run nobody asked for.
 		return settleAck
 	}
 	switch r.Error.Code {

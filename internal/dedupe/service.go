@@ -63,6 +63,9 @@ type StartReply struct {
 	// AfterExpiry: created over an expired run with the same run ID.
 	AfterExpiry bool        `json:"after_expiry,omitempty"`
 	Error       *ReplyError `json:"error,omitempty"`
+
+	// cause is the admission error behind an internal Error (not sent).
+	cause error
 }
 
 // ReplyError is a typed error in a StartReply.
@@ -296,7 +299,7 @@ func admitEnvelope(ctx context.Context, a *Admitter, wf Served, req Request) Sta
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}
 	}
 	if err != nil {
-		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}}
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}, cause: err}
 	}
 	return StartReply{
 		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
