@@ -24,14 +24,17 @@ var errConfigPrinted = errors.New("configuration printed")
 // --config or JETFLOW_CONFIG, else from its default (package
 // internal/config).
 type config struct {
-	NATS         natsconn.Options
-	DataDir      string
-	Host         string
-	Port         int
-	SyncAlways   bool
-	Replicas     int
-	Concurrency  int
-	AckWait      time.Duration
+	NATS        natsconn.Options
+	DataDir     string
+	Host        string
+	Port        int
+	SyncAlways  bool
+	Replicas    int
+	Concurrency int
+	AckWait     time.Duration
+	// ApplyAckWait makes AckWait the deployment's on existing consumers
+	// (jetflow.WorkerConfig.ApplyAckWait).
+	ApplyAckWait bool
 	DrainTimeout time.Duration
 	// SweepInterval and StuckAfter set the stuck-run sweeper
 	// (jetflow.WorkerConfig).
@@ -84,7 +87,8 @@ func parseConfig(args []string, getenv func(string) string, stderrIsTerminal boo
 	fs.BoolVar(&c.SyncAlways, "sync-always", false, "embedded server: fsync every write (survives an OS crash, much slower)")
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of the engine's streams and buckets: 1, or 3 on a three-node cluster (needs --nats-url)")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "how many steps run at once")
-	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "how long before a crashed worker's step is redelivered")
+	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "how long before a crashed worker's step is redelivered, for consumers this worker creates (an existing consumer keeps the deployment's; see --apply-ack-wait)")
+	fs.BoolVar(&c.ApplyAckWait, "apply-ack-wait", false, "make --ack-wait the deployment's AckWait on existing consumers too (a shorter one is announced to running workers first)")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", time.Minute, "how often to look for stuck runs (running, no pending task or timer); negative disables")
 	fs.DurationVar(&c.StuckAfter, "stuck-after", 0, "how long a run is left alone before the sweeper checks it (0: 5m, or 3 × --ack-wait when that is more)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running steps may take to finish")

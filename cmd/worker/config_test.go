@@ -216,7 +216,7 @@ func TestPrintConfig(t *testing.T) {
 	}
 	require.NotContains(t, printed, "print-config")
 	require.NotContains(t, printed, "\nconfig:")
-	require.Equal(t, 24, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 25, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	// Round trip: the printed file gives the same configuration.
 	again := writeConfig(t, printed)

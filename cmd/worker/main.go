@@ -149,7 +149,7 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger, ready func(endpo
 		return err
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
-		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, Logger: log, Metrics: metrics,
+		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
 		Topology: jetflow.Topology{Replicas: cfg.Replicas},
 	})
