@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
@@ -261,4 +263,68 @@ func TestRetryTimerRunsTheNextAttemptAfterItsBackoff(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
 	require.Equal(t, 3, steps[0].Attempt)
+}
+
+// While a step waits for its retry timer, a task published for it by
+// anyone else — here the start task of a duplicate start after the broker's
+// window, which replays the run and finds the step at the frontier — must
+// not run it early: the timer owns the next attempt.
+func TestRetryTimerIsNotOvertakenByARedispatch(t *testing.T) {
+	t.Parallel()
+	for _, failing := range []string{"first", "second"} {
+		t.Run(failing, func(t *testing.T) {
+			t.Parallel()
+			env := newEnv(t, Topology{DuplicateWindow: 100 * time.Millisecond})
+			const backoff = 3 * time.Second
+			var (
+				mu    sync.Mutex
+				calls []time.Time
+				seen  []int
+			)
+			failed := make(chan struct{}, 4)
+			step := func(name string) func(context.Context) (int, error) {
+				return func(sctx context.Context) (int, error) {
+					if name != failing {
+						return 1, nil
+					}
+					info, _ := StepInfo(sctx)
+					mu.Lock()
+					defer mu.Unlock()
+					calls = append(calls, time.Now())
+					seen = append(seen, info.Attempt)
+					if info.Attempt < 2 {
+						failed <- struct{}{}
+						return 0, RetryAfter(errors.New("not yet"), backoff)
+					}
+					return 1, nil
+				}
+			}
+			wf := NewWorkflow("overtake", func(ctx *Context, _ int) (int, error) {
+				a, err := Step(ctx, "first", step("first"))
+				if err != nil {
+					return 0, err
+				}
+				b, err := Step(ctx, "second", step("second"))
+				return a + b, err
+			})
+			env.worker(WorkerConfig{}, wf)
+			c := env.client()
+			h, err := Start(ctxT(t, 10*time.Second), c, wf, 0, WithRunID("ot-1"))
+			require.NoError(t, err)
+			<-failed
+			// A duplicate start past the broker's window stores a start task
+			// of its own.
+			require.Eventually(t, func() bool {
+				res, err := c.admit.Admit(context.Background(), dedupe.Request{RunID: "ot-1", Workflow: "overtake", Input: json.RawMessage(`0`)})
+				return err == nil && res.Broker == jetstream.Stored
+			}, 10*time.Second, 20*time.Millisecond)
+			out, err := h.Result(ctxT(t, 10*backoff+30*time.Second))
+			require.NoError(t, err)
+			require.Equal(t, 2, out)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, []int{1, 2}, seen, "the step ran before its retry timer")
+			require.GreaterOrEqual(t, calls[1].Sub(calls[0]), backoff)
+		})
+	}
 }

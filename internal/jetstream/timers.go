@@ -2,6 +2,7 @@ package jetstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -48,12 +49,41 @@ func ScheduleTask(ctx context.Context, js natsjs.JetStream, taskSubject, msgID s
 	}
 	rest := strings.TrimPrefix(taskSubject, taskPrefix)
 	msg := &nats.Msg{Subject: timerPrefix + rest, Data: data, Header: nats.Header{}}
-	_, err := js.PublishMsg(ctx, msg, natsjs.WithMsgID(msgID), natsjs.WithExpectStream(TimersStream),
+	ack, err := js.PublishMsg(ctx, msg, natsjs.WithMsgID(msgID), natsjs.WithExpectStream(TimersStream),
 		natsjs.WithScheduleAt(at.UTC()), natsjs.WithScheduleTarget(duePrefix+rest))
 	if err != nil {
 		return fmt.Errorf("jetflow: schedule task %s: %w", taskSubject, err)
 	}
+	if ack.Duplicate {
+		// The same timer (by message ID) was stored before and may have
+		// fired and gone: this one would be dropped silently.
+		return fmt.Errorf("jetflow: schedule task %s: %w", taskSubject, ErrTimerExists)
+	}
 	return nil
+}
+
+// ErrTimerExists: a timer with the same message ID was stored within the
+// broker's duplicate window.
+var ErrTimerExists = errors.New("jetflow: timer already stored")
+
+// HasTimer reports whether the task on taskSubject has a timer waiting in
+// timers, stored or fired but not yet moved into the task stream. It costs
+// one stream-info request with a subject filter.
+func HasTimer(ctx context.Context, timers natsjs.Stream, taskSubject string) (bool, error) {
+	rest, ok := strings.CutPrefix(taskSubject, taskPrefix)
+	if !ok {
+		return false, fmt.Errorf("jetflow: %q is not a task subject", taskSubject)
+	}
+	info, err := timers.Info(ctx, natsjs.WithSubjectFilter("jetflow.*."+rest))
+	if err != nil {
+		return false, fmt.Errorf("jetflow: timers of %s: %w", taskSubject, err)
+	}
+	for _, n := range info.State.Subjects {
+		if n > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // DueTaskSubject is the task subject a due timer on subject stands for.

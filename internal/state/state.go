@@ -180,6 +180,12 @@ type Task struct {
 	// as a timer and published when its backoff has passed, with Attempt
 	// n+1.
 	Attempt int `json:"attempt,omitempty"`
+	// Redispatched marks a task published by anyone but the step's own
+	// path (the task before it committing, or its retry timer): a replay
+	// that found the step at the frontier, or the sweeper. Its receiver
+	// checks, before the step runs, that no retry of the step is waiting
+	// as a timer and which attempt it would be.
+	Redispatched bool `json:"redispatched,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision

@@ -3,9 +3,11 @@ package workflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -55,6 +57,14 @@ type Context struct {
 	// then unwind too, without touching NATS or settling again.
 	suspended bool
 	done      chan *settlement
+}
+
+// taskSubject is the subject of the task being handled.
+func (c *Context) taskSubject() string {
+	if c.task.StepID != "" {
+		return jetstream.TaskSubject(c.run.Workflow, c.run.RunID, c.task.StepID)
+	}
+	return jetstream.TaskSubject(c.run.Workflow, state.RunIdentity(c.run.RunID, c.run.Generation), "")
 }
 
 // runKey identifies this run in the history cache: the run ID and the token
@@ -160,7 +170,15 @@ const (
 	// settleRelease: leave the task to another attempt soon (shutdown,
 	// infrastructure error). Nothing was committed by this attempt.
 	settleRelease
+	// settleDrop: the task is not the one to run its step (errNotThisTask):
+	// acknowledge it, doing nothing.
+	settleDrop
 )
+
+// errNotThisTask: a task that must not run its step: a redispatched task
+// while a retry timer of the step is waiting, or a retry whose attempt
+// already ran.
+var errNotThisTask = errors.New("jetflow: not this task's step to run")
 
 type settlement struct {
 	kind   settleKind

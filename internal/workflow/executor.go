@@ -204,6 +204,9 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		e.settleErr(msg.Ack(), "ack")
 	case settleRetry:
 		e.retry(ctx, log, msg, c.task, s)
+	case settleDrop:
+		log.Info().Err(s.err).Msg("task dropped")
+		e.settleErr(msg.Ack(), "ack")
 	case settleRelease:
 		if s.err != nil {
 			log.Warn().Err(s.err).Msg("task released")
@@ -237,7 +240,11 @@ func (e *Executor) settleErr(err error, what string) {
 // dispatch publishes the task of stepID. A task already pending for that
 // step, or one within the broker's duplicate window, absorbs this one.
 func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
-	b, err := state.Encode(state.StepTask(c.run, c.rev, stepID))
+	t := state.StepTask(c.run, c.rev, stepID)
+	// A task that ran its own step hands over to the next one; any other
+	// (a late redelivery, a duplicate's start task) only found the frontier.
+	t.Redispatched = !c.executed
+	b, err := state.Encode(t)
 	if err != nil {
 		return err
 	}
@@ -271,6 +278,9 @@ func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (state.Ste
 // one another worker committed first if this one lost the race.
 func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPolicy, fn StepFunc, key *keyCall) state.Step {
 	attempt, err := e.beginAttempt(c)
+	if errors.Is(err, errNotThisTask) {
+		c.suspend(&settlement{kind: settleDrop, err: err})
+	}
 	if err != nil {
 		c.suspend(&settlement{kind: settleRelease, err: err})
 	}
@@ -388,14 +398,32 @@ func firstAttempt(t state.Task) int { return max(1, t.Attempt) }
 //     as having run (it may have crashed mid-step), unless that delivery
 //     was handed back unstarted (Release writes the record).
 //   - The first delivery of a retry (a message stored for attempt n > 1)
-//     records n, so that its own redelivery is n+1.
+//     records n, so that its own redelivery is n+1; if attempt n already
+//     started (its failed task was redelivered after a crash), the retry
+//     is not this task's to run (errNotThisTask).
+//   - A redispatched task (Task.Redispatched, or a duplicate's start task)
+//     first checks that no retry timer of the step is waiting — the timer
+//     owns the next attempt, errNotThisTask — and counts on from the
+//     record.
 //
 // Attempts are thus counted per start of the step, not per delivery: a
 // delivery that never ran the step does not use up MaxAttempts.
 func (e *Executor) beginAttempt(c *Context) (int, error) {
 	first := firstAttempt(c.task)
-	if c.delivered <= 1 && first == 1 {
+	stray := c.task.Redispatched || (c.task.StepID == "" && c.task.Token != c.run.Token)
+	if c.delivered <= 1 && first == 1 && !stray {
 		return 1, nil
+	}
+	if stray && c.delivered <= 1 {
+		// Published while no task of the step was pending: the step may
+		// be waiting for a retry timer, which owns its next attempt.
+		waiting, err := jetstream.HasTimer(c.nctx, e.cfg.Assets.Timers, c.taskSubject())
+		if err != nil {
+			return 0, err
+		}
+		if waiting {
+			return 0, fmt.Errorf("%w: a retry of the step waits as a timer", errNotThisTask)
+		}
 	}
 	key := attemptKey(c.task)
 	for {
@@ -412,6 +440,11 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 			started, err := strconv.Atoi(string(v))
 			if err != nil {
 				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
+			}
+			if first > 1 && c.delivered <= 1 && started >= first {
+				// A retry timer's task whose attempt already ran (its
+				// failed task was redelivered after a crash instead).
+				return 0, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
 			}
 			attempt = max(first, started+1)
 		}

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -20,17 +21,22 @@ import (
 const timerMinDelay = 2 * time.Second
 
 // retry settles a task whose step failed and is to run again after s.delay.
-// A long delay is stored as a timer carrying the next attempt number, and
-// only then is the task acknowledged (and the ack confirmed): if the worker
-// dies in between, the task is redelivered and runs early, as after any
-// crash, and the timer's task later only replays the committed step.
+// A long delay is stored as a timer carrying the next attempt number, after
+// the failed attempt is recorded (so that a task redispatched meanwhile
+// counts on from it), and only then is the task acknowledged (and the ack
+// confirmed). If the worker dies in between, the task is redelivered and
+// runs early, as after any crash; the timer's task then finds its attempt
+// already started and is dropped.
 func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, t state.Task, s *settlement) {
 	if s.delay < timerMinDelay {
 		e.settleErr(msg.NakWithDelay(s.delay), "nak")
 		return
 	}
-	t.Attempt = s.attempt + 1
+	t.Attempt, t.Redispatched = s.attempt+1, false
 	b, err := state.Encode(t)
+	if err == nil {
+		err = e.recordAttempt(ctx, attemptKey(t), s.attempt)
+	}
 	if err == nil {
 		err = jetstream.ScheduleTask(ctx, e.cfg.Assets.JS, msg.Subject(), retryMsgID(t), b, e.cfg.Now().Add(s.delay))
 	}
@@ -52,8 +58,11 @@ func retryMsgID(t state.Task) string {
 }
 
 // DueForwarder moves due timers from JETFLOW_TIMERS into the task stream
-// (a consume.Handler). A timer whose task subject already has a pending
-// task is dropped: that task runs the step.
+// (a consume.Handler). While its task subject still holds a task (the
+// failed task whose acknowledgement is in flight, a redispatched task about
+// to give way to the timer, or the failed task redelivered after a crash),
+// the timer is tried again a second later; in the last case its task,
+// once moved, finds its attempt already started and is dropped.
 type DueForwarder struct {
 	JS  natsjs.JetStream
 	Log zerolog.Logger
@@ -77,7 +86,9 @@ func (f *DueForwarder) Handle(ctx context.Context, msg natsjs.Msg) {
 		return
 	}
 	if d == jetstream.PendingSubject {
-		f.Log.Debug().Str("run_id", t.RunID).Str("subject", subject).Msg("due timer dropped: a task for it is pending")
+		f.Log.Debug().Str("run_id", t.RunID).Str("subject", subject).Msg("due timer waits: a task for it is pending")
+		f.settle(msg.NakWithDelay(time.Second))
+		return
 	}
 	f.settle(msg.Ack())
 }
@@ -88,5 +99,26 @@ func (f *DueForwarder) Release(msg natsjs.Msg) error { return msg.Nak() }
 func (f *DueForwarder) settle(err error) {
 	if err != nil {
 		f.Log.Warn().Err(err).Msg("cannot settle due timer")
+	}
+}
+
+// recordAttempt raises the attempt record of key to at least n.
+func (e *Executor) recordAttempt(ctx context.Context, key string, n int) error {
+	for {
+		v, rev, err := e.cfg.Assets.Attempts.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+			_, err = e.cfg.Assets.Attempts.Create(ctx, key, []byte(strconv.Itoa(n)))
+		case err != nil:
+			return err
+		default:
+			if stored, perr := strconv.Atoi(string(v)); perr == nil && stored >= n {
+				return nil
+			}
+			_, err = e.cfg.Assets.Attempts.Update(ctx, key, []byte(strconv.Itoa(n)), rev)
+		}
+		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+			return err
+		}
 	}
 }
