@@ -215,6 +215,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
+	if w.cfg.ApplyAckWait {
+		// Consumers whose AckWait is longer are lowered all together, in
+		// one grace period (see LowerAckWait).
+		if err := assets.LowerAckWait(ctx, consumers, w.cfg.AckWait, w.logConsumer); err != nil {
+			return errors.Join(err, cancels.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+		}
+	}
 	sampling, stopSampling := context.WithCancel(context.Background())
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)

@@ -287,9 +287,9 @@ type ConsumerConfig struct {
 	// it) unless ApplyAckWait is set.
 	AckWait time.Duration
 	// ApplyAckWait makes AckWait the deployment's value on an existing
-	// consumer too: raised at once, lowered in two phases (see
-	// lowerAckWait) so that running workers speed up their heartbeats
-	// before the broker shortens the deadline.
+	// consumer too. ensureConsumer raises it at once; a lower value is left
+	// to LowerAckWait, which running workers follow before the broker
+	// shortens the deadline.
 	ApplyAckWait  bool
 	MaxAckPending int
 	// Log receives a line when an existing consumer's AckWait is kept or
@@ -387,40 +387,77 @@ func (a *Assets) ensureConsumer(ctx context.Context, stream, durable, filter, de
 		}
 		cc.log("consumer AckWait raised", "consumer", durable, "ack_wait", cc.AckWait.String())
 	default:
-		if c, err = a.lowerAckWait(ctx, stream, have, cc); err != nil {
-			return nil, fmt.Errorf("jetflow: consumer %s on %s: lower AckWait: %w", durable, stream, err)
-		}
+		// Lowering waits for running workers: LowerAckWait, once every
+		// consumer of the process is bound.
 	}
 	return c, nil
 }
 
-// lowerAckWait lowers a consumer's AckWait in two phases. First it
-// announces the new value in the consumer's metadata, which every worker
-// re-reads within AckWaitRefresh and heartbeats against at once; after
-// twice that, plus one heartbeat period of the old value, no running task
-// is still paced for the old deadline, and the AckWait itself is lowered.
-func (a *Assets) lowerAckWait(ctx context.Context, stream string, have natsjs.ConsumerConfig, cc ConsumerConfig) (natsjs.Consumer, error) {
-	old := have.AckWait
-	meta := make(map[string]string, len(have.Metadata)+1)
-	for k, v := range have.Metadata {
-		meta[k] = v
+// LowerAckWait makes to the AckWait of every consumer in consumers whose
+// AckWait is longer, in two phases, so that no task running on another
+// worker is redelivered for it. First it announces to in each consumer's
+// metadata; every worker re-reads it within AckWaitRefresh and heartbeats
+// against the lower value from then on. After twice the longest re-read
+// period plus a heartbeat period of the longest old value, no running task
+// is paced for an old deadline any more, and the AckWait itself is lowered
+// — on each consumer whose announcement is still this one (another process
+// may have changed the consumer meanwhile; it is then left as it is). A
+// repeat call finds nothing to lower.
+func (a *Assets) LowerAckWait(ctx context.Context, consumers []natsjs.Consumer, to time.Duration, log func(msg string, kv ...any)) error {
+	var (
+		announced []natsjs.Consumer
+		grace     time.Duration
+	)
+	for _, c := range consumers {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("jetflow: lower AckWait: %w", err)
+		}
+		cfg := info.Config
+		if cfg.AckWait <= to && cfg.Metadata[LoweringMetadata] == "" {
+			continue
+		}
+		meta := make(map[string]string, len(cfg.Metadata)+1)
+		for k, v := range cfg.Metadata {
+			meta[k] = v
+		}
+		meta[LoweringMetadata] = to.String()
+		cfg.Metadata = meta
+		if _, err := a.JS.UpdateConsumer(ctx, info.Stream, cfg); err != nil {
+			return fmt.Errorf("jetflow: consumer %s: announce AckWait %s: %w", info.Name, to, err)
+		}
+		announced = append(announced, c)
+		grace = max(grace, 2*AckWaitRefresh(info.Config.AckWait)+info.Config.AckWait/3)
 	}
-	meta[LoweringMetadata] = cc.AckWait.String()
-	have.Metadata = meta
-	if _, err := a.JS.UpdateConsumer(ctx, stream, have); err != nil {
-		return nil, err
+	if len(announced) == 0 {
+		return nil
 	}
-	grace := 2*AckWaitRefresh(old) + old/3
-	cc.log("lowering consumer AckWait: announced, waiting for workers to follow",
-		"consumer", have.Durable, "ack_wait", cc.AckWait.String(), "was", old.String(), "grace", grace.String())
+	log("lowering AckWait: announced, waiting for workers to follow",
+		"consumers", len(announced), "ack_wait", to.String(), "grace", grace.String())
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return fmt.Errorf("jetflow: lower AckWait (announced, not applied): %w", ctx.Err())
 	case <-time.After(grace):
 	}
-	have.AckWait = cc.AckWait
-	delete(have.Metadata, LoweringMetadata)
-	return a.JS.UpdateConsumer(ctx, stream, have)
+	for _, c := range announced {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("jetflow: lower AckWait: %w", err)
+		}
+		cfg := info.Config
+		if cfg.Metadata[LoweringMetadata] != to.String() {
+			log("consumer changed while its AckWait was being lowered; left as it is",
+				"consumer", info.Name, "ack_wait", cfg.AckWait.String())
+			continue
+		}
+		cfg.AckWait = to
+		delete(cfg.Metadata, LoweringMetadata)
+		if _, err := a.JS.UpdateConsumer(ctx, info.Stream, cfg); err != nil {
+			return fmt.Errorf("jetflow: consumer %s: lower AckWait to %s: %w", info.Name, to, err)
+		}
+	}
+	log("AckWait lowered", "consumers", len(announced), "ack_wait", to.String())
+	return nil
 }
 
 func (cc ConsumerConfig) log(msg string, kv ...any) {
