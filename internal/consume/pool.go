@@ -134,6 +134,10 @@ func (p *Pool) pull(s *source) {
 		case <-p.quit:
 			return
 		}
+		if p.stopping.Load() { // both were ready: never pull after Stop began
+			<-s.own
+			return
+		}
 		n := 1
 	more:
 		for n < cap(s.own) {
@@ -182,18 +186,14 @@ func (p *Pool) receive(s *source, batch natsjs.MessageBatch, err error, slots in
 // on, while it waits for a slot and while its handler runs. It gives back
 // the message's slot of s when the handler returns.
 func (p *Pool) start(s *source, msg natsjs.Msg) {
+	stopBeat := p.heartbeat(s, msg)
 	if p.stopping.Load() {
+		// Handed back under heartbeat too: Release records the unstarted
+		// attempt first, which may take a while if NATS is slow.
 		p.release(msg, s.h)
+		stopBeat()
 		<-s.own
 		return
-	}
-	stopBeat := func() {}
-	if !p.noHeartbeat {
-		stopBeat = heartbeat(s.beatEvery, func() {
-			if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
-				p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend ack deadline")
-			}
-		})
 	}
 	p.handlers.Add(1)
 	go func() {
@@ -215,6 +215,19 @@ func (p *Pool) start(s *source, msg natsjs.Msg) {
 		defer p.inFlight.Add(-1)
 		s.h.Handle(p.hard, msg)
 	}()
+}
+
+// heartbeat extends msg's ack deadline every third of s's current AckWait
+// until the returned stop is called.
+func (p *Pool) heartbeat(s *source, msg natsjs.Msg) (stop func()) {
+	if p.noHeartbeat {
+		return func() {}
+	}
+	return heartbeat(s.beatEvery, func() {
+		if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
+			p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend ack deadline")
+		}
+	})
 }
 
 // follow re-reads the consumers' AckWait, each every
