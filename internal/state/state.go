@@ -47,6 +47,10 @@ type ErrorInfo struct {
 	// that the workflow did not handle, "workflow" for an error the workflow
 	// returned, "input" when the input could not be decoded, "panic".
 	Kind string `json:"kind,omitempty"`
+	// Code is the error's own code, when the error that failed the step or
+	// the workflow carried one (an ErrorCode() string method): what a
+	// workflow or a caller branches on, e.g. "card_declined".
+	Code string `json:"code,omitempty"`
 }
 
 // Run is the run record, stored under the run ID in the runs bucket. It is

@@ -142,7 +142,7 @@ func stepResult(rec state.Step) (json.RawMessage, error) {
 	if rec.Error != nil {
 		return nil, &StepError{
 			RunID: rec.RunID, StepID: rec.StepID, StepName: rec.Name,
-			Attempts: rec.Attempt, Fatal: rec.Error.Fatal, Message: rec.Error.Message,
+			Attempts: rec.Attempt, Fatal: rec.Error.Fatal, Code: rec.Error.Code, Message: rec.Error.Message,
 		}
 	}
 	return rec.Output, nil

@@ -24,7 +24,10 @@ type StepError struct {
 	// Attempts is the attempt on which the failure was committed.
 	Attempts int
 	// Fatal is true when the step returned a fatal error (no retries).
-	Fatal   bool
+	Fatal bool
+	// Code is the code of the error the step failed with, when it carried
+	// one (see errorCode); empty otherwise.
+	Code    string
 	Message string
 }
 
@@ -38,6 +41,42 @@ func (e *StepError) Error() string {
 
 // Is makes errors.Is(err, ErrStepFailed) true.
 func (e *StepError) Is(target error) bool { return target == ErrStepFailed }
+
+// Unwrap returns the step's committed failure as an error with its code,
+// so errors.As and errors.Is reach a coded error the workflow matches on.
+func (e *StepError) Unwrap() error {
+	if e.Code == "" {
+		return nil
+	}
+	return &CodedError{Code: e.Code, Message: e.Message}
+}
+
+// CodedError is an error with a code a workflow or caller branches on. A
+// step function returns one (or any error with an ErrorCode() string
+// method); the code is committed with the step's failure and survives
+// replay, which the error value itself does not.
+type CodedError struct {
+	Code    string
+	Message string
+}
+
+func (e *CodedError) Error() string { return e.Code + ": " + e.Message }
+
+// ErrorCode returns e.Code.
+func (e *CodedError) ErrorCode() string { return e.Code }
+
+// codedError is implemented by errors that carry a code.
+type codedError interface{ ErrorCode() string }
+
+// errorCode returns the code of the first error in err's chain that has
+// one, or "".
+func errorCode(err error) string {
+	var c codedError
+	if errors.As(err, &c) {
+		return c.ErrorCode()
+	}
+	return ""
+}
 
 // fatalError is implemented by errors that must not be retried.
 type fatalError interface{ Fatal() bool }

@@ -311,7 +311,7 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 			// The worker is stopping: this attempt did not finish.
 			c.suspend(&settlement{kind: settleRelease, err: err})
 		case isFatal(err):
-			rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step"}
+			rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step", Code: errorCode(err)}
 			result = metrics.StepFatal
 		case attempt < policy.MaxAttempts:
 			delay, ok := retryAfter(err)
@@ -323,7 +323,7 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 			e.observeStep(c.run.Workflow, name, metrics.StepRetried, start)
 			c.suspend(&settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err})
 		default:
-			rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step"}
+			rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
 			result = metrics.StepFailed
 		}
 	}
@@ -600,8 +600,8 @@ func errorInfo(s *settlement) *state.ErrorInfo {
 	case errors.Is(s.err, ErrInput):
 		return &state.ErrorInfo{Message: s.err.Error(), Kind: "input", Fatal: true}
 	case errors.As(s.err, &se):
-		return &state.ErrorInfo{Message: s.err.Error(), Kind: "step", Fatal: se.Fatal}
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "step", Fatal: se.Fatal, Code: errorCode(s.err)}
 	default:
-		return &state.ErrorInfo{Message: s.err.Error(), Kind: "workflow", Fatal: isFatal(s.err)}
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "workflow", Fatal: isFatal(s.err), Code: errorCode(s.err)}
 	}
 }
