@@ -13,14 +13,10 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
-
-// Topology is the deployment setting of the engine's streams and buckets
-// (replicas, the broker's duplicate window, retention). Every process of a
-// deployment must use the same value.
-type Topology = jetstream.Topology
 
 // Outcome says what a start did.
 type Outcome string
@@ -88,7 +84,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	assets, err := jetstream.Provision(ctx, nc, cfg.Topology, jetstream.Ensure)
+	assets, err := jetstream.Provision(ctx, nc, cfg.Topology.toInternal(), jetstream.Ensure)
 	if err != nil {
 		return nil, err
 	}
@@ -113,44 +109,11 @@ type startOptions struct {
 	source      string
 	ignoreInput bool
 	policy      *ConflictPolicy
-	entry       EntryPoint
-}
-
-// EntryPoint says through which interface a start reached jetflow. It
-// labels the starts metric; it changes nothing else.
-type EntryPoint string
-
-// Entry points.
-const (
-	EntrySDK     EntryPoint = "sdk"     // Start, from Go
-	EntryNATS    EntryPoint = "nats"    // a NATS envelope (StartByName, request-reply, the durable start subject)
-	EntryHTTP    EntryPoint = "http"    // producer serve's POST /v1/workflows/{name}/runs
-	EntryWebhook EntryPoint = "webhook" // producer serve's POST /v1/webhooks/{source}
-)
-
-// WithEntryPoint tells StartByName which interface the start came in
-// through, for gateways that forward starts (the HTTP API does). Without
-// it a StartByName start counts as EntryNATS.
-func WithEntryPoint(e EntryPoint) StartOption { return func(o *startOptions) { o.entry = e } }
-
-// FingerprintMode decides what a duplicate start with another input gets.
-type FingerprintMode int
-
-const (
-	// FingerprintStrict (the default): a start whose run ID exists with
-	// another input is ErrIdempotencyConflict, as an Idempotency-Key reused
-	// with another payload is.
-	FingerprintStrict FingerprintMode = iota
-	// FingerprintIgnore: it is an ordinary duplicate; the stored input is
-	// kept. A start of another workflow is a conflict in both modes.
-	FingerprintIgnore
-)
-
-// WithFingerprintMode sets how this start treats an existing run with
-// another input. Inputs are compared as JSON values: key order and white
-// space do not matter, numbers are compared as written.
-func WithFingerprintMode(m FingerprintMode) StartOption {
-	return func(o *startOptions) { o.ignoreInput = m == FingerprintIgnore }
+	// entry labels the starts metric: the entry point ctx names (a
+	// gateway's; see internal/entry), "" for the default.
+	entry entry.Point
+	// err is the first option that was invalid.
+	err error
 }
 
 // WithRunID sets the run ID: the caller's idempotency key, such as
@@ -187,12 +150,15 @@ func (o startOptions) checkRunID(workflow string, requireRunID bool) error {
 // WithSource overrides the client name recorded in the audit for this start.
 func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
 
-func (c *Client) startOpts(opts []StartOption) startOptions {
-	o := startOptions{source: c.cfg.Name}
+func (c *Client) startOpts(ctx context.Context, opts []StartOption) (startOptions, error) {
+	o := startOptions{source: c.cfg.Name, entry: entry.From(ctx)}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return o
+	if o.err == nil && o.policy != nil {
+		_, o.err = o.policy.toInternal()
+	}
+	return o, o.err
 }
 
 // Handle is the result of a start: which run, and what the start did.
@@ -232,7 +198,10 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode input of %s: %w", ErrInvalidInput, wf.Name(), err)
 	}
-	o := c.startOpts(opts)
+	o, err := c.startOpts(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
 	if err := o.checkRunID(wf.Name(), wf.requireRunID); err != nil {
 		return nil, err
 	}
@@ -243,13 +212,17 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	if o.policy != nil {
 		policy = *o.policy
 	}
+	ipolicy, err := policy.toInternal()
+	if err != nil {
+		return nil, err
+	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
-		IgnoreInput: o.ignoreInput, Policy: policy.internal(), Retention: wf.retention,
+		IgnoreInput: o.ignoreInput, Policy: ipolicy, Retention: wf.retention,
 		Entry: string(o.entry),
 	})
 	if err != nil {
-		return nil, err
+		return nil, admitError(err)
 	}
 	return &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
@@ -308,7 +281,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateName(name); err != nil {
 		return StartResult{}, err
 	}
-	o := c.startOpts(opts)
+	o, err := c.startOpts(ctx, opts)
+	if err != nil {
+		return StartResult{}, err
+	}
 	// A generated ID is the worker's to make, and to refuse (RequireRunID).
 	if err := o.checkRunID(name, false); err != nil {
 		return StartResult{}, err
@@ -327,7 +303,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		sr.Fingerprint = "ignore"
 	}
 	if o.policy != nil {
-		p := o.policy.envelope()
+		p, err := o.policy.envelope()
+		if err != nil {
+			return StartResult{}, err
+		}
 		sr.Policy = &p
 	}
 	body, err := state.Encode(sr)
@@ -481,7 +460,7 @@ func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
 		run.RecentDuplicates = append(run.RecentDuplicates, toAttempt(e))
 	}
 	if r.Error != nil {
-		run.Error = &RunError{RunID: r.RunID, Status: run.Status, Kind: r.Error.Kind, Message: r.Error.Message}
+		run.Error = runErrorFrom(r.RunID, run.Status, r.Error)
 	}
 	return run, nil
 }
@@ -599,13 +578,6 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	return out, nil
 }
 
-// ErrRunEnded: the run has already completed or failed.
-var ErrRunEnded = errors.New("jetflow: run already ended")
-
-// CancelSubjectPrefix is where Cancel tells workers a run was cancelled:
-// jetflow.cancel.<run-id>, with the run's token as the body.
-const CancelSubjectPrefix = "jetflow.cancel."
-
 // Cancel cancels a running run: its record becomes cancelled at once (a
 // final state that no later completion overwrites; Result reports a
 // *RunError with Status cancelled), and workers are told to drop the run's
@@ -657,7 +629,7 @@ func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
 		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
 		// Best effort: a worker that misses it still cannot change the
 		// outcome (the record is final).
-		if err := c.nc.Publish(CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
+		if err := c.nc.Publish(jetstream.CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
 			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
 		}
 		if err := c.nc.FlushWithContext(ctx); err != nil {

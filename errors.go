@@ -70,27 +70,175 @@ var (
 	// the first attempt either created the run, and the retry finds it, or
 	// it did not, and the retry creates it.
 	ErrUnavailable = jetstream.ErrUnavailable
+	// ErrRunEnded: the run has already completed or failed.
+	ErrRunEnded = errors.New("jetflow: run already ended")
+	// ErrInvalidListOptions: a ListOptions field is out of range.
+	ErrInvalidListOptions = errors.New("jetflow: invalid list options")
+	// ErrInvalidKey: a task key option is not acceptable: an empty key, a
+	// key longer than MaxTaskKeyLen bytes, a TTL or lease under one second,
+	// an unknown scope, key options without WithTaskKey, or (ResetTaskKey)
+	// a scope ID that does not fit the scope. Step returns it to the
+	// workflow without running anything.
+	ErrInvalidKey = state.ErrInvalidTaskKey
 )
 
-// ConflictError says which part of a start differed from the existing run
-// with its run ID.
-type ConflictError = dedupe.ConflictError
+// ConflictError is a start whose run ID names an existing run that it does
+// not match; it says which part differed. The existing run is not changed.
+// It matches ErrIdempotencyConflict.
+type ConflictError struct {
+	// RunID is the start's run ID.
+	RunID string
+	// Field is what differs: "workflow" or "input".
+	Field string
+	// Stored is the existing run's value of Field (for the input, a short
+	// prefix of its fingerprint).
+	Stored string
+	// Requested is the start's value of Field.
+	Requested string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
+		e.RunID, e.Field, e.Stored, e.Requested)
+}
+
+// Is makes errors.Is(err, ErrIdempotencyConflict) true.
+func (e *ConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }
+
+// conflictErrorFrom is the public form of the admitter's conflict.
+func conflictErrorFrom(e *dedupe.ConflictError) *ConflictError {
+	return &ConflictError{RunID: e.RunID, Field: e.Field, Stored: e.Stored, Requested: e.Requested}
+}
+
+// admitError turns the admitter's typed refusals into the public
+// *ConflictError and *RejectedError; other errors are returned as they are.
+func admitError(err error) error {
+	var ce *dedupe.ConflictError
+	if errors.As(err, &ce) {
+		return conflictErrorFrom(ce)
+	}
+	var re *dedupe.RejectedError
+	if errors.As(err, &re) {
+		return rejectedErrorFrom(re)
+	}
+	return err
+}
 
 // StepError is a step's final failure as the workflow sees it: it returned a
 // fatal error or ran out of attempts. The failure is committed, so every
-// replay of the run returns the same StepError; the workflow can handle it or
-// return it (which fails the run).
-type StepError = workflow.StepError
+// replay of the run returns the same StepError, with the same Code; the
+// workflow can handle it (branch on Code, compensate) or return it, which
+// fails the run. It matches ErrStepFailed, and when the step failed with a
+// coded error (ErrorWithCode), errors.As reaches a *CodedError with the code.
+type StepError struct {
+	// RunID is the run the step belongs to.
+	RunID string
+	// StepID is the step's deterministic ID (see StepDetails).
+	StepID string
+	// StepName is the name the workflow called the step with.
+	StepName string
+	// Attempts is the attempt on which the failure was committed.
+	Attempts int
+	// Fatal is true when the step returned a fatal error (Fatal): it was
+	// not retried.
+	Fatal bool
+	// Code is the code of the error the step failed with (ErrorWithCode, or
+	// any error in its chain with an ErrorCode() string method); empty when
+	// it had none.
+	Code string
+	// Message is the text of the error the step failed with.
+	Message string
+}
+
+func (e *StepError) Error() string {
+	kind := "failed"
+	if e.Fatal {
+		kind = "failed fatally"
+	}
+	return fmt.Sprintf("jetflow: step %s (%s) %s after %d attempt(s): %s", e.StepName, e.StepID, kind, e.Attempts, e.Message)
+}
+
+// Is makes errors.Is(err, ErrStepFailed) true.
+func (e *StepError) Is(target error) bool { return target == ErrStepFailed }
+
+// Unwrap returns the committed failure as a *CodedError when it has a
+// code (nil otherwise), so that errors.As finds the code after a replay,
+// where the step's original error value no longer exists.
+func (e *StepError) Unwrap() error {
+	if e.Code == "" {
+		return nil
+	}
+	return &CodedError{Code: e.Code, Err: errors.New(e.Message)}
+}
+
+// As lets the engine recognise a step failure that a workflow returns: a
+// run whose workflow returns a *StepError (wrapped or not) fails with Kind
+// "step" and the step's Code. It matches no target of the public API
+// (errors.As with a **StepError target finds e itself).
+func (e *StepError) As(target any) bool {
+	t, ok := target.(**workflow.StepError)
+	if ok {
+		*t = e.toInternal()
+	}
+	return ok
+}
+
+// stepErrorFrom is the public form of a committed step failure.
+func stepErrorFrom(e *workflow.StepError) *StepError {
+	return &StepError{
+		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
+		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
+	}
+}
+
+// toInternal is the engine's form of e.
+func (e *StepError) toInternal() *workflow.StepError {
+	return &workflow.StepError{
+		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
+		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
+	}
+}
+
+// CodedError is an error with a code that a workflow or a caller branches
+// on, such as "card_declined". A step fails with one through ErrorWithCode;
+// the code is committed with the step's failure and survives replay (which
+// the error value itself does not): the workflow reads it as StepError.Code
+// and the caller as RunError.Code. Any error with an ErrorCode() string
+// method carries a code the same way.
+type CodedError struct {
+	// Code is the error's code. Keep it stable: workflows branch on it
+	// across deploys.
+	Code string
+	// Err is the error itself. On the *CodedError a StepError or RunError
+	// unwraps to, it carries only the committed message.
+	Err error
+}
+
+// ErrorWithCode returns err with code attached (a *CodedError). It
+// combines with Fatal, RetryAfter and Retryable in either order, for
+// example Fatal(ErrorWithCode("card_declined", err)).
+func ErrorWithCode(code string, err error) error { return &CodedError{Code: code, Err: err} }
+
+func (e *CodedError) Error() string { return e.Code + ": " + errString(e.Err) }
+func (e *CodedError) Unwrap() error { return e.Err }
+
+// ErrorCode returns e.Code.
+func (e *CodedError) ErrorCode() string { return e.Code }
 
 // RunError is how a run that did not complete is reported to the caller
-// waiting for its result.
+// waiting for its result. It matches ErrRunFailed, and when it has a Code,
+// errors.As reaches a *CodedError with it.
 type RunError struct {
 	RunID  string
 	Status RunStatus
 	// Kind is "workflow" (the workflow returned an error), "step" (a step's
 	// final failure was returned by the workflow), "input" (undecodable
 	// input) or "panic".
-	Kind    string
+	Kind string
+	// Code is the code of the error the run failed with: that of the
+	// failed step (StepError.Code) or of the workflow's own error
+	// (ErrorWithCode); empty when it had none.
+	Code    string
 	Message string
 }
 
@@ -100,6 +248,20 @@ func (e *RunError) Error() string {
 
 // Is makes errors.Is(err, ErrRunFailed) true.
 func (e *RunError) Is(target error) bool { return target == ErrRunFailed }
+
+// Unwrap returns the run's failure as a *CodedError when it has a code
+// (nil otherwise).
+func (e *RunError) Unwrap() error {
+	if e.Code == "" {
+		return nil
+	}
+	return &CodedError{Code: e.Code, Err: errors.New(e.Message)}
+}
+
+// runErrorFrom is the public form of a run's stored error.
+func runErrorFrom(runID string, status RunStatus, e *state.ErrorInfo) *RunError {
+	return &RunError{RunID: runID, Status: status, Kind: e.Kind, Code: e.Code, Message: e.Message}
+}
 
 // Retryable wraps err to be retried with the step's backoff. Plain errors
 // are retryable too; use Retryable with RetryAfter to ask for a delay.

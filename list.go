@@ -31,9 +31,6 @@ const (
 	MaxListLimit     = 500
 )
 
-// ErrInvalidListOptions: a ListOptions field is out of range.
-var ErrInvalidListOptions = errors.New("jetflow: invalid list options")
-
 // RunPage is one page of ListRuns.
 type RunPage struct {
 	// Runs in run ID order.

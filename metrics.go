@@ -1,8 +1,6 @@
 package jetflow
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetflow/jetflow/internal/metrics"
@@ -40,11 +38,4 @@ func (m *Metrics) internal() *metrics.Metrics {
 		return nil
 	}
 	return m.m
-}
-
-// ObserveHTTP records one request of an HTTP API that serves jetflow
-// (producer serve does): route is the route pattern, never the raw path,
-// so that labels stay bounded. A nil *Metrics records nothing.
-func (m *Metrics) ObserveHTTP(route string, code int, d time.Duration) {
-	m.internal().HTTP(route, code, d)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
 
@@ -157,8 +158,9 @@ func TestMetricsCountOneRun(t *testing.T) {
 }
 
 // TestMetricsEntryPoints: starts are counted by the interface they came in
-// through; a gateway's WithEntryPoint labels them, and a start refused
-// before admission is counted as an error.
+// through; a gateway's entry point (entry.With on the start's context)
+// labels them, and a start refused before admission is counted as an
+// error.
 func TestMetricsEntryPoints(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -170,12 +172,12 @@ func TestMetricsEntryPoints(t *testing.T) {
 	c := env.client() // no metrics: the worker admits StartByName starts
 	ctx := ctxT(t, 30*time.Second)
 
-	for i, e := range []EntryPoint{"", EntryHTTP, EntryWebhook} {
-		opts := []StartOption{WithRunID(fmt.Sprintf("entry-%d", i))}
+	for i, e := range []entry.Point{"", entry.HTTP, entry.Webhook} {
+		sctx := ctx
 		if e != "" {
-			opts = append(opts, WithEntryPoint(e))
+			sctx = entry.With(ctx, e)
 		}
-		res, err := c.StartByName(ctx, "entries", json.RawMessage(`1`), opts...)
+		res, err := c.StartByName(sctx, "entries", json.RawMessage(`1`), WithRunID(fmt.Sprintf("entry-%d", i)))
 		require.NoError(t, err)
 		require.Equal(t, OutcomeCreated, res.Outcome)
 	}

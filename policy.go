@@ -1,6 +1,7 @@
 package jetflow
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
@@ -43,20 +44,96 @@ const (
 	StartNew
 )
 
-func (p ConflictPolicy) internal() dedupe.Policy {
-	return dedupe.Policy{
-		Running:   dedupe.OnRunning(p.WhileRunning),
-		Completed: dedupe.OnEnded(p.AfterCompleted),
-		Failed:    dedupe.OnEnded(p.AfterFailed),
+// toInternal is the admitter's form of p, or ErrInvalidConflictPolicy
+// for a field outside its constants.
+func (p ConflictPolicy) toInternal() (dedupe.Policy, error) {
+	running, err := p.WhileRunning.toInternal()
+	if err != nil {
+		return dedupe.Policy{}, err
 	}
+	completed, err := p.AfterCompleted.toInternal()
+	if err != nil {
+		return dedupe.Policy{}, fmt.Errorf("AfterCompleted: %w", err)
+	}
+	failed, err := p.AfterFailed.toInternal()
+	if err != nil {
+		return dedupe.Policy{}, fmt.Errorf("AfterFailed: %w", err)
+	}
+	return dedupe.Policy{Running: running, Completed: completed, Failed: failed}, nil
 }
 
-func (p ConflictPolicy) envelope() dedupe.EnvelopePolicy {
-	return dedupe.EnvelopeFromPolicy(p.internal())
+// conflictPolicyFrom is the public form of an admitter's policy.
+func conflictPolicyFrom(p dedupe.Policy) (ConflictPolicy, error) {
+	running, err := whileRunningFrom(p.Running)
+	if err != nil {
+		return ConflictPolicy{}, err
+	}
+	completed, err := afterEndedFrom(p.Completed)
+	if err != nil {
+		return ConflictPolicy{}, err
+	}
+	failed, err := afterEndedFrom(p.Failed)
+	if err != nil {
+		return ConflictPolicy{}, err
+	}
+	return ConflictPolicy{WhileRunning: running, AfterCompleted: completed, AfterFailed: failed}, nil
+}
+
+func (p ConflictPolicy) envelope() (dedupe.EnvelopePolicy, error) {
+	ip, err := p.toInternal()
+	if err != nil {
+		return dedupe.EnvelopePolicy{}, err
+	}
+	return dedupe.EnvelopeFromPolicy(ip), nil
+}
+
+func (w WhileRunning) toInternal() (dedupe.OnRunning, error) {
+	switch w {
+	case Attach:
+		return dedupe.Attach, nil
+	case RejectWhileRunning:
+		return dedupe.RejectRunning, nil
+	}
+	return 0, fmt.Errorf("%w: WhileRunning(%d)", ErrInvalidConflictPolicy, int(w))
+}
+
+func whileRunningFrom(r dedupe.OnRunning) (WhileRunning, error) {
+	switch r {
+	case dedupe.Attach:
+		return Attach, nil
+	case dedupe.RejectRunning:
+		return RejectWhileRunning, nil
+	}
+	return 0, fmt.Errorf("%w: internal OnRunning(%d)", ErrInvalidConflictPolicy, int(r))
+}
+
+func (a AfterEnded) toInternal() (dedupe.OnEnded, error) {
+	switch a {
+	case ReturnExisting:
+		return dedupe.Return, nil
+	case RejectAfterEnd:
+		return dedupe.RejectEnded, nil
+	case StartNew:
+		return dedupe.StartNew, nil
+	}
+	return 0, fmt.Errorf("%w: AfterEnded(%d)", ErrInvalidConflictPolicy, int(a))
+}
+
+func afterEndedFrom(e dedupe.OnEnded) (AfterEnded, error) {
+	switch e {
+	case dedupe.Return:
+		return ReturnExisting, nil
+	case dedupe.RejectEnded:
+		return RejectAfterEnd, nil
+	case dedupe.StartNew:
+		return StartNew, nil
+	}
+	return 0, fmt.Errorf("%w: internal OnEnded(%d)", ErrInvalidConflictPolicy, int(e))
 }
 
 // WithConflictPolicy overrides the workflow's conflict policy for one
-// start. An invalid value makes the start fail with ErrInvalidPolicy.
+// start. An invalid value makes the start fail with
+// ErrInvalidConflictPolicy.
 func WithConflictPolicy(p ConflictPolicy) StartOption {
 	return func(o *startOptions) { o.policy = &p }
 }
@@ -92,10 +169,77 @@ func WithRetention(d time.Duration) WorkflowOption {
 }
 
 // WithDefaultConflictPolicy sets the conflict policy of every start of the
-// workflow that does not override it (WithConflictPolicy).
+// workflow that does not override it (WithConflictPolicy). A registry
+// refuses a workflow whose policy has a value outside its constants
+// (ErrInvalidConflictPolicy), and so does Start.
 func WithDefaultConflictPolicy(p ConflictPolicy) WorkflowOption {
 	return func(o *workflowOptions) { o.policy = p }
 }
 
-// RejectedError is a duplicate start that the conflict policy refused.
-type RejectedError = dedupe.RejectedError
+// RejectedError is a duplicate start that the conflict policy refused. It
+// matches ErrDuplicateRejected.
+type RejectedError struct {
+	// RunID is the start's run ID.
+	RunID string
+	// Status is the existing run's state, for which the policy rejects
+	// duplicates.
+	Status RunStatus
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("jetflow: run %s exists (%s) and the conflict policy rejects a duplicate start", e.RunID, e.Status)
+}
+
+// Is makes errors.Is(err, ErrDuplicateRejected) true.
+func (e *RejectedError) Is(target error) bool { return target == ErrDuplicateRejected }
+
+// rejectedErrorFrom is the public form of the admitter's refusal.
+func rejectedErrorFrom(e *dedupe.RejectedError) *RejectedError {
+	return &RejectedError{RunID: e.RunID, Status: RunStatus(e.Status)}
+}
+
+// FingerprintMode decides what a duplicate start with another input gets.
+type FingerprintMode int
+
+const (
+	// FingerprintStrict (the default): a start whose run ID exists with
+	// another input is ErrIdempotencyConflict, as an Idempotency-Key reused
+	// with another payload is.
+	FingerprintStrict FingerprintMode = iota
+	// FingerprintIgnore: it is an ordinary duplicate; the stored input is
+	// kept. A start of another workflow is a conflict in both modes.
+	FingerprintIgnore
+)
+
+// WithFingerprintMode sets how this start treats an existing run with
+// another input. Inputs are compared as JSON values: key order and white
+// space do not matter, numbers are compared as written. A value outside
+// the constants makes the start fail with ErrInvalidConflictPolicy.
+func WithFingerprintMode(m FingerprintMode) StartOption {
+	return func(o *startOptions) {
+		ignore, err := m.toInternal()
+		if err != nil && o.err == nil {
+			o.err = err
+		}
+		o.ignoreInput = ignore
+	}
+}
+
+// toInternal is the admitter's form of m: whether the input is ignored.
+func (m FingerprintMode) toInternal() (ignoreInput bool, err error) {
+	switch m {
+	case FingerprintStrict:
+		return false, nil
+	case FingerprintIgnore:
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: FingerprintMode(%d)", ErrInvalidConflictPolicy, int(m))
+}
+
+// fingerprintModeFrom is the public form of the admitter's setting.
+func fingerprintModeFrom(ignoreInput bool) FingerprintMode {
+	if ignoreInput {
+		return FingerprintIgnore
+	}
+	return FingerprintStrict
+}

@@ -254,7 +254,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.Equal(t, 1, effects.get("secure-keyed/send"))
 		producerPerms.requireNone(t)
 	})
-	keyName, err := state.TaskKeyName(ScopeWorkflow, "secure-keyed", "send", "welcome")
+	keyName, err := state.TaskKeyName(state.ScopeWorkflow, "secure-keyed", "send", "welcome")
 	require.NoError(t, err)
 	workerKeys, err := wjs.KeyValue(ctx, "jetflow_taskkeys")
 	require.NoError(t, err)
@@ -419,7 +419,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 
 	// The worker's sweeper finds a run left without a task and resumes it.
 	t.Run("worker sweeper resumes a stuck run", func(t *testing.T) {
-		assets, err := jetstream.Provision(ctx, wnc, Topology{}, jetstream.Ensure)
+		assets, err := jetstream.Provision(ctx, wnc, jetstream.Topology{}, jetstream.Ensure)
 		require.NoError(t, err)
 		writeStuckRun(t, assets, "secure", "sec-stuck", 0, `1`, `2`)
 		run, err := pc.WaitRun(ctx, "sec-stuck")

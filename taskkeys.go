@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -9,12 +10,12 @@ import (
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
-// Task idempotency keys (G7): a step call can carry a key whose result is
-// reused, for a time-to-live, by every call with the same key in its scope,
-// without running the step again:
+// Task keys (G7): a step call can carry a key whose result is reused, for a
+// time-to-live, by every call with the same key in its scope, without
+// running the step again:
 //
 //	msg, err := jetflow.Step(ctx, "send-email", send,
-//		jetflow.WithIdempotencyKey("welcome/"+userID, 24*time.Hour),
+//		jetflow.WithTaskKey("welcome/"+userID, 24*time.Hour),
 //		jetflow.WithKeyScope(jetflow.ScopeWorkflow))
 //
 // Within the TTL a committed result for the key is returned without running
@@ -30,44 +31,93 @@ import (
 // (JetStream's message TTL, whole seconds, rounded up): it disappears when
 // its TTL passes or through Client.ResetTaskKey, never otherwise. See
 // docs/ARCHITECTURE.md, "Task idempotency keys".
+//
+// A task key is neither the run ID (a start's idempotency key) nor the step
+// ID (what StepDetails gives an external API as its Idempotency-Key): it is
+// the caller's name for a result that several step calls share.
 
 // KeyScope says who shares a task key.
-type KeyScope = state.KeyScope
+type KeyScope int
 
 const (
 	// ScopeRun (the default): the key is private to the run; a run started
 	// again under the same run ID (StartNew, or a start after the
 	// retention) is another run and does not share it.
-	ScopeRun = state.ScopeRun
+	ScopeRun KeyScope = iota
 	// ScopeWorkflow: the key is shared by every run of the workflow.
-	ScopeWorkflow = state.ScopeWorkflow
+	ScopeWorkflow
 	// ScopeGlobal: the key is shared by every run of every workflow.
-	ScopeGlobal = state.ScopeGlobal
+	ScopeGlobal
 )
 
-// ErrInvalidKey: a task key option is not acceptable: an empty key, a key
-// longer than MaxTaskKeyLen bytes, a TTL or lease under one second, an
-// unknown scope, key options without WithIdempotencyKey, or (ResetTaskKey)
-// a scope ID that does not fit the scope. Step returns it to the workflow
-// without running anything.
-var ErrInvalidKey = state.ErrInvalidTaskKey
+func (s KeyScope) String() string {
+	switch s {
+	case ScopeRun:
+		return "run"
+	case ScopeWorkflow:
+		return "workflow"
+	case ScopeGlobal:
+		return "global"
+	}
+	return fmt.Sprintf("KeyScope(%d)", int(s))
+}
+
+// toInternal is the task-key store's form of s, or ErrInvalidKey for a
+// value outside the constants.
+func (s KeyScope) toInternal() (state.KeyScope, error) {
+	switch s {
+	case ScopeRun:
+		return state.ScopeRun, nil
+	case ScopeWorkflow:
+		return state.ScopeWorkflow, nil
+	case ScopeGlobal:
+		return state.ScopeGlobal, nil
+	}
+	return 0, fmt.Errorf("%w: unknown scope %d", ErrInvalidKey, int(s))
+}
+
+// keyScopeFrom is the public form of a store's scope.
+func keyScopeFrom(s state.KeyScope) (KeyScope, error) {
+	switch s {
+	case state.ScopeRun:
+		return ScopeRun, nil
+	case state.ScopeWorkflow:
+		return ScopeWorkflow, nil
+	case state.ScopeGlobal:
+		return ScopeGlobal, nil
+	}
+	return 0, fmt.Errorf("%w: unknown internal scope %d", ErrInvalidKey, int(s))
+}
 
 // MaxTaskKeyLen is the longest task key, in bytes. Any bytes are allowed:
 // the key is stored as a hash.
 const MaxTaskKeyLen = state.MaxTaskKeyLen
 
-// WithIdempotencyKey gives the step call a task idempotency key: within ttl
-// (at least 1s) of the key's result, calls with the same key in the same
-// scope (see WithKeyScope) return that result without running the step.
-func WithIdempotencyKey(key string, ttl time.Duration) StepOption {
+// WithTaskKey gives the step call a task key: within ttl (at least 1s) of
+// the key's result, calls with the same key in the same scope (see
+// WithKeyScope) return that result without running the step.
+func WithTaskKey(key string, ttl time.Duration) StepOption {
 	return func(o *stepOptions) {
 		o.taskKey.Key, o.taskKey.Set, o.taskKey.TTL = key, true, ttl
 	}
 }
 
-// WithKeyScope sets the task key's scope (default ScopeRun).
+// WithIdempotencyKey is WithTaskKey.
+//
+// Deprecated: use WithTaskKey. "Idempotency key" also names a run ID and
+// a step ID; this option sets neither.
+func WithIdempotencyKey(key string, ttl time.Duration) StepOption { return WithTaskKey(key, ttl) }
+
+// WithKeyScope sets the task key's scope (default ScopeRun). A scope
+// outside the constants makes the step call return ErrInvalidKey.
 func WithKeyScope(scope KeyScope) StepOption {
-	return func(o *stepOptions) { o.taskKey.Scope, o.taskKey.Others = scope, true }
+	return func(o *stepOptions) {
+		s, err := scope.toInternal()
+		if err != nil && o.err == nil {
+			o.err = err
+		}
+		o.taskKey.Scope, o.taskKey.Others = s, true
+	}
 }
 
 // WithCachedFailures caches the step's final failure (fatal, or out of
@@ -101,7 +151,11 @@ const DefaultKeyLease = workflow.DefaultKeyLease
 // record but does not cache its result.
 func (c *Client) ResetTaskKey(ctx context.Context, key string, scope KeyScope, scopeID string) (_ int, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	filter, err := state.TaskKeyFilter(scope, scopeID, key)
+	s, err := scope.toInternal()
+	if err != nil {
+		return 0, err
+	}
+	filter, err := state.TaskKeyFilter(s, scopeID, key)
 	if err != nil {
 		return 0, err
 	}

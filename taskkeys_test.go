@@ -230,7 +230,7 @@ func TestTaskKeyExpiresAfterTTL(t *testing.T) {
 	require.Equal(t, "run-1", out, "within the TTL the result is served")
 	require.True(t, served(t, c, "ttl-2"))
 
-	bkey, err := state.TaskKeyName(ScopeWorkflow, "expiring", "lookup", "k")
+	bkey, err := state.TaskKeyName(state.ScopeWorkflow, "expiring", "lookup", "k")
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		st, err := c.assets.TaskKeys.Latest(context.Background(), bkey)
@@ -465,7 +465,7 @@ func TestTaskKeyClaimOfACrashedWorkerIsTakenOver(t *testing.T) {
 	waitKilled(t, cmd, 30*time.Second)
 
 	// The dead worker's claim is in the bucket.
-	bkey, err := state.TaskKeyName(ScopeWorkflow, "key-crash", "lookup", "shared")
+	bkey, err := state.TaskKeyName(state.ScopeWorkflow, "key-crash", "lookup", "shared")
 	require.NoError(t, err)
 	st, err := c.assets.TaskKeys.Latest(ctxT(t, 5*time.Second), bkey)
 	require.NoError(t, err)
@@ -524,7 +524,7 @@ func TestTaskKeyStaleOrMalformedEntryIsTakenOver(t *testing.T) {
 	c := env.client()
 	tk := c.assets.TaskKeys
 
-	stale, err := state.TaskKeyName(ScopeWorkflow, "stale", "lookup", "stale")
+	stale, err := state.TaskKeyName(state.ScopeWorkflow, "stale", "lookup", "stale")
 	require.NoError(t, err)
 	claim, err := state.Encode(state.TaskKeyEntry{
 		V: state.Version, State: state.TaskKeyClaimed, Owner: "ghost.lookup.0", Token: "t",
@@ -539,7 +539,7 @@ func TestTaskKeyStaleOrMalformedEntryIsTakenOver(t *testing.T) {
 	require.Equal(t, "run-1", out)
 	require.GreaterOrEqual(t, time.Since(t0), time.Second, "taken over before the lease passed")
 
-	bad, err := state.TaskKeyName(ScopeWorkflow, "stale", "lookup", "bad")
+	bad, err := state.TaskKeyName(state.ScopeWorkflow, "stale", "lookup", "bad")
 	require.NoError(t, err)
 	_, err = tk.Create(ctxT(t, 5*time.Second), bad, []byte("not an entry"), 0, time.Hour)
 	require.NoError(t, err)
@@ -575,7 +575,7 @@ func TestTaskKeyRunningClaimIsRenewed(t *testing.T) {
 	}, WithKeyScope(ScopeWorkflow), WithKeyLease(time.Second))
 	env.worker(WorkerConfig{}, wf)
 	c := env.client()
-	bkey, err := state.TaskKeyName(ScopeWorkflow, "long", "lookup", "k")
+	bkey, err := state.TaskKeyName(state.ScopeWorkflow, "long", "lookup", "k")
 	require.NoError(t, err)
 
 	holder, err := Start(ctxT(t, 10*time.Second), c, wf, "k", WithRunID("long-1"))

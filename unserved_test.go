@@ -96,7 +96,7 @@ func TestStartStreamMaxAge(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 
 	def := newEnv(t, Topology{})
-	a, err := jetstream.Provision(ctx, def.conn(), Topology{}, jetstream.CreateOrUpdate)
+	a, err := jetstream.Provision(ctx, def.conn(), jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	info, err := a.Starts.Info(ctx)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestStartStreamMaxAge(t *testing.T) {
 
 	topo := Topology{StartMaxAge: time.Second, DuplicateWindow: 500 * time.Millisecond}
 	short := newEnv(t, topo)
-	a, err = jetstream.Provision(ctx, short.conn(), topo, jetstream.CreateOrUpdate)
+	a, err = jetstream.Provision(ctx, short.conn(), topo.toInternal(), jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	js, err := natsjs.New(short.conn())
 	require.NoError(t, err)
@@ -116,7 +116,7 @@ func TestStartStreamMaxAge(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "the envelope never expired")
 
 	for _, bad := range []Topology{{StartMaxAge: -time.Second}, {StartMaxAge: time.Minute}} { // under the 2m duplicate window
-		_, err := jetstream.Provision(ctx, short.conn(), bad, jetstream.Ensure)
+		_, err := jetstream.Provision(ctx, short.conn(), bad.toInternal(), jetstream.Ensure)
 		require.ErrorContains(t, err, "StartMaxAge")
 	}
 }

@@ -102,7 +102,7 @@ func (c WorkerConfig) validate() error {
 // workflow's durable consumer.
 type Worker struct {
 	nc   *nats.Conn
-	ws   *Workers
+	ws   *Registry
 	cfg  WorkerConfig
 	log  zerolog.Logger
 	pool *consume.Pool
@@ -124,7 +124,7 @@ type serving struct {
 
 // NewWorker returns a worker for the workflows in ws. It does not touch NATS
 // until Start.
-func NewWorker(nc *nats.Conn, ws *Workers, cfg WorkerConfig) (*Worker, error) {
+func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("jetflow: worker already started")
 	}
-	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology, jetstream.CreateOrUpdate)
+	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology.toInternal(), jetstream.CreateOrUpdate)
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	served := make(map[string]dedupe.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {
 		defs[name] = wf.definition()
-		served[name] = wf.served()
+		if served[name], err = wf.served(); err != nil {
+			return err // Register refused it already
+		}
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
@@ -196,8 +198,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("jetflow: consume due timers: %w", err), stopPools(ctx))
 	}
 	consumers = append(consumers, dueCons)
-	cancels, err := w.nc.Subscribe(CancelSubjectPrefix+"*", func(m *nats.Msg) {
-		exec.MarkCancelled(strings.TrimPrefix(m.Subject, CancelSubjectPrefix), string(m.Data))
+	cancels, err := w.nc.Subscribe(jetstream.CancelSubjectPrefix+"*", func(m *nats.Msg) {
+		exec.MarkCancelled(strings.TrimPrefix(m.Subject, jetstream.CancelSubjectPrefix), string(m.Data))
 	})
 	if err != nil {
 		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), stopPools(ctx))

@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -65,16 +66,22 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 	}
 }
 
-func (w *Workflow[P, R]) served() dedupe.Served {
+// served is what the admitter needs to admit starts of w; it fails with
+// ErrInvalidConflictPolicy when w's conflict policy is invalid.
+func (w *Workflow[P, R]) served() (dedupe.Served, error) {
+	policy, err := w.policy.toInternal()
+	if err != nil {
+		return dedupe.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
+	}
 	return dedupe.Served{
 		Check: func(raw json.RawMessage) error {
 			_, err := decodeInput[P](raw)
 			return err
 		},
-		Policy:       w.policy.internal(),
+		Policy:       policy,
 		Retention:    w.retention,
 		RequireRunID: w.requireRunID,
-	}
+	}, nil
 }
 
 func decodeInput[P any](raw json.RawMessage) (P, error) {
@@ -106,20 +113,24 @@ func (c *Context) Context() context.Context { return c.c.Context() }
 // The step's ID is derived from the run ID, name and how many times name was
 // called before in this run (run-42.charge.0, run-42.charge.1 ...), so it is
 // the same on every retry and replay and does not change when steps with
-// other names are added. fn gets it through StepInfo; pass it as the
+// other names are added. fn gets it through StepDetailsFrom; pass it as the
 // Idempotency-Key of external calls.
 //
 // fn runs at least once until its result is committed and never after: a
 // repeat call (a replay) returns the committed result without running fn. A
 // plain or Retryable error is retried with backoff up to the step's
 // MaxAttempts; a Fatal error is not. The final failure is committed and
-// returned as a *StepError, which the workflow may handle. T must round-trip
+// returned as a *StepError, which the workflow may handle; its Code is the
+// code fn failed with (ErrorWithCode), on every replay. T must round-trip
 // through encoding/json.
 func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, error), opts ...StepOption) (T, error) {
 	var zero T
 	var o stepOptions
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.err != nil {
+		return zero, fmt.Errorf("jetflow: step %s: %w", name, o.err)
 	}
 	raw, err := ctx.c.StepWithKey(name, o.policy, o.taskKey, func(sctx context.Context) (json.RawMessage, error) {
 		v, err := fn(sctx)
@@ -132,6 +143,10 @@ func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, err
 		}
 		return b, nil
 	})
+	var se *workflow.StepError
+	if errors.As(err, &se) {
+		return zero, stepErrorFrom(se)
+	}
 	if err != nil {
 		return zero, err
 	}
@@ -148,17 +163,49 @@ type StepOption func(*stepOptions)
 type stepOptions struct {
 	policy  workflow.RetryPolicy
 	taskKey workflow.TaskKey // see taskkeys.go
+	// err is the first option that was invalid.
+	err error
 }
 
 // RetryPolicy decides how often and how fast a failing step is retried.
 // Zero fields take the defaults: 5 attempts, 1s initial backoff doubling to
 // at most 1m, with jitter.
-type RetryPolicy = workflow.RetryPolicy
+type RetryPolicy struct {
+	// MaxAttempts counts every attempt, the first included (default 5; 1 =
+	// no retries). A delivery after a worker crash counts as an attempt.
+	MaxAttempts int
+	// InitialInterval is the delay before the second attempt (default 1s).
+	InitialInterval time.Duration
+	// MaxInterval caps the delay (default 1m).
+	MaxInterval time.Duration
+	// Multiplier grows the delay per attempt (default 2; at least 1).
+	Multiplier float64
+}
+
+// toInternal is the executor's form of p.
+func (p RetryPolicy) toInternal() workflow.RetryPolicy {
+	return workflow.RetryPolicy{
+		MaxAttempts:     p.MaxAttempts,
+		InitialInterval: p.InitialInterval,
+		MaxInterval:     p.MaxInterval,
+		Multiplier:      p.Multiplier,
+	}
+}
+
+// retryPolicyFrom is the public form of an executor's policy.
+func retryPolicyFrom(p workflow.RetryPolicy) RetryPolicy {
+	return RetryPolicy{
+		MaxAttempts:     p.MaxAttempts,
+		InitialInterval: p.InitialInterval,
+		MaxInterval:     p.MaxInterval,
+		Multiplier:      p.Multiplier,
+	}
+}
 
 // WithRetry sets the step's retry policy. An invalid policy makes the step
 // call return ErrInvalidPolicy.
 func WithRetry(p RetryPolicy) StepOption {
-	return func(o *stepOptions) { o.policy = p }
+	return func(o *stepOptions) { o.policy = p.toInternal() }
 }
 
 // WithMaxAttempts sets only the number of attempts (1 = no retries).
@@ -172,54 +219,100 @@ func WithBackoff(initial, maxInterval time.Duration) StepOption {
 }
 
 // StepDetails describes the running step attempt.
-type StepDetails = workflow.StepInfo
-
-// StepInfo returns the details of the step running with ctx: its
-// deterministic step ID, its name, the attempt number (from 1), the run ID and
-// the workflow name. ok is false outside a step.
-func StepInfo(ctx context.Context) (details StepDetails, ok bool) {
-	return workflow.InfoFrom(ctx)
+type StepDetails struct {
+	// StepID is deterministic: run ID, step name and occurrence
+	// (run-42.charge.0). Pass it as the Idempotency-Key of external calls.
+	StepID string
+	// StepName is the name the workflow called the step with.
+	StepName string
+	// Attempt counts from 1; a redelivery after a crash is a new attempt.
+	Attempt int
+	// RunID is the run's ID.
+	RunID string
+	// Workflow is the workflow's stable name.
+	Workflow string
 }
+
+// stepDetailsFrom is the public form of the executor's step info.
+func stepDetailsFrom(i workflow.StepInfo) StepDetails {
+	return StepDetails{StepID: i.StepID, StepName: i.StepName, Attempt: i.Attempt, RunID: i.RunID, Workflow: i.Workflow}
+}
+
+// StepDetailsFrom returns the details of the step running with ctx: its
+// deterministic step ID, its name, the attempt number (from 1), the run ID
+// and the workflow name. ok is false outside a step.
+func StepDetailsFrom(ctx context.Context) (details StepDetails, ok bool) {
+	info, ok := workflow.InfoFrom(ctx)
+	if !ok {
+		return StepDetails{}, false
+	}
+	return stepDetailsFrom(info), true
+}
+
+// StepInfo is StepDetailsFrom.
+//
+// Deprecated: use StepDetailsFrom, named after the type it returns.
+func StepInfo(ctx context.Context) (details StepDetails, ok bool) { return StepDetailsFrom(ctx) }
 
 // Registrable is a workflow definition that a registry accepts:
 // any *Workflow[P, R].
 type Registrable interface {
 	Name() string
 	definition() workflow.Definition
-	served() dedupe.Served
+	served() (dedupe.Served, error)
 }
 
-// Workers is an explicit registry of the workflows a worker serves.
-type Workers struct {
+// Registry is an explicit registry of the workflows a worker serves.
+type Registry struct {
 	defs map[string]Registrable
 }
 
-// NewWorkers returns an empty registry.
-func NewWorkers() *Workers { return &Workers{defs: make(map[string]Registrable)} }
+// Workers is the former name of Registry.
+//
+// Deprecated: use Registry.
+type Workers = Registry
 
-// Add registers workflows. It fails on an invalid name or a name registered
-// twice, and then registers none of them.
-func (ws *Workers) Add(wfs ...Registrable) error {
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{defs: make(map[string]Registrable)} }
+
+// NewWorkers returns an empty registry.
+//
+// Deprecated: use NewRegistry.
+func NewWorkers() *Registry { return NewRegistry() }
+
+// Register registers workflows. It fails on an invalid name
+// (ErrInvalidName), a name registered twice (ErrDuplicateWorkflow) or an
+// invalid default conflict policy (ErrInvalidConflictPolicy), and then
+// registers none of them.
+func (r *Registry) Register(wfs ...Registrable) error {
 	seen := make(map[string]bool, len(wfs))
 	for _, wf := range wfs {
 		if err := state.ValidateName(wf.Name()); err != nil {
 			return err
 		}
-		if _, dup := ws.defs[wf.Name()]; dup || seen[wf.Name()] {
+		if _, dup := r.defs[wf.Name()]; dup || seen[wf.Name()] {
 			return fmt.Errorf("%w: %q", ErrDuplicateWorkflow, wf.Name())
+		}
+		if _, err := wf.served(); err != nil {
+			return err
 		}
 		seen[wf.Name()] = true
 	}
 	for _, wf := range wfs {
-		ws.defs[wf.Name()] = wf
+		r.defs[wf.Name()] = wf
 	}
 	return nil
 }
 
+// Add is Register.
+//
+// Deprecated: use Register.
+func (r *Registry) Add(wfs ...Registrable) error { return r.Register(wfs...) }
+
 // Names lists the registered workflow names.
-func (ws *Workers) Names() []string {
-	names := make([]string, 0, len(ws.defs))
-	for n := range ws.defs {
+func (r *Registry) Names() []string {
+	names := make([]string, 0, len(r.defs))
+	for n := range r.defs {
 		names = append(names, n)
 	}
 	return names

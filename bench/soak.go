@@ -98,7 +98,7 @@ func runSoak(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "soak", Topology: topo})
+	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "soak", Topology: jetflow.Topology{Replicas: cfg.replicas}})
 	if err != nil {
 		return err
 	}
@@ -263,7 +263,7 @@ func runSoakWorker(ctx context.Context, args []string) error {
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Concurrency: *concurrency, AckWait: soakAckWait,
-		Topology: jetstream.Topology{Replicas: *replicas},
+		Topology: jetflow.Topology{Replicas: *replicas},
 	})
 	if err != nil {
 		return err

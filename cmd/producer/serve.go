@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	imetrics "github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 	"github.com/jetflow/jetflow/internal/webhook"
@@ -46,6 +47,10 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	observeHTTP, err := imetrics.HTTPObserver(reg) // the HTTP series of metrics
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{Metrics: metrics, RequestTimeout: c.serve.requestTimeout})
 	if err != nil {
 		return err
@@ -60,7 +65,7 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 		Tokens:         c.serve.tokens,
 		Sources:        sources,
 		RequestTimeout: c.serve.requestTimeout,
-		Observe:        metrics.ObserveHTTP,
+		Observe:        observeHTTP,
 		Stopping:       apiCtx,
 		Logger:         log.With().Str("component", "httpapi").Logger(),
 	})

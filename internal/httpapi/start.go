@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -101,7 +102,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, key, err)
 		return
 	}
-	opts := []jetflow.StartOption{jetflow.WithSource("http"), jetflow.WithEntryPoint(jetflow.EntryHTTP)}
+	opts := []jetflow.StartOption{jetflow.WithSource("http")}
 	if generate {
 		opts = append(opts, jetflow.WithGeneratedRunID())
 	} else {
@@ -109,7 +110,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	res, err := s.cfg.Backend.StartByName(ctx, name, input, opts...)
+	res, err := s.cfg.Backend.StartByName(entry.With(ctx, entry.HTTP), name, input, opts...)
 	if err != nil {
 		s.fail(w, r, key, err)
 		return

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
@@ -49,10 +50,9 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	// runs, return it after it ended, whatever the workflow's own policy
 	// (a StartNew policy would process the event twice, a reject policy
 	// would make the provider retry until it gives up).
-	res, err := s.cfg.Backend.StartByName(ctx, src.Workflow, body,
+	res, err := s.cfg.Backend.StartByName(entry.With(ctx, entry.Webhook), src.Workflow, body,
 		jetflow.WithRunID(runID),
 		jetflow.WithSource("webhook:"+src.Name),
-		jetflow.WithEntryPoint(jetflow.EntryWebhook),
 		jetflow.WithFingerprintMode(jetflow.FingerprintIgnore),
 		jetflow.WithConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.Attach, AfterCompleted: jetflow.ReturnExisting, AfterFailed: jetflow.ReturnExisting}))
 	if err != nil {

@@ -27,6 +27,9 @@ const (
 	// AttemptsBucket counts the attempts of steps that were delivered more
 	// than once, keyed by step ID.
 	AttemptsBucket = "jetflow_attempts"
+	// CancelSubjectPrefix + run ID is where Client.Cancel tells workers a
+	// run was cancelled (core NATS, the run's token as the body).
+	CancelSubjectPrefix = "jetflow.cancel."
 )
 
 // TaskSubject is the subject of the start task (stepID empty) of the run

@@ -150,16 +150,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: NameBacklogSampleErrors,
 			Help: "Failed samples of consumer backlogs.",
 		}),
-		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: NameHTTPRequests,
-			Help: "HTTP API requests by route pattern and status code.",
-		}, []string{"route", "code"}),
-		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: NameHTTPDuration,
-			Help: "HTTP API request latency in seconds.",
-			// Up to a minute: a result long poll may wait 60s.
-			Buckets: prometheus.ExponentialBucketsRange(0.001, 60, 17),
-		}, []string{"route"}),
+		httpRequests: newHTTPRequests(),
+		httpDuration: newHTTPDuration(),
 		runsStuck: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameRunsStuck,
 			Help: "Running runs found with no pending task or timer and dispatched again by the sweeper.",
@@ -288,11 +280,7 @@ func (m *Metrics) HTTP(route string, code int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	if route == "" {
-		route = other
-	}
-	m.httpRequests.WithLabelValues(route, statusCode(code)).Inc()
-	m.httpDuration.WithLabelValues(route).Observe(seconds(d))
+	observeHTTP(m.httpRequests, m.httpDuration, route, code, d)
 }
 
 // seconds converts d to seconds, clamping negative durations to zero.

@@ -379,3 +379,51 @@ func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	return -1
 }
+
+// TestHTTPObserverRecordsIntoNewsCollectors: a gateway handed only the
+// registerer records into the collectors New registered on it, and a
+// registerer without them is refused and left unchanged.
+func TestHTTPObserverRecordsIntoNewsCollectors(t *testing.T) {
+	t.Parallel()
+	_, err := metrics.HTTPObserver(nil)
+	require.ErrorIs(t, err, metrics.ErrNilRegisterer)
+
+	empty := prometheus.NewRegistry()
+	_, err = metrics.HTTPObserver(empty)
+	require.ErrorIs(t, err, metrics.ErrNotRegistered)
+	_, err = metrics.New(empty)
+	require.NoError(t, err, "the refused lookup left nothing registered")
+
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.New(reg)
+	require.NoError(t, err)
+	observe, err := metrics.HTTPObserver(reg)
+	require.NoError(t, err)
+	observe("GET /v1/runs/{id}", http.StatusOK, 100*time.Millisecond)
+	m.HTTP("GET /v1/runs/{id}", http.StatusOK, 50*time.Millisecond)
+	observe("", 42, time.Millisecond)
+
+	counts := map[string]float64{}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, s := range f.GetMetric() {
+			labels := ""
+			for _, l := range s.GetLabel() {
+				labels += l.GetName() + "=" + l.GetValue() + ","
+			}
+			switch f.GetName() {
+			case metrics.NameHTTPRequests:
+				counts[f.GetName()+"{"+labels+"}"] = s.GetCounter().GetValue()
+			case metrics.NameHTTPDuration:
+				counts[f.GetName()+"{"+labels+"}"] = float64(s.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	require.Equal(t, map[string]float64{
+		metrics.NameHTTPRequests + "{code=200,route=GET /v1/runs/{id},}": 2,
+		metrics.NameHTTPRequests + "{code=other,route=other,}":           1,
+		metrics.NameHTTPDuration + "{route=GET /v1/runs/{id},}":          2,
+		metrics.NameHTTPDuration + "{route=other,}":                      1,
+	}, counts, "one set of collectors, shared by Metrics.HTTP and the observer")
+}
