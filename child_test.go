@@ -44,7 +44,7 @@ func crashWorkflow(effectsURL string, beforeReturn func(info StepDetails)) *Work
 		sum := in
 		for _, name := range []string{"a", "b", "c"} {
 			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
-				info, _ := StepInfo(sctx)
+				info, _ := StepDetailsFrom(sctx)
 				if err := reportEffect(sctx, effectsURL, info); err != nil {
 					return 0, err
 				}
@@ -116,8 +116,8 @@ func runChildWorker() int {
 		return 1
 	}
 	defer nc.Close()
-	ws := NewWorkers()
-	if err := ws.Add(crashWorkflow(effects, beforeReturn)); err != nil {
+	ws := NewRegistry()
+	if err := ws.Register(crashWorkflow(effects, beforeReturn)); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

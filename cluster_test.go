@@ -910,7 +910,7 @@ func r3Workflow(name string, rec *r3Recorder) *Workflow[int, int] {
 		sum := in
 		for _, step := range []string{"a", "b", "c"} {
 			v, err := Step(ctx, step, func(sctx context.Context) (int, error) {
-				info, ok := StepInfo(sctx)
+				info, ok := StepDetailsFrom(sctx)
 				if !ok {
 					return 0, fmt.Errorf("no step info")
 				}

@@ -290,3 +290,20 @@ func TestConflictPolicyInvalidDefaultRefusedByRegistry(t *testing.T) {
 	require.Equal(t, []string{"good"}, r.Names())
 	require.ErrorIs(t, NewWorkers().Add(bad), ErrInvalidConflictPolicy, "the deprecated names do the same")
 }
+
+// TestNamesDeprecatedWrappersDoWhatTheNewNamesDo: the old names kept for
+// one release are the new ones.
+func TestNamesDeprecatedWrappersDoWhatTheNewNamesDo(t *testing.T) {
+	t.Parallel()
+	var old, cur stepOptions
+	WithIdempotencyKey("k", time.Minute)(&old)
+	WithTaskKey("k", time.Minute)(&cur)
+	require.Equal(t, cur, old)
+	_, ok := StepInfo(t.Context())
+	require.False(t, ok, "outside a step")
+	_, ok = StepDetailsFrom(t.Context())
+	require.False(t, ok, "outside a step")
+	var ws *Workers = NewWorkers()
+	var r *Registry = ws
+	require.NotNil(t, r)
+}

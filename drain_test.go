@@ -14,7 +14,7 @@ import (
 func blockingWorkflow(started chan<- StepDetails, release <-chan struct{}, effects *counter) *Workflow[int, string] {
 	return NewWorkflow("blocking", func(ctx *Context, _ int) (string, error) {
 		return Step(ctx, "slow", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			started <- info
 			select {

@@ -31,8 +31,8 @@ func exampleEnv(wfs ...jetflow.Registrable) (c *jetflow.Client, stop func()) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(wfs...); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(wfs...); err != nil {
 		panic(err)
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{})
@@ -164,7 +164,7 @@ func Example_stepIDAsIdempotencyKey() {
 	var keys []string
 	charge := jetflow.NewWorkflow("charge", func(ctx *jetflow.Context, o Order) (string, error) {
 		return jetflow.Step(ctx, "charge-card", func(sctx context.Context) (string, error) {
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			keys = append(keys, info.StepID) // req.Header.Set("Idempotency-Key", info.StepID)
 			if info.Attempt == 1 {
 				return "", errors.New("timeout: did the charge go through?")
@@ -207,7 +207,7 @@ func Example_taskKey() {
 		return jetflow.Step(ctx, "send-email", func(context.Context) (string, error) {
 			sent++
 			return "msg-" + user, nil
-		}, jetflow.WithIdempotencyKey("welcome-"+user, 24*time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
+		}, jetflow.WithTaskKey("welcome-"+user, 24*time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
 	})
 	c, stop := exampleEnv(welcome)
 	defer stop()

@@ -21,7 +21,7 @@ type Receipt struct {
 func Example() {
 	order := jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in OrderInput) (Receipt, error) {
 		key, err := jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			// Call the payment API here with Idempotency-Key: info.StepID.
 			return info.StepID, nil
 		})

@@ -101,7 +101,7 @@ func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
 		sum := in
 		for _, name := range []string{"a", "b", "c"} {
 			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
-				info, _ := StepInfo(sctx)
+				info, _ := StepDetailsFrom(sctx)
 				effects.Record(info.StepID, info.Attempt)
 				return sum + 1, nil
 			}, WithBackoff(50*time.Millisecond, 200*time.Millisecond))

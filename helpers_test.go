@@ -62,8 +62,8 @@ func (e *testEnv) worker(cfg WorkerConfig, wfs ...Registrable) *Worker {
 // config without a logger logs warnings to the test.
 func startWorker(t *testing.T, nc *nats.Conn, cfg WorkerConfig, wfs ...Registrable) *Worker {
 	t.Helper()
-	ws := NewWorkers()
-	require.NoError(t, ws.Add(wfs...))
+	ws := NewRegistry()
+	require.NoError(t, ws.Register(wfs...))
 	if cfg.Logger.GetLevel() == zerolog.DebugLevel { // the zero Logger
 		cfg.Logger = testenv.Logger(t)
 	}
@@ -127,7 +127,7 @@ func threeSteps(name string, sideEffects *counter) *Workflow[int, int] {
 		sum := in
 		for _, step := range []string{"a", "b", "c"} {
 			v, err := Step(ctx, step, func(sctx context.Context) (int, error) {
-				info, ok := StepInfo(sctx)
+				info, ok := StepDetailsFrom(sctx)
 				if !ok {
 					return 0, fmt.Errorf("no step info")
 				}

@@ -208,7 +208,7 @@ func TestMetricsTaskKeyLayer(t *testing.T) {
 	sends := newCounter()
 	wf := NewWorkflow("keyed-mail", func(ctx *Context, to string) (int, error) {
 		return Step(ctx, "send", func(context.Context) (int, error) { return sends.inc(to), nil },
-			WithIdempotencyKey("welcome-"+to, time.Hour), WithKeyScope(ScopeGlobal))
+			WithTaskKey("welcome-"+to, time.Hour), WithKeyScope(ScopeGlobal))
 	})
 	env.worker(WorkerConfig{Metrics: m}, wf)
 	c := env.client()

@@ -34,7 +34,7 @@ func newOverlapProbe() *overlapProbe {
 
 // enter marks the start of an execution; the returned func marks its end.
 func (p *overlapProbe) enter(ctx context.Context) func() {
-	info, _ := StepInfo(ctx)
+	info, _ := StepDetailsFrom(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.active[info.StepID]++
@@ -235,7 +235,7 @@ func TestRetryTimerRunsTheNextAttemptAfterItsBackoff(t *testing.T) {
 	)
 	wf := NewWorkflow("later", func(ctx *Context, _ int) (int, error) {
 		return Step(ctx, "call", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			mu.Lock()
 			defer mu.Unlock()
 			calls = append(calls, time.Now())
@@ -287,7 +287,7 @@ func TestRetryTimerIsNotOvertakenByARedispatch(t *testing.T) {
 					if name != failing {
 						return 1, nil
 					}
-					info, _ := StepInfo(sctx)
+					info, _ := StepDetailsFrom(sctx)
 					mu.Lock()
 					defer mu.Unlock()
 					calls = append(calls, time.Now())

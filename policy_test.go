@@ -24,7 +24,7 @@ type polInput struct {
 func policyWorkflow(hold <-chan struct{}, effects *counter) *Workflow[polInput, string] {
 	return NewWorkflow("pol", func(ctx *Context, in polInput) (string, error) {
 		return Step(ctx, "work", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			switch in.Mode {
 			case "fail":

@@ -24,7 +24,7 @@ func TestRetentionExpiryIsExplicit(t *testing.T) {
 	effects := newCounter()
 	wf := NewWorkflow("short", func(ctx *Context, in int) (int, error) {
 		return Step(ctx, "once", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			return in * 2, nil
 		})
@@ -108,7 +108,7 @@ func TestAfterExpiryRunStillSaysSoWhenFinished(t *testing.T) {
 	wf := NewWorkflow("flagged", func(ctx *Context, in int) (int, error) {
 		for _, name := range []string{"a", "b", "c"} {
 			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
-				info, _ := StepInfo(sctx)
+				info, _ := StepDetailsFrom(sctx)
 				effects.inc(info.StepID)
 				return in + 1, nil
 			})
@@ -226,7 +226,7 @@ func TestRunningRunOutlivesItsRetention(t *testing.T) {
 func onceStep(name string, effects *counter, retention time.Duration) *Workflow[int, int] {
 	return NewWorkflow(name, func(ctx *Context, in int) (int, error) {
 		return Step(ctx, "charge", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			return in + 1, nil
 		})

@@ -83,7 +83,7 @@ func TestBufferedTaskIsNotRunTwice(t *testing.T) {
 	secondStarted := make(chan struct{}, 8)
 	wf := NewWorkflow("queued", func(ctx *Context, in int) (int, error) {
 		return Step(ctx, "work", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			if in == 0 {
 				first <- struct{}{}
@@ -154,14 +154,14 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 	busy := make(chan struct{}, 8)
 	wf := NewWorkflow("once", func(ctx *Context, in int) (int, error) {
 		if _, err := Step(ctx, "prep", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(fmt.Sprintf("%s#%d", info.StepID, info.Attempt))
 			return in, nil
 		}); err != nil {
 			return 0, err
 		}
 		return Step(ctx, "only", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(fmt.Sprintf("%s#%d", info.StepID, info.Attempt))
 			if in == 0 {
 				busy <- struct{}{}

@@ -86,7 +86,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	// worker counts in the attempts bucket.
 	flaky := NewWorkflow("secure-flaky", func(ctx *Context, _ int) (int, error) {
 		return Step(ctx, "call", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			if info.Attempt < 2 {
 				return 0, errors.New("upstream unavailable")
 			}
@@ -98,7 +98,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	keyed := NewWorkflow("secure-keyed", func(ctx *Context, _ int) (int, error) {
 		return Step(ctx, "send", func(context.Context) (int, error) {
 			return effects.inc("secure-keyed/send"), nil
-		}, WithIdempotencyKey("welcome", time.Hour), WithKeyScope(ScopeWorkflow))
+		}, WithTaskKey("welcome", time.Hour), WithKeyScope(ScopeWorkflow))
 	})
 	// The sweeper makes a pass every 20ms, so that its reads are
 	// exercised under the worker's permissions too.

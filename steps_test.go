@@ -19,7 +19,7 @@ import (
 // might.
 func sampleWorkflow(seen *[]string, mu *sync.Mutex) *Workflow[bool, int] {
 	record := func(sctx context.Context) (int, error) {
-		info, _ := StepInfo(sctx)
+		info, _ := StepDetailsFrom(sctx)
 		mu.Lock()
 		*seen = append(*seen, info.StepID)
 		mu.Unlock()
@@ -109,7 +109,7 @@ func TestStepRetriesWithBackoffUntilSuccess(t *testing.T) {
 	const initial = 200 * time.Millisecond
 	wf := NewWorkflow("flaky", func(ctx *Context, _ int) (string, error) {
 		return Step(ctx, "call", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			mu.Lock()
 			defer mu.Unlock()
 			times = append(times, time.Now())

@@ -97,7 +97,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	release := make(chan struct{})
 	slow := NewWorkflow("sweep_slow", func(ctx *Context, in int) (int, error) {
 		a, err := Step(ctx, "a", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			return in + 1, nil
 		})
@@ -105,7 +105,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 			return 0, err
 		}
 		return Step(ctx, "b", func(sctx context.Context) (int, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			select { // runs for several StuckAfters, heartbeated
 			case <-release:
@@ -208,8 +208,8 @@ func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID string, gen
 
 func TestWorkerConfigSweepSettings(t *testing.T) {
 	t.Parallel()
-	ws := NewWorkers()
-	require.NoError(t, ws.Add(threeSteps("cfg", newCounter())))
+	ws := NewRegistry()
+	require.NoError(t, ws.Register(threeSteps("cfg", newCounter())))
 	for _, tc := range []struct {
 		cfg  WorkerConfig
 		want string

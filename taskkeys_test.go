@@ -24,7 +24,7 @@ import (
 // given as the run's input and the options opts. The step body is body.
 func keyed(name string, body func(ctx context.Context) (string, error), opts ...StepOption) *Workflow[string, string] {
 	return NewWorkflow(name, func(ctx *Context, key string) (string, error) {
-		return Step(ctx, "lookup", body, append([]StepOption{WithIdempotencyKey(key, time.Minute)}, opts...)...)
+		return Step(ctx, "lookup", body, append([]StepOption{WithTaskKey(key, time.Minute)}, opts...)...)
 	})
 }
 
@@ -216,7 +216,7 @@ func TestTaskKeyExpiresAfterTTL(t *testing.T) {
 		return Step(ctx, "lookup", func(context.Context) (string, error) {
 			wroteAt.Store(time.Now().UnixNano()) // before the key's write
 			return fmt.Sprintf("run-%d", runs.Add(1)), nil
-		}, WithIdempotencyKey(key, ttl), WithKeyScope(ScopeWorkflow))
+		}, WithTaskKey(key, ttl), WithKeyScope(ScopeWorkflow))
 	})
 	env.worker(WorkerConfig{}, wf)
 	c := env.client()
@@ -310,13 +310,13 @@ func TestTaskKeyScopes(t *testing.T) {
 	perRun := NewWorkflow("per-run", func(ctx *Context, key string) ([]string, error) {
 		var outs []string
 		for range 2 { // the same key twice in one run
-			out, err := Step(ctx, "lookup", counted(&runScoped), WithIdempotencyKey(key, time.Minute))
+			out, err := Step(ctx, "lookup", counted(&runScoped), WithTaskKey(key, time.Minute))
 			if err != nil {
 				return nil, err
 			}
 			outs = append(outs, out)
 		}
-		out, err := Step(ctx, "other-step", counted(&otherStep), WithIdempotencyKey(key, time.Minute))
+		out, err := Step(ctx, "other-step", counted(&otherStep), WithTaskKey(key, time.Minute))
 		return append(outs, out), err
 	})
 	a := keyed("wf-a", counted(&wfA), WithKeyScope(ScopeWorkflow))
@@ -374,12 +374,12 @@ func TestTaskKeyInvalidOptions(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
 	cases := [][]StepOption{
-		{WithIdempotencyKey("", time.Minute)},
-		{WithIdempotencyKey(strings.Repeat("k", MaxTaskKeyLen+1), time.Minute)},
-		{WithIdempotencyKey("k", 500*time.Millisecond)},
-		{WithIdempotencyKey("k", 0)},
-		{WithIdempotencyKey("k", time.Minute), WithKeyScope(KeyScope(9))},
-		{WithIdempotencyKey("k", time.Minute), WithKeyLease(10 * time.Millisecond)},
+		{WithTaskKey("", time.Minute)},
+		{WithTaskKey(strings.Repeat("k", MaxTaskKeyLen+1), time.Minute)},
+		{WithTaskKey("k", 500*time.Millisecond)},
+		{WithTaskKey("k", 0)},
+		{WithTaskKey("k", time.Minute), WithKeyScope(KeyScope(9))},
+		{WithTaskKey("k", time.Minute), WithKeyLease(10 * time.Millisecond)},
 		{WithKeyScope(ScopeGlobal)},
 		{WithCachedFailures()},
 	}
@@ -433,8 +433,8 @@ func runTaskKeyChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ws := NewWorkers()
-	if err := ws.Add(crashKeyWorkflow(func(context.Context) (string, error) {
+	ws := NewRegistry()
+	if err := ws.Register(crashKeyWorkflow(func(context.Context) (string, error) {
 		killSelf() // holding the claim
 		return "", nil
 	})); err != nil {
@@ -634,13 +634,13 @@ func TestRunScopedTaskKeyIsPerGeneration(t *testing.T) {
 	effects := newCounter()
 	wf := NewWorkflow("gen-keys", func(ctx *Context, mode string) (string, error) {
 		return Step(ctx, "charge", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			if mode == "fail" {
 				return "", Fatal(errors.New("declined"))
 			}
 			return "charged by " + info.StepID, nil
-		}, WithIdempotencyKey("charge", time.Hour), WithCachedFailures())
+		}, WithTaskKey("charge", time.Hour), WithCachedFailures())
 	}, WithDefaultConflictPolicy(ConflictPolicy{AfterCompleted: StartNew, AfterFailed: StartNew}))
 	env.worker(WorkerConfig{}, wf)
 	c := env.client()

@@ -26,7 +26,7 @@ func TestZombieWorkerCannotOverwriteCommittedResult(t *testing.T) {
 
 	wf := NewWorkflow("zombie", func(ctx *Context, _ int) (string, error) {
 		v, err := Step(ctx, "charge", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(fmt.Sprintf("%s#%d", info.StepID, info.Attempt))
 			if info.Attempt == 1 {
 				close(zombieStarted)
@@ -38,7 +38,7 @@ func TestZombieWorkerCannotOverwriteCommittedResult(t *testing.T) {
 			return "", err
 		}
 		return Step(ctx, "receipt", func(sctx context.Context) (string, error) {
-			info, _ := StepInfo(sctx)
+			info, _ := StepDetailsFrom(sctx)
 			effects.inc(info.StepID)
 			return "receipt for " + v, nil
 		})

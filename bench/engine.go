@@ -68,8 +68,8 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 	if err != nil {
 		return s, err
 	}
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(e2eWorkflow); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(e2eWorkflow); err != nil {
 		return s, err
 	}
 	logs := &logCounter{}

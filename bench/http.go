@@ -43,8 +43,8 @@ func engineHTTP(ctx context.Context, e *env, cfg config, rep int) (f httpFigures
 	if err != nil {
 		return f, err
 	}
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(httpWorkflow); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(httpWorkflow); err != nil {
 		return f, err
 	}
 	w, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{Concurrency: cfg.concurrency})

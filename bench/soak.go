@@ -228,7 +228,7 @@ func soakWorkflow(nc *nats.Conn) *jetflow.Workflow[int, int] {
 		sum := in
 		for _, name := range []string{"a", "b", "c"} {
 			v, err := jetflow.Step(ctx, name, func(sctx context.Context) (int, error) {
-				info, _ := jetflow.StepInfo(sctx)
+				info, _ := jetflow.StepDetailsFrom(sctx)
 				if _, err := nc.RequestWithContext(sctx, effectSubject, []byte(info.StepID+" "+strconv.Itoa(info.Attempt))); err != nil {
 					return 0, err
 				}
@@ -257,8 +257,8 @@ func runSoakWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(soakWorkflow(nc)); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(soakWorkflow(nc)); err != nil {
 		return err
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{

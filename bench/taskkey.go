@@ -66,13 +66,13 @@ func taskKeyWorkflow(name string, key func(runID, step string) []jetflow.StepOpt
 var (
 	tkPlain = taskKeyWorkflow("bench_tk_plain", func(string, string) []jetflow.StepOption { return nil })
 	tkMiss  = taskKeyWorkflow("bench_tk_miss", func(runID, step string) []jetflow.StepOption {
-		return []jetflow.StepOption{jetflow.WithIdempotencyKey(runID+"/"+step, 10*time.Minute), jetflow.WithKeyScope(jetflow.ScopeWorkflow)}
+		return []jetflow.StepOption{jetflow.WithTaskKey(runID+"/"+step, 10*time.Minute), jetflow.WithKeyScope(jetflow.ScopeWorkflow)}
 	})
 	// tkHitRep is the repetition whose keys tkHit uses (a fresh set per
 	// repetition, warmed by one run first).
 	tkHitRep atomic.Int64
 	tkHit    = taskKeyWorkflow("bench_tk_hit", func(_, step string) []jetflow.StepOption {
-		return []jetflow.StepOption{jetflow.WithIdempotencyKey("hit-"+strconv.FormatInt(tkHitRep.Load(), 10)+"/"+step, 10*time.Minute),
+		return []jetflow.StepOption{jetflow.WithTaskKey("hit-"+strconv.FormatInt(tkHitRep.Load(), 10)+"/"+step, 10*time.Minute),
 			jetflow.WithKeyScope(jetflow.ScopeGlobal)}
 	})
 )
@@ -86,8 +86,8 @@ func engineTaskKey(ctx context.Context, e *env, cfg config, rep int) (f taskKeyF
 	if err != nil {
 		return f, err
 	}
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(tkPlain, tkMiss, tkHit); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(tkPlain, tkMiss, tkHit); err != nil {
 		return f, err
 	}
 	logs := &logCounter{}

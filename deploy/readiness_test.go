@@ -25,8 +25,8 @@ func TestWorkerUserPassesReadiness(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(jetflow.NewWorkflow("deploycheck", func(_ *jetflow.Context, in int) (int, error) {
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(jetflow.NewWorkflow("deploycheck", func(_ *jetflow.Context, in int) (int, error) {
 		return in, nil
 	})))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{Concurrency: 2})

@@ -75,7 +75,7 @@ func newTestbed(t *testing.T) *testbed {
 	tb := &testbed{}
 	srv := testenv.Server(t)
 	nc := testenv.Conn(t, srv)
-	ws := jetflow.NewWorkers()
+	ws := jetflow.NewRegistry()
 	release := make(chan struct{})
 	exclusive := jetflow.NewWorkflow("exclusive", func(ctx *jetflow.Context, in greeting) (string, error) {
 		return jetflow.Step(ctx, "wait-for-release", func(sctx context.Context) (string, error) {
@@ -90,9 +90,9 @@ func newTestbed(t *testing.T) *testbed {
 	lookup := jetflow.NewWorkflow("lookup", func(ctx *jetflow.Context, in greeting) (int64, error) {
 		return jetflow.Step(ctx, "fetch", func(context.Context) (int64, error) {
 			return tb.lookups.Add(1), nil
-		}, jetflow.WithIdempotencyKey(lookupKey(in.Name), time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
+		}, jetflow.WithTaskKey(lookupKey(in.Name), time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
 	})
-	require.NoError(t, ws.Add(greet(), hold(release), exclusive, lookup))
+	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
 	})

@@ -142,8 +142,8 @@ func serve(ctx context.Context, cfg config, log zerolog.Logger, ready func(endpo
 	defer pay.Close()
 	log.Info().Str("url", pay.URL()).Bool("flaky_charge", cfg.FlakyCharge).Msg("example payment service started")
 
-	ws := jetflow.NewWorkers()
-	err = ws.Add(orders.NewOrderWorkflow(orders.NewPaymentClient(pay.URL(), nil),
+	ws := jetflow.NewRegistry()
+	err = ws.Register(orders.NewOrderWorkflow(orders.NewPaymentClient(pay.URL(), nil),
 		orders.OrderOptions{FlakyAfterCharge: cfg.FlakyCharge}))
 	if err != nil {
 		return err

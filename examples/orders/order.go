@@ -85,7 +85,7 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 		}
 
 		charge, err := jetflow.Step(ctx, StepCharge, func(sctx context.Context) (ChargeResult, error) {
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			ch, replayed, err := pay.Charge(sctx, info.StepID, ChargeRequest{
 				OrderID: in.OrderID, AmountCents: in.AmountCents, Currency: in.Currency,
 			})
@@ -104,7 +104,7 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 		confirmation, err := jetflow.Step(ctx, StepConfirm, func(sctx context.Context) (string, error) {
 			// An email provider keyed by the step ID sends one message
 			// however often this step is retried. No email is sent here.
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			return "msg_" + info.StepID, nil
 		}, backoff)
 		if err != nil {

@@ -27,8 +27,8 @@ func setup(t *testing.T, opts OrderOptions) *bundle {
 	wf := NewOrderWorkflow(NewPaymentClient(pay.URL(), nil), opts)
 
 	wnc := testenv.Conn(t, srv)
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(wf))
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(wf))
 	w, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
 	})
