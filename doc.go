@@ -20,8 +20,8 @@
 // A workflow is a typed function with a stable name (NewWorkflow). Its body
 // orchestrates steps (Step) and is replayed, so it must be deterministic.
 // Each step has a deterministic step ID — run ID, step name, occurrence —
-// that StepInfo gives the running step, to pass as the Idempotency-Key of
-// external APIs. A step's result is committed before its task message is
+// that StepDetailsFrom gives the running step, to pass as the
+// Idempotency-Key of external APIs. A step's result is committed before its task message is
 // acknowledged: a committed step never runs again; a step whose worker died
 // before the commit runs again with the same step ID.
 //
@@ -33,8 +33,11 @@
 // start (WithConflictPolicy). A duplicate whose input differs from the run's
 // (compared as canonical JSON) is ErrIdempotencyConflict unless
 // WithFingerprintMode(FingerprintIgnore). Every duplicate attempt is recorded
-// on the run (Run.RecentDuplicates). A step called WithIdempotencyKey reuses
-// the result of an earlier call with the same key, across runs, for a TTL.
+// on the run (Run.RecentDuplicates). A step called WithTaskKey reuses the
+// result of an earlier call with the same task key, across runs, for a TTL.
+// Three different things are idempotency keys to someone: the run ID (a
+// start's), the step ID (what an external API receives) and the task key (a
+// result several step calls share).
 // A run ID is remembered for its workflow's retention (WithRetention); a
 // start after that says so (Handle.AfterExpiry). docs/idempotency.md walks
 // through all of it with runnable examples.
@@ -43,7 +46,10 @@
 //
 // Step errors are retried with backoff (Retryable, RetryAfter) unless Fatal.
 // A step's final failure reaches the workflow as a *StepError it can handle.
-// A run that does not complete is reported as a *RunError. Sentinels
+// A step that fails with ErrorWithCode(code, err) commits the code: the
+// workflow branches on StepError.Code (or reaches the *CodedError with
+// errors.As) on every replay. A run that does not complete is reported as a
+// *RunError, with the code of the error it failed with in Code. Sentinels
 // (ErrInvalidRunID, ErrUnknownWorkflow, ...) match with errors.Is.
 // ErrUnavailable marks every transient NATS condition (NATS down or
 // reconnecting, a timeout, JetStream unavailable): retry later, a start
@@ -51,7 +57,7 @@
 //
 // # Processes
 //
-// A Worker executes runs of the workflows in its registry (NewWorkers); a
+// A Worker executes runs of the workflows in its registry (NewRegistry); a
 // Client starts and reads runs. Both take a *nats.Conn; cmd/worker starts an
 // embedded NATS server when no URL is given. See docs/ARCHITECTURE.md for the
 // streams, subjects and buckets, and for what happens on a crash between any

@@ -30,7 +30,7 @@ import (
 // The key is kept in the KV bucket jetflow_taskkeys with a per-key TTL
 // (JetStream's message TTL, whole seconds, rounded up): it disappears when
 // its TTL passes or through Client.ResetTaskKey, never otherwise. See
-// docs/ARCHITECTURE.md, "Task idempotency keys".
+// docs/ARCHITECTURE.md, "Task keys".
 //
 // A task key is neither the run ID (a start's idempotency key) nor the step
 // ID (what StepDetails gives an external API as its Idempotency-Key): it is

@@ -20,8 +20,8 @@
 // script whose ID variable is unset fails instead of starting a run on
 // every retry. The same ID with another input or
 // another workflow is a conflict (exit code 4), and so is a duplicate the
-// workflow's conflict policy rejects. reset forgets a task idempotency key
-// (jetflow.WithIdempotencyKey) so that the next step call with it runs again;
+// workflow's conflict policy rejects. reset forgets a task key
+// (jetflow.WithTaskKey) so that the next step call with it runs again;
 // it prints how many entries it deleted, 0 on a repeat.
 //
 // # Configuration
