@@ -38,10 +38,10 @@ type RunStatus string
 
 // Run states; all but running are final.
 const (
-	StatusRunning   RunStatus = RunStatus(state.StatusRunning)
-	StatusCompleted RunStatus = RunStatus(state.StatusCompleted)
-	StatusFailed    RunStatus = RunStatus(state.StatusFailed)
-	StatusCancelled RunStatus = RunStatus(state.StatusCancelled)
+	StatusRunning   RunStatus = "running"
+	StatusCompleted RunStatus = "completed"
+	StatusFailed    RunStatus = "failed"
+	StatusCancelled RunStatus = "cancelled"
 )
 
 // Terminal reports whether s is final.

@@ -307,3 +307,18 @@ func TestNamesDeprecatedWrappersDoWhatTheNewNamesDo(t *testing.T) {
 	var r *Registry = ws
 	require.NotNil(t, r)
 }
+
+// TestNamesConstantsEqualTheEngines: the public constants are written as
+// literals (go doc shows their values) and must equal the engine's.
+func TestNamesConstantsEqualTheEngines(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, state.MaxTaskKeyLen, MaxTaskKeyLen)
+	require.Equal(t, workflow.DefaultKeyLease, DefaultKeyLease)
+	for pub, in := range map[RunStatus]state.Status{
+		StatusRunning: state.StatusRunning, StatusCompleted: state.StatusCompleted,
+		StatusFailed: state.StatusFailed, StatusCancelled: state.StatusCancelled,
+	} {
+		require.Equal(t, string(in), string(pub))
+		require.Equal(t, in.Terminal(), pub.Terminal())
+	}
+}

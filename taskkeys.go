@@ -7,7 +7,6 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/workflow"
 )
 
 // Task keys (G7): a step call can carry a key whose result is reused, for a
@@ -91,7 +90,7 @@ func keyScopeFrom(s state.KeyScope) (KeyScope, error) {
 
 // MaxTaskKeyLen is the longest task key, in bytes. Any bytes are allowed:
 // the key is stored as a hash.
-const MaxTaskKeyLen = state.MaxTaskKeyLen
+const MaxTaskKeyLen = 512
 
 // WithTaskKey gives the step call a task key: within ttl (at least 1s) of
 // the key's result, calls with the same key in the same scope (see
@@ -140,7 +139,7 @@ func WithKeyLease(d time.Duration) StepOption {
 }
 
 // DefaultKeyLease is the lease of a task key claim without WithKeyLease.
-const DefaultKeyLease = workflow.DefaultKeyLease
+const DefaultKeyLease = 90 * time.Second
 
 // ResetTaskKey forgets key in scope, for every step that uses it, so that
 // the next call runs the step again. scopeID is the run ID for ScopeRun
