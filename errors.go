@@ -70,6 +70,12 @@ var (
 	// the first attempt either created the run, and the retry finds it, or
 	// it did not, and the retry creates it.
 	ErrUnavailable = jetstream.ErrUnavailable
+	// ErrUnsafeConnection: NewWorker or NewClient was given a connection
+	// whose settings break jetflow's guarantees (a reconnect buffer, which
+	// sends writes made while disconnected after the reconnect, out of
+	// order with the retries that replaced them). The message names the
+	// setting; connect with Connect, or add nats.ReconnectBufSize(-1).
+	ErrUnsafeConnection = errors.New("jetflow: connection unsafe for jetflow")
 )
 
 // ConflictError says which part of a start differed from the existing run
