@@ -77,6 +77,9 @@ type Client struct {
 // down or reconnecting, a timeout, JetStream unavailable) as an error that
 // matches ErrUnavailable: retry later, with the same run ID for a start.
 func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client, err error) {
+	if err := checkConn(nc); err != nil {
+		return nil, err
+	}
 	defer func() { err = jetstream.Unavailable(err) }()
 	if cfg.Name == "" {
 		cfg.Name = "go-sdk"

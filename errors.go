@@ -80,6 +80,12 @@ var (
 	// a scope ID that does not fit the scope. Step returns it to the
 	// workflow without running anything.
 	ErrInvalidKey = state.ErrInvalidTaskKey
+	// ErrUnsafeConnection: NewWorker or NewClient was given a connection
+	// whose settings break jetflow's guarantees (a reconnect buffer, which
+	// sends writes made while disconnected after the reconnect, out of
+	// order with the retries that replaced them). The message names the
+	// setting; connect with Connect, or add nats.ReconnectBufSize(-1).
+	ErrUnsafeConnection = errors.New("jetflow: connection unsafe for jetflow")
 )
 
 // ConflictError is a start whose run ID names an existing run that it does

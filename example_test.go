@@ -3,8 +3,11 @@ package jetflow_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"os"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/embedded"
 )
 
 type OrderInput struct {
@@ -18,6 +21,8 @@ type Receipt struct {
 
 // A workflow whose charge step passes its step ID as the Idempotency-Key,
 // started twice under one run ID: one run, the second start is absorbed.
+// Everything runs in the process: an embedded NATS server, a worker and a
+// client.
 func Example() {
 	order := jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in OrderInput) (Receipt, error) {
 		key, err := jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
@@ -27,22 +32,55 @@ func Example() {
 		})
 		return Receipt{ChargeKey: key}, err
 	})
-	c, stop := exampleEnv(order) // an embedded nats-server and a worker serving order
-	defer stop()
 	ctx := context.Background()
 
+	// NATS with JetStream, in the process; its data in a directory of ours.
+	dir, err := os.MkdirTemp("", "jetflow-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(embedded.Options{StoreDir: dir, Port: -1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := jetflow.Connect(srv.ClientURL()) // the settings jetflow needs
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+
+	// A worker serving the workflow, stopped (drained) at the end.
+	ws := jetflow.NewWorkers()
+	if err := ws.Add(order); err != nil {
+		log.Fatal(err)
+	}
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer w.Stop(ctx)
+
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	in := OrderInput{OrderID: "o-1", AmountCents: 1999}
 	first, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("stripe-evt_123"))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	again, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("stripe-evt_123"))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	receipt, err := again.Result(ctx)
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	fmt.Println(first.Outcome, again.Outcome, again.Duplicates)
 	fmt.Println(receipt.ChargeKey)

@@ -555,7 +555,7 @@ func (p *permErrors) requireNone(t *testing.T) {
 func securedConn(t *testing.T, url, user string) (*nats.Conn, *permErrors) {
 	t.Helper()
 	perms := &permErrors{}
-	nc, err := nats.Connect(url,
+	nc, err := Connect(url,
 		nats.Name(t.Name()+"/"+user),
 		nats.UserInfo(user, securityPasswords[user]),
 		nats.ErrorHandler(perms.handler),

@@ -210,6 +210,7 @@ func TestWorkerConfigSweepSettings(t *testing.T) {
 	t.Parallel()
 	ws := NewRegistry()
 	require.NoError(t, ws.Register(threeSteps("cfg", newCounter())))
+	nc := newEnv(t, Topology{}).conn() // NewWorker refuses a nil connection
 	for _, tc := range []struct {
 		cfg  WorkerConfig
 		want string
@@ -219,7 +220,7 @@ func TestWorkerConfigSweepSettings(t *testing.T) {
 		{WorkerConfig{AckWait: time.Minute, StuckAfter: 2 * time.Minute}, "StuckAfter must be at least 3 × AckWait (3m0s), got 2m0s"},
 		{WorkerConfig{SweepInterval: time.Millisecond}, "SweepInterval must be at least 10ms"},
 	} {
-		_, err := NewWorker(nil, ws, tc.cfg)
+		_, err := NewWorker(nc, ws, tc.cfg)
 		if tc.want == "" {
 			require.NoError(t, err)
 		} else {

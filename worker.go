@@ -48,7 +48,9 @@ type WorkerConfig struct {
 	ApplyAckWait bool
 	// Topology must match the clients'.
 	Topology Topology
-	// Logger receives structured logs; the default discards them.
+	// Logger receives structured logs. The zero Logger means warnings and
+	// errors to stderr (JSON lines, or a console format on a terminal);
+	// zerolog.Nop() discards everything.
 	Logger zerolog.Logger
 	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
 	Metrics *Metrics
@@ -83,6 +85,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	}
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second
+	}
+	if isZeroLogger(c.Logger) {
+		c.Logger = defaultLogger()
 	}
 	return c
 }
@@ -125,6 +130,9 @@ type serving struct {
 // NewWorker returns a worker for the workflows in ws. It does not touch NATS
 // until Start.
 func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
+	if err := checkConn(nc); err != nil {
+		return nil, err
+	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

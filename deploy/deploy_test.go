@@ -237,7 +237,7 @@ func TestDockerfile(t *testing.T) {
 	ignore := string(readFile(t, filepath.Join(moduleRoot, ".dockerignore")))
 	for _, line := range strings.Split(ignore, "\n") {
 		line = strings.TrimSpace(line)
-		for _, needed := range []string{"go.mod", "go.sum", "cmd", "internal", "examples", "*.go"} {
+		for _, needed := range []string{"go.mod", "go.sum", "cmd", "internal", "examples", "embedded", "workermain", "*.go"} {
 			require.NotEqual(t, needed, line, ".dockerignore excludes %s", needed)
 		}
 	}
@@ -433,13 +433,17 @@ func TestDeployedFlagsExist(t *testing.T) {
 
 // sourceLiterals are the string literals that look like flag names in the
 // non-test Go files of dir and of the module's internal packages they
-// import (the --nats-* flags are defined in internal/natsconn).
+// import (the --nats-* flags are defined in internal/natsconn); a command
+// package they import (workermain, whose flags cmd/worker has) counts as
+// part of dir.
 func sourceLiterals(t *testing.T, dir string) map[string]bool {
 	t.Helper()
 	const internalPrefix = "github.com/jetflow/jetflow/internal/"
+	commandPkgs := map[string]string{"github.com/jetflow/jetflow/workermain": "workermain"}
 	lit := regexp.MustCompile(`"([a-z][a-z0-9]*(?:-[a-z0-9]+)*)"`)
 	out := map[string]bool{}
 	dirs, seen := []string{dir}, map[string]bool{dir: true}
+	command := map[string]bool{dir: true}
 	for len(dirs) > 0 {
 		d := dirs[0]
 		dirs = dirs[1:]
@@ -454,12 +458,19 @@ func sourceLiterals(t *testing.T, dir string) map[string]bool {
 			for _, m := range lit.FindAllSubmatch(src, -1) {
 				out[string(m[1])] = true
 			}
-			if d != dir {
+			if !command[d] {
 				continue // one level of imports
 			}
 			f, err := parser.ParseFile(token.NewFileSet(), path, src, parser.ImportsOnly)
 			require.NoError(t, err)
 			for _, imp := range f.Imports {
+				if pkg, ok := commandPkgs[strings.Trim(imp.Path.Value, `"`)]; ok {
+					cdir := filepath.Join(moduleRoot, pkg)
+					if !seen[cdir] {
+						seen[cdir], command[cdir] = true, true
+						dirs = append(dirs, cdir)
+					}
+				}
 				if pkg, ok := strings.CutPrefix(strings.Trim(imp.Path.Value, `"`), internalPrefix); ok {
 					idir := filepath.Join(moduleRoot, "internal", filepath.FromSlash(pkg))
 					if !seen[idir] {

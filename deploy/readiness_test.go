@@ -21,7 +21,7 @@ import (
 func TestWorkerUserPassesReadiness(t *testing.T) {
 	t.Parallel()
 	url := accountsServer(t)
-	nc, err := nats.Connect(url, nats.UserInfo("jetflow_worker", natsPasswords["JETFLOW_WORKER_PASSWORD"]))
+	nc, err := jetflow.Connect(url, nats.UserInfo("jetflow_worker", natsPasswords["JETFLOW_WORKER_PASSWORD"]))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 

@@ -69,8 +69,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,6 +76,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
 )
 
@@ -161,9 +160,8 @@ Exit codes:
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// After the first signal, a second one kills the process.
-	context.AfterFunc(ctx, stop)
+	ctx, stop := lifecycle.SignalContext(context.Background())
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()

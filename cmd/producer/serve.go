@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/lifecycle"
 	imetrics "github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
@@ -118,17 +119,13 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 			return fmt.Errorf("http server: %w", err)
 		}
 	} else {
-		opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopOps()
-		opsErr := make(chan error, 1)
-		go func() {
-			err := opshttp.Serve(opsCtx, opsLn, opshttp.Handler(reg, checks...))
+		ops := lifecycle.ServeOps(ctx, opsLn, opshttp.Handler(reg, checks...), func(error) {
 			stopAPI() // the API does not outlive its operations endpoints
-			opsErr <- err
-		}()
+		})
+		defer ops.Stop()
 		err := opshttp.ServeGrace(apiCtx, ln, mux, grace)
-		stopOps() // after the API's drain: its last counters can be scraped until then
-		if err = errors.Join(err, <-opsErr); err != nil {
+		// Stopped after the API's drain: its last counters can be scraped until then.
+		if err = errors.Join(err, ops.Stop()); err != nil {
 			return fmt.Errorf("http server: %w", err)
 		}
 	}

@@ -11,11 +11,12 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
-// Errors of a --webhooks file, matched with errors.Is on a
-// *webhooksFileError. Problems with a source's fields match
+// Errors of a --webhooks file, matched with errors.Is on its
+// *config.FileError (webhooksFileError). Problems with a source's fields match
 // webhook.ErrInvalidSource instead.
 var (
 	// errWebhooksMalformed: not YAML, or not a list of maps of scalars.
@@ -30,31 +31,12 @@ var (
 )
 
 // webhooksFileError is a problem with the --webhooks file or one of its
-// sources. Its message names the file, the line and the field where known,
-// and never holds a secret.
-type webhooksFileError struct {
-	Path   string
-	Line   int    // 0 when unknown
-	Source string // the source's name, when known
-	Err    error
+// sources: a *config.FileError whose message reads `webhooks file PATH line
+// N: source "S": reason`, naming the file, the line and the field where
+// known, and never holding a secret.
+func webhooksFileError(path string, line int, source string, err error) error {
+	return &config.FileError{Path: path, Line: line, Key: source, Err: err, Kind: "webhooks file", KeyKind: "source"}
 }
-
-// Error reads `webhooks file PATH line N: source "S": reason`.
-func (e *webhooksFileError) Error() string {
-	var b strings.Builder
-	b.WriteString("webhooks file " + e.Path)
-	if e.Line > 0 {
-		fmt.Fprintf(&b, " line %d", e.Line)
-	}
-	if e.Source != "" {
-		fmt.Fprintf(&b, ": source %q", e.Source)
-	}
-	b.WriteString(": " + e.Err.Error())
-	return b.String()
-}
-
-// Unwrap returns the cause.
-func (e *webhooksFileError) Unwrap() error { return e.Err }
 
 // sourceFields are the keys of one source in a --webhooks file.
 var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secrets", "tolerance"}
@@ -69,10 +51,10 @@ var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secre
 func loadWebhooks(path string, getenv func(string) string) ([]webhook.Source, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, &webhooksFileError{Path: path, Err: err}
+		return nil, webhooksFileError(path, 0, "", err)
 	}
 	fail := func(line int, source string, err error) error {
-		return &webhooksFileError{Path: path, Line: line, Source: source, Err: err}
+		return webhooksFileError(path, line, source, err)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node

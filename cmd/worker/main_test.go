@@ -1,12 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/workermain"
 )
 
 func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
@@ -27,57 +26,46 @@ const testWait = 30 * time.Second
 
 var orderInput = json.RawMessage(`{"order_id":"o-1","amount_cents":1999,"currency":"usd","email":"ada@example.com"}`)
 
-// startServe parses args and vars as the command does and runs serve until
-// the returned stop is called (or the test ends). It fails the test if
-// serve returns before it is ready. stop returns serve's error.
-func startServe(t *testing.T, args []string, vars map[string]string) (endpoints, func() error) {
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+// endpoints are the addresses the started command serves on.
+type endpoints struct {
+	workermain.Endpoints
+	PaymentsURL string
+}
+
+// startWorker runs the command as main does, with args and vars, until the
+// returned stop is called (or the test ends). It fails the test if the
+// command returns before it is ready. stop returns the exit code.
+func startWorker(t *testing.T, args []string, vars map[string]string) (endpoints, func() int) {
 	t.Helper()
-	cfg, err := parseConfig(args, env(vars), false, io.Discard, io.Discard)
-	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	ws := jetflow.NewWorkers()
 	ready := make(chan endpoints, 1)
-	served := make(chan error, 1)
+	d := &demo{ws: ws}
+	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.pay.URL()} }
+	done := make(chan struct{}) // closed once the exit code is in code
+	code := -1
 	go func() {
-		log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-		served <- serve(ctx, cfg, log, func(e endpoints) { ready <- e })
+		defer close(done)
+		code = workermain.Run(ctx, ws, args, append(d.options(),
+			workermain.WithEnv(env(vars)), workermain.WithOutput(io.Discard, zerolog.NewTestWriter(t)))...)
 	}()
-	done := make(chan struct{}) // closed once serve's result is in result
-	var result error
-	go func() {
-		result = <-served
-		close(done)
-	}()
-	stop := func() error {
+	stop := func() int {
 		cancel() // as SIGTERM does
 		<-done
-		return result
+		return code
 	}
 	t.Cleanup(func() { _ = stop() })
 	select {
 	case ep := <-ready:
 		return ep, stop
 	case <-done:
-		t.Fatalf("serve returned before ready: %v", result)
+		t.Fatalf("the worker exited with %d before ready", code)
 		return endpoints{}, nil
 	}
-}
-
-// completeOrder starts an order run through its own client on nc, twice,
-// and waits for it to complete: proof that the worker behind nc works.
-func completeOrder(t *testing.T, nc *nats.Conn, runID string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), testWait)
-	defer cancel()
-	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
-	require.NoError(t, err)
-	for _, want := range []jetflow.Outcome{jetflow.OutcomeCreated, jetflow.OutcomeExisting} {
-		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID(runID))
-		require.NoError(t, err)
-		require.Equal(t, want, res.Outcome)
-	}
-	run, err := c.WaitRun(ctx, runID)
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusCompleted, run.Status)
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -98,12 +86,23 @@ func get(t *testing.T, url string) (int, string) {
 // signal would.
 func TestServe(t *testing.T) {
 	t.Parallel()
-	ep, stop := startServe(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--flaky-charge", "--ops-addr", "127.0.0.1:0"}, nil)
+	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--flaky-charge", "--ops-addr", "127.0.0.1:0"}, nil)
 
-	nc, err := jetstream.Connect(ep.NatsURL, t.Name())
+	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
 	require.NoError(t, err)
 	defer nc.Close()
-	completeOrder(t, nc, "stripe-evt_123")
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	for _, want := range []jetflow.Outcome{jetflow.OutcomeCreated, jetflow.OutcomeExisting} {
+		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("stripe-evt_123"))
+		require.NoError(t, err)
+		require.Equal(t, want, res.Outcome)
+	}
+	run, err := c.WaitRun(ctx, "stripe-evt_123")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
 
 	code, body := get(t, ep.PaymentsURL+"/charges")
 	require.Equal(t, http.StatusOK, code)
@@ -125,96 +124,40 @@ func TestServe(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	code, body = get(t, ep.OpsURL+"/metrics")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, "\ngo_goroutines ")
 	require.Contains(t, body, "\njetflow_steps_total{")
 
-	require.NoError(t, stop())
+	require.Equal(t, 0, stop())
 }
 
-func TestServeOpsAddrInUse(t *testing.T) {
+// TestDemoFlags: the example's flags are read like the worker's (flag,
+// environment, config file), printed by --print-config with the others,
+// and listed by -h.
+func TestDemoFlags(t *testing.T) {
 	t.Parallel()
-	ep, _ := startServe(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr", "127.0.0.1:0"}, nil)
-	cfg, err := parseConfig([]string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr", strings.TrimPrefix(ep.OpsURL, "http://")},
-		env(nil), false, io.Discard, io.Discard)
-	require.NoError(t, err)
-	err = serve(t.Context(), cfg, testenv.Logger(t), func(endpoints) { t.Error("ready with the ops address taken") })
-	require.ErrorContains(t, err, "listen on")
-}
-
-// TestServeUserPassword: against a server that requires a password, the
-// worker given it (from the environment, as a deployment would) runs an
-// order to completion.
-func TestServeUserPassword(t *testing.T) {
-	t.Parallel()
-	const password = "us3r-Pa55word"
-	srv := testenv.UserPassServer(t, "app", password)
-	_, stop := startServe(t, []string{"--nats-url", srv.URL, "--nats-user", "app", "--ops-addr="},
-		map[string]string{"JETFLOW_NATS_PASSWORD": password})
-	completeOrder(t, srv.Conn(t), "pw-order-1")
-	require.NoError(t, stop())
-}
-
-// TestServeWrongPassword: a wrong password stops the worker at start-up
-// with an authorization error that does not show the password, neither in
-// the error nor anywhere in the command's output.
-func TestServeWrongPassword(t *testing.T) {
-	t.Parallel()
-	const password, wrong = "r1ght-Pa55word", "wr0ng-Pa55word"
-	srv := testenv.UserPassServer(t, "app", password)
-
-	cfg, err := parseConfig([]string{"--nats-url", srv.URL, "--nats-user", "app", "--nats-password", wrong, "--ops-addr="},
-		env(nil), false, io.Discard, io.Discard)
-	require.NoError(t, err)
-	err = serve(t.Context(), cfg, testenv.Logger(t), func(endpoints) { t.Error("ready with a wrong password") })
-	require.ErrorIs(t, err, nats.ErrAuthorization)
-	require.NotContains(t, err.Error(), wrong)
-	require.NotContains(t, err.Error(), password)
-
-	// Credentials in the URL are redacted too.
-	u := strings.Replace(srv.URL, "nats://", "nats://app:"+wrong+"@", 1)
-	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
-	require.NoError(t, err)
-	defer stderr.Close()
-	for _, args := range [][]string{
-		{"--nats-url", srv.URL, "--nats-user", "app", "--nats-password", wrong, "--ops-addr="},
-		{"--nats-url", u, "--ops-addr="},
-	} {
-		require.Equal(t, 1, run(t.Context(), args, env(nil), io.Discard, stderr))
+	run := func(args []string, vars map[string]string) (*demo, int, string) {
+		d := &demo{ws: jetflow.NewWorkers()}
+		var out bytes.Buffer
+		code := workermain.Run(t.Context(), d.ws, args, append(d.options(),
+			workermain.WithEnv(env(vars)), workermain.WithOutput(&out, &out))...)
+		return d, code, out.String()
 	}
-	out, err := os.ReadFile(stderr.Name())
-	require.NoError(t, err)
-	require.Equal(t, 2, strings.Count(string(out), "Authorization Violation"), "%s", out)
-	require.NotContains(t, string(out), wrong)
-	require.Contains(t, string(out), "app:xxxxx@127.0.0.1")
-}
+	d, code, printed := run([]string{"--print-config"}, nil)
+	require.Equal(t, 0, code)
+	require.Equal(t, "127.0.0.1:0", d.paymentsAddr)
+	require.False(t, d.flakyCharge)
+	require.Contains(t, printed, "payments-addr: 127.0.0.1:0 # default\n")
+	require.Contains(t, printed, "flaky-charge: false # default\n")
+	require.Equal(t, 25, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
-// TestServeTLS: against a TLS server, the worker trusting its CA (and, where
-// the server verifies clients, presenting a client certificate) runs an
-// order to completion; without the CA it cannot connect.
-func TestServeTLS(t *testing.T) {
-	t.Parallel()
-	for _, verify := range []bool{false, true} {
-		name := "ServerOnly"
-		if verify {
-			name = "VerifyClients"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			srv := testenv.TLSServer(t, verify)
-			args := []string{"--nats-url", srv.URL, "--nats-tls-ca", srv.Certs.CAFile, "--ops-addr="}
-			if verify {
-				args = append(args, "--nats-tls-cert", srv.Certs.ClientCertFile, "--nats-tls-key", srv.Certs.ClientKeyFile)
-			}
-			_, stop := startServe(t, args, nil)
-			completeOrder(t, srv.Conn(t), "tls-order-1")
-			require.NoError(t, stop())
+	d, code, printed = run([]string{"--print-config", "--payments-addr", "127.0.0.1:8099"}, map[string]string{"JETFLOW_FLAKY_CHARGE": "1"})
+	require.Equal(t, 0, code)
+	require.Equal(t, "127.0.0.1:8099", d.paymentsAddr)
+	require.True(t, d.flakyCharge)
+	require.Contains(t, printed, "flaky-charge: true # env JETFLOW_FLAKY_CHARGE\n")
 
-			// Trusting another CA, the worker refuses the server.
-			args[3] = testenv.GenerateCerts(t).CAFile
-			cfg, err := parseConfig(args, env(nil), false, io.Discard, io.Discard)
-			require.NoError(t, err)
-			err = serve(t.Context(), cfg, testenv.Logger(t), func(endpoints) { t.Error("ready with an untrusted server") })
-			require.ErrorContains(t, err, "certificate signed by unknown authority")
-		})
+	_, code, usage := run([]string{"-h"}, nil)
+	require.Equal(t, 0, code)
+	for _, want := range []string{"Usage: worker [flags]", "Runs the jetflow example workflows.", "-payments-addr", "-flaky-charge", "-nats-url"} {
+		require.Contains(t, usage, want)
 	}
 }

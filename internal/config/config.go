@@ -160,23 +160,37 @@ func (e *SettingError) Error() string {
 func (e *SettingError) Unwrap() error { return e.Err }
 
 // FileError is a config file that could not be read, parsed or applied as
-// a whole, or one of its keys.
+// a whole, or one of its keys. Other YAML files of the commands (producer
+// serve's --webhooks) report their errors with it too, naming the file and
+// what Key is with Kind and KeyKind.
 type FileError struct {
 	Path string
 	Line int    // 0 when unknown
 	Key  string // empty when the problem is not one key
 	Err  error
+	// Kind says what the file is, "config file" when empty.
+	Kind string
+	// KeyKind says what Key is, "key" when empty.
+	KeyKind string
 }
 
-// Error reads `config file PATH line N: key "K": reason`.
+// Error reads `config file PATH line N: key "K": reason`, with Kind and
+// KeyKind in place of "config file" and "key" when set.
 func (e *FileError) Error() string {
+	kind, keyKind := e.Kind, e.KeyKind
+	if kind == "" {
+		kind = "config file"
+	}
+	if keyKind == "" {
+		keyKind = "key"
+	}
 	var b strings.Builder
-	b.WriteString("config file " + e.Path)
+	b.WriteString(kind + " " + e.Path)
 	if e.Line > 0 {
 		fmt.Fprintf(&b, " line %d", e.Line)
 	}
 	if e.Key != "" {
-		fmt.Fprintf(&b, ": key %q", e.Key)
+		fmt.Fprintf(&b, ": %s %q", keyKind, e.Key)
 	}
 	b.WriteString(": " + e.Err.Error())
 	return b.String()

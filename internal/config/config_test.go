@@ -364,3 +364,11 @@ func TestErrorsMatch(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	require.Equal(t, config.FileError{Path: path, Line: 1, Key: "nope", Err: config.ErrUnknownKey}, *fe)
 }
+
+func TestFileErrorKinds(t *testing.T) {
+	t.Parallel()
+	err := &config.FileError{Path: "hooks.yaml", Line: 3, Key: "stripe", Err: config.ErrMalformed, Kind: "webhooks file", KeyKind: "source"}
+	require.EqualError(t, err, `webhooks file hooks.yaml line 3: source "stripe": malformed config file`)
+	require.ErrorIs(t, err, config.ErrMalformed)
+	require.EqualError(t, &config.FileError{Path: "w.yaml", Key: "k", Err: config.ErrUnknownKey}, `config file w.yaml: key "k": unknown setting`)
+}

@@ -128,6 +128,13 @@ func (e *Embedded) Shutdown() {
 	}
 }
 
+// WaitForShutdown blocks until the server has shut down.
+func (e *Embedded) WaitForShutdown() {
+	if e.srv != nil {
+		e.srv.WaitForShutdown()
+	}
+}
+
 // Restart shuts the server down and starts it again on the same address and
 // data directory, as a process restart would.
 func (e *Embedded) Restart() error {
@@ -135,21 +142,43 @@ func (e *Embedded) Restart() error {
 	return e.start()
 }
 
-// Connect dials url with settings suited to a long-lived engine process:
-// unlimited reconnects, so a NATS restart is survived, and no reconnect
-// buffer: a write attempted while disconnected fails at once instead of
-// being sent after the reconnect, long after its caller gave up on it and
-// acted on that (a late commit would land behind a retry's).
+// Connect dials url with ConnOptions, named name, followed by extra.
 func Connect(url, name string, extra ...nats.Option) (*nats.Conn, error) {
-	opts := append([]nats.Option{
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100 * time.Millisecond),
-		nats.ReconnectBufSize(-1),
-	}, extra...)
+	opts := append(append([]nats.Option{nats.Name(name)}, ConnOptions()...), extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: connect to %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// ConnOptions are the connection settings of every connection jetflow
+// opens (Connect, jetflow.Connect, the commands'), suited to a long-lived
+// engine process: unlimited reconnects, so that a NATS restart is
+// survived, and no reconnect buffer: a write attempted while disconnected
+// fails at once instead of being sent after the reconnect, long after its
+// caller gave up on it and acted on that (a late commit would land behind
+// a retry's). UnsafeOption checks a connection for the second.
+func ConnOptions() []nats.Option {
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
+	}
+}
+
+// UnsafeOption describes the setting of a connection with options o that
+// breaks the engine's ordering guarantees, or returns "" when there is
+// none: a reconnect buffer (nats.ReconnectBufSize not negative, on a
+// connection that reconnects), which holds writes made while disconnected
+// and sends them after the reconnect.
+func UnsafeOption(o nats.Options) string {
+	if o.AllowReconnect && o.ReconnectBufSize >= 0 {
+		size := o.ReconnectBufSize
+		if size == 0 {
+			size = nats.DefaultReconnectBufSize
+		}
+		return fmt.Sprintf("its reconnect buffer is on (nats.ReconnectBufSize %d)", size)
+	}
+	return ""
 }

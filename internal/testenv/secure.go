@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
 // secureWait bounds the wait for a secured server to be ready.
@@ -63,7 +65,7 @@ func (s *SecureServer) ClientOptions() []nats.Option {
 // ends.
 func (s *SecureServer) Conn(t testing.TB) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.URL, append([]nats.Option{nats.Name(t.Name())}, s.ClientOptions()...)...)
+	nc, err := jetstream.Connect(s.URL, t.Name(), s.ClientOptions()...)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc

@@ -1,4 +1,4 @@
-package main
+package workermain
 
 import (
 	"bytes"
@@ -14,10 +14,16 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow"
 	conf "github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
+
+// parseConfig parses as a worker command without options does.
+func parseConfig(args []string, getenv func(string) string, stderrIsTerminal bool, stdout, usage io.Writer) (config, error) {
+	return newProgram(nil).parseConfig(args, getenv, stderrIsTerminal, stdout, usage)
+}
 
 func env(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
@@ -38,7 +44,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, Concurrency: 64,
 		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, SweepInterval: time.Minute,
 		OpsAddr: "127.0.0.1:8081", LogFormat: "json",
-		LogLevel: zerolog.InfoLevel, PaymentsAddr: "127.0.0.1:0",
+		LogLevel: zerolog.InfoLevel,
 	}, c)
 	require.True(t, c.embedded())
 
@@ -67,7 +73,6 @@ func TestParseConfigEnvFallback(t *testing.T) {
 		"JETFLOW_SYNC_ALWAYS":    "true",
 		"JETFLOW_LOG_FORMAT":     "console",
 		"JETFLOW_LOG_LEVEL":      "debug",
-		"JETFLOW_FLAKY_CHARGE":   "1",
 	}
 	c, err := parseConfig(nil, env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
@@ -76,7 +81,7 @@ func TestParseConfigEnvFallback(t *testing.T) {
 		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
 		Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
 		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute,
-		LogFormat: "console", LogLevel: zerolog.DebugLevel, PaymentsAddr: "127.0.0.1:0", FlakyCharge: true,
+		LogFormat: "console", LogLevel: zerolog.DebugLevel,
 	}, c)
 	require.False(t, c.embedded())
 
@@ -216,7 +221,7 @@ func TestPrintConfig(t *testing.T) {
 	}
 	require.NotContains(t, printed, "print-config")
 	require.NotContains(t, printed, "\nconfig:")
-	require.Equal(t, 25, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 23, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	// Round trip: the printed file gives the same configuration.
 	again := writeConfig(t, printed)
@@ -237,8 +242,8 @@ func TestRunPrintConfig(t *testing.T) {
 	require.NoError(t, err)
 	defer stderr.Close()
 	var stdout bytes.Buffer
-	code := run(t.Context(), []string{"--print-config", "--nats-url", "nats://x:4222", "--nats-token", "t0ken-S3cret"},
-		env(nil), &stdout, stderr)
+	code := Run(t.Context(), jetflow.NewWorkers(), []string{"--print-config", "--nats-url", "nats://x:4222", "--nats-token", "t0ken-S3cret"},
+		WithEnv(env(nil)), WithOutput(&stdout, stderr))
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout.String(), "nats-token: <redacted> # flag\n")
 	require.NotContains(t, stdout.String(), "t0ken-S3cret")
@@ -246,7 +251,7 @@ func TestRunPrintConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, logged)
 
-	code = run(t.Context(), []string{"--print-config", "--replicas", "5"}, env(nil), &stdout, stderr)
+	code = Run(t.Context(), jetflow.NewWorkers(), []string{"--print-config", "--replicas", "5"}, WithEnv(env(nil)), WithOutput(&stdout, stderr))
 	require.Equal(t, 1, code, "an invalid configuration is not printed")
 }
 

@@ -1,4 +1,4 @@
-package main
+package workermain
 
 import (
 	"errors"
@@ -43,16 +43,16 @@ type config struct {
 	OpsAddr       string
 	LogFormat     string
 	LogLevel      zerolog.Level
-	PaymentsAddr  string
-	FlakyCharge   bool
 }
 
 // embedded reports whether the worker runs its own NATS server.
 func (c config) embedded() bool { return c.NATS.URL == "" }
 
-const usageHead = `Usage: worker [flags]
+// usageHead is the top of the usage text: the program's name, then its
+// description.
+const usageHead = `Usage: %s [flags]
 
-Runs the jetflow example workflows. With no --nats-url it starts an embedded
+%s With no --nats-url it starts an embedded
 NATS server with JetStream; with --nats-url it joins an existing deployment.
 
 Each flag is taken from, in order: the command line; the environment variable
@@ -65,18 +65,19 @@ Flags:
 `
 
 // parseConfig reads args (without the program name), the environment
-// through getenv and the config file, and validates the result.
+// through getenv and the config file into the worker's flags and the
+// program's own (WithFlags), and validates the result.
 // stderrIsTerminal picks the default log format. Usage and -h go to usage.
 // With --print-config it prints the configuration to stdout and returns
 // errConfigPrinted. A bad value is reported with the flag's name and where
 // the value came from.
-func parseConfig(args []string, getenv func(string) string, stderrIsTerminal bool, stdout, usage io.Writer) (config, error) {
+func (p *program) parseConfig(args []string, getenv func(string) string, stderrIsTerminal bool, stdout, usage io.Writer) (config, error) {
 	var (
 		c           config
 		logLevel    string
 		printConfig bool
 	)
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs := flag.NewFlagSet(p.name, flag.ContinueOnError)
 	fs.SetOutput(usage)
 	natsconn.Register(fs, &c.NATS)
 	fs.Lookup(natsconn.FlagURL).Usage = "NATS server `URL`s, comma-separated; empty starts an embedded server. " +
@@ -95,12 +96,13 @@ func parseConfig(args []string, getenv func(string) string, stderrIsTerminal boo
 	fs.StringVar(&c.OpsAddr, "ops-addr", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&c.LogFormat, "log-format", "", "json or console (default console on a terminal, json otherwise)")
 	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
-	fs.StringVar(&c.PaymentsAddr, "payments-addr", "127.0.0.1:0", "example payment service: address to listen on")
-	fs.BoolVar(&c.FlakyCharge, "flaky-charge", false, "example order workflow: lose the payment service's first response, to show a safe retry")
 	fs.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets redacted) and exit")
 	conf.CommandLineOnly(fs, "print-config")
+	if p.flags != nil {
+		p.flags(fs)
+	}
 	fs.Usage = func() {
-		fmt.Fprint(usage, usageHead)
+		fmt.Fprintf(usage, usageHead, p.name, p.description)
 		fs.PrintDefaults()
 	}
 

@@ -1,0 +1,46 @@
+// Package workermain is the jetflow worker command as a library: a team's
+// worker binary is a main that registers its workflows and hands over to
+// Main, which does what cmd/worker does.
+//
+//	func main() {
+//		ws := jetflow.NewWorkers()
+//		if err := ws.Add(signup.Workflow()); err != nil {
+//			log.Fatal(err)
+//		}
+//		os.Exit(workermain.Main(ws))
+//	}
+//
+// # What the command does
+//
+// With no --nats-url it starts an embedded NATS server with JetStream on
+// 127.0.0.1:4222 (data in ./jetflow-data, package embedded), so that
+// producers and more workers can connect to it. With --nats-url it joins an
+// existing NATS deployment instead, optionally authenticating with
+// --nats-user and --nats-password, --nats-token, --nats-nkey or
+// --nats-creds, and using TLS with --nats-tls-ca (and --nats-tls-cert and
+// --nats-tls-key where the server verifies clients). Those flags are
+// refused with the embedded server, which has neither. --replicas 3
+// replicates the engine's streams and buckets on a three-node cluster;
+// every worker and producer of a deployment must agree on it.
+//
+// It serves until SIGINT or SIGTERM, then stops taking work, lets running
+// steps finish for up to --drain-timeout, and exits; a second signal exits
+// at once. Exit codes: ExitOK, ExitError.
+//
+// # Configuration
+//
+// Each flag is read from the command line, else from JETFLOW_<FLAG>
+// (--ack-wait from JETFLOW_ACK_WAIT), else from the YAML file named by
+// --config or JETFLOW_CONFIG (keys are flag names), else its default.
+// --print-config prints the effective settings as such a file, with where
+// each came from, secrets redacted, and exits. WithFlags adds flags of the
+// program's own, read the same way. -h lists them all.
+//
+// # Operations
+//
+// --ops-addr (default 127.0.0.1:8081, empty disables) serves Prometheus
+// metrics on /metrics, liveness on /healthz and readiness on /readyz (the
+// worker is started, connected, and its streams, buckets and consumers are
+// in place). Logs are JSON lines on stderr (console on a terminal;
+// --log-format, --log-level).
+package workermain

@@ -1,0 +1,128 @@
+package workermain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/lifecycle"
+	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/opshttp"
+)
+
+// startTimeout bounds the worker's Start: provisioning of its streams,
+// buckets and consumers.
+const startTimeout = 30 * time.Second
+
+// serve wires the worker over ws and runs it until ctx ends (or the
+// operations server fails), then drains. p.ready, if not nil, is called
+// once the worker is serving.
+func (p *program) serve(ctx context.Context, ws *jetflow.Workers, cfg config, log zerolog.Logger) error {
+	natsOpts := cfg.NATS
+	if cfg.embedded() {
+		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{
+			DataDir: cfg.DataDir, Host: cfg.Host, Port: cfg.Port, SyncAlways: cfg.SyncAlways,
+		})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			srv.Shutdown()
+			log.Info().Msg("embedded NATS server stopped")
+		}()
+		natsOpts.URL = srv.ClientURL()
+		log.Info().Str("url", natsOpts.URL).Str("data_dir", cfg.DataDir).Bool("sync_always", cfg.SyncAlways).
+			Msg("embedded NATS server started")
+	}
+
+	nc, err := natsOpts.Connect("jetflow-"+p.name, natsconn.LogEvents(log)...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Int("replicas", cfg.Replicas).
+		Msg("connected to NATS")
+
+	var (
+		ops     net.Listener
+		reg     *prometheus.Registry
+		metrics *jetflow.Metrics
+	)
+	if cfg.OpsAddr != "" {
+		reg = opshttp.NewRegistry()
+		if metrics, err = jetflow.NewMetrics(reg); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		if ops, err = opshttp.Listen(cfg.OpsAddr); err != nil {
+			return err
+		}
+		defer ops.Close() // Serve closes it too; this covers a failure before Serve
+	}
+
+	if p.setup != nil {
+		closeSetup, err := p.setup(ctx, Setup{Logger: log, Conn: nc})
+		if err != nil {
+			return err
+		}
+		if closeSetup != nil {
+			defer closeSetup()
+		}
+	}
+
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
+		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
+		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
+		Topology: jetflow.Topology{Replicas: cfg.Replicas},
+	})
+	if err != nil {
+		return err
+	}
+
+	// The operations server runs from before Start (live, not ready) until
+	// after the drain (not ready while stopping); if it fails, the worker
+	// drains and stops with its error.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	var (
+		h      http.Handler
+		opsURL string
+	)
+	if ops != nil {
+		h = opshttp.Handler(reg, opshttp.Check{Name: "worker", Fn: w.Ready})
+	}
+	srv := lifecycle.ServeOps(ctx, ops, h, func(err error) { fail(fmt.Errorf("operations server: %w", err)) })
+	defer srv.Stop()
+	if ops != nil {
+		opsURL = "http://" + ops.Addr().String()
+		log.Info().Str("url", opsURL).Msg("operations server started: /metrics /healthz /readyz")
+	}
+
+	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	err = w.Start(startCtx)
+	cancel()
+	if err != nil {
+		return errors.Join(err, srv.Stop())
+	}
+
+	if p.ready != nil {
+		p.ready(Endpoints{NatsURL: natsOpts.URL, OpsURL: opsURL})
+	}
+
+	<-ctx.Done()
+	log.Info().Dur("drain_timeout", cfg.DrainTimeout).Msg("stopping: finishing running steps")
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	var drainErr error
+	if err := w.Stop(drainCtx); err != nil {
+		drainErr = fmt.Errorf("drain: %w (unfinished steps will run again, with the same step IDs)", err)
+	}
+	return errors.Join(drainErr, srv.Stop())
+}
