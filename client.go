@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -70,6 +70,7 @@ type Client struct {
 	cfg    ClientConfig
 	assets *jetstream.Assets
 	admit  *dedupe.Admitter
+	runs   *runs.Store
 }
 
 // NewClient binds to the engine's streams and buckets on nc, creating any
@@ -92,7 +93,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal())}, nil
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: runs.New(assets)}, nil
 }
 
 // Ready reports whether the client can start and read runs: connected to
@@ -449,22 +450,19 @@ func (c *Client) GetRun(ctx context.Context, runID string) (_ Run, err error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
-	v, _, err := c.assets.Runs.Get(ctx, runID)
-	if errors.Is(err, jetstream.ErrNotFound) {
+	r, _, err := c.runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 	}
 	if err != nil {
 		return Run{}, err
 	}
-	return c.toRun(ctx, v)
+	return c.toRun(ctx, r)
 }
 
-func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
-	r, err := state.DecodeRun(v)
-	if err != nil {
-		return Run{}, err
-	}
-	audit, err := dedupe.ReadAudit(ctx, c.assets, r.RunID)
+// toRun is the stored record r with its duplicate audit.
+func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
+	audit, err := c.runs.Audit(ctx, r.RunID)
 	if err != nil {
 		return Run{}, err
 	}
@@ -493,58 +491,15 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
-	w, err := c.assets.Runs.Raw().Watch(ctx, runID)
+	r, err := c.runs.Wait(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
 	if err != nil {
-		return Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
+		return Run{}, err // ctx's own error as it is, not ErrUnavailable
 	}
-	defer func() { _ = w.Stop() }()
-	seen := false
-	for {
-		select {
-		case <-ctx.Done():
-			return Run{}, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
-			}
-			if e == nil { // initial values delivered
-				if seen {
-					continue
-				}
-				// The record may have been replaced while the watch was set
-				// up (the bucket keeps one revision): ask before saying no.
-				v, _, err := c.assets.Runs.Get(ctx, runID)
-				if errors.Is(err, jetstream.ErrNotFound) {
-					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-				}
-				if err != nil {
-					return Run{}, jetstream.Unavailable(err)
-				}
-				r, err := state.DecodeRun(v)
-				if err != nil {
-					return Run{}, err
-				}
-				if r.Status.Terminal() {
-					run, err := c.toRun(ctx, v)
-					return run, jetstream.Unavailable(err)
-				}
-				seen = true
-				continue
-			}
-			if e.Operation() != natsjs.KeyValuePut {
-				continue // the marker of an expired earlier run with this ID
-			}
-			seen = true
-			r, err := state.DecodeRun(e.Value())
-			if err != nil {
-				return Run{}, err
-			}
-			if r.Status.Terminal() {
-				run, err := c.toRun(ctx, e.Value())
-				return run, jetstream.Unavailable(err)
-			}
-		}
-	}
+	run, err := c.toRun(ctx, r)
+	return run, jetstream.Unavailable(err)
 }
 
 // StepRecord is one committed step of a run.
@@ -570,10 +525,8 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		return nil, err
 	}
 	identity := runID
-	if v, _, err := c.assets.Runs.Get(ctx, runID); err == nil {
-		if r, err := state.DecodeRun(v); err == nil {
-			identity = state.RunIdentity(runID, r.Generation)
-		}
+	if r, _, err := c.runs.Get(ctx, runID); err == nil {
+		identity = state.RunIdentity(runID, r.Generation)
 	}
 	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
@@ -619,50 +572,27 @@ func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return err
 	}
-	for {
-		v, rev, err := c.assets.Runs.Get(ctx, runID)
-		if errors.Is(err, jetstream.ErrNotFound) {
-			return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-		}
-		if err != nil {
-			return err
-		}
-		run, err := state.DecodeRun(v)
-		if err != nil {
-			return err
-		}
-		switch run.Status {
-		case state.StatusCancelled:
-			return nil
-		case state.StatusCompleted, state.StatusFailed:
-			return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
-		}
-		run.Status, run.UpdatedAt = state.StatusCancelled, time.Now().UTC()
-		run.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
-		b, err := state.Encode(run)
-		if err != nil {
-			return err
-		}
-		ttl := run.Retention
-		if ttl == 0 {
-			ttl = c.assets.Topology.Retention
-		}
-		_, err = c.assets.Runs.UpdateTTL(ctx, runID, b, rev, ttl)
-		if errors.Is(err, jetstream.ErrRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-		// Best effort: a worker that misses it still cannot change the
-		// outcome (the record is final).
-		if err := c.nc.Publish(CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
-			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
-		}
-		if err := c.nc.FlushWithContext(ctx); err != nil {
-			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
-		}
-		return nil
+	run, cancelled, err := c.runs.Cancel(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case !cancelled && run.Status == state.StatusCancelled:
+		return nil
+	case !cancelled:
+		return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
+	}
+	c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+	// Best effort: a worker that misses it still cannot change the
+	// outcome (the record is final).
+	if err := c.nc.Publish(CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+	}
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+	}
+	return nil
 }
