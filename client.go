@@ -14,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -323,7 +324,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := dedupe.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
+	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
@@ -340,10 +341,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	req := nats.NewMsg(dedupe.AdmitSubjectPrefix + name)
+	req := nats.NewMsg(startproto.AdmitSubjectPrefix + name)
 	req.Data = body
 	if o.entry != "" {
-		req.Header.Set(dedupe.EntryHeader, string(o.entry))
+		req.Header.Set(startproto.EntryHeader, string(o.entry))
 	}
 	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
@@ -352,7 +353,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err != nil {
 		return StartResult{}, fmt.Errorf("jetflow: start %s: %w", name, err)
 	}
-	var reply dedupe.StartReply
+	var reply startproto.StartReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		return StartResult{}, fmt.Errorf("%w: start reply: %w", ErrMalformed, err)
 	}
@@ -368,18 +369,18 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 // replyCodes maps the error codes of a start reply to the sentinels they
 // stand for.
 var replyCodes = map[string]error{
-	dedupe.CodeInvalidRunID: ErrInvalidRunID,
-	dedupe.CodeInvalidInput: ErrInvalidInput,
-	dedupe.CodeTooLarge:     ErrInputTooLarge,
-	dedupe.CodeMalformed:    ErrMalformed,
-	dedupe.CodeConflict:     ErrIdempotencyConflict,
-	dedupe.CodeRejected:     ErrDuplicateRejected,
-	dedupe.CodeBadPolicy:    ErrInvalidConflictPolicy,
-	dedupe.CodeRunIDNeeded:  ErrRunIDRequired,
+	startproto.CodeInvalidRunID: ErrInvalidRunID,
+	startproto.CodeInvalidInput: ErrInvalidInput,
+	startproto.CodeTooLarge:     ErrInputTooLarge,
+	startproto.CodeMalformed:    ErrMalformed,
+	startproto.CodeConflict:     ErrIdempotencyConflict,
+	startproto.CodeRejected:     ErrDuplicateRejected,
+	startproto.CodeBadPolicy:    ErrInvalidConflictPolicy,
+	startproto.CodeRunIDNeeded:  ErrRunIDRequired,
 }
 
-func replyError(e *dedupe.ReplyError) error {
-	if e.Code == dedupe.CodeInternal {
+func replyError(e *startproto.ReplyError) error {
+	if e.Code == startproto.CodeInternal {
 		// NATS failed on the worker during admission: retry with the same
 		// run ID (docs/protocol.md).
 		return fmt.Errorf("%w: start failed on the worker: %s", ErrUnavailable, e.Message)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -65,8 +65,8 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 	}
 }
 
-func (w *Workflow[P, R]) served() dedupe.Served {
-	return dedupe.Served{
+func (w *Workflow[P, R]) served() startproto.Served {
+	return startproto.Served{
 		Check: func(raw json.RawMessage) error {
 			_, err := decodeInput[P](raw)
 			return err
@@ -186,7 +186,7 @@ func StepInfo(ctx context.Context) (details StepDetails, ok bool) {
 type Registrable interface {
 	Name() string
 	definition() workflow.Definition
-	served() dedupe.Served
+	served() startproto.Served
 }
 
 // Workers is an explicit registry of the workflows a worker serves.
