@@ -63,6 +63,23 @@ type ClientConfig struct {
 	// Metrics counts the starts this client admits itself (Start; nil:
 	// none). StartByName starts are counted by the worker that admits them.
 	Metrics *Metrics
+	// StartByRequest makes Start ask a worker that serves the workflow to
+	// admit the start (request-reply on jetflow.admit.<workflow>, as
+	// StartByName does) instead of admitting it in this process. It is for
+	// a producer whose NATS user may not write the runs bucket or publish
+	// tasks, such as jetflow_producer in deploy/nats/accounts.conf: such a
+	// user can still read what Handle.Result and WaitRun need.
+	//
+	// Start keeps its contract (idempotent on the run ID, the same Handle
+	// and outcomes); what differs: a workflow no worker serves is
+	// ErrUnknownWorkflow at once (in-process, the start would wait for a
+	// worker); RequestTimeout bounds a start whose ctx has no deadline; a
+	// conflict or a rejection matches ErrIdempotencyConflict or
+	// ErrDuplicateRejected with errors.Is but is not a *ConflictError or
+	// *RejectedError; and a run that expired while it was being started is
+	// ErrUnavailable (retry with the same run ID), not ErrRetryStart. The
+	// worker counts the start in its metrics (entry point "sdk").
+	StartByRequest bool
 }
 
 // Client starts runs and reads them. It is safe for concurrent use.
@@ -227,7 +244,9 @@ type Handle[R any] struct {
 // another input does not change it.
 //
 // A start returns once the run is durably accepted; the run is executed by a
-// worker that serves wf, whenever one is running.
+// worker that serves wf, whenever one is running. A client with
+// ClientConfig.StartByRequest has a worker admit the start instead, for
+// NATS users that may not write the runs bucket.
 func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (_ *Handle[R], err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	raw, err := json.Marshal(input)
@@ -244,6 +263,9 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	policy := wf.policy
 	if o.policy != nil {
 		policy = *o.policy
+	}
+	if c.cfg.StartByRequest {
+		return startByRequest[R](ctx, c, wf.Name(), wf.retention, raw, o, policy)
 	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
@@ -270,6 +292,28 @@ func outcome(o dedupe.Outcome) Outcome {
 	default:
 		return Outcome(o.String())
 	}
+}
+
+// startByRequest is Start by request-reply to a worker that serves
+// workflow (ClientConfig.StartByRequest). The run ID, generated or not, is
+// set; the policy sent is the one Start admits with in process.
+func startByRequest[R any](ctx context.Context, c *Client, workflow string, retention time.Duration, input json.RawMessage, o startOptions, policy ConflictPolicy) (*Handle[R], error) {
+	if max := c.assets.Topology.Retention; retention > max {
+		return nil, fmt.Errorf("%w: retention %s is longer than the deployment's %s", ErrInvalidRetention, retention, max)
+	}
+	o.generateID = false // generated here, as in process: the request names it
+	o.policy = &policy
+	if o.entry == "" {
+		o.entry = EntrySDK
+	}
+	res, err := c.requestStart(ctx, workflow, input, o)
+	if err != nil {
+		return nil, err
+	}
+	return &Handle[R]{
+		RunID: res.RunID, Outcome: res.Outcome, Status: res.Status,
+		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, client: c,
+	}, nil
 }
 
 // Result waits until the run ends and returns its typed output, or a
@@ -315,6 +359,13 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := o.checkRunID(name, false); err != nil {
 		return StartResult{}, err
 	}
+	return c.requestStart(ctx, name, input, o)
+}
+
+// requestStart asks a worker that serves the workflow name to admit a
+// start (jetflow.admit.<name>) and decodes its reply, errors into their
+// sentinels (replyError). The run ID options o are checked.
+func (c *Client) requestStart(ctx context.Context, name string, input json.RawMessage, o startOptions) (StartResult, error) {
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
 	}

@@ -30,8 +30,9 @@ import (
 const AdmitSubjectPrefix = "jetflow.admit."
 
 // EntryHeader is the optional NATS header of a start request naming the
-// interface the start came in through ("http", "webhook"; default
-// "nats"). It labels the starts metric and changes nothing else.
+// interface the start came in through ("http", "webhook", "sdk" for the Go
+// SDK's typed Start by request; default "nats"). It labels the starts
+// metric and changes nothing else.
 const EntryHeader = "Jetflow-Entry"
 
 // ErrRunIDRequired: the start named no run ID and did not ask for a
@@ -254,11 +255,12 @@ func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout 
 	return stop, nil
 }
 
-// entryOf reads a start request's EntryHeader: "http" or "webhook" when
-// it says so, "nats" otherwise (a label must stay within a known set).
+// entryOf reads a start request's EntryHeader: "http", "webhook" or
+// "sdk" when it says so, "nats" otherwise (a label must stay within a
+// known set).
 func entryOf(h nats.Header) string {
 	switch e := h.Get(EntryHeader); e {
-	case "http", "webhook":
+	case "http", "webhook", "sdk":
 		return e
 	default:
 		return "nats"
