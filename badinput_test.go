@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/startproto"
 )
 
 // G12: bad starts get a clear, typed error before anything is stored, and a
@@ -77,12 +77,12 @@ func TestBadStartsAreRejectedAndStoredRunsKept(t *testing.T) {
 	// A malformed envelope from a client that does not use the SDK.
 	nc := env.conn()
 	for _, body := range []string{`not json`, `{"run_id": 7}`, `{"run_id":"a b","input":1}`, ``} {
-		msg, err := nc.Request(dedupe.AdmitSubjectPrefix+"sum", []byte(body), 5*time.Second)
+		msg, err := nc.Request(startproto.AdmitSubjectPrefix+"sum", []byte(body), 5*time.Second)
 		require.NoError(t, err)
-		var reply dedupe.StartReply
+		var reply startproto.StartReply
 		require.NoError(t, json.Unmarshal(msg.Data, &reply), body)
 		require.NotNil(t, reply.Error, "envelope %q accepted", body)
-		require.Contains(t, []string{dedupe.CodeMalformed, dedupe.CodeInvalidRunID}, reply.Error.Code)
+		require.Contains(t, []string{startproto.CodeMalformed, startproto.CodeInvalidRunID}, reply.Error.Code)
 	}
 
 	// A duplicate with a different, valid input is a conflict (strict

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -58,6 +59,23 @@ type ClientConfig struct {
 	// Metrics counts the starts this client admits itself (Start; nil:
 	// none). StartByName starts are counted by the worker that admits them.
 	Metrics *Metrics
+	// StartByRequest makes Start ask a worker that serves the workflow to
+	// admit the start (request-reply on jetflow.admit.<workflow>, as
+	// StartByName does) instead of admitting it in this process. It is for
+	// a producer whose NATS user may not write the runs bucket or publish
+	// tasks, such as jetflow_producer in deploy/nats/accounts.conf: such a
+	// user can still read what Handle.Result and WaitRun need.
+	//
+	// Start keeps its contract (idempotent on the run ID, the same Handle
+	// and outcomes); what differs: a workflow no worker serves is
+	// ErrUnknownWorkflow at once (in-process, the start would wait for a
+	// worker); RequestTimeout bounds a start whose ctx has no deadline; a
+	// conflict or a rejection matches ErrIdempotencyConflict or
+	// ErrDuplicateRejected with errors.Is but is not a *ConflictError or
+	// *RejectedError; and a run that expired while it was being started is
+	// ErrUnavailable (retry with the same run ID), not ErrRetryStart. The
+	// worker counts the start in its metrics (entry point "sdk").
+	StartByRequest bool
 }
 
 // Client starts runs and reads them. It is safe for concurrent use.
@@ -66,6 +84,7 @@ type Client struct {
 	cfg    ClientConfig
 	assets *jetstream.Assets
 	admit  *dedupe.Admitter
+	runs   *runs.Store
 }
 
 // NewClient binds to the engine's streams and buckets on nc, creating any
@@ -91,7 +110,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal())}, nil
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: runs.New(assets)}, nil
 }
 
 // Ready reports whether the client can start and read runs: connected to
@@ -194,7 +213,9 @@ type Handle[R any] struct {
 // another input does not change it.
 //
 // A start returns once the run is durably accepted; the run is executed by a
-// worker that serves wf, whenever one is running.
+// worker that serves wf, whenever one is running. A client with
+// ClientConfig.StartByRequest has a worker admit the start instead, for
+// NATS users that may not write the runs bucket.
 func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P, opts ...StartOption) (_ *Handle[R], err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	raw, err := json.Marshal(input)
@@ -218,6 +239,9 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	ipolicy, err := policy.toInternal()
 	if err != nil {
 		return nil, err
+	}
+	if c.cfg.StartByRequest {
+		return startByRequest[R](ctx, c, wf.Name(), wf.retention, raw, o, policy)
 	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
@@ -244,6 +268,28 @@ func outcome(o dedupe.Outcome) Outcome {
 	default:
 		return Outcome(o.String())
 	}
+}
+
+// startByRequest is Start by request-reply to a worker that serves
+// workflow (ClientConfig.StartByRequest). The run ID, generated or not, is
+// set; the policy sent is the one Start admits with in process.
+func startByRequest[R any](ctx context.Context, c *Client, workflow string, retention time.Duration, input json.RawMessage, o startOptions, policy ConflictPolicy) (*Handle[R], error) {
+	if max := c.assets.Topology.Retention; retention > max {
+		return nil, fmt.Errorf("%w: retention %s is longer than the deployment's %s", ErrInvalidRetention, retention, max)
+	}
+	o.generateID = false // generated here, as in process: the request names it
+	o.policy = &policy
+	if o.entry == "" {
+		o.entry = entry.SDK
+	}
+	res, err := c.requestStart(ctx, workflow, input, o)
+	if err != nil {
+		return nil, err
+	}
+	return &Handle[R]{
+		RunID: res.RunID, Outcome: res.Outcome, Status: res.Status,
+		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, client: c,
+	}, nil
 }
 
 // Result waits until the run ends and returns its typed output, or a
@@ -292,6 +338,13 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := o.checkRunID(name, false); err != nil {
 		return StartResult{}, err
 	}
+	return c.requestStart(ctx, name, input, o)
+}
+
+// requestStart asks a worker that serves the workflow name to admit a
+// start (jetflow.admit.<name>) and decodes its reply, errors into their
+// sentinels (replyError). The run ID options o are checked.
+func (c *Client) requestStart(ctx context.Context, name string, input json.RawMessage, o startOptions) (StartResult, error) {
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
 	}
@@ -301,7 +354,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := dedupe.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
+	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
@@ -321,10 +374,10 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	req := nats.NewMsg(dedupe.AdmitSubjectPrefix + name)
+	req := nats.NewMsg(startproto.AdmitSubjectPrefix + name)
 	req.Data = body
 	if o.entry != "" {
-		req.Header.Set(dedupe.EntryHeader, string(o.entry))
+		req.Header.Set(startproto.EntryHeader, string(o.entry))
 	}
 	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
@@ -333,7 +386,7 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 	if err != nil {
 		return StartResult{}, fmt.Errorf("jetflow: start %s: %w", name, err)
 	}
-	var reply dedupe.StartReply
+	var reply startproto.StartReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
 		return StartResult{}, fmt.Errorf("%w: start reply: %w", ErrMalformed, err)
 	}
@@ -349,18 +402,18 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 // replyCodes maps the error codes of a start reply to the sentinels they
 // stand for.
 var replyCodes = map[string]error{
-	dedupe.CodeInvalidRunID: ErrInvalidRunID,
-	dedupe.CodeInvalidInput: ErrInvalidInput,
-	dedupe.CodeTooLarge:     ErrInputTooLarge,
-	dedupe.CodeMalformed:    ErrMalformed,
-	dedupe.CodeConflict:     ErrIdempotencyConflict,
-	dedupe.CodeRejected:     ErrDuplicateRejected,
-	dedupe.CodeBadPolicy:    ErrInvalidConflictPolicy,
-	dedupe.CodeRunIDNeeded:  ErrRunIDRequired,
+	startproto.CodeInvalidRunID: ErrInvalidRunID,
+	startproto.CodeInvalidInput: ErrInvalidInput,
+	startproto.CodeTooLarge:     ErrInputTooLarge,
+	startproto.CodeMalformed:    ErrMalformed,
+	startproto.CodeConflict:     ErrIdempotencyConflict,
+	startproto.CodeRejected:     ErrDuplicateRejected,
+	startproto.CodeBadPolicy:    ErrInvalidConflictPolicy,
+	startproto.CodeRunIDNeeded:  ErrRunIDRequired,
 }
 
-func replyError(e *dedupe.ReplyError) error {
-	if e.Code == dedupe.CodeInternal {
+func replyError(e *startproto.ReplyError) error {
+	if e.Code == startproto.CodeInternal {
 		// NATS failed on the worker during admission: retry with the same
 		// run ID (docs/protocol.md).
 		return fmt.Errorf("%w: start failed on the worker: %s", ErrUnavailable, e.Message)
@@ -431,22 +484,19 @@ func (c *Client) GetRun(ctx context.Context, runID string) (_ Run, err error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
-	v, _, err := c.assets.Runs.Get(ctx, runID)
-	if errors.Is(err, jetstream.ErrNotFound) {
+	r, _, err := c.runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
 		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 	}
 	if err != nil {
 		return Run{}, err
 	}
-	return c.toRun(ctx, v)
+	return c.toRun(ctx, r)
 }
 
-func (c *Client) toRun(ctx context.Context, v []byte) (Run, error) {
-	r, err := state.DecodeRun(v)
-	if err != nil {
-		return Run{}, err
-	}
-	audit, err := dedupe.ReadAudit(ctx, c.assets, r.RunID)
+// toRun is the stored record r with its duplicate audit.
+func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
+	audit, err := c.runs.Audit(ctx, r.RunID)
 	if err != nil {
 		return Run{}, err
 	}
@@ -475,58 +525,15 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return Run{}, err
 	}
-	w, err := c.assets.Runs.Raw().Watch(ctx, runID)
+	r, err := c.runs.Wait(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
 	if err != nil {
-		return Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
+		return Run{}, err // ctx's own error as it is, not ErrUnavailable
 	}
-	defer func() { _ = w.Stop() }()
-	seen := false
-	for {
-		select {
-		case <-ctx.Done():
-			return Run{}, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
-			}
-			if e == nil { // initial values delivered
-				if seen {
-					continue
-				}
-				// The record may have been replaced while the watch was set
-				// up (the bucket keeps one revision): ask before saying no.
-				v, _, err := c.assets.Runs.Get(ctx, runID)
-				if errors.Is(err, jetstream.ErrNotFound) {
-					return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-				}
-				if err != nil {
-					return Run{}, jetstream.Unavailable(err)
-				}
-				r, err := state.DecodeRun(v)
-				if err != nil {
-					return Run{}, err
-				}
-				if r.Status.Terminal() {
-					run, err := c.toRun(ctx, v)
-					return run, jetstream.Unavailable(err)
-				}
-				seen = true
-				continue
-			}
-			if e.Operation() != natsjs.KeyValuePut {
-				continue // the marker of an expired earlier run with this ID
-			}
-			seen = true
-			r, err := state.DecodeRun(e.Value())
-			if err != nil {
-				return Run{}, err
-			}
-			if r.Status.Terminal() {
-				run, err := c.toRun(ctx, e.Value())
-				return run, jetstream.Unavailable(err)
-			}
-		}
-	}
+	run, err := c.toRun(ctx, r)
+	return run, jetstream.Unavailable(err)
 }
 
 // StepRecord is one committed step of a run.
@@ -552,10 +559,8 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		return nil, err
 	}
 	identity := runID
-	if v, _, err := c.assets.Runs.Get(ctx, runID); err == nil {
-		if r, err := state.DecodeRun(v); err == nil {
-			identity = state.RunIdentity(runID, r.Generation)
-		}
+	if r, _, err := c.runs.Get(ctx, runID); err == nil {
+		identity = state.RunIdentity(runID, r.Generation)
 	}
 	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
@@ -594,50 +599,27 @@ func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
 	if err := state.ValidateRunID(runID); err != nil {
 		return err
 	}
-	for {
-		v, rev, err := c.assets.Runs.Get(ctx, runID)
-		if errors.Is(err, jetstream.ErrNotFound) {
-			return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-		}
-		if err != nil {
-			return err
-		}
-		run, err := state.DecodeRun(v)
-		if err != nil {
-			return err
-		}
-		switch run.Status {
-		case state.StatusCancelled:
-			return nil
-		case state.StatusCompleted, state.StatusFailed:
-			return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
-		}
-		run.Status, run.UpdatedAt = state.StatusCancelled, time.Now().UTC()
-		run.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
-		b, err := state.Encode(run)
-		if err != nil {
-			return err
-		}
-		ttl := run.Retention
-		if ttl == 0 {
-			ttl = c.assets.Topology.Retention
-		}
-		_, err = c.assets.Runs.UpdateTTL(ctx, runID, b, rev, ttl)
-		if errors.Is(err, jetstream.ErrRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-		// Best effort: a worker that misses it still cannot change the
-		// outcome (the record is final).
-		if err := c.nc.Publish(jetstream.CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
-			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
-		}
-		if err := c.nc.FlushWithContext(ctx); err != nil {
-			return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
-		}
-		return nil
+	run, cancelled, err := c.runs.Cancel(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case !cancelled && run.Status == state.StatusCancelled:
+		return nil
+	case !cancelled:
+		return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
+	}
+	c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+	// Best effort: a worker that misses it still cannot change the
+	// outcome (the record is final).
+	if err := c.nc.Publish(jetstream.CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+	}
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+	}
+	return nil
 }

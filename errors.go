@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -32,7 +33,7 @@ var (
 	// ask for a generated one (WithGeneratedRunID), or asked for a
 	// generated one from a workflow that requires a caller-chosen run ID
 	// (RequireRunID). Nothing was stored.
-	ErrRunIDRequired = dedupe.ErrRunIDRequired
+	ErrRunIDRequired = startproto.ErrRunIDRequired
 	// ErrUnknownWorkflow: no worker serves a workflow of that name.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")
 	// ErrDuplicateWorkflow: a registry already has a workflow of that name.

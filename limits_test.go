@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -65,9 +65,9 @@ func TestInputAtTheLimitRunsAndOverItIsRefused(t *testing.T) {
 	nc := env.conn()
 	lt := `"` + strings.Repeat("<", atLimit) + `"`
 	body := `{"run_id":"raw-at-limit","input":` + lt + `}`
-	msg, err := nc.Request(dedupe.AdmitSubjectPrefix+wf.Name(), []byte(body), 10*time.Second)
+	msg, err := nc.Request(startproto.AdmitSubjectPrefix+wf.Name(), []byte(body), 10*time.Second)
 	require.NoError(t, err)
-	var reply dedupe.StartReply
+	var reply startproto.StartReply
 	require.NoError(t, json.Unmarshal(msg.Data, &reply))
 	require.Nil(t, reply.Error, "reply %+v", reply.Error)
 	require.Equal(t, "created", reply.Outcome)
@@ -92,12 +92,12 @@ func TestInputAtTheLimitRunsAndOverItIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.StartByName(ctx, wf.Name(), overRaw, WithRunID("over-by-name"))
 	require.ErrorIs(t, err, ErrInputTooLarge)
-	msg, err = nc.Request(dedupe.AdmitSubjectPrefix+wf.Name(), []byte(`{"run_id":"over-raw","input":"`+strings.Repeat("<", atLimit+1)+`"}`), 10*time.Second)
+	msg, err = nc.Request(startproto.AdmitSubjectPrefix+wf.Name(), []byte(`{"run_id":"over-raw","input":"`+strings.Repeat("<", atLimit+1)+`"}`), 10*time.Second)
 	require.NoError(t, err)
-	reply = dedupe.StartReply{}
+	reply = startproto.StartReply{}
 	require.NoError(t, json.Unmarshal(msg.Data, &reply))
 	require.NotNil(t, reply.Error)
-	require.Equal(t, dedupe.CodeTooLarge, reply.Error.Code)
+	require.Equal(t, startproto.CodeTooLarge, reply.Error.Code)
 	// An input at the limit with a source so long that the start task would
 	// not fit in a NATS message.
 	_, err = Start(ctx, c, wf, in, WithRunID("over-source"), WithSource(strings.Repeat("s", 600*1024)))

@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"slices"
 
-	natsjs "github.com/nats-io/nats.go/jetstream"
-
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -58,7 +57,7 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	if limit == 0 {
 		limit = DefaultListLimit
 	}
-	keys, err := c.runKeys(ctx)
+	keys, err := c.runs.Keys(ctx)
 	if err != nil {
 		return RunPage{}, err
 	}
@@ -72,21 +71,20 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 			page.Next = page.Runs[limit-1].RunID
 			break
 		}
-		v, _, err := c.assets.Runs.Get(ctx, keys[i])
-		if errors.Is(err, jetstream.ErrNotFound) {
+		r, _, err := c.runs.Get(ctx, keys[i])
+		if errors.Is(err, runs.ErrNotFound) {
 			continue // expired since the listing
+		}
+		if errors.Is(err, state.ErrCorrupt) {
+			return RunPage{}, fmt.Errorf("run %s: %w", keys[i], err)
 		}
 		if err != nil {
 			return RunPage{}, err
 		}
-		r, err := state.DecodeRun(v)
-		if err != nil {
-			return RunPage{}, fmt.Errorf("run %s: %w", keys[i], err)
-		}
 		if (opts.Workflow != "" && r.Workflow != opts.Workflow) || (opts.Status != "" && RunStatus(r.Status) != opts.Status) {
 			continue
 		}
-		run, err := c.toRun(ctx, v)
+		run, err := c.toRun(ctx, r)
 		if err != nil {
 			return RunPage{}, err
 		}
@@ -107,30 +105,4 @@ func (o ListOptions) validate() error {
 		return fmt.Errorf("%w: limit %d: want 1..%d (0 for %d)", ErrInvalidListOptions, o.Limit, MaxListLimit, DefaultListLimit)
 	}
 	return nil
-}
-
-// runKeys lists the keys of the runs bucket, sorted and without repeats:
-// the run IDs whose records are kept (deleted and expired ones excluded).
-func (c *Client) runKeys(ctx context.Context) (keys []string, err error) {
-	w, err := c.assets.Runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes(), natsjs.MetaOnly())
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: list runs: %w", err)
-	}
-	defer func() {
-		if serr := w.Stop(); serr != nil && err == nil {
-			err = fmt.Errorf("jetflow: list runs: %w", serr)
-		}
-	}()
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil { // every current key has been delivered
-				slices.Sort(keys)
-				return slices.Compact(keys), nil
-			}
-			keys = append(keys, e.Key())
-		case <-ctx.Done():
-			return nil, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
-		}
-	}
 }

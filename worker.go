@@ -19,6 +19,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -162,7 +163,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
-	served := make(map[string]dedupe.Served, len(w.ws.defs))
+	served := make(map[string]startproto.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {
 		defs[name] = wf.definition()
 		if served[name], err = wf.served(); err != nil {
@@ -214,14 +215,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
-	stopDurable, startConsumers, err := dedupe.ServeDurable(ctx, assets, admit, served, dedupe.DurableConfig{
+	stopDurable, startConsumers, err := startproto.ServeDurable(ctx, assets, admit, served, startproto.DurableConfig{
 		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopPools(ctx))
 	}
 	consumers = append(consumers, startConsumers...)
-	stop, err := dedupe.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	stop, err := startproto.Serve(w.nc, admit, served, 10*time.Second, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
@@ -238,7 +239,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	})
 	stopSweep := startSweeper(sweeper)
 	// Envelopes for workflows no worker serves: a gauge and a warn log.
-	stopUnserved := dedupe.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
+	stopUnserved := startproto.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {

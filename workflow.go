@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -68,12 +68,12 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 
 // served is what the admitter needs to admit starts of w; it fails with
 // ErrInvalidConflictPolicy when w's conflict policy is invalid.
-func (w *Workflow[P, R]) served() (dedupe.Served, error) {
+func (w *Workflow[P, R]) served() (startproto.Served, error) {
 	policy, err := w.policy.toInternal()
 	if err != nil {
-		return dedupe.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
+		return startproto.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
 	}
-	return dedupe.Served{
+	return startproto.Served{
 		Check: func(raw json.RawMessage) error {
 			_, err := decodeInput[P](raw)
 			return err
@@ -259,7 +259,7 @@ func StepInfo(ctx context.Context) (details StepDetails, ok bool) { return StepD
 type Registrable interface {
 	Name() string
 	definition() workflow.Definition
-	served() (dedupe.Served, error)
+	served() (startproto.Served, error)
 }
 
 // Registry is an explicit registry of the workflows a worker serves.

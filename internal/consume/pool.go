@@ -1,6 +1,6 @@
 // Package consume runs handlers over JetStream pull consumers with bounded
 // concurrency: tasks (internal/workflow) and durable start envelopes
-// (internal/dedupe) are consumed the same way.
+// (internal/startproto) are consumed the same way.
 //
 // Its promise is the one a live worker owes the others: a message this
 // process holds is never redelivered to another process while this one is

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -94,6 +95,7 @@ type Result struct {
 // Admitter admits starts. It is safe for concurrent use.
 type Admitter struct {
 	assets  *jetstream.Assets
+	runs    *runs.Store
 	now     func() time.Time
 	metrics *metrics.Metrics
 	hooks   Hooks
@@ -127,7 +129,7 @@ func New(assets *jetstream.Assets, now func() time.Time, m *metrics.Metrics) *Ad
 	if now == nil {
 		now = time.Now
 	}
-	return &Admitter{assets: assets, now: now, metrics: m}
+	return &Admitter{assets: assets, runs: runs.New(assets), now: now, metrics: m}
 }
 
 // Validate checks a request without touching NATS.
@@ -271,7 +273,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 			entry.Outcome = state.AuditExisting
 		}
 		var err error
-		res.Duplicates, err = a.recordDuplicate(ctx, req.RunID, entry)
+		res.Duplicates, err = a.runs.RecordDuplicate(ctx, req.RunID, entry)
 		if err != nil {
 			return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
 		}
@@ -316,11 +318,10 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 // won says whether that is rec (by its token). When the run ID's record has
 // expired since oldRev, the error is ErrRetryStart.
 func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
-	b, err := state.Encode(rec)
-	if err != nil {
-		return state.Run{}, 0, false, err
+	if _, err := state.Encode(rec); err != nil {
+		return state.Run{}, 0, false, err // before the write: its error says nothing of what is stored
 	}
-	rev, err := a.assets.Runs.UpdateTTL(ctx, rec.RunID, b, oldRev, runningTTL)
+	rev, err := a.runs.Replace(ctx, rec, oldRev)
 	if err == nil {
 		return rec, rev, true, nil
 	}
@@ -329,7 +330,7 @@ func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (s
 	}
 	// Latest reads from the stream leader: a write it does not show did
 	// not land.
-	latest, lerr := a.assets.Runs.Latest(ctx, rec.RunID)
+	latest, lerr := a.runs.Latest(ctx, rec.RunID)
 	switch {
 	case lerr != nil:
 		return state.Run{}, 0, false, errors.Join(err, lerr)
@@ -500,14 +501,13 @@ type admitted struct {
 // record expired (its retention passed) holds a marker: rec replaces it if
 // by may create over it (see readExisting), and the result says so.
 func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) (admitted, error) {
-	b, err := state.Encode(rec)
-	if err != nil {
-		return admitted{}, err
+	if _, err := state.Encode(rec); err != nil {
+		return admitted{}, err // fails the same on every attempt: not retried
 	}
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		rev, err := a.assets.Runs.CreateTTL(actx, rec.RunID, b, runningTTL)
+		rev, err := a.runs.Create(actx, rec)
 		cancel()
 		if err == nil {
 			return admitted{run: rec, rev: rev, created: true}, nil
@@ -542,16 +542,15 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) 
 // after-expiry run itself (see Materialize). Otherwise it creates nothing:
 // Admit gets ErrRetryStart, Materialize ErrStaleStart.
 func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) (admitted, bool, error) {
-	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
+	run, rev, err := a.runs.Get(ctx, rec.RunID)
 	if err == nil {
-		run, err := state.DecodeRun(v)
-		own := err == nil && run.Token == rec.Token
-		return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, false, err
+		own := run.Token == rec.Token
+		return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, false, nil
 	}
-	if !errors.Is(err, jetstream.ErrNotFound) {
+	if !errors.Is(err, runs.ErrNotFound) {
 		return admitted{}, false, err
 	}
-	latest, err := a.assets.Runs.Latest(ctx, rec.RunID)
+	latest, err := a.runs.Latest(ctx, rec.RunID)
 	switch {
 	case err != nil:
 		return admitted{}, false, err
@@ -611,74 +610,13 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 // readOrCreate reads the stored record and falls back to createOrRead when
 // there is none.
 func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run, by starter) (admitted, error) {
-	v, rev, err := a.assets.Runs.Get(ctx, rec.RunID)
-	if errors.Is(err, jetstream.ErrNotFound) {
+	run, rev, err := a.runs.Get(ctx, rec.RunID)
+	if errors.Is(err, runs.ErrNotFound) {
 		return a.createOrRead(ctx, rec, by)
 	}
 	if err != nil {
 		return admitted{}, err
 	}
-	run, err := state.DecodeRun(v)
-	if err != nil {
-		return admitted{}, err
-	}
 	own := run.Token == rec.Token
 	return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, nil
-}
-
-// runningTTL is the TTL of every write of a running run's record: it never
-// expires, however long the run takes. Only the run's final write (the
-// worker's finish, Client.Cancel) carries the retention, so the record is
-// kept for the retention after the run ended.
-const runningTTL = jetstream.TTLNever
-
-// recordDuplicate adds one attempt to the run's audit record with
-// compare-and-set, and returns the new count.
-func (a *Admitter) recordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
-	for {
-		v, rev, err := a.assets.Audit.Get(ctx, runID)
-		var au state.Audit
-		switch {
-		case errors.Is(err, jetstream.ErrNotFound):
-			au.V = state.Version
-		case err != nil:
-			return 0, err
-		default:
-			if au, err = state.DecodeAudit(v); err != nil {
-				return 0, err
-			}
-		}
-		au.Add(entry)
-		b, err := state.Encode(au)
-		if err != nil {
-			return 0, err
-		}
-		if rev == 0 {
-			_, err = a.assets.Audit.Create(ctx, runID, b)
-		} else {
-			_, err = a.assets.Audit.Update(ctx, runID, b, rev)
-		}
-		if err == nil {
-			return au.Duplicates, nil
-		}
-		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
-			return 0, err
-		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-	}
-}
-
-// ReadAudit reads the duplicate audit of runID (empty if it has absorbed
-// none).
-func ReadAudit(ctx context.Context, assets *jetstream.Assets, runID string) (state.Audit, error) {
-	v, _, err := assets.Audit.Get(ctx, runID)
-	if errors.Is(err, jetstream.ErrNotFound) {
-		return state.Audit{V: state.Version}, nil
-	}
-	if err != nil {
-		return state.Audit{}, err
-	}
-	return state.DecodeAudit(v)
 }

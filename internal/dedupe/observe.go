@@ -43,8 +43,8 @@ func (a *Admitter) observe(entry string, res Result, err error) {
 	}
 }
 
-// observeRefusal counts a start refused before admission (a malformed
+// ObserveRefusal counts a start refused before admission (a malformed
 // envelope, a missing required run ID).
-func (a *Admitter) observeRefusal(entry string) {
+func (a *Admitter) ObserveRefusal(entry string) {
 	a.metrics.Start(metrics.Entry(entry), "error", "none")
 }

@@ -3,6 +3,7 @@ package dedupe
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -112,6 +113,14 @@ var (
 	runningNames = []string{"attach", "reject"}
 	endedNames   = []string{"return", "reject", "start_new"}
 )
+
+// EnvelopeNames are the values an envelope's policy accepts: for
+// while_running, and for after_completed and after_failed, in the order of
+// the OnRunning and OnEnded constants. The envelope's JSON Schema lists
+// the same.
+func EnvelopeNames() (running, ended []string) {
+	return slices.Clone(runningNames), slices.Clone(endedNames)
+}
 
 // EnvelopeFromPolicy spells p for the envelope.
 func EnvelopeFromPolicy(p Policy) EnvelopePolicy {

@@ -22,6 +22,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -536,23 +537,7 @@ func (e *Executor) observeStep(wf, step string, result metrics.StepResult, start
 // already in a terminal state, or a record that now holds another run under
 // the same ID (another token), is left as it is.
 func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
-	token, gen := run.Token, run.Generation
-	for {
-		if rev == 0 {
-			v, r, err := e.cfg.Assets.Runs.GetExisting(ctx, run.RunID)
-			if err != nil {
-				return err
-			}
-			if run, err = state.DecodeRun(v); err != nil {
-				return err
-			}
-			rev = r
-		}
-		if run.Status.Terminal() || run.Token != token || run.Generation != gen {
-			// Already ended, or the record is another run now (a later
-			// generation, or a new run after the retention): not ours.
-			return nil
-		}
+	run, written, err := runs.New(e.cfg.Assets).Finish(ctx, run, rev, func(run *state.Run) {
 		run.UpdatedAt = e.cfg.Now().UTC()
 		switch {
 		case s.err == nil && len(s.output) > state.MaxInputBytes:
@@ -565,31 +550,17 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 		default:
 			run.Status, run.Error = state.StatusFailed, errorInfo(s)
 		}
-		b, err := state.Encode(run)
-		if errors.Is(err, state.ErrInputTooLarge) {
+		if _, err := state.Encode(*run); errors.Is(err, state.ErrInputTooLarge) {
 			// Input and output together do not fit in one record.
 			run.Status, run.Output = state.StatusFailed, nil
 			run.Error = &state.ErrorInfo{Message: "workflow output too large to store: " + err.Error(), Kind: "output", Fatal: true}
-			b, err = state.Encode(run)
 		}
-		if err != nil {
-			return err
-		}
-		ttl := run.Retention
-		if ttl == 0 {
-			ttl = e.cfg.Assets.Topology.Retention
-		}
-		_, err = e.cfg.Assets.Runs.UpdateTTL(ctx, run.RunID, b, rev, ttl)
-		if errors.Is(err, jetstream.ErrRevisionMismatch) {
-			rev = 0
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-		return nil
+	})
+	if err != nil || !written {
+		return err
 	}
+	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+	return nil
 }
 
 func errorInfo(s *settlement) *state.ErrorInfo {

@@ -1,4 +1,11 @@
-package dedupe
+// Package startproto is jetflow's NATS start protocol (docs/protocol.md),
+// what a client in any language speaks to start a run: the request-reply
+// start service on jetflow.admit.<workflow> (Serve), the durable start
+// consumer on the JETFLOW_STARTS stream (ServeDurable), the envelope and
+// reply formats with their error codes, and the monitor of envelopes that
+// no worker serves (WatchUnserved). It decodes and answers; what a start
+// gets is decided by dedupe.Admitter, the same admission as the Go SDK's.
+package startproto
 
 import (
 	"bytes"
@@ -13,6 +20,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -22,8 +30,9 @@ import (
 const AdmitSubjectPrefix = "jetflow.admit."
 
 // EntryHeader is the optional NATS header of a start request naming the
-// interface the start came in through ("http", "webhook"; default
-// "nats"). It labels the starts metric and changes nothing else.
+// interface the start came in through ("http", "webhook", "sdk" for the Go
+// SDK's typed Start by request; default "nats"). It labels the starts
+// metric and changes nothing else.
 const EntryHeader = "Jetflow-Entry"
 
 // ErrRunIDRequired: the start named no run ID and did not ask for a
@@ -46,7 +55,7 @@ type StartRequest struct {
 	// a conflict) or "ignore" (it is an ordinary duplicate).
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Policy overrides the workflow's conflict policy for this start.
-	Policy *EnvelopePolicy `json:"policy,omitempty"`
+	Policy *dedupe.EnvelopePolicy `json:"policy,omitempty"`
 
 	// runIDGiven records that the envelope had a run_id field (possibly ""
 	// or null), as opposed to none.
@@ -96,13 +105,13 @@ var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, Cod
 // Serve does for a workflow that does not require a run ID: the run ID is
 // run_id, generated only when the envelope says generate_run_id; the policy
 // defaults to base where the envelope leaves it out.
-func DecodeStartRequest(workflow string, b []byte, base Policy) (Request, error) {
+func DecodeStartRequest(workflow string, b []byte, base dedupe.Policy) (dedupe.Request, error) {
 	sr, err := parseStartRequest(b)
 	if err != nil {
-		return Request{}, err
+		return dedupe.Request{}, err
 	}
 	if err := sr.resolveRunID(workflow, false); err != nil {
-		return Request{}, err
+		return dedupe.Request{}, err
 	}
 	return sr.request(workflow, base)
 }
@@ -162,22 +171,22 @@ func parseStartRequest(b []byte) (StartRequest, error) {
 
 // request validates a parsed envelope (whose run ID is set) and turns it
 // into the admission request.
-func (sr StartRequest) request(workflow string, base Policy) (Request, error) {
+func (sr StartRequest) request(workflow string, base dedupe.Policy) (dedupe.Request, error) {
 	if len(sr.Input) == 0 {
 		sr.Input = json.RawMessage("null")
 	}
 	if sr.Fingerprint != "" && sr.Fingerprint != "strict" && sr.Fingerprint != "ignore" {
-		return Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
+		return dedupe.Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
 	}
-	req := Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore", Policy: base}
+	req := dedupe.Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore", Policy: base}
 	if sr.Policy != nil {
 		p, err := sr.Policy.Policy(base)
 		if err != nil {
-			return Request{}, err
+			return dedupe.Request{}, err
 		}
 		req.Policy = p
 	}
-	return req, Validate(req)
+	return req, dedupe.Validate(req)
 }
 
 // maxConcurrentStarts bounds the start requests a worker answers at once.
@@ -191,7 +200,7 @@ type InputChecker func(input json.RawMessage) error
 type Served struct {
 	Check InputChecker
 	// Policy is the workflow's default conflict policy.
-	Policy Policy
+	Policy dedupe.Policy
 	// Retention is the workflow's run retention (0: the deployment's).
 	Retention time.Duration
 	// RequireRunID refuses request-reply starts that ask for a generated
@@ -203,7 +212,7 @@ type Served struct {
 // Admit as the Go SDK. A malformed envelope, an invalid run ID or an input
 // the workflow cannot decode is answered with a typed error and stores
 // nothing. The returned function stops serving.
-func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Duration, log zerolog.Logger) (func() error, error) {
+func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout time.Duration, log zerolog.Logger) (func() error, error) {
 	var subs []*nats.Subscription
 	stop := func() error {
 		var errs []error
@@ -246,11 +255,12 @@ func Serve(nc *nats.Conn, a *Admitter, served map[string]Served, timeout time.Du
 	return stop, nil
 }
 
-// entryOf reads a start request's EntryHeader: "http" or "webhook" when
-// it says so, "nats" otherwise (a label must stay within a known set).
+// entryOf reads a start request's EntryHeader: "http", "webhook" or
+// "sdk" when it says so, "nats" otherwise (a label must stay within a
+// known set).
 func entryOf(h nats.Header) string {
 	switch e := h.Get(EntryHeader); e {
-	case "http", "webhook":
+	case "http", "webhook", "sdk":
 		return e
 	default:
 		return "nats"
@@ -260,19 +270,19 @@ func entryOf(h nats.Header) string {
 // handleStart answers a request-reply start: decode the envelope and
 // settle its run ID (resolveRunID: generated only on request), then
 // admitEnvelope.
-func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
+func handleStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
-		a.observeRefusal(entry)
+		a.ObserveRefusal(entry)
 		return errorReply(err)
 	}
 	if err := sr.resolveRunID(workflow, wf.RequireRunID); err != nil {
-		a.observeRefusal(entry)
+		a.ObserveRefusal(entry)
 		return errorReply(err)
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
-		a.observeRefusal(entry)
+		a.ObserveRefusal(entry)
 		return errorReply(err)
 	}
 	req.Entry = entry
@@ -282,20 +292,20 @@ func handleStart(ctx context.Context, a *Admitter, workflow string, wf Served, b
 // admitEnvelope is the admission of a decoded start envelope, shared by the
 // request-reply service and the durable start stream: the workflow's input
 // check, then the same Admit as the Go SDK (policy, fingerprint, audit).
-func admitEnvelope(ctx context.Context, a *Admitter, wf Served, req Request) StartReply {
+func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedupe.Request) StartReply {
 	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
-		a.observeRefusal(req.Entry)
+		a.ObserveRefusal(req.Entry)
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)
 	if errors.Is(err, state.ErrInputTooLarge) {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}
 	}
-	if errors.Is(err, ErrConflict) {
+	if errors.Is(err, dedupe.ErrConflict) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
 	}
-	if errors.Is(err, ErrRejected) {
+	if errors.Is(err, dedupe.ErrRejected) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}
 	}
 	if err != nil {
@@ -314,7 +324,7 @@ func errorReply(err error) StartReply {
 		code = CodeInvalidRunID
 	case errors.Is(err, state.ErrInputTooLarge):
 		code = CodeTooLarge
-	case errors.Is(err, ErrInvalidPolicy):
+	case errors.Is(err, dedupe.ErrInvalidPolicy):
 		code = CodeBadPolicy
 	case errors.Is(err, ErrRunIDRequired):
 		code = CodeRunIDNeeded

@@ -1,4 +1,4 @@
-package dedupe
+package startproto
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/testenv"
@@ -58,7 +59,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 	f.Add("a.b", []byte(`{"run_id":"r","input":1}`))
 	f.Add("x>", []byte(`{"run_id":"r","input":1}`))
 	f.Fuzz(func(t *testing.T, workflow string, body []byte) {
-		req, err := DecodeStartRequest(workflow, body, Policy{})
+		req, err := DecodeStartRequest(workflow, body, dedupe.Policy{})
 		if err != nil {
 			requireTyped(t, err)
 			return
@@ -78,7 +79,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 		// req again.
 		b2, err := state.Encode(StartRequest{RunID: req.RunID, Input: req.Input, Source: req.Source})
 		require.NoError(t, err)
-		req2, err := DecodeStartRequest(workflow, b2, Policy{})
+		req2, err := DecodeStartRequest(workflow, b2, dedupe.Policy{})
 		require.NoError(t, err, "re-encoded envelope %s", b2)
 		require.Equal(t, req.RunID, req2.RunID)
 		require.Equal(t, req.Workflow, req2.Workflow)
@@ -91,7 +92,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 // an error code.
 func requireTyped(t *testing.T, err error) {
 	t.Helper()
-	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, ErrInvalidPolicy, ErrRunIDRequired} {
+	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, dedupe.ErrInvalidPolicy, ErrRunIDRequired} {
 		if errors.Is(err, target) {
 			return
 		}
@@ -99,7 +100,7 @@ func requireTyped(t *testing.T, err error) {
 	t.Fatalf("untyped rejection: %v", err)
 }
 
-func checkRequest(t *testing.T, workflow string, req Request) {
+func checkRequest(t *testing.T, workflow string, req dedupe.Request) {
 	t.Helper()
 	require.Equal(t, workflow, req.Workflow)
 	require.NoError(t, state.ValidateName(req.Workflow))
@@ -164,7 +165,7 @@ func FuzzHandleStart(f *testing.F) {
 	defer cancel()
 	assets, err := jetstream.Provision(setupCtx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(f, err)
-	a := New(assets, nil, nil)
+	a := dedupe.New(assets, nil, nil)
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -182,7 +183,7 @@ func FuzzHandleStart(f *testing.F) {
 		if runID != "" {
 			before = readRun(ctx, t, assets, runID)
 		}
-		_, decErr := DecodeStartRequest(workflow, body, Policy{})
+		_, decErr := DecodeStartRequest(workflow, body, dedupe.Policy{})
 
 		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body, "nats")
 
@@ -213,7 +214,7 @@ func FuzzHandleStart(f *testing.F) {
 		}
 
 		require.NoError(t, decErr, "accepted an envelope the decoder rejects")
-		req, _ := DecodeStartRequest(workflow, body, Policy{})
+		req, _ := DecodeStartRequest(workflow, body, dedupe.Policy{})
 		require.NoError(t, checkFuzzInput(req.Input), "accepted an input the workflow rejects")
 		require.NoError(t, state.ValidateRunID(reply.RunID))
 		require.Equal(t, workflow, reply.Workflow)
@@ -223,7 +224,7 @@ func FuzzHandleStart(f *testing.F) {
 		after := readRun(ctx, t, assets, reply.RunID)
 		require.True(t, after.found, "run %s not stored", reply.RunID)
 		switch reply.Outcome {
-		case Created.String():
+		case dedupe.Created.String():
 			require.False(t, before.found, "created over an existing run %s", runID)
 			run, err := state.DecodeRun(after.value)
 			require.NoError(t, err)
@@ -231,7 +232,7 @@ func FuzzHandleStart(f *testing.F) {
 			require.Equal(t, state.StatusRunning, run.Status)
 			require.Equal(t, state.StatusRunning, reply.Status)
 			requireSameJSON(t, req.Input, run.Input)
-		case Existing.String():
+		case dedupe.Existing.String():
 			require.True(t, runID == "" || before.found, "existing reported for new run %s", reply.RunID)
 			if before.found {
 				require.Equal(t, before, after, "duplicate start changed run %s", runID)

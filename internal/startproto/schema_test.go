@@ -1,4 +1,4 @@
-package dedupe
+package startproto
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -99,7 +100,7 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 		}
 		b, err := json.Marshal(m)
 		require.NoError(t, err)
-		if _, err := DecodeStartRequest("w", b, Policy{}); err != nil {
+		if _, err := DecodeStartRequest("w", b, dedupe.Policy{}); err != nil {
 			required = append(required, name)
 		}
 	}
@@ -112,7 +113,7 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 		`{"run_id":"k-1"}`: true, `{"generate_run_id":true}`: true, `{}`: false,
 		`{"run_id":"k-1","generate_run_id":true}`: false, `{"run_id":""}`: false, `{"run_id":null}`: false,
 	} {
-		_, err := DecodeStartRequest("w", []byte(env), Policy{})
+		_, err := DecodeStartRequest("w", []byte(env), dedupe.Policy{})
 		require.Equal(t, ok, err == nil, "%s: %v", env, err)
 	}
 
@@ -126,17 +127,18 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 
 	// fingerprint: the enumeration is what the decoder accepts.
 	for _, fp := range s.Properties["fingerprint"].Enum {
-		_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"`+fp+`"}`), Policy{})
+		_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"`+fp+`"}`), dedupe.Policy{})
 		require.NoError(t, err, fp)
 	}
-	_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"other"}`), Policy{})
+	_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"other"}`), dedupe.Policy{})
 	require.Error(t, err)
 
 	// policy: fields and values.
 	ps := s.Properties["policy"]
-	pnames, _ := jsonTags(EnvelopePolicy{})
+	pnames, _ := jsonTags(dedupe.EnvelopePolicy{})
 	require.Equal(t, pnames, keys(ps.Properties))
 	require.False(t, *ps.AdditionalProperties)
+	runningNames, endedNames := dedupe.EnvelopeNames()
 	require.Equal(t, runningNames, ps.Properties["while_running"].Enum)
 	require.Equal(t, endedNames, ps.Properties["after_completed"].Enum)
 	require.Equal(t, endedNames, ps.Properties["after_failed"].Enum)
@@ -161,7 +163,7 @@ func TestStartReplySchemaMatchesStartReply(t *testing.T) {
 	require.Equal(t, sorted(always), sorted(es.Required))
 	require.Equal(t, sorted(ReplyCodes), sorted(es.Properties["code"].Enum))
 
-	require.Equal(t, []string{Created.String(), Existing.String(), Restarted.String()}, s.Properties["outcome"].Enum)
+	require.Equal(t, []string{dedupe.Created.String(), dedupe.Existing.String(), dedupe.Restarted.String()}, s.Properties["outcome"].Enum)
 	var statuses []string
 	for _, st := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
 		statuses = append(statuses, string(st))

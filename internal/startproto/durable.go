@@ -1,4 +1,4 @@
-package dedupe
+package startproto
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/consume"
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -32,7 +33,7 @@ type DurableConfig struct {
 	// Concurrency is how many envelopes of one workflow a worker admits at
 	// once (default 4).
 	Concurrency int
-	// Timeout bounds one admission (default DefaultTimeout).
+	// Timeout bounds one admission (default dedupe.DefaultTimeout).
 	Timeout time.Duration
 	// RetryDelay is the first Nak delay after an infrastructure error; it
 	// doubles with each delivery, up to MaxRetryDelay (defaults 1s, 30s).
@@ -47,7 +48,7 @@ func (c DurableConfig) withDefaults() DurableConfig {
 		c.Concurrency = 4
 	}
 	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
+		c.Timeout = dedupe.DefaultTimeout
 	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = time.Second
@@ -74,7 +75,7 @@ const (
 
 // settle classifies a reply for the durable path.
 func settle(r StartReply) settlement {
-	if r.Error == nil || errors.Is(r.cause, ErrRetryStart) {
+	if r.Error == nil || errors.Is(r.cause, dedupe.ErrRetryStart) {
 		// ErrRetryStart: the envelope's start overlapped its run's whole
 		// life (the run was created, ran and expired meanwhile). Admitting
 		// it again would create a second run nobody asked for.
@@ -96,31 +97,31 @@ func settle(r StartReply) settlement {
 // has no run_id field, the message's Nats-Msg-Id; when both are given they
 // must be equal. A run_id that is "" or null is an invalid run ID, whatever
 // the header says.
-func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
+func handleDurableStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		return errorReply(err)
 	}
 	switch {
 	case sr.GenerateRunID:
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		return errorReply(fmt.Errorf("%w: a durable start cannot have its run ID generated (every redelivery would start another run): set run_id or the Nats-Msg-Id header, or use request-reply", state.ErrInvalidRunID))
 	case sr.runIDGiven && sr.RunID == "":
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		return errorReply(fmt.Errorf("%w: run_id is empty or null", state.ErrInvalidRunID))
 	case !sr.runIDGiven && msgID == "":
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		return errorReply(fmt.Errorf("%w: a durable start needs a run ID: set run_id or the Nats-Msg-Id header", state.ErrInvalidRunID))
 	case !sr.runIDGiven:
 		sr.RunID = msgID
 	case msgID != "" && msgID != sr.RunID:
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		return errorReply(fmt.Errorf("%w: run_id %q differs from Nats-Msg-Id %q", state.ErrInvalidRunID, sr.RunID, msgID))
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
-		a.observeRefusal("nats")
+		a.ObserveRefusal("nats")
 		r := errorReply(err)
 		if state.ValidateRunID(sr.RunID) == nil {
 			r.RunID = sr.RunID
@@ -139,7 +140,7 @@ func handleDurableStart(ctx context.Context, a *Admitter, workflow string, wf Se
 // error. stop ends the consuming and waits, until its context ends, for
 // admissions in progress; consumers are the start consumers bound (for
 // backlog and readiness checks).
-func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (stop func(context.Context) error, consumers []natsjs.Consumer, err error) {
+func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *dedupe.Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (stop func(context.Context) error, consumers []natsjs.Consumer, err error) {
 	cfg = cfg.withDefaults()
 	pool := consume.New(cfg.Concurrency*max(len(served), 1), false, log)
 	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, MaxAckPending: 16 * cfg.Concurrency,
@@ -159,7 +160,7 @@ func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *Admitter, se
 
 // durable admits the durable starts of one workflow (a consume.Handler).
 type durable struct {
-	a        *Admitter
+	a        *dedupe.Admitter
 	cfg      DurableConfig
 	log      zerolog.Logger
 	workflow string

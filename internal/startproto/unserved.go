@@ -1,4 +1,4 @@
-package dedupe
+package startproto
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package dedupe
+package startproto
 
 import (
 	"errors"
@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/dedupe"
 )
 
 // A durable envelope is acknowledged once admission decided, terminated when
 // it can never be admitted, and delivered again after an infrastructure
 // error — except when its start overlapped its run's whole life
-// (ErrRetryStart): admitting it again would create a run nobody asked for.
+// (dedupe.ErrRetryStart): admitting it again would create a run nobody asked for.
 func TestDurableSettlement(t *testing.T) {
 	t.Parallel()
 	internal := func(err error) StartReply {
@@ -27,7 +29,7 @@ func TestDurableSettlement(t *testing.T) {
 		"malformed":   {StartReply{Error: &ReplyError{Code: CodeMalformed}}, settleTerm},
 		"invalid id":  {StartReply{Error: &ReplyError{Code: CodeInvalidRunID}}, settleTerm},
 		"nats error":  {internal(errors.New("nats: timeout")), settleRetry},
-		"retry start": {internal(fmt.Errorf("jetflow: start r: %w", ErrRetryStart)), settleAck},
+		"retry start": {internal(fmt.Errorf("jetflow: start r: %w", dedupe.ErrRetryStart)), settleAck},
 	} {
 		require.Equal(t, tc.want, settle(tc.reply), name)
 	}

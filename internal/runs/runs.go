@@ -1,0 +1,337 @@
+// Package runs is the one reader and writer of run records (the
+// jetflow_runs bucket, keyed by run ID) and of their duplicate audits
+// (jetflow_audit). Admission decides what to write (internal/dedupe), the
+// executor and Client.Cancel what a run's end is; this package owns how a
+// record is read, listed, watched and written.
+//
+// Two rules hold for every write, and are written here once:
+//
+//   - A running record never expires: it is written with
+//     jetstream.TTLNever, exempt from the bucket's age limit, however long
+//     the run takes.
+//   - The write that ends a run (completed, failed, cancelled) carries the
+//     run's retention (Retention), so the record is kept for the retention
+//     after the run ended, not after it began.
+//
+// Every write is create-if-absent (Create) or compare-and-set on the
+// revision the writer read (Replace, Update, Finish, Cancel); Update is
+// the one loop that reads again and retries when another writer came
+// first.
+package runs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// ErrNotFound: the run ID holds no record (never written, or expired). It
+// is jetstream.ErrNotFound, so either matches.
+var ErrNotFound = jetstream.ErrNotFound
+
+// Store reads and writes run records. It is safe for concurrent use and
+// cheap to make.
+type Store struct {
+	runs      *jetstream.KV
+	audit     *jetstream.KV
+	retention time.Duration
+	now       func() time.Time
+}
+
+// New returns the store over provisioned assets.
+func New(assets *jetstream.Assets) *Store {
+	return &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now}
+}
+
+// Retention is how long run's record is kept after the run ended: the
+// run's own retention, else the deployment's.
+func (s *Store) Retention(run state.Run) time.Duration {
+	if run.Retention != 0 {
+		return run.Retention
+	}
+	return s.retention
+}
+
+// ttl is the per-message TTL of a write of run: never while it runs, the
+// retention once it ended.
+func (s *Store) ttl(run state.Run) time.Duration {
+	if !run.Status.Terminal() {
+		return jetstream.TTLNever
+	}
+	return s.Retention(run)
+}
+
+// Get reads the record of runID and its revision, or an error matching
+// ErrNotFound. A record that does not decode is an error matching
+// state.ErrCorrupt.
+func (s *Store) Get(ctx context.Context, runID string) (state.Run, uint64, error) {
+	v, rev, err := s.runs.Get(ctx, runID)
+	if err != nil {
+		return state.Run{}, 0, err
+	}
+	run, err := state.DecodeRun(v)
+	if err != nil {
+		return state.Run{}, 0, err
+	}
+	return run, rev, nil
+}
+
+// GetExisting reads a record that a compare-and-set has just reported as
+// written: a miss (a lagging replica) is retried for a while, never
+// reported as ErrNotFound.
+func (s *Store) GetExisting(ctx context.Context, runID string) (state.Run, uint64, error) {
+	v, rev, err := s.runs.GetExisting(ctx, runID)
+	if err != nil {
+		return state.Run{}, 0, err
+	}
+	run, err := state.DecodeRun(v)
+	if err != nil {
+		return state.Run{}, 0, err
+	}
+	return run, rev, nil
+}
+
+// Latest reads the last message stored for runID, markers included: an
+// expired record leaves a marker whose revision a write after expiry
+// compares against, and whose time says when the record expired.
+func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, error) {
+	return s.runs.Latest(ctx, runID)
+}
+
+// Create writes run, which is running, if its run ID holds no record; it
+// returns the new revision, or an error matching jetstream.ErrExists when a
+// record or a marker is there. It is not retry-safe by itself: after a lost
+// answer a retry finds its own write, which the caller tells by the
+// record's token.
+func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
+	b, err := state.Encode(run)
+	if err != nil {
+		return 0, err
+	}
+	return s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+}
+
+// Replace writes run over the record or marker at revision rev
+// (compare-and-set) and returns the new revision, or an error matching
+// jetstream.ErrRevisionMismatch when another write came first.
+func (s *Store) Replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
+	b, err := state.Encode(run)
+	if err != nil {
+		return 0, err
+	}
+	return s.runs.UpdateTTL(ctx, run.RunID, b, rev, s.ttl(run))
+}
+
+// Change edits a run record in place and says whether to write it: false
+// leaves the stored record as it is.
+type Change func(run *state.Run) (write bool, err error)
+
+// Update applies change to the record of runID and writes the result with
+// compare-and-set on the revision read. When another writer came first it
+// reads the record again and applies change again. It returns the record
+// as it ended up and whether this call wrote it; a run ID without a record
+// is an error matching ErrNotFound.
+func (s *Store) Update(ctx context.Context, runID string, change Change) (state.Run, bool, error) {
+	return s.update(ctx, state.Run{RunID: runID}, 0, s.Get, change)
+}
+
+// update is the compare-and-set loop: it starts from run at rev (read with
+// read first when rev is 0), and reads with read after every conflict.
+func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func(context.Context, string) (state.Run, uint64, error), change Change) (state.Run, bool, error) {
+	for {
+		if rev == 0 {
+			var err error
+			if run, rev, err = read(ctx, run.RunID); err != nil {
+				return state.Run{}, false, err
+			}
+		}
+		write, err := change(&run)
+		if err != nil || !write {
+			return run, false, err
+		}
+		_, err = s.Replace(ctx, run, rev)
+		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			rev = 0
+			continue
+		}
+		if err != nil {
+			return run, false, err
+		}
+		return run, true, nil
+	}
+}
+
+// Finish records the end of run, which the caller read at revision rev (0:
+// not read; Finish reads it): end sets the final state on the record, which
+// is written with compare-and-set and the run's retention. When rev is
+// stale (another worker finished the run, or it changed since) Finish reads
+// the record and applies end again. A record already in a final state, or
+// that holds another run under the same ID now (another token: a new run
+// after the retention; another generation), is left as it is: written is
+// false.
+func (s *Store) Finish(ctx context.Context, run state.Run, rev uint64, end func(run *state.Run)) (_ state.Run, written bool, _ error) {
+	token, gen := run.Token, run.Generation
+	return s.update(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
+		if r.Status.Terminal() || r.Token != token || r.Generation != gen {
+			return false, nil
+		}
+		end(r)
+		return true, nil
+	})
+}
+
+// Cancel makes the running run runID cancelled, a final state no later
+// write changes. It returns the record as it ended up and whether this
+// call cancelled it: a run that already ended (cancelled, completed or
+// failed) is returned as it is.
+func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelled bool, _ error) {
+	return s.Update(ctx, runID, func(r *state.Run) (bool, error) {
+		if r.Status.Terminal() {
+			return false, nil
+		}
+		r.Status, r.UpdatedAt = state.StatusCancelled, s.now().UTC()
+		r.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
+		return true, nil
+	})
+}
+
+// Wait waits until the run runID is in a final state and returns it. It
+// returns an error matching ErrNotFound if the run has no record when the
+// wait begins, and ctx's error, as it is, if ctx ends while it waits; a
+// NATS error is wrapped with jetstream.Unavailable when it is transient.
+func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
+	w, err := s.runs.Raw().Watch(ctx, runID)
+	if err != nil {
+		return state.Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
+	}
+	defer func() { _ = w.Stop() }()
+	seen := false
+	for {
+		select {
+		case <-ctx.Done():
+			return state.Run{}, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return state.Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
+			}
+			if e == nil { // initial values delivered
+				if seen {
+					continue
+				}
+				// The record may have been replaced while the watch was set
+				// up (the bucket keeps one revision): ask before saying no.
+				v, _, err := s.runs.Get(ctx, runID)
+				if errors.Is(err, ErrNotFound) {
+					return state.Run{}, err
+				}
+				if err != nil {
+					return state.Run{}, jetstream.Unavailable(err)
+				}
+				r, err := state.DecodeRun(v)
+				if err != nil {
+					return state.Run{}, err
+				}
+				if r.Status.Terminal() {
+					return r, nil
+				}
+				seen = true
+				continue
+			}
+			if e.Operation() != natsjs.KeyValuePut {
+				continue // the marker of an expired earlier run with this ID
+			}
+			seen = true
+			r, err := state.DecodeRun(e.Value())
+			if err != nil {
+				return state.Run{}, err
+			}
+			if r.Status.Terminal() {
+				return r, nil
+			}
+		}
+	}
+}
+
+// Keys lists the run IDs whose records are kept (deleted and expired ones
+// excluded), sorted and without repeats.
+func (s *Store) Keys(ctx context.Context) (keys []string, err error) {
+	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes(), natsjs.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: list runs: %w", err)
+	}
+	defer func() {
+		if serr := w.Stop(); serr != nil && err == nil {
+			err = fmt.Errorf("jetflow: list runs: %w", serr)
+		}
+	}()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current key has been delivered
+				slices.Sort(keys)
+				return slices.Compact(keys), nil
+			}
+			keys = append(keys, e.Key())
+		case <-ctx.Done():
+			return nil, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
+		}
+	}
+}
+
+// Audit reads the duplicate audit of runID (empty if it has absorbed
+// none).
+func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {
+	v, _, err := s.audit.Get(ctx, runID)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return state.Audit{V: state.Version}, nil
+	}
+	if err != nil {
+		return state.Audit{}, err
+	}
+	return state.DecodeAudit(v)
+}
+
+// RecordDuplicate adds one duplicate start to the audit of runID with
+// compare-and-set, and returns the count of duplicates it holds now.
+func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
+	for {
+		v, rev, err := s.audit.Get(ctx, runID)
+		var au state.Audit
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+			au.V = state.Version
+		case err != nil:
+			return 0, err
+		default:
+			if au, err = state.DecodeAudit(v); err != nil {
+				return 0, err
+			}
+		}
+		au.Add(entry)
+		b, err := state.Encode(au)
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			_, err = s.audit.Create(ctx, runID, b)
+		} else {
+			_, err = s.audit.Update(ctx, runID, b, rev)
+		}
+		if err == nil {
+			return au.Duplicates, nil
+		}
+		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+			return 0, err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+	}
+}

@@ -1,0 +1,195 @@
+package runs
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
+
+func setup(t *testing.T, topo jetstream.Topology) (*Store, *jetstream.Assets) {
+	t.Helper()
+	nc := testenv.Conn(t, testenv.Server(t))
+	assets, err := jetstream.Provision(ctx(t), nc, topo, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	return New(assets), assets
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func running(id, token string) state.Run {
+	now := time.Now().UTC()
+	return state.Run{V: state.Version, RunID: id, Workflow: "w", Input: json.RawMessage(`1`),
+		Status: state.StatusRunning, Token: token, CreatedAt: now, UpdatedAt: now}
+}
+
+// ttlOf reads the Nats-TTL header of the record's last message.
+func ttlOf(t *testing.T, assets *jetstream.Assets, id string) string {
+	t.Helper()
+	st, err := assets.JS.Stream(ctx(t), "KV_"+assets.Runs.Bucket())
+	require.NoError(t, err)
+	m, err := st.GetLastMsgForSubject(ctx(t), "$KV."+assets.Runs.Bucket()+"."+id)
+	require.NoError(t, err)
+	return nats.Header(m.Header).Get("Nats-TTL")
+}
+
+// A running record never expires; the write that ends it carries the
+// run's retention, or the deployment's when the run has none.
+func TestTTLFollowsStatus(t *testing.T) {
+	t.Parallel()
+	s, assets := setup(t, jetstream.Topology{Retention: time.Hour})
+	_, err := s.Create(ctx(t), running("r-1", "a"))
+	require.NoError(t, err)
+	require.Equal(t, "never", ttlOf(t, assets, "r-1"))
+	_, err = s.Create(ctx(t), running("r-1", "b"))
+	require.ErrorIs(t, err, jetstream.ErrExists)
+
+	run, written, err := s.Finish(ctx(t), running("r-1", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.True(t, written)
+	require.Equal(t, state.StatusCompleted, run.Status)
+	require.Equal(t, "1h0m0s", ttlOf(t, assets, "r-1"))
+
+	own := running("r-2", "a")
+	own.Retention = 2 * time.Second
+	require.Equal(t, 2*time.Second, s.Retention(own))
+	require.Equal(t, time.Hour, s.Retention(running("x", "y")))
+	_, err = s.Create(ctx(t), own)
+	require.NoError(t, err)
+	_, cancelled, err := s.Cancel(ctx(t), "r-2")
+	require.NoError(t, err)
+	require.True(t, cancelled)
+	require.Equal(t, "2s", ttlOf(t, assets, "r-2"))
+}
+
+// Finish on a stale revision reads again; it leaves a record that ended,
+// or that holds another run (token, generation), as it is.
+func TestFinishOwnsOnlyItsRun(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	rev, err := s.Create(ctx(t), running("f-1", "a"))
+	require.NoError(t, err)
+	// Another writer moves the record on: Finish's revision is stale.
+	moved := running("f-1", "a")
+	moved.Source = "moved"
+	_, err = s.Replace(ctx(t), moved, rev)
+	require.NoError(t, err)
+	calls := 0
+	run, written, err := s.Finish(ctx(t), running("f-1", "a"), rev, func(r *state.Run) {
+		calls++
+		r.Status = state.StatusFailed
+	})
+	require.NoError(t, err)
+	require.True(t, written)
+	require.Equal(t, 2, calls, "applied again after the conflict")
+	require.Equal(t, "moved", run.Source, "on the record read again")
+
+	_, written, err = s.Finish(ctx(t), running("f-1", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.False(t, written, "already ended")
+
+	_, err = s.Create(ctx(t), running("f-2", "new"))
+	require.NoError(t, err)
+	_, written, err = s.Finish(ctx(t), running("f-2", "old"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.False(t, written, "another token")
+	other := running("f-2", "new")
+	other.Generation = 1
+	_, written, err = s.Finish(ctx(t), other, 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.False(t, written, "another generation")
+	got, _, err := s.Get(ctx(t), "f-2")
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, got.Status)
+}
+
+func TestCancelUpdateAndNotFound(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	_, _, err := s.Get(ctx(t), "none")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, _, err = s.Cancel(ctx(t), "none")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = s.Wait(ctx(t), "none")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	_, err = s.Create(ctx(t), running("c-1", "a"))
+	require.NoError(t, err)
+	run, cancelled, err := s.Cancel(ctx(t), "c-1")
+	require.NoError(t, err)
+	require.True(t, cancelled)
+	require.Equal(t, state.StatusCancelled, run.Status)
+	require.Equal(t, "cancelled", run.Error.Kind)
+	run, cancelled, err = s.Cancel(ctx(t), "c-1")
+	require.NoError(t, err)
+	require.False(t, cancelled, "a second cancel changes nothing")
+	require.Equal(t, state.StatusCancelled, run.Status)
+
+	_, written, err := s.Update(ctx(t), "c-1", func(*state.Run) (bool, error) { return false, nil })
+	require.NoError(t, err)
+	require.False(t, written)
+}
+
+// Wait returns a run's final record, also when it ends after the wait
+// began; Keys lists kept run IDs in order.
+func TestWaitAndKeys(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	for _, id := range []string{"k-3", "k-1", "k-2"} {
+		_, err := s.Create(ctx(t), running(id, "a"))
+		require.NoError(t, err)
+	}
+	keys, err := s.Keys(ctx(t))
+	require.NoError(t, err)
+	require.Equal(t, []string{"k-1", "k-2", "k-3"}, keys)
+
+	done := make(chan state.Run, 1)
+	errs := make(chan error, 1)
+	wctx := ctx(t)
+	go func() {
+		r, err := s.Wait(wctx, "k-2")
+		errs <- err
+		done <- r
+	}()
+	_, _, err = s.Finish(ctx(t), running("k-2", "a"), 0, func(r *state.Run) {
+		r.Status, r.Output = state.StatusCompleted, json.RawMessage(`7`)
+	})
+	require.NoError(t, err)
+	require.NoError(t, <-errs)
+	r := <-done
+	require.Equal(t, state.StatusCompleted, r.Status)
+	require.JSONEq(t, `7`, string(r.Output))
+
+	r, err = s.Wait(ctx(t), "k-2")
+	require.NoError(t, err, "already final")
+	require.Equal(t, state.StatusCompleted, r.Status)
+}
+
+func TestAuditCountsDuplicates(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	au, err := s.Audit(ctx(t), "a-1")
+	require.NoError(t, err)
+	require.Zero(t, au.Duplicates)
+	for i := 1; i <= 3; i++ {
+		n, err := s.RecordDuplicate(ctx(t), "a-1", state.AuditEntry{At: time.Now().UTC(), Source: "t", Outcome: state.AuditExisting})
+		require.NoError(t, err)
+		require.Equal(t, int64(i), n)
+	}
+	au, err = s.Audit(ctx(t), "a-1")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), au.Duplicates)
+}

@@ -1,0 +1,118 @@
+package jetflow
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A producer whose NATS user may not write the runs bucket nor publish
+// tasks (jetflow_producer of deploy/nats/accounts.conf) starts typed runs
+// with ClientConfig.StartByRequest: a worker admits them. Start and
+// Handle.Result work with no denied operation, repeated and concurrent
+// starts of a run ID land on one run that runs its steps once, and a
+// workflow no worker serves is ErrUnknownWorkflow at once, not a hang.
+func TestStartByRequestAsLeastPrivilegeProducer(t *testing.T) {
+	url := securedServer(t)
+	ctx := ctxT(t, 60*time.Second)
+
+	wnc, workerPerms := securedConn(t, url, workerUser)
+	effects := newCounter()
+	wf := threeSteps("by-request", effects)
+	w := startWorker(t, wnc, WorkerConfig{}, wf)
+	stopAtEnd(t, w, 10*time.Second)
+	// Another connection's request must find the start service.
+	require.NoError(t, wnc.Flush())
+
+	pnc, producerPerms := securedConn(t, url, producerUser)
+	pc, err := NewClient(ctxT(t, 10*time.Second), pnc, ClientConfig{Name: "by-request", StartByRequest: true})
+	require.NoError(t, err)
+
+	t.Run("typed start and result", func(t *testing.T) {
+		h, err := Start(ctx, pc, wf, 1, WithRunID("req-1"))
+		require.NoError(t, err)
+		require.Equal(t, "req-1", h.RunID)
+		require.Equal(t, OutcomeCreated, h.Outcome)
+		require.Equal(t, StatusRunning, h.Status)
+		out, err := h.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 4, out)
+
+		dup, err := Start(ctx, pc, wf, 1, WithRunID("req-1"))
+		require.NoError(t, err)
+		require.Equal(t, "req-1", dup.RunID)
+		require.Equal(t, OutcomeExisting, dup.Outcome)
+		require.Equal(t, StatusCompleted, dup.Status)
+		require.Equal(t, int64(1), dup.Duplicates)
+		again, err := dup.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 4, again)
+
+		run, err := pc.GetRun(ctx, "req-1")
+		require.NoError(t, err)
+		require.Equal(t, int64(1), run.Duplicates)
+		require.Equal(t, "by-request", run.FirstDuplicate.Source)
+
+		_, err = Start(ctx, pc, wf, 2, WithRunID("req-1"))
+		require.ErrorIs(t, err, ErrIdempotencyConflict, "another input under the run ID")
+	})
+
+	t.Run("concurrent duplicates land on one run", func(t *testing.T) {
+		const n = 8
+		handles := make([]*Handle[int], n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				handles[i], errs[i] = Start(ctx, pc, wf, 10, WithRunID("req-many"))
+			}()
+		}
+		wg.Wait()
+		created := 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			require.Equal(t, "req-many", handles[i].RunID)
+			if handles[i].Outcome == OutcomeCreated {
+				created++
+			}
+		}
+		require.Equal(t, 1, created, "exactly one start created the run")
+		for _, h := range handles {
+			out, err := h.Result(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 13, out)
+		}
+		for _, step := range []string{"a", "b", "c"} {
+			require.Equal(t, 1, effects.get("req-many."+step+".0"), "step %s ran once", step)
+		}
+	})
+
+	t.Run("generated run ID", func(t *testing.T) {
+		h, err := Start(ctx, pc, wf, 0, WithGeneratedRunID())
+		require.NoError(t, err)
+		require.NotEmpty(t, h.RunID)
+		require.Equal(t, OutcomeCreated, h.Outcome)
+		out, err := h.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, out)
+	})
+
+	t.Run("no worker serves the workflow", func(t *testing.T) {
+		unserved := threeSteps("by-request-unserved", newCounter())
+		began := time.Now()
+		_, err := Start(ctxT(t, 30*time.Second), pc, unserved, 1, WithRunID("req-nobody"))
+		require.ErrorIs(t, err, ErrUnknownWorkflow)
+		require.Contains(t, err.Error(), "no worker serves")
+		require.Less(t, time.Since(began), 10*time.Second, "an answer, not a timeout")
+		_, err = pc.GetRun(ctx, "req-nobody")
+		require.ErrorIs(t, err, ErrRunNotFound, "nothing stored")
+	})
+
+	producerPerms.requireNone(t)
+	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))
+	workerPerms.requireNone(t)
+}
