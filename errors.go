@@ -83,15 +83,16 @@ type ConflictError = dedupe.ConflictError
 type StepError = workflow.StepError
 
 // RunError is how a run that did not complete is reported to the caller
-// waiting for its result.
+// waiting for its result. Its JSON encoding (a Run's error) has only kind
+// and message.
 type RunError struct {
-	RunID  string
-	Status RunStatus
+	RunID  string    `json:"-"`
+	Status RunStatus `json:"-"`
 	// Kind is "workflow" (the workflow returned an error), "step" (a step's
 	// final failure was returned by the workflow), "input" (undecodable
-	// input) or "panic".
-	Kind    string
-	Message string
+	// input), "panic" or "cancelled".
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
 }
 
 func (e *RunError) Error() string {

@@ -21,8 +21,17 @@ func TestResetTaskKey(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.post("mailer", "mail-2", `"`+key+`"`).code)
 	b.waitDone("mail-2")
 	require.EqualValues(t, 1, b.sends.Load(), "the second run was served from the key")
+	// The served step says so, and which step's result it got.
+	res := b.do(http.MethodGet, "/v1/runs/mail-2", nil, "")
+	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+	var run RunWithSteps
+	res.json(t, &run)
+	require.Len(t, run.Steps, 1)
+	require.NotNil(t, run.Steps[0].TaskKey, "body: %s", res.body)
+	require.True(t, run.Steps[0].TaskKey.Served)
+	require.Equal(t, "mail-1."+run.Steps[0].Name+".0", run.Steps[0].TaskKey.From)
 
-	res := b.do(http.MethodDelete, path, nil, "")
+	res = b.do(http.MethodDelete, path, nil, "")
 	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
 	var out KeyReset
 	res.json(t, &out)
