@@ -1,9 +1,10 @@
 // Package httpapi is jetflow's HTTP API, served by `producer serve`: it
 // starts runs under an Idempotency-Key (the IETF httpapi draft's semantics,
 // with the key as the run ID), reads, waits for and lists runs, resets task
-// idempotency keys and takes webhook deliveries. docs/http.md describes it
-// for users and openapi.yaml is its contract; one route table (routes)
-// registers the handlers and is checked against that document.
+// idempotency keys (DELETE /v1/task-keys/{key}) and takes webhook
+// deliveries. docs/http.md describes it for users and openapi.yaml is its
+// contract; one route table (routes) registers the handlers and is checked
+// against that document.
 package httpapi
 
 import (
@@ -96,7 +97,10 @@ type route struct {
 	// public routes need no bearer token (they authenticate otherwise, or
 	// need nothing).
 	public bool
-	handle func(*Server, http.ResponseWriter, *http.Request)
+	// deprecated routes answer with a "Deprecation: true" header (and are
+	// marked deprecated in openapi.yaml): old names kept as aliases.
+	deprecated bool
+	handle     func(*Server, http.ResponseWriter, *http.Request)
 }
 
 // pattern is the route's http.ServeMux pattern, as Observe reports it.
@@ -110,7 +114,10 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/runs", handle: (*Server).listRuns},
 	{method: http.MethodGet, path: "/v1/runs/{id}", handle: (*Server).getRun},
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
-	{method: http.MethodDelete, path: "/v1/idempotency-keys/{key}", handle: (*Server).resetKey},
+	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
+	// The task-key reset's first name, before HTTP's Idempotency-Key (a
+	// run ID) and task keys had separate words.
+	{method: http.MethodDelete, path: "/v1/idempotency-keys/{key}", deprecated: true, handle: (*Server).resetKey},
 	{method: http.MethodPost, path: "/v1/webhooks/{source}", public: true, handle: (*Server).webhook},
 	{method: http.MethodGet, path: "/v1/openapi.yaml", public: true, handle: (*Server).openapi},
 }
@@ -206,9 +213,13 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, Problem{Status: code, Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 }
 
-// guard wraps a route's handler with authentication and panic recovery.
+// guard wraps a route's handler with authentication and panic recovery,
+// and marks the answers of a deprecated route.
 func (s *Server) guard(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rt.deprecated {
+			w.Header().Set("Deprecation", "true")
+		}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
