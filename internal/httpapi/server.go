@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log"
 	"net/http"
 	"strings"
 	"time"
@@ -157,24 +156,6 @@ func New(cfg Config) (*Server, error) {
 		s.mux.Handle(rt.pattern(), s.guard(rt))
 	}
 	return s, nil
-}
-
-// HTTPServer returns an http.Server for s listening on addr, with every
-// timeout set: headers within 10s, the body within 30s, the response
-// within MaxWait plus twice the request timeout (a long poll reads the run
-// before and after its wait) plus a margin, and idle keep-alive
-// connections closed after two minutes.
-func (s *Server) HTTPServer(addr string) *http.Server {
-	return &http.Server{
-		Addr:              addr,
-		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      MaxWait + 2*s.cfg.RequestTimeout + 15*time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          log.New(s.log.With().Str("component", "httpapi").Logger(), "", 0),
-	}
 }
 
 // ServeHTTP answers r: a route of the table, or a problem (404, 405) for a

@@ -26,14 +26,6 @@ func IsTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// DefaultFormat is Console when w is a terminal, JSON otherwise.
-func DefaultFormat(w io.Writer) string {
-	if IsTerminal(w) {
-		return Console
-	}
-	return JSON
-}
-
 // New returns a logger writing to w at level: JSON lines with a timestamp,
 // or for Console a human-readable line (colour only on a terminal).
 func New(w io.Writer, format string, level zerolog.Level) zerolog.Logger {
