@@ -309,14 +309,17 @@ func (h *Handle[R]) Result(ctx context.Context) (R, error) {
 	return out, nil
 }
 
-// StartResult is the untyped result of StartByName.
+// StartResult is the untyped result of StartByName: the fields of Handle,
+// and the workflow. Its JSON encoding is what the producer's
+// --output json prints for a start.
 type StartResult struct {
-	RunID       string
-	Workflow    string
-	Outcome     Outcome
-	Status      RunStatus
-	Duplicates  int64
-	AfterExpiry bool
+	RunID    string    `json:"run_id"`
+	Workflow string    `json:"workflow"`
+	Outcome  Outcome   `json:"outcome"`
+	Status   RunStatus `json:"status"`
+	// Duplicates and AfterExpiry are as in Handle.
+	Duplicates  int64 `json:"duplicates"`
+	AfterExpiry bool  `json:"after_expiry,omitempty"`
 }
 
 // StartByName starts a run of the workflow called name with JSON input, by
@@ -436,26 +439,33 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.base }
 
-// Run is a run as stored.
+// Run is a run as stored. Its JSON encoding is the run as the HTTP API
+// and the producer's --output json show it (snake_case names; a field is
+// only ever added, never renamed or removed).
 type Run struct {
-	RunID     string
-	Workflow  string
-	Status    RunStatus
-	Input     json.RawMessage
-	Output    json.RawMessage
-	Error     *RunError
-	Source    string
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	RunID    string    `json:"run_id"`
+	Workflow string    `json:"workflow"`
+	Status   RunStatus `json:"status"`
+	// Source is the client name or envelope source of the start that
+	// created the run.
+	Source    string    `json:"source,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// Generation counts the runs started again under this run ID by the
 	// conflict policy (0 for the first).
-	Generation int
+	Generation int `json:"generation"`
 	// Duplicates is how many duplicate starts the run ID has seen (absorbed,
 	// refused, or that started it again); FirstDuplicate and
 	// RecentDuplicates (the last few, oldest first) describe them.
-	Duplicates       int64
-	FirstDuplicate   *DuplicateAttempt
-	RecentDuplicates []DuplicateAttempt
+	Duplicates       int64              `json:"duplicates"`
+	FirstDuplicate   *DuplicateAttempt  `json:"first_duplicate,omitempty"`
+	RecentDuplicates []DuplicateAttempt `json:"recent_duplicates,omitempty"`
+	// Input, Output and Error are the run's JSON input, its output once
+	// completed, and why it did not complete (its JSON has only kind and
+	// message: the run ID and status are the run's own fields).
+	Input  json.RawMessage `json:"input,omitempty"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Error  *RunError       `json:"error,omitempty"`
 }
 
 // DuplicateAttempt is one duplicate start of a run, from its audit.
@@ -536,18 +546,43 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 	return run, jetstream.Unavailable(err)
 }
 
-// StepRecord is one committed step of a run.
+// StepRecord is one committed step of a run. Its JSON encoding is the
+// step as the HTTP API and the producer's --output json show it.
 type StepRecord struct {
-	StepID  string
-	Name    string
-	Seq     int
-	Attempt int
-	Output  json.RawMessage
-	Error   string
-	Fatal   bool
-	// Worker names the worker whose attempt was committed.
-	Worker      string
-	CommittedAt time.Time
+	StepID string `json:"step_id"`
+	Name   string `json:"name"`
+	// Seq is the step's place in the run's history; it is not encoded (a
+	// list of steps is in this order).
+	Seq     int             `json:"-"`
+	Attempt int             `json:"attempt"`
+	Output  json.RawMessage `json:"output,omitempty"`
+	// Error is the message of a committed failure; Fatal says it was not
+	// retried.
+	Error string `json:"error,omitempty"`
+	Fatal bool   `json:"fatal,omitempty"`
+	// Worker names the worker whose attempt was committed. For a result
+	// served from a task key it goes on with " (served from task key
+	// <key>, result of <step ID>)"; read TaskKey rather than this text.
+	Worker      string    `json:"worker,omitempty"`
+	CommittedAt time.Time `json:"committed_at"`
+	// TaskKey is set for a step called with a task idempotency key
+	// (WithIdempotencyKey): the key, and whether the result was served
+	// from its cache and from which step. Nil for a step without a key.
+	TaskKey *StepTaskKey `json:"task_key,omitempty"`
+}
+
+// StepTaskKey is the task idempotency key of a committed step.
+type StepTaskKey struct {
+	// Key is the key as stored in the task keys bucket: the scope
+	// (r.<run-id>, w.<workflow> or g), a hash of the caller's key, and the
+	// step name, such as w.orders.6f1c...9a.send-email.
+	Key string `json:"key"`
+	// Served is true when the step did not run: its result was served
+	// from the key's cache, as produced by step From.
+	Served bool `json:"served"`
+	// From is the step ID whose execution produced the result: another
+	// run's step when Served, this step's own otherwise.
+	From string `json:"from"`
 }
 
 // Steps lists a run's committed steps in the order the workflow called
@@ -572,13 +607,16 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		if err != nil {
 			return nil, err
 		}
-		s, err := state.DecodeStep(v)
+		s, err := state.DecodeKeyedStep(v)
 		if err != nil {
 			return nil, err
 		}
 		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
+		}
+		if k := s.TaskKey; k != nil {
+			rec.TaskKey = &StepTaskKey{Key: k.Key, Served: k.Served, From: k.From}
 		}
 		out = append(out, rec)
 	}

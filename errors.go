@@ -235,18 +235,19 @@ func (e *CodedError) ErrorCode() string { return e.Code }
 // RunError is how a run that did not complete is reported to the caller
 // waiting for its result. It matches ErrRunFailed, and when it has a Code,
 // errors.As reaches a *CodedError with it.
+// Its JSON encoding (a Run's error) has kind, code and message.
 type RunError struct {
-	RunID  string
-	Status RunStatus
+	RunID  string    `json:"-"`
+	Status RunStatus `json:"-"`
 	// Kind is "workflow" (the workflow returned an error), "step" (a step's
 	// final failure was returned by the workflow), "input" (undecodable
-	// input) or "panic".
-	Kind string
+	// input), "panic" or "cancelled".
+	Kind string `json:"kind"`
 	// Code is the code of the error the run failed with: that of the
 	// failed step (StepError.Code) or of the workflow's own error
 	// (ErrorWithCode); empty when it had none.
-	Code    string
-	Message string
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message"`
 }
 
 func (e *RunError) Error() string {

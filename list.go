@@ -30,13 +30,15 @@ const (
 	MaxListLimit     = 500
 )
 
-// RunPage is one page of ListRuns.
+// RunPage is one page of ListRuns. Its JSON encoding is the page as the
+// HTTP API and the producer's --output json show it; they send an empty
+// page's Runs as [], never null.
 type RunPage struct {
 	// Runs in run ID order.
-	Runs []Run
+	Runs []Run `json:"runs"`
 	// Next is the cursor of the next page (ListOptions.After), "" when
 	// this page is the last.
-	Next string
+	Next string `json:"next_cursor,omitempty"`
 }
 
 // ListRuns returns the runs whose records are kept (within retention), in

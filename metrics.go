@@ -30,9 +30,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return &Metrics{m: m}, nil
 }
 
-// MetricNames lists the metric families jetflow exports.
-func MetricNames() []string { return metrics.Names() }
-
 func (m *Metrics) internal() *metrics.Metrics {
 	if m == nil {
 		return nil

@@ -19,8 +19,9 @@ import (
 //
 // Within the TTL a committed result for the key is returned without running
 // the step; the call's own step record is still committed under its step ID
-// (Client.Steps names the key it was served from). A final failure is not
-// cached unless WithCachedFailures is given: the next call runs the step.
+// (Client.Steps names the key it was served from, in StepRecord.TaskKey).
+// A final failure is not cached unless WithCachedFailures is given: the
+// next call runs the step.
 // Concurrent calls with one key run the step once; the others wait for its
 // result. A different key, or the same key in another scope, runs the step.
 // The step name is part of the key's identity: two steps that use the same

@@ -63,6 +63,7 @@ func served(t *testing.T, c *Client, runID string) bool {
 	require.NoError(t, err)
 	require.NotEmpty(t, steps)
 	require.Equal(t, ref.Served, strings.Contains(steps[0].Worker, "served from task key "+ref.Key), steps[0].Worker)
+	require.Equal(t, &StepTaskKey{Key: ref.Key, Served: ref.Served, From: ref.From}, steps[0].TaskKey)
 	return ref.Served
 }
 

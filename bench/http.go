@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/opshttp"
 )
 
 // The http phase measures starts through the HTTP API (producer serve's
@@ -72,20 +72,21 @@ func engineHTTP(ctx context.Context, e *env, cfg config, rep int) (f httpFigures
 	if err != nil {
 		return f, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := opshttp.Listen("127.0.0.1:0")
 	if err != nil {
 		return f, err
 	}
-	srv := api.HTTPServer(ln.Addr().String())
+	// Served as producer serve serves it: under /v1/ of a mux, by the
+	// commands' one http.Server (opshttp.NewServer: its timeouts, its
+	// graceful shutdown).
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", api)
+	serveCtx, stopServe := context.WithCancel(ctx)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- opshttp.Serve(serveCtx, ln, mux) }()
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		err = errors.Join(err, srv.Shutdown(sctx))
-		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-			err = errors.Join(err, serr)
-		}
+		stopServe()
+		err = errors.Join(err, <-served)
 	}()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.admitG, MaxConnsPerHost: cfg.admitG}}
 	defer hc.CloseIdleConnections()

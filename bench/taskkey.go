@@ -209,7 +209,7 @@ func engineTaskKey(ctx context.Context, e *env, cfg config, rep int) (f taskKeyF
 			return f, err
 		}
 		for _, s := range steps {
-			if !strings.Contains(s.Worker, "served from task key") {
+			if s.TaskKey == nil || !s.TaskKey.Served {
 				return f, fmt.Errorf("step %s of a hit run was not served from its key (worker %q)", s.StepID, s.Worker)
 			}
 		}

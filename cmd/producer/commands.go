@@ -12,7 +12,6 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/view"
 )
 
 // opTimeout bounds the NATS requests of every command but wait, and the
@@ -122,7 +121,7 @@ func (p *printer) encode(v any) error {
 
 func (p *printer) start(res jetflow.StartResult) error {
 	if p.json {
-		return p.encode(view.NewStartResult(res))
+		return p.encode(res)
 	}
 	var err error
 	switch {
@@ -140,7 +139,7 @@ func (p *printer) start(res jetflow.StartResult) error {
 
 func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
 	if p.json {
-		return p.encode(view.NewRunWithSteps(run, steps))
+		return p.encode(httpapi.NewRunWithSteps(run, steps))
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "run:\t%s\n", run.RunID)
@@ -210,7 +209,7 @@ func (p *printer) duplicates(run jetflow.Run) error {
 
 func (p *printer) result(run jetflow.Run) error {
 	if p.json {
-		return p.encode(view.NewRun(run))
+		return p.encode(run)
 	}
 	if run.Error != nil {
 		// The error itself goes to stderr.
@@ -223,7 +222,7 @@ func (p *printer) result(run jetflow.Run) error {
 
 func (p *printer) page(page jetflow.RunPage) error {
 	if p.json {
-		return p.encode(view.NewRunPage(page))
+		return p.encode(httpapi.RunList(page))
 	}
 	if len(page.Runs) == 0 {
 		_, err := fmt.Fprintln(p.w, "no runs")

@@ -8,21 +8,22 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/view"
 )
 
 // listJSON runs list with args and --output json and decodes the page.
-func listJSON(t *testing.T, producer cliFunc, args ...string) view.RunPage {
+func listJSON(t *testing.T, producer cliFunc, args ...string) jetflow.RunPage {
 	t.Helper()
 	code, out, errOut := producer(append([]string{"list", "--output", "json"}, args...)...)
 	require.Equal(t, 0, code, errOut)
-	var page view.RunPage
+	var page jetflow.RunPage
 	require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+	require.NotContains(t, out, `"steps"`, "list shows runs without their steps")
 	return page
 }
 
-func runIDs(page view.RunPage) []string {
+func runIDs(page jetflow.RunPage) []string {
 	ids := make([]string, len(page.Runs))
 	for i, r := range page.Runs {
 		ids[i] = r.RunID
@@ -63,16 +64,15 @@ func TestList(t *testing.T) {
 		require.LessOrEqual(t, len(page.Runs), 2)
 		for _, r := range page.Runs {
 			require.Equal(t, "greet", r.Workflow)
-			require.Equal(t, "completed", r.Status)
-			require.Nil(t, r.Steps, "list shows runs without their steps")
+			require.Equal(t, jetflow.StatusCompleted, r.Status)
 		}
 		all = append(all, runIDs(page)...)
-		if page.NextCursor == "" {
+		if page.Next == "" {
 			require.Equal(t, 3, pages)
 			break
 		}
-		require.Equal(t, all[len(all)-1], page.NextCursor)
-		cursor = page.NextCursor
+		require.Equal(t, all[len(all)-1], page.Next)
+		cursor = page.Next
 	}
 	require.Equal(t, []string{"g-0", "g-1", "g-2", "g-3", "g-4"}, all)
 
@@ -156,7 +156,7 @@ func TestConflictExitCode(t *testing.T) {
 
 	code, out, errOut = producer("get", "c-1", "--output", "json")
 	require.Equal(t, 0, code, errOut)
-	var run view.Run
+	var run httpapi.RunWithSteps
 	require.NoError(t, json.Unmarshal([]byte(out), &run))
 	require.JSONEq(t, `{"name":"ada"}`, string(run.Input), "the run keeps its input")
 	require.Equal(t, int64(2), run.Duplicates)
@@ -183,9 +183,9 @@ func TestIDNotFromEnvironment(t *testing.T) {
 	for range 2 {
 		code, out, errOut := producer("start", "greet", `{"name":"ada"}`, "--generate-id", "--output", "json")
 		require.Equal(t, 0, code, errOut)
-		var res view.StartResult
+		var res jetflow.StartResult
 		require.NoError(t, json.Unmarshal([]byte(out), &res))
-		require.Equal(t, "created", res.Outcome)
+		require.Equal(t, jetflow.OutcomeCreated, res.Outcome)
 		require.NotEqual(t, "fixed", res.RunID)
 		ids[res.RunID] = true
 	}

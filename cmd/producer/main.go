@@ -9,7 +9,8 @@
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
 //
 // Flags may come anywhere on the line; --output json prints the JSON shapes of
-// the HTTP API (package internal/view).
+// the HTTP API (the JSON encodings of jetflow.Run, StartResult and RunPage;
+// get adds the run's steps as GET /v1/runs/{id} does).
 //
 // # Idempotency
 //

@@ -15,7 +15,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/view"
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/httpapi"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
@@ -133,9 +134,9 @@ func TestServe(t *testing.T) {
 
 	res := do(t, http.MethodGet, base+"/v1/runs/http-1/result?wait=20s", bearer(tok1), nil)
 	require.Equal(t, http.StatusOK, res.code, res.body)
-	var run view.Run
+	var run httpapi.RunWithSteps
 	require.NoError(t, json.Unmarshal([]byte(res.body), &run))
-	require.Equal(t, "completed", run.Status)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
 	require.JSONEq(t, `"hello, ada-payload-7f"`, string(run.Output))
 
 	res = do(t, http.MethodGet, base+"/v1/runs/http-1", bearer(tok2), nil)

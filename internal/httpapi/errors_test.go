@@ -121,21 +121,6 @@ func TestUnmatchedRoutes(t *testing.T) {
 	require.Equal(t, "GET /v1/runs", <-routesSeen)
 }
 
-// The http.Server has every timeout set, the write timeout beyond the
-// longest wait.
-func TestHTTPServerTimeouts(t *testing.T) {
-	t.Parallel()
-	s, err := New(Config{Backend: &fakeBackend{}})
-	require.NoError(t, err)
-	hs := s.HTTPServer("127.0.0.1:0")
-	require.Equal(t, "127.0.0.1:0", hs.Addr)
-	require.Positive(t, hs.ReadHeaderTimeout)
-	require.Positive(t, hs.ReadTimeout)
-	require.Positive(t, hs.IdleTimeout)
-	require.Greater(t, hs.WriteTimeout, MaxWait+2*DefaultRequestTimeout)
-	require.Same(t, s, hs.Handler)
-}
-
 // The docs link of the key-required problem points at a section that
 // exists in docs/http.md.
 func TestRunIDRequiredDocsAnchorExists(t *testing.T) {

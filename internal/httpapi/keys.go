@@ -19,8 +19,9 @@ type KeyReset struct {
 	Deleted int `json:"deleted"`
 }
 
-// resetKey is DELETE /v1/idempotency-keys/{key}?scope=...: it forgets a
-// task idempotency key so that the next step call with it runs again.
+// resetKey is DELETE /v1/task-keys/{key}?scope=... (and its deprecated
+// alias DELETE /v1/idempotency-keys/{key}): it forgets a task idempotency
+// key so that the next step call with it runs again.
 func (s *Server) resetKey(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	q := r.URL.Query()

@@ -11,9 +11,6 @@ import (
 //go:embed openapi.yaml
 var openapiYAML []byte
 
-// OpenAPI returns the API's OpenAPI 3.1 document (YAML).
-func OpenAPI() []byte { return append([]byte(nil), openapiYAML...) }
-
 // openapi is GET /v1/openapi.yaml.
 func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/yaml")

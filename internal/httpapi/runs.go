@@ -9,8 +9,36 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/view"
 )
+
+// RunWithSteps is the body of GET /v1/runs/{id}: the run and its committed
+// steps in one answer, where the SDK reads them with two calls
+// (Client.GetRun, Client.Steps), hence a type of its own. It encodes as
+// the run's fields followed by "steps", a list that is empty, never absent
+// or null, when no step has committed. The producer's get --output json
+// prints the same.
+type RunWithSteps struct {
+	jetflow.Run
+	Steps []jetflow.StepRecord `json:"steps"`
+}
+
+// NewRunWithSteps returns the body for run and its steps.
+func NewRunWithSteps(run jetflow.Run, steps []jetflow.StepRecord) RunWithSteps {
+	if steps == nil {
+		steps = []jetflow.StepRecord{}
+	}
+	return RunWithSteps{Run: run, Steps: steps}
+}
+
+// RunList returns page as GET /v1/runs sends it, and the producer's list
+// --output json prints it: its runs are a list, [] on an empty page, never
+// null.
+func RunList(page jetflow.RunPage) jetflow.RunPage {
+	if page.Runs == nil {
+		page.Runs = []jetflow.Run{}
+	}
+	return page
+}
 
 // getRun is GET /v1/runs/{id}: the run and its committed steps.
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
@@ -32,7 +60,7 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set(HeaderRunStatus, string(run.Status))
-	writeJSON(w, http.StatusOK, "application/json", view.NewRunWithSteps(run, steps))
+	writeJSON(w, http.StatusOK, "application/json", NewRunWithSteps(run, steps))
 }
 
 // result is GET /v1/runs/{id}/result?wait=30s: 200 with the run once it
@@ -64,10 +92,10 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(HeaderRunStatus, string(run.Status))
 	if !run.Status.Terminal() {
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusAccepted, "application/json", view.NewRun(run))
+		writeJSON(w, http.StatusAccepted, "application/json", run)
 		return
 	}
-	writeJSON(w, http.StatusOK, "application/json", view.NewRun(run))
+	writeJSON(w, http.StatusOK, "application/json", run)
 }
 
 // readRun reads the run within the request timeout.
@@ -137,7 +165,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, "application/json", view.NewRunPage(page))
+	writeJSON(w, http.StatusOK, "application/json", RunList(page))
 }
 
 // clip shortens a caller's value for an error message.

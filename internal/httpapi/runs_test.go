@@ -2,15 +2,17 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/view"
 )
 
 // GET /v1/runs/{id}: the run with its steps and duplicate audit.
@@ -25,11 +27,11 @@ func TestGetRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
 	require.Equal(t, "application/json", res.header.Get("Content-Type"))
 	require.Equal(t, "completed", res.header.Get(HeaderRunStatus))
-	var run view.Run
+	var run RunWithSteps
 	res.json(t, &run)
 	require.Equal(t, "get-1", run.RunID)
 	require.Equal(t, "echo", run.Workflow)
-	require.Equal(t, "completed", run.Status)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
 	require.JSONEq(t, `{"n":5}`, string(run.Input))
 	require.JSONEq(t, `10`, string(run.Output))
 	require.Nil(t, run.Error)
@@ -72,9 +74,9 @@ func TestResultLongPoll(t *testing.T) {
 		require.Equal(t, http.StatusAccepted, res.code, "query %q: %s", q, res.body)
 		require.Equal(t, "1", res.header.Get("Retry-After"))
 		require.Equal(t, "running", res.header.Get(HeaderRunStatus))
-		var run view.Run
+		var run jetflow.Run
 		res.json(t, &run)
-		require.Equal(t, "running", run.Status)
+		require.Equal(t, jetflow.StatusRunning, run.Status)
 		if q == "?wait=1" {
 			require.GreaterOrEqual(t, time.Since(begin), time.Second, "waited the whole second")
 		}
@@ -93,16 +95,16 @@ func TestResultLongPoll(t *testing.T) {
 		t.Fatal("the long poll did not end with the run")
 	}
 	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
-	var run view.Run
+	var run jetflow.Run
 	res.json(t, &run)
-	require.Equal(t, "completed", run.Status)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
 	require.JSONEq(t, `6`, string(run.Output))
 
 	// A failed run is a final answer too; the body says failed.
 	require.Equal(t, http.StatusCreated, b.post("fails", "poll-2", `{}`).code)
 	res = b.waitDone("poll-2")
 	res.json(t, &run)
-	require.Equal(t, "failed", run.Status)
+	require.Equal(t, jetflow.StatusFailed, run.Status)
 	require.NotNil(t, run.Error)
 	require.Contains(t, run.Error.Message, "it failed")
 
@@ -186,7 +188,7 @@ func TestListRunsPaging(t *testing.T) {
 	for {
 		res := b.do(http.MethodGet, "/v1/runs?workflow=echo&limit=2&cursor="+cursor, nil, "")
 		require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
-		var page view.RunPage
+		var page jetflow.RunPage
 		res.json(t, &page)
 		pages++
 		require.LessOrEqual(t, len(page.Runs), 2)
@@ -194,10 +196,10 @@ func TestListRunsPaging(t *testing.T) {
 			require.Equal(t, "echo", r.Workflow)
 			got = append(got, r.RunID)
 		}
-		if page.NextCursor == "" {
+		if page.Next == "" {
 			break
 		}
-		cursor = page.NextCursor
+		cursor = page.Next
 		require.Less(t, pages, 10)
 	}
 	require.Equal(t, want, got)
@@ -206,7 +208,7 @@ func TestListRunsPaging(t *testing.T) {
 	b.waitDone("other-1")
 	res := b.do(http.MethodGet, "/v1/runs?status=failed", nil, "")
 	require.Equal(t, http.StatusOK, res.code)
-	var page view.RunPage
+	var page jetflow.RunPage
 	res.json(t, &page)
 	require.Len(t, page.Runs, 1)
 	require.Equal(t, "other-1", page.Runs[0].RunID)
@@ -264,4 +266,35 @@ func TestResultWaitEndsWhenServerStops(t *testing.T) {
 	case <-time.After(10 * time.Second): // far below the 60s wait
 		t.Fatal("the long poll kept waiting after the server began to stop")
 	}
+}
+
+// The bodies built around the public records (RunWithSteps, RunList):
+// "steps" and "runs" are lists, empty rather than absent or null, and a
+// run's steps follow its fields. (These were internal/view's tests; the
+// records' own encodings are tested in the root package, json_test.go.)
+func TestRunBodiesJSON(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	run := jetflow.Run{RunID: "order-1", Workflow: "ship", Status: jetflow.StatusRunning, CreatedAt: at, UpdatedAt: at}
+	encode := func(v any) string {
+		rec := httptest.NewRecorder()
+		writeJSON(rec, http.StatusOK, "application/json", v)
+		return rec.Body.String()
+	}
+	require.Equal(t, `{"run_id":"order-1","workflow":"ship","status":"running","created_at":"2025-01-02T03:04:05Z",`+
+		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[]}`+"\n",
+		encode(NewRunWithSteps(run, nil)), "asked for and none: an empty list")
+
+	steps := []jetflow.StepRecord{{StepID: "order-1.pack.0", Name: "pack", Attempt: 2, Output: json.RawMessage(`3`), Worker: "w1", CommittedAt: at}}
+	b := encode(NewRunWithSteps(run, steps))
+	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}]}`+"\n"), b)
+	var back RunWithSteps
+	require.NoError(t, json.Unmarshal([]byte(b), &back))
+	require.Equal(t, NewRunWithSteps(run, steps), back)
+
+	require.Equal(t, `{"runs":[]}`+"\n", encode(RunList(jetflow.RunPage{})))
+	var page jetflow.RunPage
+	require.NoError(t, json.Unmarshal([]byte(encode(RunList(jetflow.RunPage{Runs: []jetflow.Run{run}, Next: "order-1"}))), &page))
+	require.Equal(t, "order-1", page.Next)
+	require.Len(t, page.Runs, 1)
 }

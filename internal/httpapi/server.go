@@ -1,9 +1,10 @@
 // Package httpapi is jetflow's HTTP API, served by `producer serve`: it
 // starts runs under an Idempotency-Key (the IETF httpapi draft's semantics,
 // with the key as the run ID), reads, waits for and lists runs, resets task
-// idempotency keys and takes webhook deliveries. docs/http.md describes it
-// for users and openapi.yaml is its contract; one route table (routes)
-// registers the handlers and is checked against that document.
+// idempotency keys (DELETE /v1/task-keys/{key}) and takes webhook
+// deliveries. docs/http.md describes it for users and openapi.yaml is its
+// contract; one route table (routes) registers the handlers and is checked
+// against that document.
 package httpapi
 
 import (
@@ -13,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log"
 	"net/http"
 	"strings"
 	"time"
@@ -96,7 +96,10 @@ type route struct {
 	// public routes need no bearer token (they authenticate otherwise, or
 	// need nothing).
 	public bool
-	handle func(*Server, http.ResponseWriter, *http.Request)
+	// deprecated routes answer with a "Deprecation: true" header (and are
+	// marked deprecated in openapi.yaml): old names kept as aliases.
+	deprecated bool
+	handle     func(*Server, http.ResponseWriter, *http.Request)
 }
 
 // pattern is the route's http.ServeMux pattern, as Observe reports it.
@@ -110,7 +113,10 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/runs", handle: (*Server).listRuns},
 	{method: http.MethodGet, path: "/v1/runs/{id}", handle: (*Server).getRun},
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
-	{method: http.MethodDelete, path: "/v1/idempotency-keys/{key}", handle: (*Server).resetKey},
+	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
+	// The task-key reset's first name, before HTTP's Idempotency-Key (a
+	// run ID) and task keys had separate words.
+	{method: http.MethodDelete, path: "/v1/idempotency-keys/{key}", deprecated: true, handle: (*Server).resetKey},
 	{method: http.MethodPost, path: "/v1/webhooks/{source}", public: true, handle: (*Server).webhook},
 	{method: http.MethodGet, path: "/v1/openapi.yaml", public: true, handle: (*Server).openapi},
 }
@@ -152,24 +158,6 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// HTTPServer returns an http.Server for s listening on addr, with every
-// timeout set: headers within 10s, the body within 30s, the response
-// within MaxWait plus twice the request timeout (a long poll reads the run
-// before and after its wait) plus a margin, and idle keep-alive
-// connections closed after two minutes.
-func (s *Server) HTTPServer(addr string) *http.Server {
-	return &http.Server{
-		Addr:              addr,
-		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      MaxWait + 2*s.cfg.RequestTimeout + 15*time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          log.New(s.log.With().Str("component", "httpapi").Logger(), "", 0),
-	}
-}
-
 // ServeHTTP answers r: a route of the table, or a problem (404, 405) for a
 // request none matches. Every request is reported to Config.Observe once.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -206,9 +194,13 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, Problem{Status: code, Detail: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 }
 
-// guard wraps a route's handler with authentication and panic recovery.
+// guard wraps a route's handler with authentication and panic recovery,
+// and marks the answers of a deprecated route.
 func (s *Server) guard(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rt.deprecated {
+			w.Header().Set("Deprecation", "true")
+		}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {

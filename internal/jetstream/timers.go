@@ -29,12 +29,6 @@ const (
 	dueSubjects   = duePrefix + ">"
 )
 
-// TimerSubject is the subject of the timer of the task on taskSubject.
-// Sweeps check it to tell a run that waits for a timer from a stuck one.
-func TimerSubject(taskSubject string) string {
-	return timerPrefix + strings.TrimPrefix(taskSubject, taskPrefix)
-}
-
 // ScheduleTask stores data as a timer that becomes a task on taskSubject at
 // at, rounded up to the next whole second (schedules count whole seconds;
 // a timer never fires early). A later timer for the same task subject

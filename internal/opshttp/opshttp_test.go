@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jetflow/jetflow/internal/httpapi"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
@@ -154,39 +154,6 @@ func TestRegisterSharesAMux(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 }
 
-func TestInstrumentCountsByPatternAndCode(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
-	require.NoError(t, err)
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/workflows/{name}/runs", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusEarlyHints)
-		w.WriteHeader(http.StatusCreated)
-	})
-	mux.HandleFunc("GET /v1/runs/{id}", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("{}"))
-	})
-	h := opshttp.Instrument(m, mux)
-	for _, req := range []struct{ method, path string }{
-		{http.MethodPost, "/v1/workflows/order/runs"},
-		{http.MethodPost, "/v1/workflows/invoice/runs"},
-		{http.MethodGet, "/v1/runs/r1"},
-		{http.MethodGet, "/nowhere"},
-	} {
-		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequestWithContext(t.Context(), req.method, req.path, nil))
-	}
-	want := `
-# HELP jetflow_http_requests_total HTTP API requests by route pattern and status code.
-# TYPE jetflow_http_requests_total counter
-jetflow_http_requests_total{code="201",route="POST /v1/workflows/{name}/runs"} 2
-jetflow_http_requests_total{code="200",route="GET /v1/runs/{id}"} 1
-jetflow_http_requests_total{code="404",route="other"} 1
-`
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), metrics.NameHTTPRequests))
-	require.Same(t, http.Handler(mux), opshttp.Instrument(nil, mux), "nil metrics: mux unchanged")
-}
-
 func TestServeUntilCancelled(t *testing.T) {
 	t.Parallel()
 	ln, err := opshttp.Listen("127.0.0.1:0")
@@ -225,4 +192,25 @@ func TestServeReportsAFailedListener(t *testing.T) {
 
 	_, err = opshttp.Listen("127.0.0.1:-1")
 	require.Error(t, err)
+}
+
+// NewServer is the one http.Server of producer serve (API and operations
+// endpoints), the worker's operations endpoints and the HTTP benchmark:
+// every timeout set but the write timeout, which would cut the API's long
+// polls (they bound themselves by their wait and request timeout).
+func TestNewServerTimeouts(t *testing.T) {
+	t.Parallel()
+	h := http.NewServeMux()
+	srv := opshttp.NewServer(h)
+	require.Same(t, http.Handler(h), srv.Handler)
+	require.Equal(t, opshttp.ReadHeaderTimeout, srv.ReadHeaderTimeout)
+	require.Equal(t, opshttp.ReadTimeout, srv.ReadTimeout)
+	require.Equal(t, opshttp.IdleTimeout, srv.IdleTimeout)
+	require.Positive(t, srv.ReadHeaderTimeout)
+	require.Positive(t, srv.ReadTimeout)
+	require.Positive(t, srv.IdleTimeout)
+	require.Positive(t, srv.MaxHeaderBytes)
+	if srv.WriteTimeout != 0 {
+		require.Greater(t, srv.WriteTimeout, httpapi.MaxWait+2*httpapi.DefaultRequestTimeout, "a long poll must not be cut")
+	}
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Server timeouts used by Serve. There is no write timeout: the producer's
+// Server timeouts of NewServer. There is no write timeout: the producer's
 // API shares the server and its wait endpoint long-polls, so handlers bound
 // their own work with their request's context.
 const (
@@ -46,16 +46,25 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return ServeGrace(ctx, ln, h, ShutdownTimeout)
 }
 
-// ServeGrace is Serve with its own shutdown grace: how long requests in
-// flight when ctx ends may take to finish (at least ShutdownTimeout).
-func ServeGrace(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
-	srv := &http.Server{
+// NewServer returns the http.Server that Serve and ServeGrace serve h
+// with: the one server of the commands' HTTP endpoints (producer serve's
+// API and operations endpoints, the worker's operations endpoints), with
+// the timeouts above. The HTTP benchmark serves the API through it too, so
+// that it measures what production runs.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: ReadHeaderTimeout,
 		ReadTimeout:       ReadTimeout,
 		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 	}
+}
+
+// ServeGrace is Serve with its own shutdown grace: how long requests in
+// flight when ctx ends may take to finish (at least ShutdownTimeout).
+func ServeGrace(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
+	srv := NewServer(h)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {

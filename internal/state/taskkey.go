@@ -230,3 +230,22 @@ type KeyedStep struct {
 	Step
 	TaskKey *StepKeyRef `json:"task_key,omitempty"`
 }
+
+// DecodeKeyedStep decodes a step record as DecodeStep does, with its task
+// key reference (nil for a step called without a key).
+func DecodeKeyedStep(b []byte) (KeyedStep, error) {
+	s, err := DecodeStep(b)
+	if err != nil {
+		return KeyedStep{}, err
+	}
+	var ks struct {
+		TaskKey *StepKeyRef `json:"task_key"`
+	}
+	if err := decode(b, &ks); err != nil {
+		return KeyedStep{}, err
+	}
+	if ks.TaskKey != nil && (ks.TaskKey.Key == "" || ks.TaskKey.From == "") {
+		return KeyedStep{}, fmt.Errorf("%w: step record %q: task key reference without key or step", ErrCorrupt, clip(s.StepID))
+	}
+	return KeyedStep{Step: s, TaskKey: ks.TaskKey}, nil
+}

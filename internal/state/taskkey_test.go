@@ -104,4 +104,24 @@ func TestTaskKeyEntryAndKeyedStepDecode(t *testing.T) {
 	var back KeyedStep
 	require.NoError(t, json.Unmarshal(b, &back))
 	require.Equal(t, ks, back)
+	back, err = DecodeKeyedStep(b)
+	require.NoError(t, err)
+	require.Equal(t, ks, back)
+
+	// Without a key: no reference. A reference without its key or step,
+	// or a record that is not a step: corrupt.
+	b, err = Encode(ks.Step)
+	require.NoError(t, err)
+	back, err = DecodeKeyedStep(b)
+	require.NoError(t, err)
+	require.Equal(t, KeyedStep{Step: ks.Step}, back)
+	for _, bad := range []string{
+		`{"step_id":"r.a.0","run_id":"r","name":"a","task_key":{"key":"","from":"r.a.0"}}`,
+		`{"step_id":"r.a.0","run_id":"r","name":"a","task_key":{"key":"g.h.a"}}`,
+		`{"step_id":"r.a.0","run_id":"r","name":"a","task_key":7}`,
+		`{"step_id":"x"}`,
+	} {
+		_, err := DecodeKeyedStep([]byte(bad))
+		require.ErrorIs(t, err, ErrCorrupt, bad)
+	}
 }
