@@ -1,0 +1,183 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+type settleKind int
+
+const (
+	// settleDispatch: publish the task of stepID, then ack.
+	settleDispatch settleKind = iota + 1
+	// settleRetry: nak with delay; the step runs again on redelivery.
+	settleRetry
+	// settleFinish: the workflow returned; record the run's end, then ack.
+	settleFinish
+	// settleRelease: leave the task to another attempt soon (shutdown,
+	// infrastructure error). Nothing was committed by this attempt.
+	settleRelease
+	// settleDrop: the task is not the one to run its step (errNotThisTask):
+	// acknowledge it, doing nothing.
+	settleDrop
+)
+
+// errNotThisTask: a task that must not run its step: a redispatched task
+// while a retry timer of the step is waiting, or a retry whose attempt
+// already ran.
+var errNotThisTask = errors.New("jetflow: not this task's step to run")
+
+type settlement struct {
+	kind   settleKind
+	stepID string
+	delay  time.Duration
+	// attempt is the attempt that failed (retry).
+	attempt int
+	output  json.RawMessage
+	err     error // workflow error (finish) or cause (release, retry)
+	panic   bool
+}
+
+func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, c *Context, s *settlement) {
+	switch s.kind {
+	case settleDispatch:
+		if err := e.dispatch(ctx, c, s.stepID); err != nil {
+			log.Warn().Err(err).Str("next_step_id", s.stepID).Msg("cannot publish next task; releasing")
+			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+			return
+		}
+		e.settleErr(msg.Ack(), "ack")
+	case settleRetry:
+		e.retry(ctx, log, msg, c.task, s)
+	case settleDrop:
+		log.Info().Err(s.err).Msg("task dropped")
+		e.settleErr(msg.Ack(), "ack")
+	case settleRelease:
+		if s.err != nil {
+			log.Warn().Err(s.err).Msg("task released")
+		}
+		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+	case settleFinish:
+		err := e.finish(ctx, c.run, c.rev, s)
+		if errors.Is(err, jetstream.ErrNotFound) {
+			// The record is gone: nothing is left to finish. (A running
+			// run's record never expires; one written before that rule
+			// may have.)
+			log.Error().Err(err).Msg("run record gone; task dropped")
+		} else if err != nil {
+			log.Warn().Err(err).Msg("cannot record run end; releasing")
+			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+			return
+		}
+		e.cache.forget(c.runKey())
+		e.settleErr(msg.Ack(), "ack")
+	}
+}
+
+func (e *Executor) settleErr(err error, what string) {
+	if err != nil {
+		// The broker will redeliver after AckWait; the commit protocol makes
+		// that harmless, so this is worth a log line, not more.
+		e.log.Warn().Err(err).Str("settle", what).Msg("cannot settle task message")
+	}
+}
+
+// dispatch publishes the task of stepID. A task already pending for that
+// step, or one within the broker's duplicate window, absorbs this one.
+func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
+	t := state.StepTask(c.run, c.rev, stepID)
+	// A task that ran its own step hands over to the next one; any other
+	// (a late redelivery, a duplicate's start task) only found the frontier.
+	t.Redispatched = !c.executed
+	b, err := state.Encode(t)
+	if err != nil {
+		return err
+	}
+	_, err = jetstream.PublishTask(ctx, e.cfg.Assets.JS, jetstream.TaskSubject(c.run.Workflow, c.run.RunID, stepID), stepID, b)
+	return err
+}
+
+// finish records the run's end with compare-and-set on the revision the
+// task carried; when that revision is stale (another worker finished the
+// run, or it changed since) it reads the record and tries again. A run
+// already in a terminal state, or a record that now holds another run under
+// the same ID (another token), is left as it is.
+func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
+	token, gen := run.Token, run.Generation
+	for {
+		if rev == 0 {
+			v, r, err := e.cfg.Assets.Runs.GetExisting(ctx, run.RunID)
+			if err != nil {
+				return err
+			}
+			if run, err = state.DecodeRun(v); err != nil {
+				return err
+			}
+			rev = r
+		}
+		if run.Status.Terminal() || run.Token != token || run.Generation != gen {
+			// Already ended, or the record is another run now (a later
+			// generation, or a new run after the retention): not ours.
+			return nil
+		}
+		run.UpdatedAt = e.cfg.Now().UTC()
+		switch {
+		case s.err == nil && len(s.output) > state.MaxInputBytes:
+			run.Status, run.Error = state.StatusFailed, &state.ErrorInfo{
+				Message: fmt.Sprintf("workflow output of %d bytes is over the %d-byte limit", len(s.output), state.MaxInputBytes),
+				Kind:    "output", Fatal: true,
+			}
+		case s.err == nil:
+			run.Status, run.Output = state.StatusCompleted, s.output
+		default:
+			run.Status, run.Error = state.StatusFailed, errorInfo(s)
+		}
+		b, err := state.Encode(run)
+		if errors.Is(err, state.ErrInputTooLarge) {
+			// Input and output together do not fit in one record.
+			run.Status, run.Output = state.StatusFailed, nil
+			run.Error = &state.ErrorInfo{Message: "workflow output too large to store: " + err.Error(), Kind: "output", Fatal: true}
+			b, err = state.Encode(run)
+		}
+		if err != nil {
+			return err
+		}
+		ttl := run.Retention
+		if ttl == 0 {
+			ttl = e.cfg.Assets.Topology.Retention
+		}
+		_, err = e.cfg.Assets.Runs.UpdateTTL(ctx, run.RunID, b, rev, ttl)
+		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			rev = 0
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+		return nil
+	}
+}
+
+func errorInfo(s *settlement) *state.ErrorInfo {
+	var se *StepError
+	switch {
+	case s.panic:
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "panic", Fatal: true}
+	case errors.Is(s.err, ErrInput):
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "input", Fatal: true}
+	case errors.As(s.err, &se):
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "step", Fatal: se.Fatal, Code: errorCode(s.err)}
+	default:
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "workflow", Fatal: isFatal(s.err), Code: errorCode(s.err)}
+	}
+}
