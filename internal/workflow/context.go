@@ -3,9 +3,6 @@ package workflow
 import (
 	"context"
 	"encoding/json"
-
-	"github.com/jetflow/jetflow/internal/jetstream"
-	"github.com/jetflow/jetflow/internal/state"
 )
 
 // StepInfo describes the step attempt that is running.
@@ -32,42 +29,22 @@ func InfoFrom(ctx context.Context) (StepInfo, bool) {
 type StepFunc func(ctx context.Context) (json.RawMessage, error)
 
 // Context is the replay state of one run while one task is handled. The
-// workflow body calls Step through it; everything else about the run is
-// read-only.
+// workflow body calls StepWithKey through it; everything else about the run
+// is read-only.
 type Context struct {
-	// ctx is cancelled when the worker gives up on in-flight steps; steps
-	// run with it. nctx is never cancelled (NATS operations get the
-	// JetStream default timeout), so a finished step is still committed and
-	// acknowledged during a drain.
-	ctx  context.Context
-	nctx context.Context
+	*delivery
+	// exec looks committed steps up and executes the step this task owns;
+	// it is handed the delivery and the call, never the Context.
 	exec *Executor
-	task state.Task
-	run  state.Run
-	rev  uint64 // of run; 0 when unknown
-	// delivered is the task message's delivery count.
-	delivered int
-	occ       map[string]int
-	seq       int
-	executed  bool
-	// suspended is set once the body is being unwound: deferred Step calls
-	// then unwind too, without touching NATS or settling again.
-	suspended bool
-	done      chan *settlement
+	occ  map[string]int
+	seq  int
+	// executed is set once this task has executed its own step.
+	executed bool
+	// parked is set once the body is being unwound (park): deferred Step
+	// calls then unwind too, without touching NATS or settling again.
+	parked bool
+	done   chan *settlement
 }
-
-// taskSubject is the subject of the task being handled.
-func (c *Context) taskSubject() string {
-	if c.task.StepID != "" {
-		return jetstream.TaskSubject(c.run.Workflow, c.run.RunID, c.task.StepID)
-	}
-	return jetstream.TaskSubject(c.run.Workflow, state.RunIdentity(c.run.RunID, c.run.Generation), "")
-}
-
-// runKey identifies this run in the history cache: the run ID and the token
-// of the start that created it, so that a run ID reused after its retention
-// never sees the earlier run's steps.
-func (c *Context) runKey() string { return c.run.RunID + "/" + c.run.Token }
 
 // Context is the worker's context: cancelled when the worker stops.
 func (c *Context) Context() context.Context { return c.ctx }

@@ -26,7 +26,7 @@ import (
 // Definition is a registered workflow with its types erased.
 type Definition struct {
 	Name string
-	// Run is the workflow body. It decodes input, calls c.Step for every
+	// Run is the workflow body. It decodes input, calls c.StepWithKey for every
 	// step and returns the JSON output. An input that cannot be decoded is
 	// reported wrapped in ErrInput.
 	Run func(c *Context, input json.RawMessage) (json.RawMessage, error)
@@ -151,14 +151,40 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.settleErr(msg.Ack(), "ack")
 		return
 	}
-	c := &Context{
-		ctx: ctx, nctx: nctx, exec: e, task: task, run: run, rev: rev,
-		delivered: int(meta.NumDelivered), occ: make(map[string]int),
-		done: make(chan *settlement, 1),
-	}
-	s := e.replay(c, def)
-	e.settle(nctx, log, msg, c, s)
+	d := &delivery{ctx: ctx, nctx: nctx, task: task, run: run, rev: rev, delivered: int(meta.NumDelivered)}
+	s := e.replay(d, def)
+	e.settle(nctx, log, msg, d, s)
 }
+
+// delivery is one delivery of a task message with the run it belongs to:
+// what replaying the run, executing its step and settling the message read.
+// Handle builds it; nothing changes it afterwards.
+type delivery struct {
+	// ctx is cancelled when the worker gives up on in-flight steps; steps
+	// run with it. nctx is never cancelled (NATS operations get the
+	// JetStream default timeout), so a finished step is still committed and
+	// acknowledged during a drain.
+	ctx  context.Context
+	nctx context.Context
+	task state.Task
+	run  state.Run
+	rev  uint64 // of run; 0 when unknown
+	// delivered is the task message's delivery count.
+	delivered int
+}
+
+// taskSubject is the subject of the task being handled.
+func (d *delivery) taskSubject() string {
+	if d.task.StepID != "" {
+		return jetstream.TaskSubject(d.run.Workflow, d.run.RunID, d.task.StepID)
+	}
+	return jetstream.TaskSubject(d.run.Workflow, state.RunIdentity(d.run.RunID, d.run.Generation), "")
+}
+
+// runKey identifies this run in the history cache: the run ID and the token
+// of the start that created it, so that a run ID reused after its retention
+// never sees the earlier run's steps.
+func (d *delivery) runKey() string { return d.run.RunID + "/" + d.run.Token }
 
 // MarkCancelled records that the run created with token was cancelled:
 // its further tasks are dropped.

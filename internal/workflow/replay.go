@@ -12,9 +12,12 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// replay runs the workflow body in its own goroutine until it returns or
-// suspends at a step.
-func (e *Executor) replay(c *Context, def Definition) *settlement {
+// replay runs the workflow body in its own goroutine against the run's
+// committed steps, until the body returns (a finish settlement) or parks at
+// a step it cannot go past in this task (see Context.park), and returns how
+// to settle the task.
+func (e *Executor) replay(d *delivery, def Definition) *settlement {
+	c := &Context{delivery: d, exec: e, occ: make(map[string]int), done: make(chan *settlement, 1)}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
@@ -49,21 +52,20 @@ func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (state.Ste
 	return s, true, nil
 }
 
-// Step returns the committed result of the next call of the step called
-// name, running fn to produce it only if this task is the one that owns the
-// step and it is not committed yet. When the step belongs to another task,
-// or must be retried later, Step does not return: the workflow body is
-// unwound (deferred calls run) and the task is settled.
+// StepWithKey returns the committed result of the next call of the step
+// called name, running fn to produce it only if this task is the one that
+// owns the step and it is not committed yet. A non-zero key makes the call
+// go through a task idempotency key (see TaskKey). When the step belongs to
+// another task, or must be retried later, StepWithKey does not return: the
+// workflow body is unwound (deferred calls run) and the task is settled.
 //
 // A step whose final failure is committed returns a *StepError, on every
-// replay.
-func (c *Context) Step(name string, policy RetryPolicy, fn StepFunc) (json.RawMessage, error) {
-	return c.step(name, policy, TaskKey{}, fn)
-}
-
-func (c *Context) step(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
-	if c.suspended {
-		runtime.Goexit()
+// replay. Invalid arguments (name, policy, key) are returned as errors.
+func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
+	if c.parked {
+		// A Step the body deferred, running while the body unwinds: unwind
+		// on, without touching NATS or settling again.
+		c.park(nil)
 	}
 	if err := state.ValidateName(name); err != nil {
 		return nil, err
@@ -74,6 +76,17 @@ func (c *Context) step(name string, policy RetryPolicy, key TaskKey, fn StepFunc
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
+	rec, s := c.resolve(name, policy, key, fn)
+	if s != nil {
+		c.park(s)
+	}
+	return stepResult(rec)
+}
+
+// resolve returns the committed record of the next call of step name,
+// executing the step when this task owns it, or, when the body cannot go
+// past this call in this task, the settlement of the task.
+func (c *Context) resolve(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (state.Step, *settlement) {
 	occ := c.occ[name]
 	c.occ[name] = occ + 1
 	seq := c.seq
@@ -86,26 +99,26 @@ func (c *Context) step(name string, policy RetryPolicy, key TaskKey, fn StepFunc
 		// committed meanwhile (its task then only replays), so skip the read
 		// unless the history is at hand.
 		if rec, ok := c.exec.cache.get(c.runKey(), id); ok {
-			return stepResult(rec)
+			return rec, nil
 		}
-		c.suspend(&settlement{kind: settleDispatch, stepID: id})
+		return state.Step{}, &settlement{kind: settleDispatch, stepIDs: []string{id}, ranStep: true}
 	}
 	rec, ok, err := c.exec.lookup(c.nctx, c.runKey(), id)
 	if err != nil {
-		c.suspend(&settlement{kind: settleRelease, err: err})
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
 	}
-	if !ok {
-		mine := c.task.StepID == id || (c.task.StepID == "" && seq == 0)
-		if !mine {
-			c.suspend(&settlement{kind: settleDispatch, stepID: id})
-		}
-		c.executed = true
-		rec = c.exec.execute(c, name, id, seq, policy.WithDefaults(), fn, c.keyCall(key, name, id))
+	if ok {
+		return rec, nil
 	}
-	return stepResult(rec)
+	if mine := c.task.StepID == id || (c.task.StepID == "" && seq == 0); !mine {
+		// The frontier: the step belongs to a task of its own.
+		return state.Step{}, &settlement{kind: settleDispatch, stepIDs: []string{id}}
+	}
+	c.executed = true
+	return c.exec.execute(c.delivery, stepCall{name: name, id: id, seq: seq, policy: policy.WithDefaults(), key: key, fn: fn})
 }
 
-// stepResult turns a committed record into what Step returns.
+// stepResult turns a committed record into what StepWithKey returns.
 func stepResult(rec state.Step) (json.RawMessage, error) {
 	if rec.Error != nil {
 		return nil, &StepError{
@@ -116,11 +129,17 @@ func stepResult(rec state.Step) (json.RawMessage, error) {
 	return rec.Output, nil
 }
 
-// suspend hands the settlement to the executor and unwinds the workflow
-// goroutine. It never returns.
-func (c *Context) suspend(s *settlement) {
-	if !c.suspended {
-		c.suspended = true
+// park hands s to the executor (unless the body is already parked; s may
+// then be nil) and unwinds the workflow goroutine: the body's deferred calls
+// run and the goroutine ends.
+//
+// park never returns: it unwinds the workflow goroutine with runtime.Goexit.
+// It is the one place where the body is left without a return, because a
+// Step call that cannot produce its step's result must not return to user
+// code; it is called from StepWithKey only.
+func (c *Context) park(s *settlement) {
+	if !c.parked {
+		c.parked = true
 		c.done <- s
 	}
 	runtime.Goexit()

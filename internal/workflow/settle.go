@@ -14,10 +14,11 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
+// settleKind is how a task message is settled once its replay has ended.
 type settleKind int
 
 const (
-	// settleDispatch: publish the task of stepID, then ack.
+	// settleDispatch: publish the task of each of stepIDs, then ack.
 	settleDispatch settleKind = iota + 1
 	// settleRetry: nak with delay; the step runs again on redelivery.
 	settleRetry
@@ -36,10 +37,20 @@ const (
 // already ran.
 var errNotThisTask = errors.New("jetflow: not this task's step to run")
 
+// settlement is the outcome of handling one task, decided by the replay and
+// carried out by settle. Every function that can end a task's replay early
+// (a step that is not this task's, a retry, an infrastructure error)
+// returns one instead of unwinding; only Context.park hands it over.
 type settlement struct {
-	kind   settleKind
-	stepID string
-	delay  time.Duration
+	kind settleKind
+	// stepIDs are the steps whose tasks a dispatch publishes, one task per
+	// ID; a run advances one step at a time, so there is one today.
+	stepIDs []string
+	// ranStep marks a dispatch by the task that executed its own step (a
+	// hand-over to the next step); otherwise the task only found the
+	// frontier (a late redelivery, a duplicate's start task).
+	ranStep bool
+	delay   time.Duration
 	// attempt is the attempt that failed (retry).
 	attempt int
 	output  json.RawMessage
@@ -47,17 +58,19 @@ type settlement struct {
 	panic   bool
 }
 
-func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, c *Context, s *settlement) {
+// settle carries out s on the task message: it acknowledges the message
+// only once what s asks for (the next tasks, the run's end) is durable.
+func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, d *delivery, s *settlement) {
 	switch s.kind {
 	case settleDispatch:
-		if err := e.dispatch(ctx, c, s.stepID); err != nil {
-			log.Warn().Err(err).Str("next_step_id", s.stepID).Msg("cannot publish next task; releasing")
+		if id, err := e.dispatch(ctx, d, s.stepIDs, s.ranStep); err != nil {
+			log.Warn().Err(err).Str("next_step_id", id).Msg("cannot publish next task; releasing")
 			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
 		e.settleErr(msg.Ack(), "ack")
 	case settleRetry:
-		e.retry(ctx, log, msg, c.task, s)
+		e.retry(ctx, log, msg, d.task, s)
 	case settleDrop:
 		log.Info().Err(s.err).Msg("task dropped")
 		e.settleErr(msg.Ack(), "ack")
@@ -67,7 +80,7 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		}
 		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 	case settleFinish:
-		err := e.finish(ctx, c.run, c.rev, s)
+		err := e.finish(ctx, d.run, d.rev, s)
 		if errors.Is(err, jetstream.ErrNotFound) {
 			// The record is gone: nothing is left to finish. (A running
 			// run's record never expires; one written before that rule
@@ -78,7 +91,7 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
-		e.cache.forget(c.runKey())
+		e.cache.forget(d.runKey())
 		e.settleErr(msg.Ack(), "ack")
 	}
 }
@@ -91,19 +104,25 @@ func (e *Executor) settleErr(err error, what string) {
 	}
 }
 
-// dispatch publishes the task of stepID. A task already pending for that
-// step, or one within the broker's duplicate window, absorbs this one.
-func (e *Executor) dispatch(ctx context.Context, c *Context, stepID string) error {
-	t := state.StepTask(c.run, c.rev, stepID)
-	// A task that ran its own step hands over to the next one; any other
-	// (a late redelivery, a duplicate's start task) only found the frontier.
-	t.Redispatched = !c.executed
-	b, err := state.Encode(t)
-	if err != nil {
-		return err
+// dispatch publishes the task of each of stepIDs, in order, each with its
+// step ID as its message ID: a task already pending for that step, or one
+// within the broker's duplicate window, absorbs it. ranStep is false when
+// the publishing task did not execute a step of its own (its tasks are then
+// marked Redispatched). On an error it returns the step ID it failed on;
+// the tasks published before it stay, and a repeat absorbs them.
+func (e *Executor) dispatch(ctx context.Context, d *delivery, stepIDs []string, ranStep bool) (string, error) {
+	for _, id := range stepIDs {
+		t := state.StepTask(d.run, d.rev, id)
+		t.Redispatched = !ranStep
+		b, err := state.Encode(t)
+		if err == nil {
+			_, err = jetstream.PublishTask(ctx, e.cfg.Assets.JS, jetstream.TaskSubject(d.run.Workflow, d.run.RunID, id), id, b)
+		}
+		if err != nil {
+			return id, err
+		}
 	}
-	_, err = jetstream.PublishTask(ctx, e.cfg.Assets.JS, jetstream.TaskSubject(c.run.Workflow, c.run.RunID, stepID), stepID, b)
-	return err
+	return "", nil
 }
 
 // finish records the run's end with compare-and-set on the revision the

@@ -13,60 +13,109 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// execute runs the step this task owns and commits its result, or suspends
-// for a retry or a release. It returns the committed record, which is the
-// one another worker committed first if this one lost the race.
-func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPolicy, fn StepFunc, key *keyCall) state.Step {
-	attempt, err := e.beginAttempt(c)
+// stepCall is one call of a step that a task is to execute.
+type stepCall struct {
+	name   string
+	id     string
+	seq    int
+	policy RetryPolicy // with defaults
+	key    TaskKey
+	fn     StepFunc
+}
+
+// stepAttempt is one attempt at a step call.
+type stepAttempt struct {
+	stepCall
+	attempt int
+	key     *keyCall // nil: no task key
+	start   time.Time
+}
+
+// execute runs the step this task owns and commits its result. It returns
+// the committed record, which is the one another worker committed first if
+// this one lost the race; or, when this attempt commits nothing, how to
+// settle the task instead (a retry, a release, a drop).
+func (e *Executor) execute(d *delivery, sc stepCall) (state.Step, *settlement) {
+	key, err := e.keyCall(d, sc)
+	if err != nil {
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
+	}
+	attempt, err := e.beginAttempt(d)
 	if errors.Is(err, errNotThisTask) {
-		c.suspend(&settlement{kind: settleDrop, err: err})
+		return state.Step{}, &settlement{kind: settleDrop, err: err}
 	}
 	if err != nil {
-		c.suspend(&settlement{kind: settleRelease, err: err})
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
 	}
-	info := StepInfo{StepID: id, StepName: name, Attempt: attempt, RunID: c.run.RunID, Workflow: c.run.Workflow}
-	rec := state.Step{V: state.Version, StepID: id, RunID: c.run.RunID, Name: name, Seq: seq, Attempt: attempt, Worker: e.cfg.WorkerID}
-	start := e.cfg.Now()
-	result := metrics.StepCommitted
-	defer key.abandon(c) // a claim still held when this unwinds (retry, release) is released
-	if cached := key.acquire(c); cached != nil {
+	a := stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
+	rec, result, s := e.outcome(d, a)
+	if s != nil {
+		return state.Step{}, s
+	}
+	return e.record(d, a, rec, result)
+}
+
+// outcome produces the result of attempt a: the result stored under its
+// task key, a failure when the attempt is beyond the budget, or what the
+// step function returns. It returns a settlement instead when the step is
+// to be retried, the worker is stopping or the key cannot be acquired.
+func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.StepResult, *settlement) {
+	sc, attempt, key := a.stepCall, a.attempt, a.key
+	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
+	rec := state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID}
+	cached, err := key.acquire(d.ctx, d.nctx)
+	if err != nil {
+		return rec, "", &settlement{kind: settleRelease, err: err}
+	}
+	if cached != nil {
 		rec.Output, rec.Error, rec.Attempt, rec.Worker = cached.Output, cached.Error, cached.Attempt, key.worker(rec.Worker)
-	} else if attempt > policy.MaxAttempts {
+		return rec, metrics.StepCommitted, nil
+	}
+	if attempt > sc.policy.MaxAttempts {
 		// Attempts beyond the budget (crash loops): fail without running.
 		// This is jetflow's dead letter: the task was delivered more often
 		// than the step may run.
-		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, policy.MaxAttempts), Kind: "step"}
-		result = metrics.StepFailed
-		e.cfg.Metrics.MaxDeliveries(c.run.Workflow)
-		e.log.Warn().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
-	} else {
-		out, err := e.call(c, info, fn)
-		switch {
-		case err == nil && len(out) > state.MaxInputBytes:
-			rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("step output of %d bytes is over the %d-byte limit", len(out), state.MaxInputBytes), Fatal: true, Kind: "step"}
-			result = metrics.StepFatal
-		case err == nil:
-			rec.Output = out
-		case c.ctx.Err() != nil:
-			// The worker is stopping: this attempt did not finish.
-			c.suspend(&settlement{kind: settleRelease, err: err})
-		case isFatal(err):
-			rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step", Code: errorCode(err)}
-			result = metrics.StepFatal
-		case attempt < policy.MaxAttempts:
-			delay, ok := retryAfter(err)
-			if !ok {
-				delay = policy.Backoff(attempt)
-			}
-			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).
-				Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
-			e.observeStep(c.run.Workflow, name, metrics.StepRetried, start)
-			c.suspend(&settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err})
-		default:
-			rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
-			result = metrics.StepFailed
-		}
+		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, sc.policy.MaxAttempts), Kind: "step"}
+		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
+		e.log.Warn().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
+		return rec, metrics.StepFailed, nil
 	}
+	out, err := e.call(d.ctx, info, sc.fn)
+	switch {
+	case err == nil && len(out) > state.MaxInputBytes:
+		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("step output of %d bytes is over the %d-byte limit", len(out), state.MaxInputBytes), Fatal: true, Kind: "step"}
+		return rec, metrics.StepFatal, nil
+	case err == nil:
+		rec.Output = out
+		return rec, metrics.StepCommitted, nil
+	case d.ctx.Err() != nil:
+		// The worker is stopping: this attempt did not finish.
+		return rec, "", &settlement{kind: settleRelease, err: err}
+	case isFatal(err):
+		rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step", Code: errorCode(err)}
+		return rec, metrics.StepFatal, nil
+	case attempt < sc.policy.MaxAttempts:
+		delay, ok := retryAfter(err)
+		if !ok {
+			delay = sc.policy.Backoff(attempt)
+		}
+		e.log.Info().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).
+			Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
+		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
+		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err}
+	default:
+		rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
+		return rec, metrics.StepFailed, nil
+	}
+}
+
+// record commits rec, the result of attempt a, after writing it to the
+// step's task key. It returns the committed record (another worker's when
+// that one committed first), or a release settlement when the commit
+// cannot be made or read back.
+func (e *Executor) record(d *delivery, a stepAttempt, rec state.Step, result metrics.StepResult) (state.Step, *settlement) {
+	sc, key := a.stepCall, a.key
 	rec.Committed = e.cfg.Now().UTC()
 	b, err := key.encode(rec)
 	if errors.Is(err, state.ErrInputTooLarge) {
@@ -77,40 +126,40 @@ func (e *Executor) execute(c *Context, name, id string, seq int, policy RetryPol
 		b, err = key.encode(rec)
 	}
 	if err != nil {
-		c.suspend(&settlement{kind: settleRelease, err: err})
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
 	}
-	key.finish(c, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
+	key.finish(d.nctx, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
 	won := true
-	if err := e.commit(c.nctx, id, b); err != nil {
+	if err := e.commit(d.nctx, sc.id, b); err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
-			c.suspend(&settlement{kind: settleRelease, err: err})
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
 		}
-		v, _, gerr := e.cfg.Assets.Steps.GetExisting(c.nctx, id)
-		if gerr != nil {
-			c.suspend(&settlement{kind: settleRelease, err: gerr})
+		v, _, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		if err != nil {
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
 		}
 		stored, err := state.DecodeStep(v)
 		if err != nil {
-			c.suspend(&settlement{kind: settleRelease, err: err})
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
-			e.log.Info().Str("run_id", info.RunID).Str("step_id", id).Int("attempt", attempt).Msg("step was committed by another worker; keeping its result")
+			e.log.Info().Str("run_id", d.run.RunID).Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
 			won = false
 		}
 		rec = stored
 	}
 	if won { // the winner counts the step's result, once
-		e.observeStep(c.run.Workflow, name, result, start)
+		e.observeStep(d.run.Workflow, sc.name, result, a.start)
 		if key.served() {
 			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
 		}
 	}
-	e.cache.put(c.runKey(), rec)
+	e.cache.put(d.runKey(), rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
-		h(id, won)
+		h(sc.id, won)
 	}
-	return rec
+	return rec, nil
 }
 
 // attemptKey names the attempt record of the step a task runs: the step ID
@@ -148,16 +197,16 @@ func firstAttempt(t state.Task) int { return max(1, t.Attempt) }
 //
 // Attempts are thus counted per start of the step, not per delivery: a
 // delivery that never ran the step does not use up MaxAttempts.
-func (e *Executor) beginAttempt(c *Context) (int, error) {
-	first := firstAttempt(c.task)
-	stray := c.task.Redispatched || (c.task.StepID == "" && c.task.Token != c.run.Token)
-	if c.delivered <= 1 && first == 1 && !stray {
+func (e *Executor) beginAttempt(d *delivery) (int, error) {
+	first := firstAttempt(d.task)
+	stray := d.task.Redispatched || (d.task.StepID == "" && d.task.Token != d.run.Token)
+	if d.delivered <= 1 && first == 1 && !stray {
 		return 1, nil
 	}
-	if stray && c.delivered <= 1 {
+	if stray && d.delivered <= 1 {
 		// Published while no task of the step was pending: the step may
 		// be waiting for a retry timer, which owns its next attempt.
-		waiting, err := jetstream.HasTimer(c.nctx, e.cfg.Assets.Timers, c.taskSubject())
+		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, d.taskSubject())
 		if err != nil {
 			return 0, err
 		}
@@ -165,12 +214,12 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 			return 0, fmt.Errorf("%w: a retry of the step waits as a timer", errNotThisTask)
 		}
 	}
-	key := attemptKey(c.task)
+	key := attemptKey(d.task)
 	for {
-		v, rev, err := e.cfg.Assets.Attempts.Get(c.nctx, key)
+		v, rev, err := e.cfg.Assets.Attempts.Get(d.nctx, key)
 		var attempt int
 		switch {
-		case errors.Is(err, jetstream.ErrNotFound) && c.delivered > 1 && first == 1:
+		case errors.Is(err, jetstream.ErrNotFound) && d.delivered > 1 && first == 1:
 			attempt = 2 // the first delivery ran attempt 1 without a record
 		case errors.Is(err, jetstream.ErrNotFound):
 			attempt = first
@@ -181,7 +230,7 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 			if err != nil {
 				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
 			}
-			if first > 1 && c.delivered <= 1 && started >= first {
+			if first > 1 && d.delivered <= 1 && started >= first {
 				// A retry timer's task whose attempt already ran (its
 				// failed task was redelivered after a crash instead).
 				return 0, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
@@ -190,9 +239,9 @@ func (e *Executor) beginAttempt(c *Context) (int, error) {
 		}
 		b := []byte(strconv.Itoa(attempt))
 		if rev == 0 {
-			_, err = e.cfg.Assets.Attempts.Create(c.nctx, key, b)
+			_, err = e.cfg.Assets.Attempts.Create(d.nctx, key, b)
 		} else {
-			_, err = e.cfg.Assets.Attempts.Update(c.nctx, key, b, rev)
+			_, err = e.cfg.Assets.Attempts.Update(d.nctx, key, b, rev)
 		}
 		if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
 			continue // a concurrent delivery took this number
@@ -229,8 +278,8 @@ func (e *Executor) commit(ctx context.Context, id string, b []byte) error {
 
 // call runs fn with the step's info in its context, turning a panic into an
 // error.
-func (e *Executor) call(c *Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
-	ctx := context.WithValue(c.ctx, stepInfoKey{}, info)
+func (e *Executor) call(ctx context.Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
+	ctx = context.WithValue(ctx, stepInfoKey{}, info)
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("step panicked: %v", r)
