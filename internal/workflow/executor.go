@@ -1,10 +1,3 @@
-// Package workflow executes runs. A run advances one task at a time: the
-// worker that receives a task replays the workflow body against the run's
-// committed steps, runs the one step the task stands for, commits its result
-// with create-if-absent, publishes the task of the next step and only then
-// acknowledges its own. A committed step is never run again (its result is
-// replayed), a step whose worker died before the commit runs again with the
-// same step ID, and a late worker cannot overwrite a committed result.
 package workflow
 
 import (
