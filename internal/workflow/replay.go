@@ -115,7 +115,7 @@ func (c *Context) resolve(name string, policy RetryPolicy, key TaskKey, fn StepF
 		return state.Step{}, &settlement{kind: settleDispatch, stepIDs: []string{id}}
 	}
 	c.executed = true
-	return c.exec.execute(c.delivery, stepCall{name: name, id: id, seq: seq, policy: policy.WithDefaults(), key: key, fn: fn})
+	return c.exec.execute(c.delivery, stepCall{name: name, id: id, seq: seq, policy: policy.WithDefaults(), taskKey: key, fn: fn})
 }
 
 // stepResult turns a committed record into what StepWithKey returns.

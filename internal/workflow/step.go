@@ -15,12 +15,12 @@ import (
 
 // stepCall is one call of a step that a task is to execute.
 type stepCall struct {
-	name   string
-	id     string
-	seq    int
-	policy RetryPolicy // with defaults
-	key    TaskKey
-	fn     StepFunc
+	name    string
+	id      string
+	seq     int
+	policy  RetryPolicy // with defaults
+	taskKey TaskKey
+	fn      StepFunc
 }
 
 // stepAttempt is one attempt at a step call.
