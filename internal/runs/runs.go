@@ -335,3 +335,39 @@ func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.A
 		}
 	}
 }
+
+// WatchFrom watches every run record (and delete, purge and expiry marker)
+// written after revision after — every record when after is 0 — in
+// revision order; the watcher sends nil once it has caught up. It is the
+// sweeper's incremental read; the caller stops the watcher.
+func (s *Store) WatchFrom(ctx context.Context, after uint64) (natsjs.KeyWatcher, error) {
+	var opts []natsjs.WatchOpt
+	if after > 0 {
+		opts = append(opts, natsjs.ResumeFromRevision(after+1))
+	}
+	return s.runs.Raw().WatchAll(ctx, opts...)
+}
+
+// BucketState is what tells one runs bucket from a recreated or restored
+// one: when its stream was created and its last sequence (revision).
+type BucketState struct {
+	Created time.Time
+	LastSeq uint64
+}
+
+// Bucket reads the runs bucket's BucketState.
+func (s *Store) Bucket(ctx context.Context) (BucketState, error) {
+	st, err := s.runs.Raw().Status(ctx)
+	if err != nil {
+		return BucketState{}, err
+	}
+	bs, ok := st.(*natsjs.KeyValueBucketStatus)
+	if !ok {
+		return BucketState{}, fmt.Errorf("jetflow: runs bucket status of type %T", st)
+	}
+	info := bs.StreamInfo()
+	return BucketState{Created: info.Created, LastSeq: info.State.LastSeq}, nil
+}
+
+// Name is the runs bucket's name, for messages.
+func (s *Store) Name() string { return s.runs.Bucket() }

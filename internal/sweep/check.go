@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -98,15 +99,11 @@ const (
 // redispatch reads t's record again and, if it is still the same running
 // revision, publishes its start task again.
 func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (dispatch, error) {
-	v, rev, err := s.cfg.Assets.Runs.Get(ctx, t.RunID)
-	if errors.Is(err, jetstream.ErrNotFound) {
+	run, rev, err := s.store.Get(ctx, t.RunID)
+	if errors.Is(err, runs.ErrNotFound) {
 		delete(s.runs, t.RunID)
 		return dispatchChanged, nil
 	}
-	if err != nil {
-		return dispatchChanged, err
-	}
-	run, err := state.DecodeRun(v)
 	if err != nil {
 		return dispatchChanged, err
 	}

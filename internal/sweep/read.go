@@ -21,15 +21,11 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 	if err := s.checkBucket(ctx); err != nil {
 		return 0, err
 	}
-	opts := []natsjs.WatchOpt{}
-	if s.seen > 0 {
-		opts = append(opts, natsjs.ResumeFromRevision(s.seen+1))
-	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := s.cfg.Assets.Runs.Raw().WatchAll(wctx, opts...)
+	w, err := s.store.WatchFrom(wctx, s.seen)
 	if err != nil {
-		return 0, fmt.Errorf("sweep: watch %s: %w", s.cfg.Assets.Runs.Bucket(), err)
+		return 0, fmt.Errorf("sweep: watch %s: %w", s.store.Name(), err)
 	}
 	defer func() {
 		_ = w.Stop()
@@ -55,7 +51,7 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 			return n, ctx.Err()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return n, fmt.Errorf("sweep: watch %s ended", s.cfg.Assets.Runs.Bucket())
+				return n, fmt.Errorf("sweep: watch %s ended", s.store.Name())
 			}
 			if e == nil {
 				return n, nil // caught up
@@ -73,22 +69,17 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 // below the highest revision read). Resuming after the old revision would
 // skip its records.
 func (s *Sweeper) checkBucket(ctx context.Context) error {
-	st, err := s.cfg.Assets.Runs.Raw().Status(ctx)
+	b, err := s.store.Bucket(ctx)
 	if err != nil {
-		return fmt.Errorf("sweep: bucket %s: %w", s.cfg.Assets.Runs.Bucket(), err)
+		return fmt.Errorf("sweep: bucket %s: %w", s.store.Name(), err)
 	}
-	bs, ok := st.(*natsjs.KeyValueBucketStatus)
-	if !ok {
-		return nil
-	}
-	info := bs.StreamInfo()
-	if s.seen > 0 && (!info.Created.Equal(s.created) || info.State.LastSeq < s.seen) {
-		s.log.Warn().Uint64("read_up_to", s.seen).Uint64("last_seq", info.State.LastSeq).
+	if s.seen > 0 && (!b.Created.Equal(s.created) || b.LastSeq < s.seen) {
+		s.log.Warn().Uint64("read_up_to", s.seen).Uint64("last_seq", b.LastSeq).
 			Msg("the runs bucket was recreated or restored; reading every run record again")
 		s.seen = 0
 		clear(s.runs)
 	}
-	s.created = info.Created
+	s.created = b.Created
 	return nil
 }
 

@@ -55,6 +55,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -195,6 +196,7 @@ type Sweeper struct {
 	cfg    Config
 	log    zerolog.Logger
 	served map[string]bool
+	store  *runs.Store
 
 	// seen is the highest revision of the runs bucket read so far, in the
 	// bucket stream created at created.
@@ -221,7 +223,7 @@ func New(cfg Config) (*Sweeper, error) {
 	}
 	return &Sweeper{
 		cfg: cfg, log: cfg.Logger.With().Str("component", "sweeper").Logger(),
-		served: served, runs: make(map[string]*tracked),
+		served: served, store: runs.New(cfg.Assets), runs: make(map[string]*tracked),
 	}, nil
 }
 

@@ -2,7 +2,6 @@ package workflow
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -99,12 +98,6 @@ func (k TaskKey) Validate() error {
 	return nil
 }
 
-// StepWithKey is Step with a task idempotency key (see TaskKey); a zero key
-// makes it Step.
-func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
-	return c.step(name, policy, key, fn)
-}
-
 // keyCall is the task key of the step a task is about to execute. A nil
 // *keyCall is no key: every method is a no-op.
 type keyCall struct {
@@ -125,10 +118,12 @@ type keyCall struct {
 	stopBeat func()
 }
 
-// keyCall returns the key of step id, or nil when the call has none.
-func (c *Context) keyCall(k TaskKey, name, id string) *keyCall {
+// keyCall returns the task key of the step call sc, or nil when the call
+// has none.
+func (e *Executor) keyCall(d *delivery, sc stepCall) (*keyCall, error) {
+	k, name, id := sc.taskKey, sc.name, sc.id
 	if !k.used() {
-		return nil
+		return nil, nil
 	}
 	var (
 		bkey string
@@ -136,14 +131,14 @@ func (c *Context) keyCall(k TaskKey, name, id string) *keyCall {
 	)
 	switch k.Scope {
 	case state.ScopeRun: // private to this generation of the run
-		bkey, err = state.RunTaskKeyName(c.run.RunID, c.run.Generation, name, k.Key)
+		bkey, err = state.RunTaskKeyName(d.run.RunID, d.run.Generation, name, k.Key)
 	case state.ScopeWorkflow:
-		bkey, err = state.TaskKeyName(k.Scope, c.run.Workflow, name, k.Key)
+		bkey, err = state.TaskKeyName(k.Scope, d.run.Workflow, name, k.Key)
 	default:
 		bkey, err = state.TaskKeyName(k.Scope, "", name, k.Key)
 	}
 	if err != nil { // validated by Step; the run ID and name are valid
-		c.suspend(&settlement{kind: settleRelease, err: err})
+		return nil, err
 	}
 	lease := k.Lease
 	if lease == 0 {
@@ -151,27 +146,27 @@ func (c *Context) keyCall(k TaskKey, name, id string) *keyCall {
 	}
 	lease = jetstream.WholeSeconds(lease)
 	return &keyCall{
-		e: c.exec, opts: k, key: bkey, stepID: id, lease: lease, token: nuid.Next(),
-		log: c.exec.log.With().Str("run_id", c.run.RunID).Str("step_id", id).Str("task_key", bkey).Logger(),
-	}
+		e: e, opts: k, key: bkey, stepID: id, lease: lease, token: nuid.Next(),
+		log: e.log.With().Str("run_id", d.run.RunID).Str("step_id", id).Str("task_key", bkey).Logger(),
+	}, nil
 }
 
 // acquire returns the result stored under the key, or nil when this call
 // now holds the claim and must run the step. It waits while another step
-// holds the key, until the worker stops (c.ctx). Errors suspend the task
-// (released, retried soon).
-func (k *keyCall) acquire(c *Context) *state.TaskKeyEntry {
+// holds the key, until the worker stops (ctx); NATS operations use nctx.
+// The caller releases the task on an error (it is retried soon).
+func (k *keyCall) acquire(ctx, nctx context.Context) (*state.TaskKeyEntry, error) {
 	if k == nil {
-		return nil
+		return nil, nil
 	}
-	ent, err := k.acquireErr(c)
+	ent, err := k.acquireLoop(ctx, nctx)
 	if err != nil {
-		c.suspend(&settlement{kind: settleRelease, err: fmt.Errorf("task key %s: %w", k.key, err)})
+		return nil, fmt.Errorf("task key %s: %w", k.key, err)
 	}
-	return ent
+	return ent, nil
 }
 
-func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
+func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, error) {
 	store := k.e.cfg.Assets.TaskKeys
 	var (
 		w       natsjs.KeyWatcher
@@ -184,15 +179,15 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 		}
 	}()
 	for {
-		if err := c.ctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		st, err := store.Latest(c.nctx, k.key)
+		st, err := store.Latest(nctx, k.key)
 		if err != nil {
 			return nil, err
 		}
 		if !st.Live {
-			rev, err := store.Create(c.nctx, k.key, k.claim(), st.Rev, k.lease)
+			rev, err := store.Create(nctx, k.key, k.claim(), st.Rev, k.lease)
 			if errors.Is(err, jetstream.ErrExists) {
 				continue // another caller claimed it first
 			}
@@ -206,7 +201,7 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 		if err != nil {
 			// Never let a bad entry block the key: take it over.
 			k.log.Error().Err(err).Msg("malformed task key entry; claiming over it")
-			if ok, err := k.takeOver(c, st.Rev); ok || err != nil {
+			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -219,7 +214,7 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 			// This step's own claim: its holder died and the task came back,
 			// or a zombie still runs it. The step runs again under the same
 			// step ID, as it would without a key.
-			if ok, err := k.takeOver(c, st.Rev); ok || err != nil {
+			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -233,13 +228,13 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 			// Not renewed for a whole lease: the holder is gone.
 			k.log.Warn().Str("holder", ent.Owner).Str("holder_worker", ent.Worker).
 				Msg("task key claim not renewed within its lease; taking it over")
-			if ok, err := k.takeOver(c, st.Rev); ok || err != nil {
+			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
 		}
 		if w == nil {
-			if w, err = store.Watch(c.ctx, k.key); err != nil {
+			if w, err = store.Watch(ctx, k.key); err != nil {
 				return nil, err
 			}
 			continue // read again: the key may have changed before the watch began
@@ -252,7 +247,7 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 				w = nil
 			}
 		case <-timer.C:
-		case <-c.ctx.Done():
+		case <-ctx.Done():
 		}
 		timer.Stop()
 	}
@@ -260,8 +255,8 @@ func (k *keyCall) acquireErr(c *Context) (*state.TaskKeyEntry, error) {
 
 // takeOver replaces the entry at rev with this call's claim. ok is false
 // when the key changed meanwhile.
-func (k *keyCall) takeOver(c *Context, rev uint64) (bool, error) {
-	nrev, err := k.e.cfg.Assets.TaskKeys.Replace(c.nctx, k.key, k.claim(), rev, k.lease)
+func (k *keyCall) takeOver(nctx context.Context, rev uint64) (bool, error) {
+	nrev, err := k.e.cfg.Assets.TaskKeys.Replace(nctx, k.key, k.claim(), rev, k.lease)
 	if errors.Is(err, jetstream.ErrRevisionMismatch) {
 		return false, nil
 	}
@@ -333,7 +328,7 @@ func (k *keyCall) release() (bool, uint64) {
 // finish writes the step's final record to the key before the record is
 // committed: the result (and, with CacheFailures, a failure) for the key's
 // TTL; otherwise the claim is released so that the next call runs.
-func (k *keyCall) finish(c *Context, rec state.Step) {
+func (k *keyCall) finish(nctx context.Context, rec state.Step) {
 	if k == nil {
 		return
 	}
@@ -350,7 +345,7 @@ func (k *keyCall) finish(c *Context, rec state.Step) {
 			Output: rec.Output, Error: rec.Error, Attempt: rec.Attempt, At: now, ExpiresAt: now.Add(ttl),
 		})
 		if err == nil {
-			_, err = store.Replace(c.nctx, k.key, b, rev, ttl)
+			_, err = store.Replace(nctx, k.key, b, rev, ttl)
 			switch {
 			case errors.Is(err, jetstream.ErrRevisionMismatch):
 				k.log.Warn().Msg("task key was reset or taken over while the step ran; result not cached")
@@ -362,14 +357,14 @@ func (k *keyCall) finish(c *Context, rec state.Step) {
 		}
 		k.log.Warn().Err(err).Msg("step result does not fit a task key entry; not cached")
 	}
-	if err := store.Release(c.nctx, k.key, rev); err != nil && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+	if err := store.Release(nctx, k.key, rev); err != nil && !errors.Is(err, jetstream.ErrRevisionMismatch) {
 		k.log.Warn().Err(err).Msg("cannot release task key claim; it expires after its lease")
 	}
 }
 
-// abandon releases a claim still held when execute unwinds without a final
+// abandon releases a claim still held when execute returns without a final
 // result (a retry, a release, the worker stopping).
-func (k *keyCall) abandon(c *Context) {
+func (k *keyCall) abandon(nctx context.Context) {
 	if k == nil {
 		return
 	}
@@ -377,7 +372,7 @@ func (k *keyCall) abandon(c *Context) {
 	if !held {
 		return
 	}
-	if err := k.e.cfg.Assets.TaskKeys.Release(c.nctx, k.key, rev); err != nil && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+	if err := k.e.cfg.Assets.TaskKeys.Release(nctx, k.key, rev); err != nil && !errors.Is(err, jetstream.ErrRevisionMismatch) {
 		k.log.Warn().Err(err).Msg("cannot release task key claim; it expires after its lease")
 	}
 }

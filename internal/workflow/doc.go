@@ -1,0 +1,68 @@
+// Package workflow executes runs. A run advances one task at a time: the
+// worker that receives a task replays the workflow body against the run's
+// committed steps, runs the one step the task stands for, commits its result
+// with create-if-absent, publishes the task of the next step and only then
+// acknowledges its own. A committed step is never run again (its result is
+// replayed), a step whose worker died before the commit runs again with the
+// same step ID, and a late worker cannot overwrite a committed result.
+//
+// # The flow of one task
+//
+// Executor.Handle (executor.go) takes one task message through these stages,
+// top to bottom:
+//
+//  1. Load the run. A step task carries the run record's fields; a start
+//     task materialises the record if its publisher died before writing it.
+//     A task that must not touch the run (a stale start after the run
+//     expired, a start of another workflow under the run ID, a start task
+//     of a run already ended or of another generation, a task of a run this
+//     worker saw cancelled) is acknowledged and nothing else happens.
+//  2. Replay (replay.go). The workflow body runs on a goroutine of its own.
+//     Each Context.StepWithKey call looks its step up, in the history cache
+//     and then the steps bucket, and returns the committed result; the first
+//     step that is not committed ends the replay, unless this task owns it.
+//  3. Execute at most one step (step.go): the step the task owns, that is
+//     its step ID, or the run's first step for a start task. Its attempt
+//     number is taken from the attempt record (beginAttempt), its task key
+//     acquired if it has one, and its function called.
+//  4. Commit: the step record is written with create-if-absent. A worker
+//     that loses the race takes the committed record as the result. The
+//     replay goes on with that result until the next uncommitted step.
+//  5. Settle (settle.go) the message with the settlement the replay ended
+//     on: dispatch (publish the next steps' tasks, then ack), retry (nak
+//     with the backoff, or a timer for a long one, retry.go), release (nak
+//     after ReleaseDelay; nothing was committed), drop (ack; the task is
+//     not the one to run its step) or finish (record the run's end with
+//     compare-and-set, then ack).
+//
+// A step call that cannot return its step's result in this task (the step
+// belongs to another task, is to be retried, or the task is released)
+// must not return to the workflow body. Every function below the Context
+// returns such an outcome as a *settlement; Context.park is the one place
+// that hands it to Handle and unwinds the body's goroutine with
+// runtime.Goexit, running the body's deferred calls.
+//
+// # Repeat deliveries
+//
+// The broker delivers a task at least once: again after a worker crash, an
+// expired AckWait, or a publish repeated outside its duplicate window. A
+// repeat delivery of the same task gets:
+//
+//   - its step already committed: the step is not run again. The replay
+//     returns the committed result and goes on to the next step, whose task
+//     it publishes (absorbed by the broker when that task is still pending
+//     or within its duplicate window, as every task's message ID is its step
+//     ID), or to the end of the body, where finishing a run already ended
+//     leaves it as it is.
+//   - its step not committed: the step runs again under the same step ID
+//     (pass it as the Idempotency-Key of external calls) as the next
+//     attempt, counted in the step's attempt record, so a crash loop uses up
+//     MaxAttempts and then fails the step without running it.
+//   - a retry whose attempt already started, or a redispatched task while a
+//     retry timer of its step waits: it is dropped, as the attempt belongs
+//     to another task.
+//   - a start task of a run that has ended or of another generation, or a
+//     task of a run this worker saw cancelled: it is acknowledged, doing
+//     nothing. (A step task carries the run as it was when it was
+//     published, so it replays; its finish finds the run ended.)
+package workflow

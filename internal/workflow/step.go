@@ -1,0 +1,297 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// stepCall is one call of a step that a task is to execute.
+type stepCall struct {
+	name    string
+	id      string
+	seq     int
+	policy  RetryPolicy // with defaults
+	taskKey TaskKey
+	fn      StepFunc
+}
+
+// stepAttempt is one attempt at a step call.
+type stepAttempt struct {
+	stepCall
+	attempt int
+	key     *keyCall // nil: no task key
+	start   time.Time
+}
+
+// execute runs the step this task owns and commits its result. It returns
+// the committed record, which is the one another worker committed first if
+// this one lost the race; or, when this attempt commits nothing, how to
+// settle the task instead (a retry, a release, a drop).
+func (e *Executor) execute(d *delivery, sc stepCall) (state.Step, *settlement) {
+	key, err := e.keyCall(d, sc)
+	if err != nil {
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
+	}
+	attempt, err := e.beginAttempt(d)
+	if errors.Is(err, errNotThisTask) {
+		return state.Step{}, &settlement{kind: settleDrop, err: err}
+	}
+	if err != nil {
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
+	}
+	a := stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
+	rec, result, s := e.outcome(d, a)
+	if s != nil {
+		return state.Step{}, s
+	}
+	return e.record(d, a, rec, result)
+}
+
+// outcome produces the result of attempt a: the result stored under its
+// task key, a failure when the attempt is beyond the budget, or what the
+// step function returns. It returns a settlement instead when the step is
+// to be retried, the worker is stopping or the key cannot be acquired.
+func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.StepResult, *settlement) {
+	sc, attempt, key := a.stepCall, a.attempt, a.key
+	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
+	rec := state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID}
+	cached, err := key.acquire(d.ctx, d.nctx)
+	if err != nil {
+		return rec, "", &settlement{kind: settleRelease, err: err}
+	}
+	if cached != nil {
+		rec.Output, rec.Error, rec.Attempt, rec.Worker = cached.Output, cached.Error, cached.Attempt, key.worker(rec.Worker)
+		return rec, metrics.StepCommitted, nil
+	}
+	if attempt > sc.policy.MaxAttempts {
+		// Attempts beyond the budget (crash loops): fail without running.
+		// This is jetflow's dead letter: the task was delivered more often
+		// than the step may run.
+		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, sc.policy.MaxAttempts), Kind: "step"}
+		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
+		e.log.Warn().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
+		return rec, metrics.StepFailed, nil
+	}
+	out, err := e.call(d.ctx, info, sc.fn)
+	switch {
+	case err == nil && len(out) > state.MaxInputBytes:
+		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("step output of %d bytes is over the %d-byte limit", len(out), state.MaxInputBytes), Fatal: true, Kind: "step"}
+		return rec, metrics.StepFatal, nil
+	case err == nil:
+		rec.Output = out
+		return rec, metrics.StepCommitted, nil
+	case d.ctx.Err() != nil:
+		// The worker is stopping: this attempt did not finish.
+		return rec, "", &settlement{kind: settleRelease, err: err}
+	case isFatal(err):
+		rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step", Code: errorCode(err)}
+		return rec, metrics.StepFatal, nil
+	case attempt < sc.policy.MaxAttempts:
+		delay, ok := retryAfter(err)
+		if !ok {
+			delay = sc.policy.Backoff(attempt)
+		}
+		e.log.Info().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).
+			Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
+		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
+		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err}
+	default:
+		rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
+		return rec, metrics.StepFailed, nil
+	}
+}
+
+// record commits rec, the result of attempt a, after writing it to the
+// step's task key. It returns the committed record (another worker's when
+// that one committed first), or a release settlement when the commit
+// cannot be made or read back.
+func (e *Executor) record(d *delivery, a stepAttempt, rec state.Step, result metrics.StepResult) (state.Step, *settlement) {
+	sc, key := a.stepCall, a.key
+	rec.Committed = e.cfg.Now().UTC()
+	b, err := key.encode(rec)
+	if errors.Is(err, state.ErrInputTooLarge) {
+		// Retrying cannot make it fit: commit the failure instead.
+		rec.Output = nil
+		rec.Error = &state.ErrorInfo{Message: "step result too large to store: " + err.Error(), Fatal: true, Kind: "step"}
+		result = metrics.StepFatal
+		b, err = key.encode(rec)
+	}
+	if err != nil {
+		return state.Step{}, &settlement{kind: settleRelease, err: err}
+	}
+	key.finish(d.nctx, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
+	won := true
+	if err := e.commit(d.nctx, sc.id, b); err != nil {
+		if !errors.Is(err, jetstream.ErrExists) {
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
+		}
+		v, _, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		if err != nil {
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
+		}
+		stored, err := state.DecodeStep(v)
+		if err != nil {
+			return state.Step{}, &settlement{kind: settleRelease, err: err}
+		}
+		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
+			// Another attempt committed first; its result is the result.
+			e.log.Info().Str("run_id", d.run.RunID).Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
+			won = false
+		}
+		rec = stored
+	}
+	if won { // the winner counts the step's result, once
+		e.observeStep(d.run.Workflow, sc.name, result, a.start)
+		if key.served() {
+			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
+		}
+	}
+	e.cache.put(d.runKey(), rec)
+	if h := e.cfg.Hooks.AfterCommit; h != nil {
+		h(sc.id, won)
+	}
+	return rec, nil
+}
+
+// attemptKey names the attempt record of the step a task runs: the step ID
+// for a step task, <run-id>.start for the start task (which runs the run's
+// first step).
+func attemptKey(t state.Task) string {
+	if t.StepID != "" {
+		return t.StepID
+	}
+	return state.RunIdentity(t.RunID, t.Generation) + ".start"
+}
+
+// firstAttempt is the attempt the first delivery of t runs: 1, or the
+// attempt a retry timer was stored for.
+func firstAttempt(t state.Task) int { return max(1, t.Attempt) }
+
+// beginAttempt returns the number of the attempt about to run the task's
+// step, and makes sure no other delivery gets the same number. The step's
+// attempt record holds the highest attempt started.
+//
+//   - The first delivery of a task message at attempt 1 costs nothing: it
+//     is attempt 1.
+//   - A redelivery reads and advances the record with compare-and-set
+//     before the step runs. Finding no record, it counts the first delivery
+//     as having run (it may have crashed mid-step), unless that delivery
+//     was handed back unstarted (Release writes the record).
+//   - The first delivery of a retry (a message stored for attempt n > 1)
+//     records n, so that its own redelivery is n+1; if attempt n already
+//     started (its failed task was redelivered after a crash), the retry
+//     is not this task's to run (errNotThisTask).
+//   - A redispatched task (Task.Redispatched, or a duplicate's start task)
+//     first checks that no retry timer of the step is waiting — the timer
+//     owns the next attempt, errNotThisTask — and counts on from the
+//     record.
+//
+// Attempts are thus counted per start of the step, not per delivery: a
+// delivery that never ran the step does not use up MaxAttempts.
+func (e *Executor) beginAttempt(d *delivery) (int, error) {
+	first := firstAttempt(d.task)
+	stray := d.task.Redispatched || (d.task.StepID == "" && d.task.Token != d.run.Token)
+	if d.delivered <= 1 && first == 1 && !stray {
+		return 1, nil
+	}
+	if stray && d.delivered <= 1 {
+		// Published while no task of the step was pending: the step may
+		// be waiting for a retry timer, which owns its next attempt.
+		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, d.taskSubject())
+		if err != nil {
+			return 0, err
+		}
+		if waiting {
+			return 0, fmt.Errorf("%w: a retry of the step waits as a timer", errNotThisTask)
+		}
+	}
+	key := attemptKey(d.task)
+	for {
+		v, rev, err := e.cfg.Assets.Attempts.Get(d.nctx, key)
+		var attempt int
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound) && d.delivered > 1 && first == 1:
+			attempt = 2 // the first delivery ran attempt 1 without a record
+		case errors.Is(err, jetstream.ErrNotFound):
+			attempt = first
+		case err != nil:
+			return 0, err
+		default:
+			started, err := strconv.Atoi(string(v))
+			if err != nil {
+				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
+			}
+			if first > 1 && d.delivered <= 1 && started >= first {
+				// A retry timer's task whose attempt already ran (its
+				// failed task was redelivered after a crash instead).
+				return 0, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
+			}
+			attempt = max(first, started+1)
+		}
+		b := []byte(strconv.Itoa(attempt))
+		if rev == 0 {
+			_, err = e.cfg.Assets.Attempts.Create(d.nctx, key, b)
+		} else {
+			_, err = e.cfg.Assets.Attempts.Update(d.nctx, key, b, rev)
+		}
+		if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
+			continue // a concurrent delivery took this number
+		}
+		return attempt, err
+	}
+}
+
+// commitAttempts bounds the retries of a step commit that got no answer.
+const commitAttempts = 3
+
+// commit writes a step record with create-if-absent. A write that got no
+// answer (a timeout, a lost connection) is retried in place rather than
+// releasing the task, which would run the step's side effect again; if the
+// first write had landed, the retry sees ErrExists and the caller finds
+// its own record.
+func (e *Executor) commit(ctx context.Context, id string, b []byte) error {
+	var err error
+	for attempt := 1; attempt <= commitAttempts; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = e.cfg.Assets.Steps.Create(actx, id, b)
+		cancel()
+		if err == nil || jetstream.IsAPIError(err) || errors.Is(err, jetstream.ErrExists) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// call runs fn with the step's info in its context, turning a panic into an
+// error.
+func (e *Executor) call(ctx context.Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
+	ctx = context.WithValue(ctx, stepInfoKey{}, info)
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("step panicked: %v", r)
+		}
+	}()
+	out, err = fn(ctx)
+	if err == nil && !json.Valid(out) {
+		err = fmt.Errorf("step returned invalid JSON")
+	}
+	return out, err
+}
+
+func (e *Executor) observeStep(wf, step string, result metrics.StepResult, start time.Time) {
+	e.cfg.Metrics.Step(wf, step, result, e.cfg.Now().Sub(start))
+}
