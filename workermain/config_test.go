@@ -242,7 +242,7 @@ func TestRunPrintConfig(t *testing.T) {
 	require.NoError(t, err)
 	defer stderr.Close()
 	var stdout bytes.Buffer
-	code := Run(t.Context(), jetflow.NewWorkers(), []string{"--print-config", "--nats-url", "nats://x:4222", "--nats-token", "t0ken-S3cret"},
+	code := Run(t.Context(), jetflow.NewRegistry(), []string{"--print-config", "--nats-url", "nats://x:4222", "--nats-token", "t0ken-S3cret"},
 		WithEnv(env(nil)), WithOutput(&stdout, stderr))
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout.String(), "nats-token: <redacted> # flag\n")
@@ -251,7 +251,7 @@ func TestRunPrintConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, logged)
 
-	code = Run(t.Context(), jetflow.NewWorkers(), []string{"--print-config", "--replicas", "5"}, WithEnv(env(nil)), WithOutput(&stdout, stderr))
+	code = Run(t.Context(), jetflow.NewRegistry(), []string{"--print-config", "--replicas", "5"}, WithEnv(env(nil)), WithOutput(&stdout, stderr))
 	require.Equal(t, 1, code, "an invalid configuration is not printed")
 }
 

@@ -3,8 +3,8 @@
 // Main, which does what cmd/worker does.
 //
 //	func main() {
-//		ws := jetflow.NewWorkers()
-//		if err := ws.Add(signup.Workflow()); err != nil {
+//		ws := jetflow.NewRegistry()
+//		if err := ws.Register(signup.Workflow()); err != nil {
 //			log.Fatal(err)
 //		}
 //		os.Exit(workermain.Main(ws))

@@ -25,7 +25,7 @@ const startTimeout = 30 * time.Second
 // serve wires the worker over ws and runs it until ctx ends (or the
 // operations server fails), then drains. p.ready, if not nil, is called
 // once the worker is serving.
-func (p *program) serve(ctx context.Context, ws *jetflow.Workers, cfg config, log zerolog.Logger) error {
+func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, log zerolog.Logger) error {
 	natsOpts := cfg.NATS
 	if cfg.embedded() {
 		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{

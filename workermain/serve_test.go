@@ -27,13 +27,13 @@ const testWait = 30 * time.Second
 var orderInput = json.RawMessage(`{"order_id":"o-1","amount_cents":1999,"currency":"usd","email":"ada@example.com"}`)
 
 // testWorkers is a registry with an "order" workflow of one step.
-func testWorkers(t *testing.T) *jetflow.Workers {
+func testWorkers(t *testing.T) *jetflow.Registry {
 	t.Helper()
 	type order struct {
 		OrderID string `json:"order_id"`
 	}
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in order) (string, error) {
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in order) (string, error) {
 		return jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
 			info, _ := jetflow.StepInfo(sctx)
 			return in.OrderID + " " + info.StepID, nil

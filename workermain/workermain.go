@@ -33,15 +33,15 @@ const (
 // second signal kills the process), and returns the exit code for os.Exit:
 //
 //	func main() {
-//		ws := jetflow.NewWorkers()
-//		if err := ws.Add(myWorkflow); err != nil {
+//		ws := jetflow.NewRegistry()
+//		if err := ws.Register(myWorkflow); err != nil {
 //			log.Fatal(err)
 //		}
 //		os.Exit(workermain.Main(ws))
 //	}
 //
 // It sets zerolog.TimeFieldFormat to RFC 3339 with nanoseconds.
-func Main(ws *jetflow.Workers, opts ...Option) int {
+func Main(ws *jetflow.Registry, opts ...Option) int {
 	ctx, stop := lifecycle.SignalContext(context.Background())
 	defer stop()
 	zerolog.TimeFieldFormat = time.RFC3339Nano
@@ -52,7 +52,7 @@ func Main(ws *jetflow.Workers, opts ...Option) int {
 // name), serves until ctx is done, drains, and returns the exit code. The
 // environment, stdout and stderr are the process's unless WithEnv and
 // WithOutput say otherwise.
-func Run(ctx context.Context, ws *jetflow.Workers, args []string, opts ...Option) int {
+func Run(ctx context.Context, ws *jetflow.Registry, args []string, opts ...Option) int {
 	p := newProgram(opts)
 	cfg, err := p.parseConfig(args, p.getenv, logging.IsTerminal(p.stderr), p.stdout, p.stderr)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errConfigPrinted) {

@@ -28,7 +28,7 @@ import (
 )
 
 func main() {
-	ws := jetflow.NewWorkers()
+	ws := jetflow.NewRegistry()
 	os.Exit(workermain.Main(ws, (&demo{ws: ws}).options()...))
 }
 
@@ -36,7 +36,7 @@ func main() {
 // order workflow calls, started once the flags are read, and the order
 // workflow added to ws then.
 type demo struct {
-	ws           *jetflow.Workers
+	ws           *jetflow.Registry
 	paymentsAddr string
 	flakyCharge  bool
 	log          zerolog.Logger
@@ -71,7 +71,7 @@ func (d *demo) setup(_ context.Context, s workermain.Setup) (func(), error) {
 	}
 	d.pay = pay
 	s.Logger.Info().Str("url", pay.URL()).Bool("flaky_charge", d.flakyCharge).Msg("example payment service started")
-	err = d.ws.Add(orders.NewOrderWorkflow(orders.NewPaymentClient(pay.URL(), nil),
+	err = d.ws.Register(orders.NewOrderWorkflow(orders.NewPaymentClient(pay.URL(), nil),
 		orders.OrderOptions{FlakyAfterCharge: d.flakyCharge}))
 	if err != nil {
 		pay.Close()

@@ -42,7 +42,7 @@ type endpoints struct {
 func startWorker(t *testing.T, args []string, vars map[string]string) (endpoints, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	ws := jetflow.NewWorkers()
+	ws := jetflow.NewRegistry()
 	ready := make(chan endpoints, 1)
 	d := &demo{ws: ws}
 	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.pay.URL()} }
@@ -135,7 +135,7 @@ func TestServe(t *testing.T) {
 func TestDemoFlags(t *testing.T) {
 	t.Parallel()
 	run := func(args []string, vars map[string]string) (*demo, int, string) {
-		d := &demo{ws: jetflow.NewWorkers()}
+		d := &demo{ws: jetflow.NewRegistry()}
 		var out bytes.Buffer
 		code := workermain.Run(t.Context(), d.ws, args, append(d.options(),
 			workermain.WithEnv(env(vars)), workermain.WithOutput(&out, &out))...)

@@ -15,8 +15,8 @@ import (
 )
 
 func main() {
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(NewWelcomeWorkflow(NewOutbox())); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(NewWelcomeWorkflow(NewOutbox())); err != nil {
 		log.Fatal(err)
 	}
 	os.Exit(workermain.Main(ws,
