@@ -87,50 +87,6 @@ func (p ConflictPolicy) envelope() (dedupe.EnvelopePolicy, error) {
 	return dedupe.EnvelopeFromPolicy(ip), nil
 }
 
-func (w WhileRunning) toInternal() (dedupe.OnRunning, error) {
-	switch w {
-	case Attach:
-		return dedupe.Attach, nil
-	case RejectWhileRunning:
-		return dedupe.RejectRunning, nil
-	}
-	return 0, fmt.Errorf("%w: WhileRunning(%d)", ErrInvalidConflictPolicy, int(w))
-}
-
-func whileRunningFrom(r dedupe.OnRunning) (WhileRunning, error) {
-	switch r {
-	case dedupe.Attach:
-		return Attach, nil
-	case dedupe.RejectRunning:
-		return RejectWhileRunning, nil
-	}
-	return 0, fmt.Errorf("%w: internal OnRunning(%d)", ErrInvalidConflictPolicy, int(r))
-}
-
-func (a AfterEnded) toInternal() (dedupe.OnEnded, error) {
-	switch a {
-	case ReturnExisting:
-		return dedupe.Return, nil
-	case RejectAfterEnd:
-		return dedupe.RejectEnded, nil
-	case StartNew:
-		return dedupe.StartNew, nil
-	}
-	return 0, fmt.Errorf("%w: AfterEnded(%d)", ErrInvalidConflictPolicy, int(a))
-}
-
-func afterEndedFrom(e dedupe.OnEnded) (AfterEnded, error) {
-	switch e {
-	case dedupe.Return:
-		return ReturnExisting, nil
-	case dedupe.RejectEnded:
-		return RejectAfterEnd, nil
-	case dedupe.StartNew:
-		return StartNew, nil
-	}
-	return 0, fmt.Errorf("%w: internal OnEnded(%d)", ErrInvalidConflictPolicy, int(e))
-}
-
 // WithConflictPolicy overrides the workflow's conflict policy for one
 // start. An invalid value makes the start fail with
 // ErrInvalidConflictPolicy.
@@ -225,21 +181,3 @@ func WithFingerprintMode(m FingerprintMode) StartOption {
 	}
 }
 
-// toInternal is the admitter's form of m: whether the input is ignored.
-func (m FingerprintMode) toInternal() (ignoreInput bool, err error) {
-	switch m {
-	case FingerprintStrict:
-		return false, nil
-	case FingerprintIgnore:
-		return true, nil
-	}
-	return false, fmt.Errorf("%w: FingerprintMode(%d)", ErrInvalidConflictPolicy, int(m))
-}
-
-// fingerprintModeFrom is the public form of the admitter's setting.
-func fingerprintModeFrom(ignoreInput bool) FingerprintMode {
-	if ignoreInput {
-		return FingerprintIgnore
-	}
-	return FingerprintStrict
-}

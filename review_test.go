@@ -50,7 +50,7 @@ func TestStartOfAnotherWorkflowCannotTakeOverARun(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond)
 	for _, err := range errs {
 		require.ErrorIs(t, err, ErrIdempotencyConflict)
-		var ce *ConflictError
+		var ce *dedupe.ConflictError // the admitter's own error: the test calls it directly
 		require.ErrorAs(t, err, &ce)
 		require.Equal(t, "blocking", ce.Stored)
 		require.Equal(t, "other", ce.Requested)

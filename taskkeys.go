@@ -2,7 +2,6 @@ package jetflow
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -49,45 +48,6 @@ const (
 	// ScopeGlobal: the key is shared by every run of every workflow.
 	ScopeGlobal
 )
-
-func (s KeyScope) String() string {
-	switch s {
-	case ScopeRun:
-		return "run"
-	case ScopeWorkflow:
-		return "workflow"
-	case ScopeGlobal:
-		return "global"
-	}
-	return fmt.Sprintf("KeyScope(%d)", int(s))
-}
-
-// toInternal is the task-key store's form of s, or ErrInvalidKey for a
-// value outside the constants.
-func (s KeyScope) toInternal() (state.KeyScope, error) {
-	switch s {
-	case ScopeRun:
-		return state.ScopeRun, nil
-	case ScopeWorkflow:
-		return state.ScopeWorkflow, nil
-	case ScopeGlobal:
-		return state.ScopeGlobal, nil
-	}
-	return 0, fmt.Errorf("%w: unknown scope %d", ErrInvalidKey, int(s))
-}
-
-// keyScopeFrom is the public form of a store's scope.
-func keyScopeFrom(s state.KeyScope) (KeyScope, error) {
-	switch s {
-	case state.ScopeRun:
-		return ScopeRun, nil
-	case state.ScopeWorkflow:
-		return ScopeWorkflow, nil
-	case state.ScopeGlobal:
-		return ScopeGlobal, nil
-	}
-	return 0, fmt.Errorf("%w: unknown internal scope %d", ErrInvalidKey, int(s))
-}
 
 // MaxTaskKeyLen is the longest task key, in bytes. Any bytes are allowed:
 // the key is stored as a hash.
