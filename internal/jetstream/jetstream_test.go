@@ -195,3 +195,49 @@ func TestKVTTLNeverOutlivesMaxAge(t *testing.T) {
 	_, err = a.Runs.CreateTTL(ctx(t), "neg", []byte("x"), -2*time.Second)
 	require.Error(t, err, "only TTLNever is a negative TTL")
 }
+
+// A worker's CreateOrUpdate provisioning updates only what differs: a second
+// worker with the same topology sends no stream update (an update racing
+// the consumer creations of the first worker is what a rolling deploy does
+// at every start), and a changed setting is still applied, to the stream or
+// bucket it concerns.
+func TestCreateOrUpdateUpdatesOnlyWhatDiffers(t *testing.T) {
+	t.Parallel()
+	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect(t.Name())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	updates, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.STREAM.UPDATED.>")
+	require.NoError(t, err)
+	updated := func() []string {
+		require.NoError(t, nc.FlushWithContext(ctx(t)))
+		var streams []string
+		for {
+			m, err := updates.NextMsg(0)
+			if err != nil {
+				return streams
+			}
+			streams = append(streams, m.Subject[len("$JS.EVENT.ADVISORY.STREAM.UPDATED."):])
+		}
+	}
+
+	_, err = Provision(ctx(t), nc, Topology{}, CreateOrUpdate)
+	require.NoError(t, err)
+	require.Empty(t, updated(), "creating sends no update")
+	_, err = Provision(ctx(t), nc, Topology{}, CreateOrUpdate)
+	require.NoError(t, err)
+	require.Empty(t, updated(), "the same topology again sends no update")
+
+	a, err := Provision(ctx(t), nc, Topology{DuplicateWindow: 7 * time.Second, Retention: 48 * time.Hour}, CreateOrUpdate)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{TasksStream, StartsStream, TimersStream,
+		"KV_" + RunsBucket, "KV_" + StepsBucket, "KV_" + AuditBucket, "KV_" + AttemptsBucket}, updated())
+	info, err := a.Tasks.Info(ctx(t))
+	require.NoError(t, err)
+	require.Equal(t, 7*time.Second, info.Config.Duplicates)
+	st, err := a.Runs.Raw().Status(ctx(t))
+	require.NoError(t, err)
+	require.Equal(t, 48*time.Hour, st.TTL())
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -255,11 +256,16 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	return a, nil
 }
 
+// ensureStream creates the stream cfg describes, or binds to it; in
+// CreateOrUpdate mode it also updates an existing stream whose settings
+// differ. A stream already as wanted is not updated: every worker start
+// would otherwise send an update to the stream (a replicated proposal in
+// a cluster) while other workers create consumers on it.
 func ensureStream(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
-	if mode == CreateOrUpdate {
-		return js.CreateOrUpdateStream(ctx, cfg)
-	}
 	s, err := js.Stream(ctx, cfg.Name)
+	if err == nil && mode == CreateOrUpdate && !settled(cfg, s.CachedInfo().Config) {
+		return js.UpdateStream(ctx, cfg)
+	}
 	if errors.Is(err, natsjs.ErrStreamNotFound) {
 		s, err = js.CreateStream(ctx, cfg)
 		if errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) {
@@ -269,11 +275,19 @@ func ensureStream(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsj
 	return s, err
 }
 
+// ensureBucket is ensureStream for a KV bucket.
 func ensureBucket(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
-	if mode == CreateOrUpdate {
-		return js.CreateOrUpdateKeyValue(ctx, cfg)
-	}
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil && mode == CreateOrUpdate {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if bs, ok := st.(*natsjs.KeyValueBucketStatus); !ok || !settled(cfg, bs.Config()) {
+			return js.UpdateKeyValue(ctx, cfg)
+		}
+		return kv, nil
+	}
 	if errors.Is(err, natsjs.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, natsjs.ErrBucketExists) {
@@ -281,6 +295,21 @@ func ensureBucket(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsj
 		}
 	}
 	return kv, err
+}
+
+// settled reports whether a resource configured as have already has every
+// setting of want. A zero field of want is a setting jetflow leaves to the
+// server's default, so have's value stands for it (jetflow never lowers a
+// setting to zero: every field it sets deliberately is non-zero, or zero
+// from creation on).
+func settled[C any](want, have C) bool {
+	w, h := reflect.ValueOf(&want).Elem(), reflect.ValueOf(have)
+	for i := range w.NumField() {
+		if w.Field(i).IsZero() {
+			w.Field(i).Set(h.Field(i))
+		}
+	}
+	return reflect.DeepEqual(want, have)
 }
 
 // ConsumerConfig is the per-workflow task consumer setting.
