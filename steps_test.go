@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -202,4 +203,38 @@ func TestStepExhaustsAttemptsAndRunFails(t *testing.T) {
 	require.Equal(t, "step", re.Kind)
 	require.Contains(t, re.Message, "rate limited")
 	require.Equal(t, 3, effects.get("call"))
+}
+
+// WithRetry's policy is the step's: its MaxAttempts bounds the attempts, and
+// an invalid policy is an error the workflow gets without the step running.
+func TestWithRetryPolicyBoundsAttempts(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := NewWorkflow("retry-policy", func(ctx *Context, _ int) (string, error) {
+		_, err := Step(ctx, "invalid", func(context.Context) (int, error) {
+			effects.inc("invalid")
+			return 0, nil
+		}, WithRetry(RetryPolicy{MaxAttempts: 2, Multiplier: 0.5}))
+		if !errors.Is(err, ErrInvalidPolicy) {
+			return "", fmt.Errorf("invalid policy: got %v", err)
+		}
+		_, err = Step(ctx, "call", func(context.Context) (int, error) {
+			effects.inc("call")
+			return 0, errors.New("down")
+		}, WithRetry(RetryPolicy{MaxAttempts: 2, InitialInterval: 10 * time.Millisecond, MaxInterval: 20 * time.Millisecond, Multiplier: 2}))
+		var se *StepError
+		if !errors.As(err, &se) {
+			return "", fmt.Errorf("call: got %v", err)
+		}
+		return fmt.Sprintf("attempts=%d", se.Attempts), nil
+	})
+	env.worker(WorkerConfig{}, wf)
+	h, err := Start(ctxT(t, 10*time.Second), env.client(), wf, 0, WithRunID("retry-policy-1"))
+	require.NoError(t, err)
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "attempts=2", out)
+	require.Equal(t, 2, effects.get("call"))
+	require.Equal(t, 0, effects.get("invalid"))
 }

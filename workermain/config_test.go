@@ -269,3 +269,21 @@ func TestPrintConfigRedactsURLCredentials(t *testing.T) {
 		}
 	}
 }
+
+// WithName and WithDescription are the program's: its usage text and its
+// error messages carry them.
+func TestRunUsesTheProgramName(t *testing.T) {
+	t.Parallel()
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer stderr.Close()
+	var stdout bytes.Buffer
+	opts := []Option{WithName("acme-worker"), WithDescription("Runs Acme's workflows."), WithEnv(env(nil)), WithOutput(&stdout, stderr)}
+	require.Equal(t, 0, Run(t.Context(), jetflow.NewRegistry(), []string{"-h"}, opts...))
+	require.Equal(t, 1, Run(t.Context(), jetflow.NewRegistry(), []string{"--replicas", "5"}, opts...))
+	out, err := os.ReadFile(stderr.Name())
+	require.NoError(t, err)
+	require.Contains(t, stdout.String()+string(out), "acme-worker")
+	require.Contains(t, stdout.String()+string(out), "Runs Acme's workflows.")
+	require.Contains(t, string(out), "acme-worker: ")
+}
