@@ -180,4 +180,3 @@ func WithFingerprintMode(m FingerprintMode) StartOption {
 		o.ignoreInput = ignore
 	}
 }
-
