@@ -322,3 +322,16 @@ func TestNamesConstantsEqualTheEngines(t *testing.T) {
 		require.Equal(t, in.Terminal(), pub.Terminal())
 	}
 }
+
+// An unknown enum value prints as its number: String falls back without
+// recursing through the conversion's error message.
+func TestUnknownEnumValuesPrint(t *testing.T) {
+	require.Equal(t, "KeyScope(-1)", KeyScope(-1).String())
+	require.Equal(t, "workflow", ScopeWorkflow.String())
+	_, err := KeyScope(7).toInternal()
+	require.ErrorIs(t, err, ErrInvalidKey)
+	require.Contains(t, err.Error(), "KeyScope(7)")
+	_, err = WhileRunning(9).toInternal()
+	require.ErrorIs(t, err, ErrInvalidConflictPolicy)
+	require.Contains(t, err.Error(), "WhileRunning(9)")
+}

@@ -32,7 +32,7 @@ func (t enumTable[P, I]) toInternal(p P) (I, error) {
 		}
 	}
 	var zero I
-	return zero, fmt.Errorf("%w: %s(%v)", t.err, t.name, p)
+	return zero, fmt.Errorf("%w: %s(%#v)", t.err, t.name, p) // %#v: not String, which may call toInternal
 }
 
 // fromInternal returns the public value of i.
@@ -43,7 +43,7 @@ func (t enumTable[P, I]) fromInternal(i I) (P, error) {
 		}
 	}
 	var zero P
-	return zero, fmt.Errorf("%w: internal %s(%v)", t.err, t.name, i)
+	return zero, fmt.Errorf("%w: internal %s(%#v)", t.err, t.name, i)
 }
 
 var (
