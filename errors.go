@@ -157,13 +157,8 @@ type StepError struct {
 	Message string
 }
 
-func (e *StepError) Error() string {
-	kind := "failed"
-	if e.Fatal {
-		kind = "failed fatally"
-	}
-	return fmt.Sprintf("jetflow: step %s (%s) %s after %d attempt(s): %s", e.StepName, e.StepID, kind, e.Attempts, e.Message)
-}
+// Error is the engine's text of the failure (one wording for both forms).
+func (e *StepError) Error() string { return e.toInternal().Error() }
 
 // Is makes errors.Is(err, ErrStepFailed) true.
 func (e *StepError) Is(target error) bool { return target == ErrStepFailed }
