@@ -40,22 +40,10 @@ type Topology struct {
 
 // toInternal is the provisioner's form of t.
 func (t Topology) toInternal() jetstream.Topology {
-	return jetstream.Topology{
-		Replicas:        t.Replicas,
-		DuplicateWindow: t.DuplicateWindow,
-		Retention:       t.Retention,
-		MemoryStorage:   t.MemoryStorage,
-		StartMaxAge:     t.StartMaxAge,
-	}
+	return jetstream.Topology(t) // same fields: a field added to one side only does not compile
 }
 
 // topologyFrom is the public form of a provisioner's topology.
 func topologyFrom(t jetstream.Topology) Topology {
-	return Topology{
-		Replicas:        t.Replicas,
-		DuplicateWindow: t.DuplicateWindow,
-		Retention:       t.Retention,
-		MemoryStorage:   t.MemoryStorage,
-		StartMaxAge:     t.StartMaxAge,
-	}
+	return Topology(t)
 }

@@ -184,22 +184,12 @@ type RetryPolicy struct {
 
 // toInternal is the executor's form of p.
 func (p RetryPolicy) toInternal() workflow.RetryPolicy {
-	return workflow.RetryPolicy{
-		MaxAttempts:     p.MaxAttempts,
-		InitialInterval: p.InitialInterval,
-		MaxInterval:     p.MaxInterval,
-		Multiplier:      p.Multiplier,
-	}
+	return workflow.RetryPolicy(p) // same fields: a field added to one side only does not compile
 }
 
 // retryPolicyFrom is the public form of an executor's policy.
 func retryPolicyFrom(p workflow.RetryPolicy) RetryPolicy {
-	return RetryPolicy{
-		MaxAttempts:     p.MaxAttempts,
-		InitialInterval: p.InitialInterval,
-		MaxInterval:     p.MaxInterval,
-		Multiplier:      p.Multiplier,
-	}
+	return RetryPolicy(p)
 }
 
 // WithRetry sets the step's retry policy. An invalid policy makes the step
