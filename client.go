@@ -188,7 +188,9 @@ type Handle[R any] struct {
 	// RunID identifies the run, the same for every start with this ID.
 	RunID string
 	// Outcome is OutcomeCreated for exactly one start of a run ID, and
-	// OutcomeExisting for every other one.
+	// OutcomeExisting for every other one, except that a start which the
+	// conflict policy lets replace an ended run (StartNew) gets
+	// OutcomeRestarted, exactly one per replaced run.
 	Outcome Outcome
 	// Status is the run's state when the start returned.
 	Status RunStatus

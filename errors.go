@@ -47,8 +47,9 @@ var (
 	// ErrInvalidPolicy: a retry policy has a bad field.
 	ErrInvalidPolicy = workflow.ErrInvalidPolicy
 	// ErrIdempotencyConflict: the run ID names an existing run that the
-	// start does not match (another workflow); see *ConflictError. The
-	// existing run is not changed.
+	// start does not match: another workflow, or a different input while
+	// the fingerprint mode is strict (the default; see FingerprintMode).
+	// See *ConflictError for which one. The existing run is not changed.
 	ErrIdempotencyConflict = dedupe.ErrConflict
 	// ErrDuplicateRejected: the run ID names an existing run and the
 	// conflict policy rejects duplicates in its state; see *RejectedError.
