@@ -1,0 +1,186 @@
+package doctest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// repoRoot is the repository's root, from this package's directory.
+const repoRoot = "../.."
+
+// cmdTimeout bounds every build, command and wait of these tests: a
+// program a doc shows must be built, started, answer and stop within it on
+// a loaded machine.
+const cmdTimeout = 3 * time.Minute
+
+var binDir string // binaries built by goRunBinary, removed by TestMain
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "jetflow-doctest")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var (
+	buildMu sync.Mutex
+	built   = map[string]string{}
+)
+
+// goRunBinary builds the repository's package pkg ("./cmd/worker") once
+// for the whole test binary and returns the binary's path: what
+// `go run pkg` runs.
+func goRunBinary(t *testing.T, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := built[pkg]; ok {
+		return bin
+	}
+	bin := filepath.Join(binDir, strings.ReplaceAll(strings.Trim(pkg, "./"), "/", "_"))
+	ctx, cancel := context.WithTimeout(t.Context(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = repoRoot
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build %s:\n%s", pkg, out)
+	built[pkg] = bin
+	return bin
+}
+
+// cleanEnv is the test's environment without JETFLOW_* settings, plus
+// extra ("K=V").
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "JETFLOW_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// proc is a long-running command a doc shows (a worker, a server), with
+// the JSON log lines it wrote to stdout or stderr.
+type proc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	lines   []map[string]any
+	changed chan struct{} // closed and replaced when lines grows or the process exits
+	exited  bool
+	waitErr error
+	done    chan struct{} // closed once the process has exited and its output is read
+}
+
+// startProc starts bin with args and env; the process is killed at the
+// end of the test if it still runs.
+func startProc(t *testing.T, bin string, args, env []string) *proc {
+	t.Helper()
+	p := &proc{t: t, changed: make(chan struct{}), done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = env
+	pr, pw := io.Pipe()
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	require.NoError(t, p.cmd.Start(), "%s %v", bin, args)
+	go func() {
+		err := p.cmd.Wait()
+		p.mu.Lock()
+		p.waitErr = err
+		p.mu.Unlock()
+		_ = pw.Close() // ends the reader, which then closes done
+	}()
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for sc.Scan() {
+			t.Logf("%s: %s", filepath.Base(bin), sc.Text())
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				line = map[string]any{"message": sc.Text()}
+			}
+			p.mu.Lock()
+			p.lines = append(p.lines, line)
+			close(p.changed)
+			p.changed = make(chan struct{})
+			p.mu.Unlock()
+		}
+		p.mu.Lock()
+		p.exited = true
+		close(p.changed)
+		p.mu.Unlock()
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill() // if the test failed before stop
+		<-p.done
+	})
+	return p
+}
+
+// waitFor returns the first log line whose message is msg, waiting for it
+// at most cmdTimeout; it fails the test if the process exits first.
+func (p *proc) waitFor(msg string) map[string]any {
+	p.t.Helper()
+	deadline := time.NewTimer(cmdTimeout)
+	defer deadline.Stop()
+	for seen := 0; ; {
+		p.mu.Lock()
+		lines, exited, changed := p.lines, p.exited, p.changed
+		p.mu.Unlock()
+		for ; seen < len(lines); seen++ {
+			if lines[seen]["message"] == msg {
+				return lines[seen]
+			}
+		}
+		if exited {
+			p.t.Fatalf("%s exited before logging %q", p.cmd.Path, msg)
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			p.t.Fatalf("%s did not log %q within %s", p.cmd.Path, msg, cmdTimeout)
+		}
+	}
+}
+
+// stop sends SIGTERM, as Ctrl-C or a process manager would, and requires
+// the process to exit with status 0 within cmdTimeout.
+func (p *proc) stop() {
+	p.t.Helper()
+	require.NoError(p.t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(cmdTimeout):
+		p.t.Fatalf("%s did not exit within %s of SIGTERM", p.cmd.Path, cmdTimeout)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.NoError(p.t, p.waitErr, "%s after SIGTERM", p.cmd.Path)
+}
+
+// str is the string field k of a log line, which must be present.
+func str(t *testing.T, line map[string]any, k string) string {
+	t.Helper()
+	v, ok := line[k].(string)
+	require.True(t, ok, "log line %v has no string %q", line, k)
+	return v
+}

@@ -1,0 +1,170 @@
+package doctest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// readmeBlocks are the README's code blocks.
+func readmeBlocks(t *testing.T) []Block {
+	t.Helper()
+	blocks, err := Blocks(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	return blocks
+}
+
+// sectionBlocks are the blocks of lang under the heading section.
+func sectionBlocks(blocks []Block, section, lang string) []Block {
+	var out []Block
+	for _, b := range blocks {
+		if b.Section == section && b.Lang == lang {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// goRun splits a documented `go run ./pkg args...` line into the package
+// and its arguments (the docs quote nothing in such lines).
+func goRun(t *testing.T, line string) (pkg string, args []string) {
+	t.Helper()
+	f := strings.Fields(line)
+	require.GreaterOrEqual(t, len(f), 3, line)
+	require.Equal(t, []string{"go", "run"}, f[:2], "not a go run command: %s", line)
+	return f[2], f[3:]
+}
+
+// workerEnv isolates a worker started as a doc shows it: its own data
+// directory, a NATS port and an operations port of its own (the documented
+// defaults, 4222 and 8081, may be taken on a shared machine), JSON logs to
+// read its addresses from.
+func workerEnv(t *testing.T) []string {
+	return cleanEnv("JETFLOW_DATA_DIR="+t.TempDir(), "JETFLOW_PORT=-1",
+		"JETFLOW_OPS_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json")
+}
+
+// TestReadmeFirstCommands: the README opens with exactly two commands,
+// each in its own block before the first section: the engine on an
+// embedded NATS server with no setup, which serves until SIGTERM and then
+// exits 0, and the tests, which are what CI runs.
+func TestReadmeFirstCommands(t *testing.T) {
+	t.Parallel()
+	var first []Block
+	for _, b := range readmeBlocks(t) {
+		if b.Section == "# jetflow" {
+			first = append(first, b)
+		}
+	}
+	require.Len(t, first, 2, "the README's first lines give exactly two commands")
+	var lines []string
+	for _, b := range first {
+		cmds := Commands(b)
+		require.Len(t, cmds, 1, "%s: one command per block", b.Where())
+		require.Equal(t, "sh", b.Lang, b.Where())
+		lines = append(lines, cmds[0].Line)
+	}
+
+	pkg, args := goRun(t, lines[0])
+	require.Equal(t, "./cmd/worker", pkg)
+	require.Empty(t, args, "the first command needs no flags")
+	w := startProc(t, goRunBinary(t, pkg), args, workerEnv(t))
+	w.waitFor("embedded NATS server started")
+	w.waitFor("worker started")
+	w.stop()
+
+	// The test command cannot run inside a test; it must be the one CI
+	// runs (.ci/run), which is this package's caller.
+	require.Equal(t, "go test -race ./...", lines[1])
+	ci, err := os.ReadFile(filepath.Join(repoRoot, ".ci", "run"))
+	require.NoError(t, err)
+	require.Regexp(t, regexp.MustCompile(`(?m)^go test -race .*\./\.\.\.$`), string(ci))
+}
+
+// TestReadmeTour runs the README's tour as a user would: the worker with
+// the flags its block shows, then every command of the tour's and of the
+// HTTP example's blocks through bash, each exiting 0 with the output its
+// comment shows. The documented fixed addresses (NATS on 4222, the payment
+// service on 8099, the HTTP API on 8080) are replaced by free ones.
+func TestReadmeTour(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the commands: not in -short")
+	}
+	t.Parallel()
+	blocks := readmeBlocks(t)
+	tour := sectionBlocks(blocks, "## A short tour", "sh")
+	require.Len(t, tour, 2, "the tour: the worker's block, then the commands")
+
+	workerCmds := Commands(tour[0])
+	require.Len(t, workerCmds, 1, tour[0].Where())
+	pkg, args := goRun(t, workerCmds[0].Line)
+	require.Equal(t, "./cmd/worker", pkg)
+	replace := map[string]string{}
+	for i, a := range args {
+		if a == "--payments-addr" && i+1 < len(args) {
+			replace["http://"+args[i+1]] = "" // filled in below
+			args[i+1] = "127.0.0.1:0"
+		}
+	}
+	require.Len(t, replace, 1, "the tour's worker gets --payments-addr, so that curl knows where")
+	w := startProc(t, goRunBinary(t, pkg), args, workerEnv(t))
+	natsURL := str(t, w.waitFor("embedded NATS server started"), "url")
+	payURL := str(t, w.waitFor("example payment service started"), "url")
+	for k := range replace {
+		replace[k] = payURL
+	}
+	w.waitFor("worker started")
+
+	producer := goRunBinary(t, "./cmd/producer")
+	env := cleanEnv("JETFLOW_NATS_URL=" + natsURL)
+	runCommands(t, tour[1], producer, replace, env)
+
+	http := sectionBlocks(blocks, "## Starting runs from anywhere", "sh")
+	require.Len(t, http, 2, "the HTTP example: the server's block, then the requests")
+	serveCmds := Commands(http[0])
+	require.Len(t, serveCmds, 1, http[0].Where())
+	require.Equal(t, "go run ./cmd/producer serve", serveCmds[0].Line)
+	s := startProc(t, producer, []string{"serve"}, append(env, "JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"))
+	addr := str(t, s.waitFor("serving the API on /v1/ and /metrics /healthz /readyz"), "addr")
+	runCommands(t, http[1], producer, map[string]string{"localhost:8080": addr}, env)
+
+	s.stop()
+	w.stop()
+}
+
+// runCommands runs the commands of a shell block in order, each through
+// bash after the block's variable assignments, with `go run ./cmd/producer`
+// replaced by the built producer and each key of replace by its value. Each
+// must exit 0 with the output its comment shows.
+func runCommands(t *testing.T, b Block, producer string, replace map[string]string, env []string) {
+	t.Helper()
+	assign := regexp.MustCompile(`^[A-Z][A-Z0-9_]*=`)
+	var vars []string
+	ran := 0
+	for _, c := range Commands(b) {
+		if assign.MatchString(c.Line) {
+			vars = append(vars, c.Line)
+			continue
+		}
+		line := strings.ReplaceAll(c.Line, "go run ./cmd/producer", producer)
+		for k, v := range replace {
+			line = strings.ReplaceAll(line, k, v)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), cmdTimeout)
+		cmd := exec.CommandContext(ctx, "bash", "-c", strings.Join(append(vars, line), "\n"))
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		cancel()
+		require.NoError(t, err, "%s: %s\n%s", b.Where(), c.Line, out)
+		require.NotEmpty(t, c.Want, "%s: %s: a tour command shows what it prints", b.Where(), c.Line)
+		require.NoError(t, CheckOutput(string(out), c.Want), "%s: %s", b.Where(), c.Line)
+		ran++
+	}
+	require.NotZero(t, ran, "%s has no commands", b.Where())
+}
