@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/embedded"
@@ -20,7 +21,8 @@ type Receipt struct {
 }
 
 // A workflow whose charge step passes its step ID as the Idempotency-Key,
-// started twice under one run ID: one run, the second start is absorbed.
+// started twice under one run ID, the order's own (a run ID names one
+// intent: charge this order): one run, the second start is absorbed.
 // Everything runs in the process: an embedded NATS server, a worker and a
 // client.
 func Example() {
@@ -52,8 +54,8 @@ func Example() {
 	defer nc.Close()
 
 	// A worker serving the workflow, stopped (drained) at the end.
-	ws := jetflow.NewWorkers()
-	if err := ws.Add(order); err != nil {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(order); err != nil {
 		log.Fatal(err)
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{})
@@ -63,18 +65,26 @@ func Example() {
 	if err := w.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	defer w.Stop(ctx)
+	defer func() {
+		// Stop drains with a deadline of its own: a context that is
+		// already done (a cancelled ctx at shutdown) would drain nothing.
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := w.Stop(stopCtx); err != nil {
+			log.Print(err)
+		}
+	}()
 
 	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}
 	in := OrderInput{OrderID: "o-1", AmountCents: 1999}
-	first, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("stripe-evt_123"))
+	first, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("order-"+in.OrderID))
 	if err != nil {
 		log.Fatal(err)
 	}
-	again, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("stripe-evt_123"))
+	again, err := jetflow.Start(ctx, c, order, in, jetflow.WithRunID("order-"+in.OrderID))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -86,5 +96,5 @@ func Example() {
 	fmt.Println(receipt.ChargeKey)
 	// Output:
 	// created existing 1
-	// stripe-evt_123.charge.0
+	// order-o-1.charge.0
 }
