@@ -62,7 +62,9 @@ func Blocks(path string) ([]Block, error) {
 		line := sc.Text()
 		trimmed := strings.TrimLeft(line, " \t")
 		switch {
-		case cur == nil && strings.HasPrefix(trimmed, "```"):
+		case cur == nil && strings.HasPrefix(trimmed, "```") && !strings.Contains(strings.TrimLeft(trimmed, "`"), "`"):
+			// An opening fence's info string has no backquote (CommonMark):
+			// "```` ```go ````" is inline code, not a fence.
 			cur = &Block{File: path, Line: n, Lang: strings.TrimSpace(strings.TrimLeft(trimmed, "`")),
 				Section: section, Lead: lead}
 			if m := directiveRE.FindStringSubmatch(prev); m != nil {
@@ -116,15 +118,23 @@ func Commands(b Block) []Command {
 		c := Command{Line: line}
 		if i := strings.Index(line, " # "); i >= 0 {
 			c.Line = strings.TrimSpace(line[:i])
-			for _, part := range strings.Split(line[i+3:], "…") {
-				if part = strings.TrimSpace(part); part != "" {
-					c.Want = append(c.Want, part)
-				}
-			}
+			c.Want = Fragments(line[i+3:])
 		}
 		cmds = append(cmds, c)
 	}
 	return cmds
+}
+
+// Fragments splits shown output at "…" (output left out) into the trimmed,
+// non-empty parts that must appear.
+func Fragments(shown string) []string {
+	var parts []string
+	for _, part := range strings.Split(shown, "…") {
+		if part = strings.TrimSpace(part); part != "" {
+			parts = append(parts, part)
+		}
+	}
+	return parts
 }
 
 // CheckOutput returns nil if every fragment of want appears in out, in

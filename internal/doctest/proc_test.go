@@ -91,13 +91,14 @@ type proc struct {
 	done    chan struct{} // closed once the process has exited and its output is read
 }
 
-// startProc starts bin with args and env; the process is killed at the
-// end of the test if it still runs.
-func startProc(t *testing.T, bin string, args, env []string) *proc {
+// startProc starts bin with args and env in the directory dir ("" for the
+// test's); the process is killed at the end of the test if it still runs.
+func startProc(t *testing.T, dir, bin string, args, env []string) *proc {
 	t.Helper()
 	p := &proc{t: t, changed: make(chan struct{}), done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = env
+	p.cmd.Dir = dir
 	pr, pw := io.Pipe()
 	p.cmd.Stdout, p.cmd.Stderr = pw, pw
 	require.NoError(t, p.cmd.Start(), "%s %v", bin, args)

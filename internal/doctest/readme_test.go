@@ -74,7 +74,7 @@ func TestReadmeFirstCommands(t *testing.T) {
 	pkg, args := goRun(t, lines[0])
 	require.Equal(t, "./cmd/worker", pkg)
 	require.Empty(t, args, "the first command needs no flags")
-	w := startProc(t, goRunBinary(t, pkg), args, workerEnv(t))
+	w := startProc(t, "", goRunBinary(t, pkg), args, workerEnv(t))
 	w.waitFor("embedded NATS server started")
 	w.waitFor("worker started")
 	w.stop()
@@ -113,7 +113,7 @@ func TestReadmeTour(t *testing.T) {
 		}
 	}
 	require.Len(t, replace, 1, "the tour's worker gets --payments-addr, so that curl knows where")
-	w := startProc(t, goRunBinary(t, pkg), args, workerEnv(t))
+	w := startProc(t, "", goRunBinary(t, pkg), args, workerEnv(t))
 	natsURL := str(t, w.waitFor("embedded NATS server started"), "url")
 	payURL := str(t, w.waitFor("example payment service started"), "url")
 	for k := range replace {
@@ -130,7 +130,7 @@ func TestReadmeTour(t *testing.T) {
 	serveCmds := Commands(http[0])
 	require.Len(t, serveCmds, 1, http[0].Where())
 	require.Equal(t, "go run ./cmd/producer serve", serveCmds[0].Line)
-	s := startProc(t, producer, []string{"serve"}, append(env, "JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"))
+	s := startProc(t, "", producer, []string{"serve"}, append(env, "JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"))
 	addr := str(t, s.waitFor("serving the API on /v1/ and /metrics /healthz /readyz"), "addr")
 	runCommands(t, http[1], producer, map[string]string{"localhost:8080": addr}, env)
 

@@ -137,7 +137,7 @@ func goCmd(t *testing.T, dir string, args ...string) {
 }
 
 // TestDocsNameExistingTests: every test, example and fuzz target a doc
-// names in backquotes (`TestX`, `Example_y`, `FuzzZ`) is declared in a
+// names in backquotes (`Test*`, `Example_*`, `Fuzz*`) is declared in a
 // _test.go file of the repository, so a doc cannot cite a test that was
 // renamed or never written.
 func TestDocsNameExistingTests(t *testing.T) {
