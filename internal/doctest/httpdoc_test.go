@@ -1,11 +1,10 @@
 package doctest
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,9 +26,7 @@ func TestHTTPDocCommands(t *testing.T) {
 	blocks, err := Blocks(filepath.Join(repoRoot, "docs", "http.md"))
 	require.NoError(t, err)
 
-	w := startProc(t, "", goRunBinary(t, "./cmd/worker"), nil, workerEnv(t))
-	natsURL := str(t, w.waitFor("embedded NATS server started"), "url")
-	w.waitFor("worker started")
+	w, natsURL := startWorker(t, nil)
 	producer := goRunBinary(t, "./cmd/producer")
 
 	secret := make([]byte, 24)
@@ -40,13 +37,7 @@ func TestHTTPDocCommands(t *testing.T) {
 	env := cleanEnv("JETFLOW_NATS_URL="+natsURL,
 		"USERS_WEBHOOK_SECRET=whsec_"+base64.StdEncoding.EncodeToString(secret),
 		"STRIPE_WEBHOOK_SECRET=whsec_doctest", "GITHUB_WEBHOOK_SECRET=doctest", "GITHUB_WEBHOOK_SECRET_OLD=doctest-old")
-	serve := func(vars, args []string) (*proc, string) {
-		s := startProc(t, repoRoot, producer, append([]string{"serve"}, args...),
-			append(append(env, vars...), "JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"))
-		line := s.waitFor("serving the API on /v1/ and /metrics /healthz /readyz")
-		return s, str(t, line, "addr")
-	}
-	s, addr := serve(nil, nil)
+	s, addr := startServe(t, producer, nil, env)
 
 	scripts := 0
 	for i, b := range blocks {
@@ -55,7 +46,7 @@ func TestHTTPDocCommands(t *testing.T) {
 		}
 		if vars, args, ok := serveCommand(t, b); ok {
 			s.stop()
-			s, addr = serve(vars, args)
+			s, addr = startServe(t, producer, args, slices.Concat(env, vars))
 			continue
 		}
 		var want []string
@@ -68,15 +59,8 @@ func TestHTTPDocCommands(t *testing.T) {
 			}
 		}
 		require.NotEmpty(t, want, "%s: the block shows what it prints (a comment or an output block)", b.Where())
-		ctx, cancel := context.WithTimeout(t.Context(), cmdTimeout)
-		cmd := exec.CommandContext(ctx, "bash", "-e", "-c", strings.ReplaceAll(b.Text, "localhost:8080", addr))
-		cmd.Env = env
-		var stderr strings.Builder // curl's progress meter, errors
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		cancel()
-		require.NoError(t, err, "%s:\n%s%s", b.Where(), out, stderr.String())
-		require.NoError(t, CheckOutput(string(out), want), b.Where())
+		out := runBash(t, b.Where(), strings.ReplaceAll(b.Text, "localhost:8080", addr), env)
+		require.NoError(t, CheckOutput(out, want), b.Where())
 		scripts++
 	}
 	require.GreaterOrEqual(t, scripts, 7, "docs/http.md's examples")

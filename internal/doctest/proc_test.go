@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -176,6 +177,43 @@ func (p *proc) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	require.NoError(p.t, p.waitErr, "%s after SIGTERM", p.cmd.Path)
+}
+
+// runBash runs script with bash -e in env, within cmdTimeout, and returns
+// its standard output; it fails the test (showing stderr) unless the script
+// exits 0.
+func runBash(t *testing.T, where, script string, env []string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", script)
+	cmd.Env = env
+	var stderr strings.Builder // curl's progress meter, errors
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s:\n%s%s", where, out, stderr.String())
+	return string(out)
+}
+
+// startWorker starts the worker command (./cmd/worker) as a doc shows it,
+// with args, isolated by workerEnv, and returns it once it serves, with the
+// URL of its embedded NATS server.
+func startWorker(t *testing.T, args []string) (*proc, string) {
+	t.Helper()
+	w := startProc(t, "", goRunBinary(t, "./cmd/worker"), args, workerEnv(t))
+	natsURL := str(t, w.waitFor("embedded NATS server started"), "url")
+	w.waitFor("worker started")
+	return w, natsURL
+}
+
+// startServe starts `producer serve` with args in env, from the repository's
+// root (a doc's relative paths are the root's), on a free address, and
+// returns it once it serves, with that address.
+func startServe(t *testing.T, producer string, args, env []string) (*proc, string) {
+	t.Helper()
+	s := startProc(t, repoRoot, producer, append([]string{"serve"}, args...),
+		slices.Concat(env, []string{"JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"}))
+	return s, str(t, s.waitFor("serving the API on /v1/ and /metrics /healthz /readyz"), "addr")
 }
 
 // str is the string field k of a log line, which must be present.

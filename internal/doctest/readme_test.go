@@ -1,9 +1,7 @@
 package doctest
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -74,9 +72,7 @@ func TestReadmeFirstCommands(t *testing.T) {
 	pkg, args := goRun(t, lines[0])
 	require.Equal(t, "./cmd/worker", pkg)
 	require.Empty(t, args, "the first command needs no flags")
-	w := startProc(t, "", goRunBinary(t, pkg), args, workerEnv(t))
-	w.waitFor("embedded NATS server started")
-	w.waitFor("worker started")
+	w, _ := startWorker(t, args)
 	w.stop()
 
 	// The test command cannot run inside a test; it must be the one CI
@@ -113,13 +109,11 @@ func TestReadmeTour(t *testing.T) {
 		}
 	}
 	require.Len(t, replace, 1, "the tour's worker gets --payments-addr, so that curl knows where")
-	w := startProc(t, "", goRunBinary(t, pkg), args, workerEnv(t))
-	natsURL := str(t, w.waitFor("embedded NATS server started"), "url")
+	w, natsURL := startWorker(t, args)
 	payURL := str(t, w.waitFor("example payment service started"), "url")
 	for k := range replace {
 		replace[k] = payURL
 	}
-	w.waitFor("worker started")
 
 	producer := goRunBinary(t, "./cmd/producer")
 	env := cleanEnv("JETFLOW_NATS_URL=" + natsURL)
@@ -130,8 +124,7 @@ func TestReadmeTour(t *testing.T) {
 	serveCmds := Commands(http[0])
 	require.Len(t, serveCmds, 1, http[0].Where())
 	require.Equal(t, "go run ./cmd/producer serve", serveCmds[0].Line)
-	s := startProc(t, "", producer, []string{"serve"}, append(env, "JETFLOW_HTTP_ADDR=127.0.0.1:0", "JETFLOW_LOG_FORMAT=json"))
-	addr := str(t, s.waitFor("serving the API on /v1/ and /metrics /healthz /readyz"), "addr")
+	s, addr := startServe(t, producer, nil, env)
 	runCommands(t, http[1], producer, map[string]string{"localhost:8080": addr}, env)
 
 	s.stop()
@@ -156,14 +149,9 @@ func runCommands(t *testing.T, b Block, producer string, replace map[string]stri
 		for k, v := range replace {
 			line = strings.ReplaceAll(line, k, v)
 		}
-		ctx, cancel := context.WithTimeout(t.Context(), cmdTimeout)
-		cmd := exec.CommandContext(ctx, "bash", "-c", strings.Join(append(vars, line), "\n"))
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		cancel()
-		require.NoError(t, err, "%s: %s\n%s", b.Where(), c.Line, out)
 		require.NotEmpty(t, c.Want, "%s: %s: a tour command shows what it prints", b.Where(), c.Line)
-		require.NoError(t, CheckOutput(string(out), c.Want), "%s: %s", b.Where(), c.Line)
+		out := runBash(t, b.Where()+": "+c.Line, strings.Join(append(vars, line), "\n"), env)
+		require.NoError(t, CheckOutput(out, c.Want), "%s: %s", b.Where(), c.Line)
 		ran++
 	}
 	require.NotZero(t, ran, "%s has no commands", b.Where())
