@@ -156,3 +156,20 @@ func runCommands(t *testing.T, b Block, producer string, replace map[string]stri
 	}
 	require.NotZero(t, ran, "%s has no commands", b.Where())
 }
+
+// TestReadmeShellBlocksAreAllRun: every shell block of the README is in a
+// section whose blocks a test runs (the first commands, the tour, the go get
+// line, the HTTP example), so a command added elsewhere fails here until a
+// test runs it.
+func TestReadmeShellBlocksAreAllRun(t *testing.T) {
+	t.Parallel()
+	run := map[string]bool{"# jetflow": true, "## A short tour": true, "## Using it from Go": true, "## Starting runs from anywhere": true}
+	n := 0
+	for _, b := range readmeBlocks(t) {
+		if b.Lang == "sh" || b.Lang == "bash" || b.Lang == "shell" {
+			require.True(t, run[b.Section], "%s: a shell block in %q, which no test runs", b.Where(), b.Section)
+			n++
+		}
+	}
+	require.Equal(t, 7, n, "the README's shell blocks: 2 first commands, 2 of the tour, go get, 2 of the HTTP example")
+}
