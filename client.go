@@ -68,9 +68,10 @@ type ClientConfig struct {
 	// user can still read what Handle.Result and WaitRun need.
 	//
 	// Start keeps its contract (idempotent on the run ID, the same Handle
-	// and outcomes); what differs: a workflow no worker serves is
-	// ErrUnknownWorkflow at once (in-process, the start would wait for a
-	// worker); RequestTimeout bounds a start whose ctx has no deadline; a
+	// and outcomes); what differs: a workflow no worker serves is an error
+	// at once (in-process, the start would wait for a worker):
+	// ErrUnknownWorkflow when no worker ever served it, a *NoWorkerError
+	// (ErrUnavailable) when none runs now; RequestTimeout bounds a start whose ctx has no deadline; a
 	// conflict or a rejection matches ErrIdempotencyConflict or
 	// ErrDuplicateRejected with errors.Is but is not a *ConflictError or
 	// *RejectedError; and a run that expired while it was being started is
@@ -329,8 +330,8 @@ type StartResult struct {
 // input the workflow cannot decode (ErrInvalidInput) or an invalid run ID
 // (ErrInvalidRunID) is reported before anything is stored. A known
 // workflow that no worker serves now is a *NoWorkerError, which matches
-// ErrUnavailable: retry later with the same run ID. As for Start, it needs WithRunID or WithGeneratedRunID. Repeat
-// calls behave as Start's.
+// ErrUnavailable: retry later with the same run ID. As for Start, it needs
+// WithRunID or WithGeneratedRunID. Repeat calls behave as Start's.
 func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (_ StartResult, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateName(name); err != nil {
