@@ -15,9 +15,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
 
-// ttl is the liveness TTL of these tests: the shortest JetStream keeps.
-// Every wait below is a multiple of it.
-const ttl = MinTTL
+// ttl is the liveness TTL of these tests: short, yet twice the minimum, so
+// that a heartbeat (every third of it) delayed by a busy machine does not
+// let a record lapse. Every wait below is a multiple of it.
+const ttl = 2 * MinTTL
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -161,4 +162,42 @@ func TestAnnounceRefusesATTLUnderASecond(t *testing.T) {
 	_, found, err := Lookup(ctxT(t, 10*time.Second), kv, "order")
 	require.NoError(t, err)
 	require.False(t, found, "a refused announcement records nothing")
+}
+
+// On a replicated bucket the records are written and read as on one
+// server: known once, a liveness record refreshed by compare-and-set
+// against the stream leader's revision, withdrawn at Stop.
+func TestRosterOnAThreeNodeCluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.NewCluster(t)
+	ctx := ctxT(t, 60*time.Second)
+	a, err := jetstream.Provision(ctx, c.Conn(t, -1), jetstream.Topology{Replicas: 3}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	kv := a.Workflows
+	p, err := Announce(ctx, kv, []string{"order"}, "w-r3", ttl, testenv.Logger(t))
+	require.NoError(t, err)
+	k, found, err := Lookup(ctx, kv, "order")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, "w-r3", k.FirstWorker)
+
+	w := watchLive(t, kv, LiveKey("order", p.ID()))
+	deadline := time.After(30 * ttl)
+	var first time.Time
+	for {
+		e := next(t, w, deadline)
+		require.Equal(t, natsjs.KeyValuePut, e.Operation(), "the record expired while its worker ran")
+		var l Live
+		require.NoError(t, json.Unmarshal(e.Value(), &l))
+		if first.IsZero() {
+			first = l.Beat
+		}
+		if l.Beat.Sub(first) >= 3*ttl {
+			break
+		}
+	}
+	require.NoError(t, p.Stop(ctx))
+	st, err := kv.Latest(ctx, LiveKey("order", p.ID()))
+	require.NoError(t, err)
+	require.False(t, st.Live, "withdrawn")
 }
