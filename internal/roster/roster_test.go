@@ -90,16 +90,11 @@ func next(t *testing.T, w natsjs.KeyWatcher, deadline <-chan time.Time) natsjs.K
 	}
 }
 
-func TestHeartbeatKeepsLivenessWhileRunning(t *testing.T) {
-	t.Parallel()
-	kv := bucket(t, testenv.Server(t))
-	p, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", ttl, testenv.Logger(t))
-	require.NoError(t, err)
-	w := watchLive(t, kv, LiveKey("order", p.ID()))
-
-	// Follow the record until its heartbeats span 3 TTLs: without a
-	// heartbeat it would have expired twice over. A marker on the way
-	// fails the test.
+// followHeartbeats follows worker's liveness record until its heartbeats
+// span 3 TTLs: without a heartbeat it would have expired twice over. A
+// marker on the way, or no progress within 30 TTLs, fails t.
+func followHeartbeats(t *testing.T, w natsjs.KeyWatcher, worker string) {
+	t.Helper()
 	deadline := time.After(30 * ttl)
 	var first time.Time
 	for {
@@ -107,14 +102,24 @@ func TestHeartbeatKeepsLivenessWhileRunning(t *testing.T) {
 		require.Equal(t, natsjs.KeyValuePut, e.Operation(), "the record expired while its worker ran")
 		var l Live
 		require.NoError(t, json.Unmarshal(e.Value(), &l))
-		require.Equal(t, "w-1", l.Worker)
+		require.Equal(t, worker, l.Worker)
 		if first.IsZero() {
 			first = l.Beat
 		}
 		if l.Beat.Sub(first) >= 3*ttl {
-			break
+			return
 		}
 	}
+}
+
+func TestHeartbeatKeepsLivenessWhileRunning(t *testing.T) {
+	t.Parallel()
+	kv := bucket(t, testenv.Server(t))
+	p, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", ttl, testenv.Logger(t))
+	require.NoError(t, err)
+	w := watchLive(t, kv, LiveKey("order", p.ID()))
+
+	followHeartbeats(t, w, "w-1")
 	require.NoError(t, p.Stop(ctxT(t, 10*time.Second)))
 	e := next(t, w, time.After(10*ttl))
 	require.NotEqual(t, natsjs.KeyValuePut, e.Operation(), "Stop withdraws the record at once")
@@ -181,21 +186,7 @@ func TestRosterOnAThreeNodeCluster(t *testing.T) {
 	require.True(t, found)
 	require.Equal(t, "w-r3", k.FirstWorker)
 
-	w := watchLive(t, kv, LiveKey("order", p.ID()))
-	deadline := time.After(30 * ttl)
-	var first time.Time
-	for {
-		e := next(t, w, deadline)
-		require.Equal(t, natsjs.KeyValuePut, e.Operation(), "the record expired while its worker ran")
-		var l Live
-		require.NoError(t, json.Unmarshal(e.Value(), &l))
-		if first.IsZero() {
-			first = l.Beat
-		}
-		if l.Beat.Sub(first) >= 3*ttl {
-			break
-		}
-	}
+	followHeartbeats(t, watchLive(t, kv, LiveKey("order", p.ID())), "w-r3")
 	require.NoError(t, p.Stop(ctx))
 	st, err := kv.Latest(ctx, LiveKey("order", p.ID()))
 	require.NoError(t, err)
