@@ -37,6 +37,10 @@ const (
 	childReady     = "jetflow-child-ready" // a child's stdout line once its worker started
 )
 
+// childLivenessTTL is the children's WorkerConfig.LivenessTTL: the
+// shortest, so that a killed child's liveness record expires soon.
+const childLivenessTTL = time.Second
+
 // crashWorkflow has steps a, b, c; every attempt of every step reports its
 // step ID and attempt to the parent's effects server before returning.
 func crashWorkflow(effectsURL string, beforeReturn func(info StepDetails)) *Workflow[int, int] {
@@ -122,7 +126,7 @@ func runChildWorker() int {
 		return 1
 	}
 	w, err := NewWorker(nc, ws, WorkerConfig{
-		AckWait: childAckWait, hooks: hooks,
+		AckWait: childAckWait, LivenessTTL: childLivenessTTL, hooks: hooks,
 		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	})
 	if err != nil {

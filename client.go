@@ -14,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
@@ -67,9 +68,10 @@ type ClientConfig struct {
 	// user can still read what Handle.Result and WaitRun need.
 	//
 	// Start keeps its contract (idempotent on the run ID, the same Handle
-	// and outcomes); what differs: a workflow no worker serves is
-	// ErrUnknownWorkflow at once (in-process, the start would wait for a
-	// worker); RequestTimeout bounds a start whose ctx has no deadline; a
+	// and outcomes); what differs: a workflow no worker serves is an error
+	// at once (in-process, the start would wait for a worker):
+	// ErrUnknownWorkflow when no worker ever served it, a *NoWorkerError
+	// (ErrUnavailable) when none runs now; RequestTimeout bounds a start whose ctx has no deadline; a
 	// conflict or a rejection matches ErrIdempotencyConflict or
 	// ErrDuplicateRejected with errors.Is but is not a *ConflictError or
 	// *RejectedError; and a run that expired while it was being started is
@@ -326,10 +328,12 @@ type StartResult struct {
 
 // StartByName starts a run of the workflow called name with JSON input, by
 // asking a worker that serves it, so that an unknown workflow name
-// (ErrUnknownWorkflow), an input the workflow cannot decode (ErrInvalidInput)
-// or an invalid run ID (ErrInvalidRunID) is reported before anything is
-// stored. As for Start, it needs WithRunID or WithGeneratedRunID. Repeat
-// calls behave as Start's.
+// (ErrUnknownWorkflow: no worker of this deployment has ever served it), an
+// input the workflow cannot decode (ErrInvalidInput) or an invalid run ID
+// (ErrInvalidRunID) is reported before anything is stored. A known
+// workflow that no worker serves now is a *NoWorkerError, which matches
+// ErrUnavailable: retry later with the same run ID. As for Start, it needs
+// WithRunID or WithGeneratedRunID. Repeat calls behave as Start's.
 func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (_ StartResult, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateName(name); err != nil {
@@ -386,7 +390,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	}
 	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return StartResult{}, fmt.Errorf("%w: no worker serves %q (unknown workflow, or no worker running)", ErrUnknownWorkflow, name)
+		return StartResult{}, c.unanswered(ctx, name)
 	}
 	if err != nil {
 		return StartResult{}, fmt.Errorf("jetflow: start %s: %w", name, err)
@@ -402,6 +406,23 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 		RunID: reply.RunID, Workflow: reply.Workflow, Outcome: Outcome(reply.Outcome),
 		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates, AfterExpiry: reply.AfterExpiry,
 	}, nil
+}
+
+// unanswered is the error of a start of workflow name that no worker
+// answered ("no responders"), told apart by the deployment's record of
+// the workflows it has served (internal/roster): ErrUnknownWorkflow for a
+// name no worker ever served, a *NoWorkerError (ErrNoWorker and
+// ErrUnavailable) for a known workflow whose workers are all gone now. A
+// record that cannot be read is ErrUnavailable, never "unknown".
+func (c *Client) unanswered(ctx context.Context, name string) error {
+	known, found, err := roster.Lookup(ctx, c.assets.Workflows, name)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: no worker answered for workflow %q, and whether it is known could not be read: %w", ErrUnavailable, name, err)
+	case !found:
+		return fmt.Errorf("%w: no worker serves %q, and none ever has", ErrUnknownWorkflow, name)
+	}
+	return &NoWorkerError{Workflow: name, FirstServed: known.FirstServed, FirstWorker: known.FirstWorker}
 }
 
 // replyCodes maps the error codes of a start reply to the sentinels they

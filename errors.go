@@ -34,8 +34,16 @@ var (
 	// generated one from a workflow that requires a caller-chosen run ID
 	// (RequireRunID). Nothing was stored.
 	ErrRunIDRequired = startproto.ErrRunIDRequired
-	// ErrUnknownWorkflow: no worker serves a workflow of that name.
+	// ErrUnknownWorkflow: no worker of this deployment has ever served a
+	// workflow of that name (a misspelt name, or one not deployed yet).
+	// Retrying does not help until a worker serving it starts. Compare
+	// ErrNoWorker.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")
+	// ErrNoWorker: the workflow is known (a worker served it once) but no
+	// worker serves it now: all its workers are down or restarting. It is
+	// matched by every *NoWorkerError, which also matches ErrUnavailable:
+	// retry later, with the same run ID.
+	ErrNoWorker = errors.New("jetflow: no worker running")
 	// ErrDuplicateWorkflow: a registry already has a workflow of that name.
 	ErrDuplicateWorkflow = errors.New("jetflow: workflow registered twice")
 	// ErrRunNotFound: no run has that ID (or it has expired).
@@ -112,6 +120,25 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrIdempotencyConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }
+
+// NoWorkerError is a start of a known workflow that no worker answered: a
+// worker served the workflow once (FirstWorker, at FirstServed), none
+// serves it now. It matches ErrNoWorker and ErrUnavailable: retry later,
+// with the same run ID. Nothing was stored.
+type NoWorkerError struct {
+	Workflow    string
+	FirstWorker string
+	FirstServed time.Time
+}
+
+func (e *NoWorkerError) Error() string {
+	return fmt.Sprintf("jetflow: no worker is running for workflow %q (known since %s, first served by %s): retry later",
+		e.Workflow, e.FirstServed.UTC().Format(time.RFC3339), e.FirstWorker)
+}
+
+// Unwrap makes errors.Is(err, ErrNoWorker) and errors.Is(err,
+// ErrUnavailable) true.
+func (e *NoWorkerError) Unwrap() []error { return []error{ErrNoWorker, ErrUnavailable} }
 
 // conflictErrorFrom is the public form of the admitter's conflict.
 func conflictErrorFrom(e *dedupe.ConflictError) *ConflictError {

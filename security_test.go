@@ -282,6 +282,17 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		direct <- result{err, time.Since(began)}
 	}()
 
+	t.Run("producer reads which workflows are known and cannot mark one", func(t *testing.T) {
+		_, err := pc.StartByName(ctx, "secure-typo", json.RawMessage(`1`), WithRunID("sec-typo"))
+		require.ErrorIs(t, err, ErrUnknownWorkflow, "read under the producer's permissions")
+		require.NotErrorIs(t, err, ErrUnavailable)
+		workflows, err := pjs.KeyValue(ctx, "jetflow_workflows") // a lookup: allowed
+		require.NoError(t, err)
+		_, err = workflows.Create(ctxT(t, 2*time.Second), "known.secure-typo", []byte(`{}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, `$KV.jetflow_workflows.known.secure-typo`)
+	})
+
 	t.Run("producer cannot write the run bucket", func(t *testing.T) {
 		runs, err := pjs.KeyValue(ctx, "jetflow_runs") // a lookup: allowed
 		require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/workflow"
@@ -68,6 +69,16 @@ type WorkerConfig struct {
 	// it (default 5m, or 3 × AckWait when that is more; at least 3 ×
 	// AckWait).
 	StuckAfter time.Duration
+	// LivenessTTL is how long the worker's liveness records in the
+	// jetflow_workflows bucket outlive its last heartbeat (default 15s;
+	// whole seconds, at least 1s). The worker rewrites them every third of
+	// it while it runs and withdraws them on Stop; a worker that dies
+	// without Stop is no longer listed once LivenessTTL has passed. Starting
+	// also records each of its workflows as known to the deployment, for
+	// good: a start that no worker answers is then ErrUnavailable (no
+	// worker running) for a known workflow, ErrUnknownWorkflow for a name
+	// no worker ever served.
+	LivenessTTL time.Duration
 
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
@@ -87,6 +98,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second
 	}
+	if c.LivenessTTL == 0 {
+		c.LivenessTTL = 15 * time.Second
+	}
 	if isZeroLogger(c.Logger) {
 		c.Logger = defaultLogger()
 	}
@@ -99,6 +113,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("jetflow: worker config: Concurrency must be at least 1, got %d", c.Concurrency)
 	case c.AckWait < 100*time.Millisecond:
 		return fmt.Errorf("jetflow: worker config: AckWait must be at least 100ms, got %s", c.AckWait)
+	case c.LivenessTTL < roster.MinTTL:
+		return fmt.Errorf("jetflow: worker config: LivenessTTL must be at least %s, got %s", roster.MinTTL, c.LivenessTTL)
 	}
 	return c.validateSweep()
 }
@@ -233,6 +249,12 @@ func (w *Worker) Start(ctx context.Context) error {
 			return errors.Join(err, cancels.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
 		}
 	}
+	// Announced once start requests are answered: a workflow recorded as
+	// known has been served, and a live record means a worker answers.
+	presence, err := roster.Announce(ctx, assets.Workflows, w.ws.Names(), w.cfg.Name, w.cfg.LivenessTTL, w.log)
+	if err != nil {
+		return errors.Join(err, cancels.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+	}
 	sampling, stopSampling := context.WithCancel(context.Background())
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)
@@ -246,7 +268,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		stopSweep()
 		stopSampling()
 		stopUnserved()
-		return errors.Join(cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
+		return errors.Join(presence.Stop(ctx), cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil

@@ -55,11 +55,13 @@
 //	0  success (start: the run was created or already existed)
 //	1  usage or other error
 //	2  wait: the run failed or was cancelled
-//	3  no run has that ID
+//	3  not found: no run has that ID, or (start) no worker of the
+//	   deployment has ever served a workflow of that name
 //	4  conflict: the run ID names a run with another input or workflow, or the
 //	   conflict policy rejected the duplicate
 //	5  unavailable: NATS cannot serve the command now (unreachable,
-//	   reconnecting, JetStream unavailable, no answer in time); retry later,
+//	   reconnecting, JetStream unavailable, no answer in time), or (start)
+//	   no worker is running for a known workflow; retry later,
 //	   start with the same run ID (jetflow.ErrUnavailable)
 package main
 
@@ -86,7 +88,7 @@ const (
 	exitOK        = 0
 	exitError     = 1 // usage and other errors
 	exitRunFailed = 2 // wait: the run failed or was cancelled
-	exitNotFound  = 3 // no run has that ID
+	exitNotFound  = 3 // no run has that ID, or no workflow of that name
 	exitConflict  = 4 // idempotency conflict or a rejected duplicate
 	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
 	// retrying later is safe, a start with the same run ID.
@@ -154,10 +156,11 @@ Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
   1  usage or other error
   2  wait: the run failed or was cancelled
-  3  run not found
+  3  not found: no run has that ID, or no worker ever served that workflow
   4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
-     time); retry later, start with the same run ID
+     time), or no worker is running for a known workflow; retry later, start with the
+     same run ID
 `
 
 func main() {
@@ -239,7 +242,7 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, jetflow.ErrRunNotFound):
+	case errors.Is(err, jetflow.ErrRunNotFound), errors.Is(err, jetflow.ErrUnknownWorkflow):
 		return exitNotFound
 	case errors.Is(err, jetflow.ErrRunFailed):
 		return exitRunFailed

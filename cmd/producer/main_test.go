@@ -266,7 +266,7 @@ func TestErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"UnknownWorkflow", []string{"start", "nope", `{}`, "--id", "u-1"}, 1, `error: start nope: jetflow: unknown workflow: no worker serves "nope"`},
+		{"UnknownWorkflow", []string{"start", "nope", `{}`, "--id", "u-1"}, 3, `error: start nope: jetflow: unknown workflow: no worker serves "nope", and none ever has`},
 		{"InvalidJSON", []string{"start", "greet", `{"name":`, "--id", "u-2"}, 1, "error: invalid JSON input: unexpected end of JSON input"},
 		{"UndecodableInput", []string{"start", "greet", `"ada"`, "--id", "u-3"}, 1, "cannot unmarshal string into Go value of type main.greeting"},
 		{"InvalidRunID", []string{"start", "greet", `{}`, "--id", "evt 1"}, 1, "error: start greet: jetflow: invalid run ID"},

@@ -79,10 +79,12 @@ var errorStatuses = []struct {
 	{jetflow.ErrIdempotencyConflict, http.StatusUnprocessableEntity},
 	{jetflow.ErrDuplicateRejected, http.StatusConflict},
 	{jetflow.ErrRunIDRequired, http.StatusBadRequest},
-	// No responder: no worker serves the workflow. It may be unknown, or
-	// its workers may be restarting (a rollout): 503 with Retry-After, so
-	// that a client retries instead of dropping the start.
-	{jetflow.ErrUnknownWorkflow, http.StatusServiceUnavailable},
+	// No worker of the deployment has ever served a workflow of that
+	// name: a client error, 404. A known workflow whose workers are all
+	// down or restarting (a rollout) is ErrNoWorker, which matches
+	// ErrUnavailable below: 503 with Retry-After, so that the client
+	// retries instead of dropping the start.
+	{jetflow.ErrUnknownWorkflow, http.StatusNotFound},
 	{jetflow.ErrRunNotFound, http.StatusNotFound},
 	{jetflow.ErrInputTooLarge, http.StatusRequestEntityTooLarge},
 	{jetflow.ErrInvalidInput, http.StatusBadRequest},

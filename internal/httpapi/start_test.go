@@ -230,7 +230,7 @@ func TestStartBadRequests(t *testing.T) {
 		{"two keys", http.Header{HeaderIdempotencyKey: {"a", "b"}}, `{}`, "", 400},
 		{"invalid JSON", http.Header{HeaderIdempotencyKey: {"bad-1"}}, `{"n":`, "", 400},
 		{"input does not decode", http.Header{HeaderIdempotencyKey: {"bad-2"}}, `"a string"`, "", 400},
-		{"unknown workflow (no worker serves it)", http.Header{HeaderIdempotencyKey: {"bad-3"}}, `{}`, "/v1/workflows/nope/runs", 503},
+		{"unknown workflow (no worker ever served it)", http.Header{HeaderIdempotencyKey: {"bad-3"}}, `{}`, "/v1/workflows/nope/runs", 404},
 		{"invalid workflow name", http.Header{HeaderIdempotencyKey: {"bad-4"}}, `{}`, "/v1/workflows/a.b/runs", 404},
 		{"not JSON", http.Header{HeaderIdempotencyKey: {"bad-5"}, "Content-Type": {"text/plain"}}, `{}`, "", 415},
 		{"form", http.Header{HeaderIdempotencyKey: {"bad-6"}, "Content-Type": {"application/x-www-form-urlencoded"}}, `n=1`, "", 415},

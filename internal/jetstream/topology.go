@@ -28,6 +28,16 @@ const (
 	// AttemptsBucket counts the attempts of steps that were delivered more
 	// than once, keyed by step ID.
 	AttemptsBucket = "jetflow_attempts"
+	// WorkflowsBucket records which workflows the deployment has ever
+	// served (a permanent record per workflow) and which workers serve
+	// them now (a record per worker and workflow, with a per-message TTL
+	// that the worker's heartbeat refreshes). See internal/roster.
+	WorkflowsBucket = "jetflow_workflows"
+	// WorkflowsMarkerTTL is how long the marker of an expired or withdrawn
+	// liveness record stays in WorkflowsBucket (its LimitMarkerTTL): long
+	// enough for a watcher to see it, short enough that workers coming
+	// and going leave nothing behind.
+	WorkflowsMarkerTTL = time.Minute
 	// CancelSubjectPrefix + run ID is where Client.Cancel tells workers a
 	// run was cancelled (core NATS, the run's token as the body).
 	CancelSubjectPrefix = "jetflow.cancel."
@@ -144,6 +154,8 @@ type Assets struct {
 	Steps    *KV
 	Audit    *KV
 	Attempts *KV
+	// Workflows is WorkflowsBucket: known workflows and live workers.
+	Workflows *KV
 	// TaskKeys is the task-keys bucket, provisioned on first use.
 	TaskKeys *TaskKeys
 }
@@ -253,6 +265,20 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 		}
 		*b.dst = newKV(js, kv, topo.Replicas)
 	}
+	// No bucket TTL: a workflow, once served, stays known; liveness
+	// records carry their own TTL (per-message, hence LimitMarkerTTL).
+	kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
+		Bucket:         WorkflowsBucket,
+		Description:    "jetflow workflows: known.<workflow> once served, live.<workflow>.<worker> while served",
+		History:        1,
+		LimitMarkerTTL: WorkflowsMarkerTTL,
+		Storage:        storage,
+		Replicas:       topo.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: provision bucket %s: %w", WorkflowsBucket, err)
+	}
+	a.Workflows = newKV(js, kv, topo.Replicas)
 	return a, nil
 }
 

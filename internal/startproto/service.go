@@ -26,7 +26,9 @@ import (
 
 // AdmitSubjectPrefix is where workers answer start requests by request-reply:
 // jetflow.admit.<workflow>. With no worker serving a workflow, a request gets
-// "no responders", which callers report as an unknown workflow.
+// "no responders"; callers tell an unknown workflow from a known one with no
+// worker running by the workflow's record in jetflow_workflows
+// (internal/roster).
 const AdmitSubjectPrefix = "jetflow.admit."
 
 // EntryHeader is the optional NATS header of a start request naming the
