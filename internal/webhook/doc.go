@@ -7,8 +7,10 @@
 //
 // Standard (Standard Webhooks, also sent by Svix and others): the headers
 // webhook-id, webhook-timestamp (integer unix seconds) and
-// webhook-signature, a space-separated list of "v1,<base64>" entries (other
-// versions are ignored). Each signature is HMAC-SHA256 of
+// webhook-signature, a space-separated list of "v1,<base64>" entries. As in
+// the reference verifiers, an entry of another version, or one that does
+// not parse, is skipped: a delivery verifies when any v1 entry matches. Each
+// signature is HMAC-SHA256 of
 // "<webhook-id>.<webhook-timestamp>.<body>", keyed with the secret's bytes:
 // the secret is "whsec_" followed by base64, and a secret without the
 // prefix is read as base64 too. The event type is the body's "type" when the
@@ -19,8 +21,9 @@
 // X-GitHub-Delivery and the event type X-GitHub-Event. Neither header is
 // covered by the signature, and there is no timestamp.
 //
-// Stripe: Stripe-Signature is "t=<unix>,v1=<hex>[,v1=<hex>...]" (other
-// schemes such as v0 are ignored); each v1 is HMAC-SHA256 of "<t>.<body>"
+// Stripe: Stripe-Signature is "t=<unix>,v1=<hex>[,v1=<hex>...]"; as in
+// stripe-go, other schemes such as v0 and v1 values that are not hex are
+// skipped, so any one hex v1 may match. Each v1 is HMAC-SHA256 of "<t>.<body>"
 // keyed with the secret string as it is, whsec_ prefix included. The event
 // ID and type are the body's "id" and "type": the body must be a JSON object
 // with a non-empty string "id".

@@ -231,8 +231,14 @@ var malformed = map[Provider][]malformedCase{
 		{"id changed", headerStandardID, fixed("msg_other"), ErrBadSignature},
 		{"signature without version", headerStandardSignature, func(h http.Header, _ []byte) string {
 			return strings.TrimPrefix(h.Get(headerStandardSignature), "v1,")
-		}, ErrMalformed},
-		{"signature not base64", headerStandardSignature, fixed("v1,@@@@"), ErrMalformed},
+		}, ErrBadSignature},
+		{"signature not base64", headerStandardSignature, fixed("v1,@@@@"), ErrBadSignature},
+		{"unparseable entries beside a valid one", headerStandardSignature, func(h http.Header, _ []byte) string {
+			return "garbage v1,@@@@ v1 v1,AAA= " + h.Get(headerStandardSignature) + " v1,"
+		}, nil},
+		{"valid entry with a trailing field", headerStandardSignature, func(h http.Header, _ []byte) string {
+			return h.Get(headerStandardSignature) + ",extra"
+		}, nil},
 		{"signature only other versions", headerStandardSignature, func(h http.Header, _ []byte) string {
 			return "v1a,AAAA v2," + strings.TrimPrefix(h.Get(headerStandardSignature), "v1,")
 		}, ErrBadSignature},
@@ -270,7 +276,11 @@ var malformed = map[Provider][]malformedCase{
 		{"element without =", headerStripeSignature, func(h http.Header, _ []byte) string {
 			return h.Get(headerStripeSignature) + ",v1"
 		}, ErrMalformed},
-		{"v1 not hex", headerStripeSignature, fixed("t=1699999970,v1=xyz"), ErrMalformed},
+		{"v1 not hex", headerStripeSignature, fixed("t=1699999970,v1=xyz"), ErrBadSignature},
+		{"v1 not hex beside a valid v1", headerStripeSignature, func(h http.Header, _ []byte) string {
+			t, v1, _ := strings.Cut(h.Get(headerStripeSignature), ",")
+			return t + ",v1=xyz,v1=," + v1 + ",v1=abc"
+		}, nil},
 		{"no v1", headerStripeSignature, func(h http.Header, _ []byte) string {
 			t, v1, _ := strings.Cut(h.Get(headerStripeSignature), ",")
 			return t + ",v0=" + strings.TrimPrefix(v1, "v1=")
