@@ -59,13 +59,13 @@ func TestWebhookDeliveries(t *testing.T) {
 			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
 			var acc WebhookAccepted
 			res.json(t, &acc)
-			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "created"}, acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, EventID: id, Outcome: "created"}, acc)
 			require.Equal(t, "created", res.header.Get(HeaderOutcome))
 
 			run, err := b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
 			require.NoError(t, err)
 			require.Equal(t, "hook", run.Workflow)
-			require.Equal(t, "webhook:"+src.Name, run.Source)
+			require.Equal(t, "webhook:"+src.Name+":"+id, run.Source)
 			require.JSONEq(t, body, string(run.Input))
 
 			// The provider re-delivers the event after its run ended, signed
@@ -78,7 +78,7 @@ func TestWebhookDeliveries(t *testing.T) {
 			res = b.deliver(src.Name, again)
 			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
 			res.json(t, &acc)
-			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "existing"}, acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, EventID: id, Outcome: "existing"}, acc)
 			run, err = b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
 			require.NoError(t, err)
 			require.Zero(t, run.Generation, "the redelivery must not start the run again")
@@ -127,6 +127,17 @@ func TestWebhookDeliveries(t *testing.T) {
 	require.Equal(t, http.StatusConflict, res.code, "body: %s", res.body)
 	require.Contains(t, res.problem(t).Detail, "not by webhook source stripe")
 
+	// A run an earlier version started for an event recorded the source
+	// without the event ID: its redelivery still lands on it.
+	_, err = b.client.StartByName(ctxT(t, 10*time.Second), "hook", json.RawMessage(`{"id":"evt_legacy"}`),
+		jetflow.WithRunID("stripe-evt_legacy"), jetflow.WithSource("webhook:stripe"))
+	require.NoError(t, err)
+	res = b.deliver("stripe", signed(testSources[2], "evt_legacy", testNow, `{"id":"evt_legacy","type":"invoice.paid"}`))
+	require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+	var acc WebhookAccepted
+	res.json(t, &acc)
+	require.Equal(t, WebhookAccepted{RunID: "stripe-evt_legacy", EventID: "evt_legacy", Outcome: "existing"}, acc)
+
 	res = b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
 	require.Equal(t, http.StatusNotFound, res.code)
 	res.problem(t)
@@ -138,7 +149,7 @@ func TestWebhookDeliveries(t *testing.T) {
 
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook"})
 	require.NoError(t, err)
-	require.Len(t, page.Runs, len(testSources)+1, "one run per provider's valid event and the forged one, nothing else")
+	require.Len(t, page.Runs, len(testSources)+2, "one run per provider's valid event, the forged one and the legacy one, nothing else")
 }
 
 // A source set is checked when the server is made.

@@ -37,10 +37,11 @@
 // refuses a timestamp further than Source.Tolerance (default five minutes)
 // from now, in the past or in the future, so a captured delivery can be
 // replayed only within that window. Within it, and for GitHub at any time,
-// replay is stopped downstream: the run ID is "<source>-<event id>", so a
-// replayed or re-delivered event lands on the run its first delivery
-// started (run admission is create-if-absent on the run ID), for as long as
-// the workflow's retention remembers that ID.
+// replay is stopped downstream: the run ID is derived from the source and
+// the event ID alone (see Run IDs), so a replayed or re-delivered event
+// lands on the run its first delivery started (run admission is
+// create-if-absent on the run ID), for as long as the workflow's retention
+// remembers that ID.
 //
 // For Standard the event ID is signed; for Stripe it is in the signed body.
 // GitHub signs only the body: someone who captured a delivery could resend
@@ -48,6 +49,26 @@
 // same payload. Keep GitHub secrets and deliveries on TLS, and make the
 // workflow's effects idempotent on the payload where that matters (a step
 // idempotency key built from the payload, say).
+//
+// # Run IDs
+//
+// Source.RunID maps every event ID to a run ID, deterministically and
+// without two event IDs of a source sharing one, so that a valid delivery
+// is never refused for its ID (a sender retries a refused delivery until
+// it disables the endpoint):
+//
+//   - an event ID that fits a run ID after "<source>-" (characters of
+//     [A-Za-z0-9_=-], 128 in all) and does not start with "=" is kept:
+//     evt_1NG8Du2eZvKYlo2C of source stripe is run stripe-evt_1NG8Du2eZvKYlo2C;
+//   - any other — with a '.', ':' or '/', non-ASCII, too long, or starting
+//     with "=" — becomes "<source>-=" and the unpadded base64url SHA-256 of
+//     the event ID: msg.1 of source users is run
+//     users-=<43 characters>.
+//
+// A kept ID never starts with "=" and a hashed one always does, so the two
+// kinds never meet. The original event ID is kept on the run: its source
+// is "webhook:<source>:<event id>" (Source.RunSource), and the HTTP reply
+// carries it as event_id.
 //
 // # Errors and secrets
 //

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 var fuzzProviders = []Provider{Standard, GitHub, Stripe}
@@ -118,5 +120,29 @@ func FuzzVerify(f *testing.F) {
 			require.NoError(t, err)
 			require.Equal(t, id, ev.ID)
 		}
+	})
+}
+
+// FuzzRunID: every non-empty event ID has a valid run ID, the same each
+// time, and two distinct event IDs never share one.
+func FuzzRunID(f *testing.F) {
+	f.Add("evt_1", "evt.1")
+	f.Add("8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4", "msg.1")
+	f.Add("=8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4", "msg.1")
+	f.Add(strings.Repeat("e", 121), strings.Repeat("e", 122))
+	src := Source{Name: "fz", Provider: Standard, Workflow: "w"}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if a == "" || b == "" {
+			return
+		}
+		ra, err := src.RunID(Event{ID: a})
+		require.NoError(t, err)
+		require.NoError(t, state.ValidateRunID(ra))
+		again, err := src.RunID(Event{ID: a})
+		require.NoError(t, err)
+		require.Equal(t, ra, again)
+		rb, err := src.RunID(Event{ID: b})
+		require.NoError(t, err)
+		require.Equal(t, a == b, ra == rb, "event IDs %q and %q, run IDs %s and %s", a, b, ra, rb)
 	})
 }
