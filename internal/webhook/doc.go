@@ -10,8 +10,9 @@
 // webhook-signature, a space-separated list of "v1,<base64>" entries. As in
 // the reference verifiers, an entry of another version, or one that does
 // not parse, is skipped: a delivery verifies when any v1 entry matches. Each
-// signature is HMAC-SHA256 of
-// "<webhook-id>.<webhook-timestamp>.<body>", keyed with the secret's bytes:
+// signature is HMAC-SHA256 of "<webhook-id>.<timestamp>.<body>", the
+// timestamp written as parsed (no leading zeros), as the reference
+// verifiers sign it, keyed with the secret's bytes:
 // the secret is "whsec_" followed by base64, and a secret without the
 // prefix is read as base64 too. The event type is the body's "type" when the
 // body is a JSON object that has one.
@@ -23,8 +24,8 @@
 //
 // Stripe: Stripe-Signature is "t=<unix>,v1=<hex>[,v1=<hex>...]"; as in
 // stripe-go, other schemes such as v0 and v1 values that are not hex are
-// skipped, so any one hex v1 may match. Each v1 is HMAC-SHA256 of "<t>.<body>"
-// keyed with the secret string as it is, whsec_ prefix included. The event
+// skipped, so any one hex v1 may match. Each v1 is HMAC-SHA256 of
+// "<t>.<body>" (t written as parsed, as stripe-go does) keyed with the secret string as it is, whsec_ prefix included. The event
 // ID and type are the body's "id" and "type": the body must be a JSON object
 // with a non-empty string "id".
 //

@@ -89,7 +89,7 @@ func verifyStandard(keys [][]byte, h http.Header, body []byte, now time.Time, to
 	if err != nil {
 		return Event{}, err
 	}
-	if !matches(keys, candidates, []byte(id), dot, []byte(rawTS), dot, body) {
+	if !matches(keys, candidates, []byte(id), dot, signedUnix(ts), dot, body) {
 		return Event{}, fmt.Errorf("%w: no %s entry matches", ErrBadSignature, headerStandardSignature)
 	}
 	if err := checkTimestamp(ts, now, tol); err != nil {
@@ -164,7 +164,7 @@ func verifyStripe(keys [][]byte, h http.Header, body []byte, now time.Time, tol 
 	if err != nil {
 		return Event{}, err
 	}
-	if !matches(keys, candidates, []byte(rawTS), dot, body) {
+	if !matches(keys, candidates, signedUnix(ts), dot, body) {
 		return Event{}, fmt.Errorf("%w: no %s v1 matches", ErrBadSignature, headerStripeSignature)
 	}
 	if err := checkTimestamp(ts, now, tol); err != nil {
@@ -269,6 +269,13 @@ func parseUnix(what, raw string) (int64, error) {
 		return 0, bad
 	}
 	return ts, nil
+}
+
+// signedUnix is the timestamp as the reference verifiers (standardwebhooks,
+// stripe-go) put it in the signed content: the parsed integer in decimal,
+// so a header "01700000000" is checked as "1700000000".
+func signedUnix(ts int64) []byte {
+	return strconv.AppendInt(nil, ts, 10)
 }
 
 // checkTimestamp refuses ts (unix seconds) further than tol from now, at

@@ -49,7 +49,8 @@ var differences = map[string]struct {
 	accepted bool
 	why      string
 }{
-	"github/upper-case hex": {true, "hex is case-insensitive (compared in constant time as bytes); @octokit compares the header as a string"},
+	"github/upper-case hex":   {true, "hex is case-insensitive (compared in constant time as bytes); @octokit compares the header as a string"},
+	"stripe/future timestamp": {false, "jetflow refuses a timestamp beyond the tolerance in the future too; stripe-go checks only the past"},
 }
 
 // JetflowAccepts is whether jetflow's verifier must accept c: the official
@@ -162,6 +163,12 @@ func StripeCases() []Case {
 		{name: "tampered body", id: "evt_tampered_1", header: plain,
 			sent: func(b []byte) []byte { return []byte(strings.Replace(string(b), "100", "999", 1)) }},
 		{name: "wrong secret", id: "evt_wrong_1", secrets: []string{stripeWrongSecret}, header: plain},
+		{name: "future timestamp", id: "evt_future_1", ts: now.Add(stripewebhook.DefaultTolerance + time.Minute), header: func(t string, b []byte) string {
+			return t + "," + v1(StripeSecret, now.Add(stripewebhook.DefaultTolerance+time.Minute), b)
+		}},
+		{name: "timestamp with a leading zero", id: "evt_zero_1", header: func(t string, b []byte) string {
+			return "t=0" + strings.TrimPrefix(t, "t=") + "," + v1(StripeSecret, ts, b)
+		}},
 		{name: "stale timestamp", id: "evt_stale_1", ts: now.Add(-stripewebhook.DefaultTolerance - time.Minute), header: func(t string, b []byte) string {
 			return t + "," + v1(StripeSecret, now.Add(-stripewebhook.DefaultTolerance-time.Minute), b)
 		}},

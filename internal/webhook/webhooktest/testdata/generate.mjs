@@ -31,10 +31,10 @@ const longID = "msg_" + "x".repeat(296); // 300 characters: too long for a run I
 // standardCase signs with the library and records whether the library
 // accepts the delivery with the signature header changed by edit, for a
 // verifier holding any of the secrets named in verifyWith.
-function standardCase(name, { id = "msg_2Lx0a9", ts = now - 30, signWith = ["current"], verifyWith = ["current"], edit = (h) => h, payload = body, sent = payload } = {}) {
+function standardCase(name, { id = "msg_2Lx0a9", ts = now - 30, sentTS = String(ts), signWith = ["current"], verifyWith = ["current"], edit = (h) => h, payload = body, sent = payload } = {}) {
   const header = signWith.map((s) => new Webhook(std[s]).sign(id, new Date(ts * 1000), payload)).join(" ");
   const signature = edit(header);
-  const headers = { "webhook-id": id, "webhook-timestamp": String(ts), "webhook-signature": signature };
+  const headers = { "webhook-id": id, "webhook-timestamp": sentTS, "webhook-signature": signature };
   let accepted = false;
   for (const s of verifyWith) {
     try {
@@ -67,6 +67,7 @@ const standard = [
   standardCase("stale timestamp", { ts: now - 301 }),
   standardCase("newest accepted timestamp", { ts: now + 300 }),
   standardCase("future timestamp", { ts: now + 301 }),
+  standardCase("timestamp with a leading zero", { sentTS: "0" + String(now - 30) }),
 ];
 
 // githubCase does the same for @octokit/webhooks-methods; the delivery ID
