@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -246,48 +244,4 @@ func TestWebhookOfficialLibraries(t *testing.T) {
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook", Limit: jetflow.MaxListLimit})
 	require.NoError(t, err)
 	require.Len(t, page.Runs, accepted, "one run per accepted event, none for a refused one")
-}
-
-// TestWebhookDocCommand runs the shell example of docs/http.md's webhook
-// section (signing by hand with openssl, sending with curl) against a test
-// server, as it is and with an event ID that the run ID has to hash.
-// Machines without bash, curl, openssl or xxd skip.
-func TestWebhookDocCommand(t *testing.T) {
-	t.Parallel()
-	for _, tool := range []string{"bash", "curl", "openssl", "xxd", "base64", "sed"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not on PATH: the docs/http.md webhook example needs it", tool)
-		}
-	}
-	doc, err := os.ReadFile("../../docs/http.md")
-	require.NoError(t, err)
-	_, section, ok := strings.Cut(string(doc), "\n## Webhooks\n")
-	require.True(t, ok, "docs/http.md has a Webhooks section")
-	_, block, ok := strings.Cut(section, "```sh\n")
-	require.True(t, ok, "the Webhooks section has a sh block")
-	script, _, ok := strings.Cut(block, "```")
-	require.True(t, ok)
-	const docURL = "http://localhost:8080"
-	require.Contains(t, script, docURL)
-	require.Contains(t, script, "id=msg_1;")
-
-	users := webhook.Source{Name: "users", Provider: webhook.Standard, Workflow: "hook", Secrets: []string{standardSecret}}
-	b := setup(t, func(c *Config) {
-		c.Sources = append(append([]webhook.Source(nil), c.Sources...), users)
-		c.Now = time.Now // the example signs with date +%s
-	})
-	for _, id := range []string{"msg_1", "msg.1:x"} {
-		cmd := exec.CommandContext(ctxT(t, 30*time.Second), "bash", "-euo", "pipefail", "-c",
-			strings.ReplaceAll(strings.Replace(script, "id=msg_1;", "id='"+id+"';", 1), docURL, b.srv.URL))
-		cmd.Env = append(os.Environ(), "SECRET="+standardSecret)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), " 202 ", "%s", out)
-		runID, err := users.RunID(webhook.Event{ID: id})
-		require.NoError(t, err)
-		require.Contains(t, string(out), `"run_id":"`+runID+`"`, "%s", out)
-		run, err := b.client.GetRun(ctxT(t, 10*time.Second), runID)
-		require.NoError(t, err)
-		require.Equal(t, "webhook:users:"+id, run.Source)
-	}
 }
