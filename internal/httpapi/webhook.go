@@ -16,8 +16,9 @@ import (
 type WebhookAccepted struct {
 	// RunID is the event's run: webhook.Source.RunID of the event ID.
 	RunID string `json:"run_id"`
-	// EventID is the provider's event ID as the delivery carried it, which
-	// the run ID keeps only when it fits one.
+	// EventID is the provider's event ID as the delivery carried it (bytes
+	// that are not UTF-8 replaced by U+FFFD, as JSON needs), which the run
+	// ID keeps only when it fits one.
 	EventID string `json:"event_id"`
 	// Outcome is created, existing or restarted.
 	Outcome string `json:"outcome"`
