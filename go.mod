@@ -8,6 +8,7 @@ require (
 	github.com/nats-io/nuid v1.0.1
 	github.com/rs/zerolog v1.35.1
 	github.com/stretchr/testify v1.12.1
+	github.com/stripe/stripe-go/v84 v84.4.1 // test-only: internal/webhook/webhooktest signs Stripe deliveries with Stripe's own library
 	go.uber.org/goleak v1.3.0
 )
 

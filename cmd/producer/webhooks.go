@@ -47,7 +47,7 @@ var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secre
 // string or a list; an unset or empty variable is an error naming it. Every
 // source is validated (webhook.Source.Validate); names must be unique, and
 // no name may be another's followed by "-", since their run IDs
-// "<name>-<event id>" could meet.
+// "<name>-<event id>" could meet (webhook.Source.RunID).
 func loadWebhooks(path string, getenv func(string) string) ([]webhook.Source, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -14,15 +14,22 @@ import (
 // WebhookAccepted is the body of an accepted webhook delivery, whether it
 // started the run or found it started by an earlier delivery of the event.
 type WebhookAccepted struct {
+	// RunID is the event's run: webhook.Source.RunID of the event ID.
 	RunID string `json:"run_id"`
+	// EventID is the provider's event ID as the delivery carried it (bytes
+	// that are not UTF-8 replaced by U+FFFD, as JSON needs), which the run
+	// ID keeps only when it fits one.
+	EventID string `json:"event_id"`
 	// Outcome is created, existing or restarted.
 	Outcome string `json:"outcome"`
 }
 
 // webhook is POST /v1/webhooks/{source}: a delivery is verified with the
 // source's scheme and secrets, then starts the source's workflow under the
-// run ID "<source>-<event id>" with the raw body as input. Nothing is
-// started for a delivery that does not verify.
+// event's run ID (webhook.Source.RunID: "<source>-<event id>", or a hash of
+// an event ID that cannot be part of a run ID) with the raw body as input
+// and the event ID in the run's source (webhook.Source.RunSource). Nothing
+// is started for a delivery that does not verify.
 func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	src, ok := s.sources[r.PathValue("source")]
 	if !ok {
@@ -52,7 +59,7 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	// would make the provider retry until it gives up).
 	res, err := s.cfg.Backend.StartByName(entry.With(ctx, entry.Webhook), src.Workflow, body,
 		jetflow.WithRunID(runID),
-		jetflow.WithSource("webhook:"+src.Name),
+		jetflow.WithSource(src.RunSource(ev)),
 		jetflow.WithFingerprintMode(jetflow.FingerprintIgnore),
 		jetflow.WithConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.Attach, AfterCompleted: jetflow.ReturnExisting, AfterFailed: jetflow.ReturnExisting}))
 	if err != nil {
@@ -69,7 +76,7 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	startHeaders(w.Header(), res)
-	writeJSON(w, http.StatusAccepted, "application/json", WebhookAccepted{RunID: res.RunID, Outcome: string(res.Outcome)})
+	writeJSON(w, http.StatusAccepted, "application/json", WebhookAccepted{RunID: res.RunID, EventID: ev.ID, Outcome: string(res.Outcome)})
 }
 
 // webhookPrefix reports whether key is in the run ID space of a configured
@@ -95,7 +102,7 @@ func (s *Server) checkWebhookRun(r *http.Request, src webhook.Source, runID stri
 	if err != nil {
 		return err
 	}
-	if want := "webhook:" + src.Name; run.Source != want {
+	if !src.StartedRun(run.Source) {
 		s.log.Warn().Str("run_id", runID).Str("source", src.Name).Str("run_source", run.Source).
 			Msg("httpapi: a webhook event's run ID was taken by another start; the event is refused")
 		return fmt.Errorf("%w: %w: run %s was started by %q, not by webhook source %s: the event is not processed", jetflow.ErrDuplicateRejected, errTakenRunID, runID, run.Source, src.Name)

@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/internal/webhook"
+	"github.com/jetflow/jetflow/internal/webhook/webhooktest"
 )
 
 // delivery is one webhook request: the provider's headers and body.
@@ -59,13 +64,13 @@ func TestWebhookDeliveries(t *testing.T) {
 			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
 			var acc WebhookAccepted
 			res.json(t, &acc)
-			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "created"}, acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, EventID: id, Outcome: "created"}, acc)
 			require.Equal(t, "created", res.header.Get(HeaderOutcome))
 
 			run, err := b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
 			require.NoError(t, err)
 			require.Equal(t, "hook", run.Workflow)
-			require.Equal(t, "webhook:"+src.Name, run.Source)
+			require.Equal(t, "webhook:"+src.Name+":"+id, run.Source)
 			require.JSONEq(t, body, string(run.Input))
 
 			// The provider re-delivers the event after its run ended, signed
@@ -78,7 +83,7 @@ func TestWebhookDeliveries(t *testing.T) {
 			res = b.deliver(src.Name, again)
 			require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
 			res.json(t, &acc)
-			require.Equal(t, WebhookAccepted{RunID: wantRun, Outcome: "existing"}, acc)
+			require.Equal(t, WebhookAccepted{RunID: wantRun, EventID: id, Outcome: "existing"}, acc)
 			run, err = b.client.GetRun(ctxT(t, 10*time.Second), wantRun)
 			require.NoError(t, err)
 			require.Zero(t, run.Generation, "the redelivery must not start the run again")
@@ -127,6 +132,17 @@ func TestWebhookDeliveries(t *testing.T) {
 	require.Equal(t, http.StatusConflict, res.code, "body: %s", res.body)
 	require.Contains(t, res.problem(t).Detail, "not by webhook source stripe")
 
+	// A run an earlier version started for an event recorded the source
+	// without the event ID: its redelivery still lands on it.
+	_, err = b.client.StartByName(ctxT(t, 10*time.Second), "hook", json.RawMessage(`{"id":"evt_legacy"}`),
+		jetflow.WithRunID("stripe-evt_legacy"), jetflow.WithSource("webhook:stripe"))
+	require.NoError(t, err)
+	res = b.deliver("stripe", signed(testSources[2], "evt_legacy", testNow, `{"id":"evt_legacy","type":"invoice.paid"}`))
+	require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+	var acc WebhookAccepted
+	res.json(t, &acc)
+	require.Equal(t, WebhookAccepted{RunID: "stripe-evt_legacy", EventID: "evt_legacy", Outcome: "existing"}, acc)
+
 	res = b.deliver("nope", signed(testSources[0], "evt_1", testNow, `{}`))
 	require.Equal(t, http.StatusNotFound, res.code)
 	res.problem(t)
@@ -138,7 +154,7 @@ func TestWebhookDeliveries(t *testing.T) {
 
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook"})
 	require.NoError(t, err)
-	require.Len(t, page.Runs, len(testSources)+1, "one run per provider's valid event and the forged one, nothing else")
+	require.Len(t, page.Runs, len(testSources)+2, "one run per provider's valid event, the forged one and the legacy one, nothing else")
 }
 
 // A source set is checked when the server is made.
@@ -154,4 +170,78 @@ func TestNewRefusesBadSources(t *testing.T) {
 	require.Error(t, err)
 	_, err = New(Config{Backend: &fakeBackend{}, Tokens: []string{" "}})
 	require.Error(t, err)
+}
+
+// TestWebhookOfficialLibraries delivers, over HTTP, every delivery the
+// providers' own libraries signed (internal/webhook/webhooktest:
+// standardwebhooks, @octokit/webhooks-methods, stripe-go), each to a source
+// of its own holding the secrets the official verifier held. What the
+// official verifier accepts starts exactly one run, also when four copies
+// arrive at once, under the event's run ID — an event ID with '.' or ':' or
+// too long for a run ID included — and the reply and the run keep the
+// original event ID; what it refuses is 400 or 401 and stores nothing.
+func TestWebhookOfficialLibraries(t *testing.T) {
+	t.Parallel()
+	cases, err := webhooktest.All()
+	require.NoError(t, err)
+	b := setup(t)
+
+	// One API server per verifier clock (the fixtures' and stripe-go's),
+	// with a source per case.
+	servers := map[time.Time]*httptest.Server{}
+	sources := map[time.Time][]webhook.Source{}
+	for i, c := range cases {
+		sources[c.Now] = append(sources[c.Now], webhook.Source{Name: fmt.Sprintf("c%d", i), Provider: webhook.Provider(c.Provider), Workflow: "hook", Secrets: c.Secrets})
+	}
+	for now, srcs := range sources {
+		s, err := New(Config{Backend: b.client, Sources: srcs, Now: func() time.Time { return now }, Logger: testenv.Logger(t)})
+		require.NoError(t, err)
+		servers[now] = httptest.NewServer(s)
+		t.Cleanup(servers[now].Close)
+	}
+
+	accepted := 0
+	for i, c := range cases {
+		src := webhook.Source{Name: fmt.Sprintf("c%d", i), Provider: webhook.Provider(c.Provider), Workflow: "hook", Secrets: c.Secrets}
+		runID, err := src.RunID(webhook.Event{ID: c.EventID})
+		require.NoError(t, err)
+		deliver := func() response {
+			return doCtx(t, ctxT(t, 30*time.Second), servers[c.Now], http.MethodPost, "/v1/webhooks/"+src.Name, c.Header, string(c.Body))
+		}
+		if want, _ := c.JetflowAccepts(); !want {
+			res := deliver()
+			require.Contains(t, []int{http.StatusBadRequest, http.StatusUnauthorized}, res.code, "%s/%s: %s", c.Provider, c.Name, res.body)
+			res.problem(t)
+			b.requireNoRun(runID)
+			continue
+		}
+		accepted++
+		const copies = 4
+		replies := make(chan response, copies)
+		for range copies {
+			go func() { replies <- deliver() }()
+		}
+		outcomes := map[string]int{}
+		for range copies {
+			res := <-replies
+			require.Equal(t, http.StatusAccepted, res.code, "%s/%s: %s", c.Provider, c.Name, res.body)
+			var acc WebhookAccepted
+			res.json(t, &acc)
+			require.Equal(t, runID, acc.RunID, "%s/%s", c.Provider, c.Name)
+			require.Equal(t, c.EventID, acc.EventID, "the reply carries the original event ID")
+			outcomes[acc.Outcome]++
+		}
+		require.Equal(t, map[string]int{"created": 1, "existing": copies - 1}, outcomes, "%s/%s", c.Provider, c.Name)
+		run, err := b.client.GetRun(ctxT(t, 10*time.Second), runID)
+		require.NoError(t, err)
+		require.Equal(t, src.RunSource(webhook.Event{ID: c.EventID}), run.Source)
+		if len(run.Source) < state.MaxSourceLen {
+			require.Equal(t, "webhook:"+src.Name+":"+c.EventID, run.Source, "the run keeps the original event ID")
+		}
+		require.JSONEq(t, string(c.Body), string(run.Input))
+	}
+	require.Positive(t, accepted)
+	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook", Limit: jetflow.MaxListLimit})
+	require.NoError(t, err)
+	require.Len(t, page.Runs, accepted, "one run per accepted event, none for a refused one")
 }

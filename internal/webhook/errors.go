@@ -8,7 +8,8 @@ var (
 	// ErrMissingHeader: a header the scheme requires is absent or empty.
 	ErrMissingHeader = errors.New("webhook: missing header")
 	// ErrMalformed: a header or the body does not parse, a header is
-	// repeated, the event ID is missing, or it cannot be part of a run ID.
+	// repeated, or the event ID is missing (any other event ID has a run
+	// ID: see Source.RunID).
 	ErrMalformed = errors.New("webhook: malformed delivery")
 	// ErrBadSignature: no signature in the delivery matches any of the
 	// source's secrets.

@@ -41,3 +41,18 @@ func ExampleSource_Verify() {
 	// {Name:github Provider:github Workflow:on-push Secrets:[2 redacted] Tolerance:0s}
 	// webhook: bad signature: X-Hub-Signature-256 does not match
 }
+
+// Every event ID has a run ID: one that fits is kept, any other is hashed,
+// never refused.
+func ExampleSource_RunID() {
+	src := webhook.Source{Name: "users", Provider: webhook.Standard, Workflow: "on-user"}
+	for _, id := range []string{"msg_2Lx0a9", "msg.1"} {
+		runID, err := src.RunID(webhook.Event{ID: id})
+		fmt.Println(runID, err)
+	}
+	fmt.Println(src.RunSource(webhook.Event{ID: "msg.1"}))
+	// Output:
+	// users-msg_2Lx0a9 <nil>
+	// users-=8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4 <nil>
+	// webhook:users:msg.1
+}

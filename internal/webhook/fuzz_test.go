@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 var fuzzProviders = []Provider{Standard, GitHub, Stripe}
@@ -42,12 +44,14 @@ func fuzzSecret(p Provider) string {
 // carries reports whether the fuzzed signature header value sig contains
 // the signature Sign made (want: Sign's headers), in a form the scheme
 // treats as the same (hex is case-insensitive; Stripe elements may have
-// spaces around them).
+// spaces around them; a Standard entry may have fields after its signature).
 func carries(p Provider, sig string, want http.Header) bool {
 	switch p {
 	case Standard:
 		for _, entry := range strings.Fields(sig) {
-			if entry == want.Get(headerStandardSignature) {
+			version, rest, _ := strings.Cut(entry, ",")
+			first, _, _ := strings.Cut(rest, ",") // a v1 entry's fields after the signature are ignored
+			if version+","+first == want.Get(headerStandardSignature) {
 				return true
 			}
 		}
@@ -116,5 +120,29 @@ func FuzzVerify(f *testing.F) {
 			require.NoError(t, err)
 			require.Equal(t, id, ev.ID)
 		}
+	})
+}
+
+// FuzzRunID: every non-empty event ID has a valid run ID, the same each
+// time, and two distinct event IDs never share one.
+func FuzzRunID(f *testing.F) {
+	f.Add("evt_1", "evt.1")
+	f.Add("8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4", "msg.1")
+	f.Add("=8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4", "msg.1")
+	f.Add(strings.Repeat("e", 121), strings.Repeat("e", 122))
+	src := Source{Name: "fz", Provider: Standard, Workflow: "w"}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if a == "" || b == "" {
+			return
+		}
+		ra, err := src.RunID(Event{ID: a})
+		require.NoError(t, err)
+		require.NoError(t, state.ValidateRunID(ra))
+		again, err := src.RunID(Event{ID: a})
+		require.NoError(t, err)
+		require.Equal(t, ra, again)
+		rb, err := src.RunID(Event{ID: b})
+		require.NoError(t, err)
+		require.Equal(t, a == b, ra == rb, "event IDs %q and %q, run IDs %s and %s", a, b, ra, rb)
 	})
 }

@@ -89,7 +89,7 @@ func verifyStandard(keys [][]byte, h http.Header, body []byte, now time.Time, to
 	if err != nil {
 		return Event{}, err
 	}
-	if !matches(keys, candidates, []byte(id), dot, []byte(rawTS), dot, body) {
+	if !matches(keys, candidates, []byte(id), dot, signedUnix(ts), dot, body) {
 		return Event{}, fmt.Errorf("%w: no %s entry matches", ErrBadSignature, headerStandardSignature)
 	}
 	if err := checkTimestamp(ts, now, tol); err != nil {
@@ -104,25 +104,26 @@ func verifyStandard(keys [][]byte, h http.Header, body []byte, now time.Time, to
 	return Event{ID: id, Type: payload.Type, Timestamp: time.Unix(ts, 0).UTC()}, nil
 }
 
-// standardSignatures decodes the v1 entries of a webhook-signature header.
+// standardSignatures decodes the v1 entries of a webhook-signature header,
+// a space-separated list of "<version>,<signature>". As in the Standard
+// Webhooks reference verifiers, an entry that is not a v1 entry with a
+// base64 signature is skipped, not an error, so that a sender adding a
+// scheme or a malformed entry beside a valid one is still verified; only a
+// header without any usable v1 entry is refused (ErrBadSignature).
 func standardSignatures(header string) ([][]byte, error) {
 	var out [][]byte
 	for _, entry := range strings.Fields(header) {
-		version, sig, ok := strings.Cut(entry, ",")
-		if !ok {
-			return nil, fmt.Errorf("%w: %s entry is not <version>,<signature>", ErrMalformed, headerStandardSignature)
-		}
+		version, rest, _ := strings.Cut(entry, ",")
 		if version != "v1" {
 			continue
 		}
-		b, err := base64.StdEncoding.Strict().DecodeString(sig)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s v1 entry is not base64", ErrMalformed, headerStandardSignature)
+		sig, _, _ := strings.Cut(rest, ",") // "v1,<sig>,<more>": the reference verifiers read <sig>
+		if b, err := base64.StdEncoding.Strict().DecodeString(sig); err == nil {
+			out = append(out, b)
 		}
-		out = append(out, b)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: %s has no v1 entry", ErrBadSignature, headerStandardSignature)
+		return nil, fmt.Errorf("%w: %s has no v1 entry with a base64 signature", ErrBadSignature, headerStandardSignature)
 	}
 	return out, nil
 }
@@ -163,7 +164,7 @@ func verifyStripe(keys [][]byte, h http.Header, body []byte, now time.Time, tol 
 	if err != nil {
 		return Event{}, err
 	}
-	if !matches(keys, candidates, []byte(rawTS), dot, body) {
+	if !matches(keys, candidates, signedUnix(ts), dot, body) {
 		return Event{}, fmt.Errorf("%w: no %s v1 matches", ErrBadSignature, headerStripeSignature)
 	}
 	if err := checkTimestamp(ts, now, tol); err != nil {
@@ -183,7 +184,10 @@ func verifyStripe(keys [][]byte, h http.Header, body []byte, now time.Time, tol 
 }
 
 // parseStripe splits a Stripe-Signature header into its one t and its
-// decoded v1 signatures; other schemes are ignored.
+// decoded v1 signatures. As in Stripe's own libraries, other schemes (v0)
+// and v1 values that are not hex are skipped; an element without "=", a
+// missing or repeated t is ErrMalformed, and a header without a hex v1 is
+// ErrBadSignature.
 func parseStripe(header string) (string, [][]byte, error) {
 	var (
 		rawTS string
@@ -202,18 +206,16 @@ func parseStripe(header string) (string, [][]byte, error) {
 			}
 			rawTS, seenT = v, true
 		case "v1":
-			b, err := hex.DecodeString(v)
-			if err != nil {
-				return "", nil, fmt.Errorf("%w: %s v1 is not hex", ErrMalformed, headerStripeSignature)
-			}
-			sigs = append(sigs, b)
+			if b, err := hex.DecodeString(v); err == nil {
+				sigs = append(sigs, b)
+			} // else skipped, as stripe-go does: another v1 may match.
 		}
 	}
 	if !seenT {
 		return "", nil, fmt.Errorf("%w: %s has no t", ErrMalformed, headerStripeSignature)
 	}
 	if len(sigs) == 0 {
-		return "", nil, fmt.Errorf("%w: %s has no v1", ErrBadSignature, headerStripeSignature)
+		return "", nil, fmt.Errorf("%w: %s has no hex v1", ErrBadSignature, headerStripeSignature)
 	}
 	return rawTS, sigs, nil
 }
@@ -267,6 +269,13 @@ func parseUnix(what, raw string) (int64, error) {
 		return 0, bad
 	}
 	return ts, nil
+}
+
+// signedUnix is the timestamp as the reference verifiers (standardwebhooks,
+// stripe-go) put it in the signed content: the parsed integer in decimal,
+// so a header "01700000000" is checked as "1700000000".
+func signedUnix(ts int64) []byte {
+	return strconv.AppendInt(nil, ts, 10)
 }
 
 // checkTimestamp refuses ts (unix seconds) further than tol from now, at

@@ -1,11 +1,13 @@
 package webhook
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,7 +45,7 @@ const standardPrefix = "whsec_"
 type Source struct {
 	// Name is the URL segment and the run ID prefix: 1..64 characters of
 	// [A-Za-z0-9_-]. No source's name should be another's followed by '-',
-	// or their run IDs could meet.
+	// or their run IDs could meet (see RunID).
 	Name     string
 	Provider Provider
 	// Workflow is the workflow started for each event.
@@ -85,11 +87,21 @@ func (s Source) Validate() error {
 	return nil
 }
 
-// RunID is the run ID for ev: "<Name>-<ev.ID>". An empty event ID, or one
-// that makes an invalid run ID (a character outside [A-Za-z0-9_=-], or
-// longer than 128 bytes in all), is ErrMalformed and also matches
-// state.ErrInvalidRunID. The same source and event always give the same ID,
-// which is what makes a re-delivered event land on its first run.
+// RunID is the run ID a delivery of ev starts, the same for the same
+// source and event ID, which is what makes a re-delivered event land on its
+// first run. Any non-empty event ID has one:
+//
+//   - "<Name>-<ev.ID>" when that is a valid run ID (1..128 characters of
+//     [A-Za-z0-9_=-] in all) and ev.ID does not start with "=";
+//   - otherwise "<Name>-=" followed by the unpadded base64url SHA-256 of
+//     ev.ID (43 characters), for an ID with a character such as '.' or ':',
+//     or too long to be kept as it is.
+//
+// Distinct event IDs of a source get distinct run IDs: kept IDs are
+// distinct as they are and never start with "=", hashed ones always do
+// (and differ unless SHA-256 collides). Only an empty event ID is an error
+// (ErrMalformed, also matching state.ErrInvalidRunID); Verify never returns
+// an Event with one.
 func (s Source) RunID(ev Event) (string, error) {
 	if err := state.ValidateName(s.Name); err != nil {
 		return "", fmt.Errorf("%w: Name: %w", ErrInvalidSource, err)
@@ -97,11 +109,51 @@ func (s Source) RunID(ev Event) (string, error) {
 	if ev.ID == "" {
 		return "", fmt.Errorf("%w: %w: empty event ID", ErrMalformed, state.ErrInvalidRunID)
 	}
-	id := s.Name + "-" + ev.ID
-	if err := state.ValidateRunID(id); err != nil {
-		return "", fmt.Errorf("%w: event ID does not fit a run ID: %w", ErrMalformed, err)
+	prefix := s.Name + "-"
+	if !strings.HasPrefix(ev.ID, hashedMark) && state.ValidateRunID(prefix+ev.ID) == nil {
+		return prefix + ev.ID, nil
 	}
-	return id, nil
+	sum := sha256.Sum256([]byte(ev.ID))
+	return prefix + hashedMark + base64.RawURLEncoding.EncodeToString(sum[:]), nil
+}
+
+// hashedMark starts the event part of a run ID made from a hash (RunID).
+const hashedMark = "="
+
+// RunSource is the source a delivery of ev records on the run it starts
+// and in the audit of each duplicate delivery:
+// "webhook:<Name>:<event ID>", so that the original event ID stays on the
+// run also when RunID had to hash it. An event ID with a byte outside
+// printable ASCII is recorded Go-quoted (strconv.QuoteToASCII); one that
+// would make the source longer than state.MaxSourceLen (256) is clipped,
+// ending in "...", and is whole only in the HTTP reply (and, for Stripe, in
+// the body).
+func (s Source) RunSource(ev Event) string {
+	prefix := s.sourcePrefix()
+	id := ev.ID
+	for _, c := range []byte(id) {
+		if c < 0x20 || c > 0x7e {
+			id = strconv.QuoteToASCII(id)
+			break
+		}
+	}
+	if room := state.MaxSourceLen - len(prefix); len(id) > room {
+		id = id[:room-len("...")] + "..."
+	}
+	return prefix + id
+}
+
+// StartedRun reports whether runSource, the source recorded on a run, is
+// one a delivery of s records: RunSource's "webhook:<Name>:..." or, on runs
+// started before event IDs were recorded, "webhook:<Name>".
+func (s Source) StartedRun(runSource string) bool {
+	prefix := s.sourcePrefix()
+	return runSource == strings.TrimSuffix(prefix, ":") || strings.HasPrefix(runSource, prefix)
+}
+
+// sourcePrefix is "webhook:<Name>:".
+func (s Source) sourcePrefix() string {
+	return "webhook:" + s.Name + ":"
 }
 
 // tolerance is the effective Tolerance.

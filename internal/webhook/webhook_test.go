@@ -231,8 +231,14 @@ var malformed = map[Provider][]malformedCase{
 		{"id changed", headerStandardID, fixed("msg_other"), ErrBadSignature},
 		{"signature without version", headerStandardSignature, func(h http.Header, _ []byte) string {
 			return strings.TrimPrefix(h.Get(headerStandardSignature), "v1,")
-		}, ErrMalformed},
-		{"signature not base64", headerStandardSignature, fixed("v1,@@@@"), ErrMalformed},
+		}, ErrBadSignature},
+		{"signature not base64", headerStandardSignature, fixed("v1,@@@@"), ErrBadSignature},
+		{"unparseable entries beside a valid one", headerStandardSignature, func(h http.Header, _ []byte) string {
+			return "garbage v1,@@@@ v1 v1,AAA= " + h.Get(headerStandardSignature) + " v1,"
+		}, nil},
+		{"valid entry with a trailing field", headerStandardSignature, func(h http.Header, _ []byte) string {
+			return h.Get(headerStandardSignature) + ",extra"
+		}, nil},
 		{"signature only other versions", headerStandardSignature, func(h http.Header, _ []byte) string {
 			return "v1a,AAAA v2," + strings.TrimPrefix(h.Get(headerStandardSignature), "v1,")
 		}, ErrBadSignature},
@@ -270,7 +276,11 @@ var malformed = map[Provider][]malformedCase{
 		{"element without =", headerStripeSignature, func(h http.Header, _ []byte) string {
 			return h.Get(headerStripeSignature) + ",v1"
 		}, ErrMalformed},
-		{"v1 not hex", headerStripeSignature, fixed("t=1699999970,v1=xyz"), ErrMalformed},
+		{"v1 not hex", headerStripeSignature, fixed("t=1699999970,v1=xyz"), ErrBadSignature},
+		{"v1 not hex beside a valid v1", headerStripeSignature, func(h http.Header, _ []byte) string {
+			t, v1, _ := strings.Cut(h.Get(headerStripeSignature), ",")
+			return t + ",v1=xyz,v1=," + v1 + ",v1=abc"
+		}, nil},
 		{"no v1", headerStripeSignature, func(h http.Header, _ []byte) string {
 			t, v1, _ := strings.Cut(h.Get(headerStripeSignature), ",")
 			return t + ",v0=" + strings.TrimPrefix(v1, "v1=")
@@ -405,44 +415,90 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestRunID: an event ID that fits a run ID is kept; any other non-empty
+// one is hashed, never refused; no two event IDs share a run ID.
 func TestRunID(t *testing.T) {
 	t.Parallel()
 	src := Source{Name: "stripe", Provider: Stripe, Workflow: "w", Secrets: stripeSecrets[:1]}
 	maxID := strings.Repeat("e", state.MaxRunIDLen-len("stripe-"))
-	for _, c := range []struct {
-		id, want string
-	}{
-		{"evt_1NG8Du2eZvKYlo2C", "stripe-evt_1NG8Du2eZvKYlo2C"},
-		{"72d3162e-cc78-11e3-81ab-4c9367dc0958", "stripe-72d3162e-cc78-11e3-81ab-4c9367dc0958"},
-		{"a=b", "stripe-a=b"},
-		{maxID, "stripe-" + maxID},
-	} {
-		got, err := src.RunID(Event{ID: c.id})
-		require.NoError(t, err, c.id)
-		require.Equal(t, c.want, got)
-		again, err := src.RunID(Event{ID: c.id, Type: "other"})
+	// Computed outside Go: printf %s msg.1 | openssl dgst -sha256 -binary | base64 | tr '+/' '-_' | tr -d =
+	// A change here moves every hashed event's run ID, so redeliveries
+	// after an upgrade would start second runs.
+	const hashedMsg1 = "stripe-=8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4"
+	kept := []string{"evt_1NG8Du2eZvKYlo2C", "72d3162e-cc78-11e3-81ab-4c9367dc0958", "a=b", maxID,
+		"8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4"} // the hash of msg.1 as an event ID of its own
+	hashed := []string{"msg.1", "evt.1", "evt:1", "evt/1", "evt 1", "evt*", "évt", "\x00", maxID + "e",
+		strings.Repeat("x", 4096), "=", "=8ELI0fUC7buFi3Mo5GBUeQ4pEaTCzvxLtBA0k-QV3y4", "msg.1 "}
+	seen := map[string]string{} // run ID -> event ID
+	record := func(id, runID string) {
+		t.Helper()
+		require.NoError(t, state.ValidateRunID(runID), id)
+		prev, dup := seen[runID]
+		require.False(t, dup, "event IDs %q and %q share run ID %s", prev, id, runID)
+		seen[runID] = id
+		again, err := src.RunID(Event{ID: id, Type: "other", Timestamp: now})
 		require.NoError(t, err)
-		require.Equal(t, got, again, "same event, same run ID")
+		require.Equal(t, runID, again, "same event, same run ID")
 	}
-	for name, id := range map[string]string{
-		"empty":    "",
-		"dot":      "evt.1",
-		"slash":    "evt/1",
-		"space":    "evt 1",
-		"star":     "evt*",
-		"unicode":  "évt",
-		"too long": maxID + "e",
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			got, err := src.RunID(Event{ID: id})
-			require.ErrorIs(t, err, ErrMalformed)
-			require.ErrorIs(t, err, state.ErrInvalidRunID)
-			require.Empty(t, got)
-		})
+	for _, id := range kept {
+		got, err := src.RunID(Event{ID: id})
+		require.NoError(t, err, id)
+		require.Equal(t, "stripe-"+id, got)
+		record(id, got)
 	}
-	_, err := Source{Name: "a.b"}.RunID(Event{ID: "evt_1"})
+	for _, id := range hashed {
+		got, err := src.RunID(Event{ID: id})
+		require.NoError(t, err, id)
+		require.True(t, strings.HasPrefix(got, "stripe-="), got)
+		require.Len(t, got, len("stripe-=")+43)
+		record(id, got)
+	}
+	got, err := src.RunID(Event{ID: "msg.1"})
+	require.NoError(t, err)
+	require.Equal(t, hashedMsg1, got)
+
+	// The longest source name still leaves room for a hash.
+	long := Source{Name: strings.Repeat("n", state.MaxNameLen)}
+	got, err = long.RunID(Event{ID: "evt.1"})
+	require.NoError(t, err)
+	require.NoError(t, state.ValidateRunID(got))
+
+	got, err = src.RunID(Event{})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorIs(t, err, state.ErrInvalidRunID)
+	require.Empty(t, got)
+	_, err = Source{Name: "a.b"}.RunID(Event{ID: "evt_1"})
 	require.ErrorIs(t, err, ErrInvalidSource)
+}
+
+// TestRunSource: the run's source keeps the original event ID, within the
+// source length limit, and StartedRun recognises it and the older form.
+func TestRunSource(t *testing.T) {
+	t.Parallel()
+	src := Source{Name: "stripe", Provider: Stripe, Workflow: "w", Secrets: stripeSecrets[:1]}
+	require.Equal(t, "webhook:stripe:evt_1", src.RunSource(Event{ID: "evt_1"}))
+	require.Equal(t, "webhook:stripe:msg.1:a/b c", src.RunSource(Event{ID: "msg.1:a/b c"}))
+	require.Equal(t, `webhook:stripe:"\u00e9vt\x00"`, src.RunSource(Event{ID: "évt\x00"}))
+	clipped := src.RunSource(Event{ID: strings.Repeat("x", 1000)})
+	require.Len(t, clipped, state.MaxSourceLen)
+	require.True(t, strings.HasPrefix(clipped, "webhook:stripe:xxx"))
+	require.True(t, strings.HasSuffix(clipped, "x..."))
+	fits := strings.Repeat("y", state.MaxSourceLen-len("webhook:stripe:"))
+	require.Equal(t, "webhook:stripe:"+fits, src.RunSource(Event{ID: fits}))
+	require.NoError(t, state.ValidateSource(clipped))
+
+	for runSource, want := range map[string]bool{
+		src.RunSource(Event{ID: "evt_1"}): true,
+		clipped:                           true,
+		"webhook:stripe":                  true, // runs started before event IDs were recorded
+		"webhook:stripe-eu:evt_1":         false,
+		"webhook:stripe-eu":               false,
+		"webhook:stripex":                 false,
+		"http":                            false,
+		"":                                false,
+	} {
+		require.Equal(t, want, src.StartedRun(runSource), runSource)
+	}
 }
 
 // TestSourceNeverPrintsSecrets formats a Source every way a log line or a
