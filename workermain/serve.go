@@ -14,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/lifecycle"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
@@ -117,7 +118,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	}
 
 	<-ctx.Done()
-	log.Info().Dur("drain_timeout", cfg.DrainTimeout).Msg("stopping: finishing running steps")
+	log.Info().Str("drain_timeout", logging.Duration(cfg.DrainTimeout)).Msg("stopping: finishing running steps")
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
 	var drainErr error
