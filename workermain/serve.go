@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,10 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{
 			DataDir: cfg.DataDir, Host: cfg.Host, Port: cfg.Port, SyncAlways: cfg.SyncAlways,
 		})
+		if errors.Is(err, jetstream.ErrPortInUse) {
+			return fmt.Errorf("%w; choose another port with --port (JETFLOW_PORT, or port: in the config file; -1 picks a free one), "+
+				"or join the server there with --nats-url nats://%s", err, net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+		}
 		if err != nil {
 			return err
 		}
@@ -81,7 +86,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
-		Topology: jetflow.Topology{Replicas: cfg.Replicas},
+		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
 	})
 	if err != nil {
 		return err
