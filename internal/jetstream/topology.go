@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/logging"
 )
 
 // Names of the engine's NATS resources. They are part of the protocol other
@@ -515,7 +517,7 @@ func (a *Assets) LowerAckWait(ctx context.Context, consumers []natsjs.Consumer, 
 		return nil
 	}
 	log("lowering AckWait: announced, waiting for workers to follow",
-		"consumers", len(announced), "ack_wait", to.String(), "grace", grace.String())
+		"consumers", len(announced), "ack_wait", to.String(), "grace", logging.Duration(grace))
 	select {
 	case <-ctx.Done():
 		return fmt.Errorf("jetflow: lower AckWait (announced, not applied): %w", ctx.Err())
