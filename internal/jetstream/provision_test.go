@@ -41,12 +41,7 @@ func (l *changeLog) take() []logged {
 // nothing.
 func TestProvisionLogsWhatItChanges(t *testing.T) {
 	t.Parallel()
-	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	nc := embeddedConn(t)
 	var changes changeLog
 
 	a, err := Provision(ctx(t), nc, Topology{}, CreateOrUpdate, LogChanges(changes.log))
