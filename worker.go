@@ -169,7 +169,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("jetflow: worker already started")
 	}
-	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology.toInternal(), jetstream.CreateOrUpdate)
+	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology.toInternal(), jetstream.CreateOrUpdate, jetstream.LogChanges(w.logConsumer))
 	if err != nil {
 		return err
 	}
@@ -278,7 +278,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // once.
 const dueSlots = 4
 
-// logConsumer reports a consumer setting kept or changed at start-up.
+// logConsumer reports a consumer, stream or bucket setting kept or changed
+// at start-up.
 func (w *Worker) logConsumer(msg string, kv ...any) {
 	w.log.Warn().Fields(kv).Msg(msg)
 }

@@ -34,6 +34,12 @@ import (
 // JetStream, within Options.ReadyTimeout.
 var ErrNotReady = jetstream.ErrServerNotReady
 
+// ErrPortInUse: another process (another embedded server, a NATS server)
+// listens on Options.Host and Options.Port. Start reports it at once,
+// without waiting for ReadyTimeout; choose another Port, or -1 for a free
+// one.
+var ErrPortInUse = jetstream.ErrPortInUse
+
 // Options configure Start. StoreDir is required; the other zero fields take
 // their defaults.
 type Options struct {
@@ -60,6 +66,7 @@ type Server struct {
 
 // Start starts a server and waits until it accepts connections with
 // JetStream enabled. Call Shutdown when done; the data stays in StoreDir.
+// A taken address is ErrPortInUse at once.
 func Start(opts Options) (*Server, error) {
 	if opts.StoreDir == "" {
 		return nil, errors.New("jetflow: embedded server: Options.StoreDir is required")

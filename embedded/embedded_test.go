@@ -1,7 +1,10 @@
 package embedded_test
 
 import (
+	"net/url"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
@@ -43,4 +46,19 @@ func TestStartNeedsStoreDir(t *testing.T) {
 	t.Parallel()
 	_, err := embedded.Start(embedded.Options{Port: -1})
 	require.ErrorContains(t, err, "StoreDir is required")
+}
+
+// TestStartOnATakenPort: a second server on the first one's port is
+// ErrPortInUse at once (its ReadyTimeout would outlast the test).
+func TestStartOnATakenPort(t *testing.T) {
+	t.Parallel()
+	first, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: -1})
+	require.NoError(t, err)
+	defer first.Shutdown()
+	u, err := url.Parse(first.ClientURL())
+	require.NoError(t, err)
+	port, err := strconv.Atoi(u.Port())
+	require.NoError(t, err)
+	_, err = embedded.Start(embedded.Options{StoreDir: t.TempDir(), Port: port, ReadyTimeout: time.Hour})
+	require.ErrorIs(t, err, embedded.ErrPortInUse)
 }

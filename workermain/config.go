@@ -24,14 +24,17 @@ var errConfigPrinted = errors.New("configuration printed")
 // --config or JETFLOW_CONFIG, else from its default (package
 // internal/config).
 type config struct {
-	NATS        natsconn.Options
-	DataDir     string
-	Host        string
-	Port        int
-	SyncAlways  bool
-	Replicas    int
-	Concurrency int
-	AckWait     time.Duration
+	NATS       natsconn.Options
+	DataDir    string
+	Host       string
+	Port       int
+	SyncAlways bool
+	Replicas   int
+	// DuplicateWindow is the broker's Nats-Msg-Id window on the engine's
+	// streams (jetflow.Topology.DuplicateWindow).
+	DuplicateWindow time.Duration
+	Concurrency     int
+	AckWait         time.Duration
 	// ApplyAckWait makes AckWait the deployment's on existing consumers
 	// (jetflow.WorkerConfig.ApplyAckWait).
 	ApplyAckWait bool
@@ -61,6 +64,13 @@ by --config or JETFLOW_CONFIG, whose keys are flag names (ack-wait: 30s);
 the default. --print-config prints the result as such a file, secrets
 redacted.
 
+Exit codes:
+  0  stopped after SIGINT/SIGTERM, having drained; or -h, --print-config
+  1  failed to start (NATS unreachable, credentials refused, the embedded
+     server's --port or the --ops-addr taken), the operations server failed,
+     or the drain ran out of --drain-timeout
+  2  a bad flag, argument or setting (command line, environment or file)
+
 Flags:
 `
 
@@ -87,6 +97,7 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	fs.IntVar(&c.Port, "port", 4222, "embedded server: port to listen on (-1 for a random one)")
 	fs.BoolVar(&c.SyncAlways, "sync-always", false, "embedded server: fsync every write (survives an OS crash, much slower)")
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas of the engine's streams and buckets: 1, or 3 on a three-node cluster (needs --nats-url)")
+	fs.DurationVar(&c.DuplicateWindow, "duplicate-window", 2*time.Minute, "the broker's Nats-Msg-Id duplicate window on the engine's streams (see docs/idempotency.md); the last worker to start sets it")
 	fs.IntVar(&c.Concurrency, "concurrency", 64, "how many steps run at once")
 	fs.DurationVar(&c.AckWait, "ack-wait", 30*time.Second, "how long before a crashed worker's step is redelivered, for consumers this worker creates (an existing consumer keeps the deployment's; see --apply-ack-wait)")
 	fs.BoolVar(&c.ApplyAckWait, "apply-ack-wait", false, "make --ack-wait the deployment's AckWait on existing consumers too (a shorter one is announced to running workers first)")
@@ -103,7 +114,7 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(usage, usageHead, p.name, p.description)
-		fs.PrintDefaults()
+		conf.PrintFlags(usage, fs)
 	}
 
 	origins, err := conf.Load(fs, args, getenv)
@@ -149,6 +160,8 @@ func (c config) validate(o conf.Origins) error {
 		return fmt.Errorf("invalid value %s for %s: must be at least 10ms, or negative to disable the sweeper", c.SweepInterval, o.Flag("sweep-interval"))
 	case c.StuckAfter != 0 && c.StuckAfter < 3*c.AckWait:
 		return fmt.Errorf("invalid value %s for %s: must be at least 3 × --ack-wait (%s)", c.StuckAfter, o.Flag("stuck-after"), 3*c.AckWait)
+	case c.DuplicateWindow < 100*time.Millisecond:
+		return fmt.Errorf("invalid value %s for %s: must be at least 100ms", c.DuplicateWindow, o.Flag("duplicate-window"))
 	case c.DrainTimeout <= 0:
 		return fmt.Errorf("invalid value %s for %s: must be positive", c.DrainTimeout, o.Flag("drain-timeout"))
 	case c.Replicas != 1 && c.Replicas != 3:

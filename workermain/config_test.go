@@ -41,7 +41,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	c, err := parseConfig(nil, env(nil), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, config{
-		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, Concurrency: 64,
+		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, DuplicateWindow: 2 * time.Minute, Concurrency: 64,
 		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, SweepInterval: time.Minute,
 		OpsAddr: "127.0.0.1:8081", LogFormat: "json",
 		LogLevel: zerolog.InfoLevel,
@@ -57,29 +57,30 @@ func TestParseConfigEnvFallback(t *testing.T) {
 	t.Parallel()
 	ca := testenv.GenerateCerts(t).CAFile
 	vars := map[string]string{
-		"JETFLOW_NATS_URL":       "nats://nats-1:4222",
-		"JETFLOW_NATS_USER":      "app",
-		"JETFLOW_NATS_PASSWORD":  "pw",
-		"JETFLOW_NATS_TLS_CA":    ca,
-		"JETFLOW_DATA_DIR":       "/var/lib/jetflow",
-		"JETFLOW_PORT":           "4333",
-		"JETFLOW_REPLICAS":       "3",
-		"JETFLOW_CONCURRENCY":    "8",
-		"JETFLOW_ACK_WAIT":       "10s",
-		"JETFLOW_DRAIN_TIMEOUT":  "1m",
-		"JETFLOW_SWEEP_INTERVAL": "-1s",
-		"JETFLOW_STUCK_AFTER":    "2m",
-		"JETFLOW_OPS_ADDR":       ":9090",
-		"JETFLOW_SYNC_ALWAYS":    "true",
-		"JETFLOW_LOG_FORMAT":     "console",
-		"JETFLOW_LOG_LEVEL":      "debug",
+		"JETFLOW_NATS_URL":         "nats://nats-1:4222",
+		"JETFLOW_NATS_USER":        "app",
+		"JETFLOW_NATS_PASSWORD":    "pw",
+		"JETFLOW_NATS_TLS_CA":      ca,
+		"JETFLOW_DATA_DIR":         "/var/lib/jetflow",
+		"JETFLOW_PORT":             "4333",
+		"JETFLOW_REPLICAS":         "3",
+		"JETFLOW_DUPLICATE_WINDOW": "30s",
+		"JETFLOW_CONCURRENCY":      "8",
+		"JETFLOW_ACK_WAIT":         "10s",
+		"JETFLOW_DRAIN_TIMEOUT":    "1m",
+		"JETFLOW_SWEEP_INTERVAL":   "-1s",
+		"JETFLOW_STUCK_AFTER":      "2m",
+		"JETFLOW_OPS_ADDR":         ":9090",
+		"JETFLOW_SYNC_ALWAYS":      "true",
+		"JETFLOW_LOG_FORMAT":       "console",
+		"JETFLOW_LOG_LEVEL":        "debug",
 	}
 	c, err := parseConfig(nil, env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, config{
 		NATS:    natsconn.Options{URL: "nats://nats-1:4222", User: "app", Password: "pw", TLSCA: ca},
 		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
-		Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
+		DuplicateWindow: 30 * time.Second, Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
 		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute,
 		LogFormat: "console", LogLevel: zerolog.DebugLevel,
 	}, c)
@@ -146,6 +147,8 @@ func TestParseConfigRejectsBadValues(t *testing.T) {
 		{"ShortAckWait", nil, map[string]string{"JETFLOW_ACK_WAIT": "10ms"}, "--ack-wait (from JETFLOW_ACK_WAIT): must be at least 100ms"},
 		{"ShortSweepInterval", []string{"--sweep-interval", "1ms"}, nil, "invalid value 1ms for --sweep-interval: must be at least 10ms"},
 		{"ShortStuckAfter", []string{"--ack-wait", "1m", "--stuck-after", "2m"}, nil, "invalid value 2m0s for --stuck-after: must be at least 3 × --ack-wait (3m0s)"},
+		{"ShortDuplicateWindow", nil, map[string]string{"JETFLOW_DUPLICATE_WINDOW": "50ms"}, "invalid value 50ms for --duplicate-window (from JETFLOW_DUPLICATE_WINDOW): must be at least 100ms"},
+		{"BadDuplicateWindow", []string{"--duplicate-window", "1 minute"}, nil, `invalid value "1 minute" for flag -duplicate-window`},
 		{"NegativeDrain", []string{"--drain-timeout", "-1s"}, nil, "--drain-timeout: must be positive"},
 		{"LogFormat", []string{"--log-format", "xml"}, nil, `invalid value "xml" for --log-format`},
 		{"LogLevel", nil, map[string]string{"JETFLOW_LOG_LEVEL": "loud"}, `invalid value "loud" for --log-level (from JETFLOW_LOG_LEVEL)`},
@@ -178,10 +181,12 @@ func TestParseConfigHelp(t *testing.T) {
 	var usage bytes.Buffer
 	_, err := parseConfig([]string{"-h"}, env(nil), false, io.Discard, &usage)
 	require.True(t, errors.Is(err, flag.ErrHelp))
-	for _, want := range []string{"JETFLOW_<FLAG>", "-config file", "-print-config", "-nats-password password",
-		"-nats-tls-ca file", "-replicas int", "-ops-addr address"} {
+	for _, want := range []string{"JETFLOW_<FLAG>", "\n  --config file\n", "\n  --print-config\n", "\n  --nats-password password\n",
+		"\n  --nats-tls-ca file\n", "\n  --replicas int\n", "\n  --ops-addr address\n", "\n  --duplicate-window duration\n",
+		"Exit codes:\n  0  ", "\n  1  failed to start", "\n  2  a bad flag"} {
 		require.Contains(t, usage.String(), want)
 	}
+	require.NotRegexp(t, `(?m)^\s+-[a-z]`, usage.String(), "one flag style: --flag")
 	require.NotContains(t, usage.String(), "panic")
 }
 
@@ -216,12 +221,13 @@ func TestPrintConfig(t *testing.T) {
 		"nats-user: app # flag\n",
 		"ops-addr: 127.0.0.1:8081 # default\n",
 		"replicas: 1 # default\n",
+		"duplicate-window: 2m0s # default\n",
 	} {
 		require.Contains(t, printed, line)
 	}
 	require.NotContains(t, printed, "print-config")
 	require.NotContains(t, printed, "\nconfig:")
-	require.Equal(t, 23, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 24, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	// Round trip: the printed file gives the same configuration.
 	again := writeConfig(t, printed)
@@ -252,7 +258,7 @@ func TestRunPrintConfig(t *testing.T) {
 	require.Empty(t, logged)
 
 	code = Run(t.Context(), jetflow.NewRegistry(), []string{"--print-config", "--replicas", "5"}, WithEnv(env(nil)), WithOutput(&stdout, stderr))
-	require.Equal(t, 1, code, "an invalid configuration is not printed")
+	require.Equal(t, ExitUsage, code, "an invalid configuration is not printed")
 }
 
 // TestPrintConfigRedactsURLCredentials: credentials written into
@@ -280,10 +286,32 @@ func TestRunUsesTheProgramName(t *testing.T) {
 	var stdout bytes.Buffer
 	opts := []Option{WithName("acme-worker"), WithDescription("Runs Acme's workflows."), WithEnv(env(nil)), WithOutput(&stdout, stderr)}
 	require.Equal(t, 0, Run(t.Context(), jetflow.NewRegistry(), []string{"-h"}, opts...))
-	require.Equal(t, 1, Run(t.Context(), jetflow.NewRegistry(), []string{"--replicas", "5"}, opts...))
+	require.Equal(t, ExitUsage, Run(t.Context(), jetflow.NewRegistry(), []string{"--replicas", "5"}, opts...))
 	out, err := os.ReadFile(stderr.Name())
 	require.NoError(t, err)
 	require.Contains(t, stdout.String()+string(out), "acme-worker")
 	require.Contains(t, stdout.String()+string(out), "Runs Acme's workflows.")
 	require.Contains(t, string(out), "acme-worker: ")
+}
+
+// TestRunUsageErrorsExit2: an unknown flag, a stray argument and a bad
+// setting exit 2 (ExitUsage), as Go's flag package does, with the error on
+// stderr.
+func TestRunUsageErrorsExit2(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"serve"}, `unexpected argument "serve"`},
+		{[]string{"--concurrency", "0"}, "invalid value 0 for --concurrency"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Run(t.Context(), jetflow.NewRegistry(), tc.args, WithEnv(env(nil)), WithOutput(&stdout, &stderr))
+		require.Equal(t, ExitUsage, code, "%v", tc.args)
+		require.Equal(t, 2, ExitUsage)
+		require.Contains(t, stderr.String(), tc.want)
+		require.Empty(t, stdout.String())
+	}
 }

@@ -21,11 +21,16 @@
 // --nats-tls-key where the server verifies clients). Those flags are
 // refused with the embedded server, which has neither. --replicas 3
 // replicates the engine's streams and buckets on a three-node cluster;
-// every worker and producer of a deployment must agree on it.
+// every worker and producer of a deployment must agree on it, as on
+// --duplicate-window (the broker's Nats-Msg-Id window, default 2m). A start
+// that changes an existing stream's or bucket's configuration logs at warn
+// what it changed, from what to what. An embedded server's port that is
+// taken is an error at once, naming --port and --nats-url.
 //
 // It serves until SIGINT or SIGTERM, then stops taking work, lets running
 // steps finish for up to --drain-timeout, and exits; a second signal exits
-// at once. Exit codes: ExitOK, ExitError.
+// at once. Exit codes: ExitOK, ExitError, and ExitUsage (2) for a bad flag,
+// argument or setting, as Go's flag package exits; -h lists them.
 //
 // # Configuration
 //
@@ -42,5 +47,7 @@
 // metrics on /metrics, liveness on /healthz and readiness on /readyz (the
 // worker is started, connected, and its streams, buckets and consumers are
 // in place). Logs are JSON lines on stderr (console on a terminal;
-// --log-format, --log-level).
+// --log-format, --log-level); every line about a run carries workflow and
+// run_id, and durations are strings with their unit (package
+// internal/logging).
 package workermain

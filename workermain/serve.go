@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/lifecycle"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
@@ -31,6 +33,10 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{
 			DataDir: cfg.DataDir, Host: cfg.Host, Port: cfg.Port, SyncAlways: cfg.SyncAlways,
 		})
+		if errors.Is(err, jetstream.ErrPortInUse) {
+			return fmt.Errorf("%w; choose another port with --port (JETFLOW_PORT, or port: in the config file; -1 picks a free one), "+
+				"or join the server there with --nats-url nats://%s", err, net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+		}
 		if err != nil {
 			return err
 		}
@@ -80,7 +86,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
-		Topology: jetflow.Topology{Replicas: cfg.Replicas},
+		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
 	})
 	if err != nil {
 		return err
@@ -117,7 +123,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	}
 
 	<-ctx.Done()
-	log.Info().Dur("drain_timeout", cfg.DrainTimeout).Msg("stopping: finishing running steps")
+	log.Info().Str("drain_timeout", logging.Duration(cfg.DrainTimeout)).Msg("stopping: finishing running steps")
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
 	var drainErr error

@@ -3,8 +3,10 @@ package workermain
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -222,5 +225,25 @@ func TestServeTLS(t *testing.T) {
 			err = serve(t.Context(), t, cfg, testenv.Logger(t), func(Endpoints) { t.Error("ready with an untrusted server") })
 			require.ErrorContains(t, err, "certificate signed by unknown authority")
 		})
+	}
+}
+
+// TestServeEmbeddedPortInUse: a second worker on the first one's embedded
+// server port says at once that the port is taken and which setting
+// chooses another (the wait for readiness it no longer does would outlast
+// testWait: the error is ErrPortInUse, not ErrServerNotReady).
+func TestServeEmbeddedPortInUse(t *testing.T) {
+	t.Parallel()
+	ep, _ := startServe(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr", ""}, nil)
+	u, err := url.Parse(ep.NatsURL)
+	require.NoError(t, err)
+	cfg, err := parseConfig([]string{"--data-dir", t.TempDir(), "--port", u.Port(), "--ops-addr", ""}, env(nil), false, io.Discard, io.Discard)
+	require.NoError(t, err)
+	err = serve(t.Context(), t, cfg, testenv.Logger(t), func(Endpoints) { t.Error("ready with the port taken") })
+	require.ErrorIs(t, err, jetstream.ErrPortInUse)
+	require.False(t, errors.Is(err, jetstream.ErrServerNotReady))
+	for _, want := range []string{"127.0.0.1:" + u.Port() + ": address already in use", "--port", "JETFLOW_PORT", "-1 picks a free one",
+		"--nats-url nats://127.0.0.1:" + u.Port()} {
+		require.ErrorContains(t, err, want)
 	}
 }

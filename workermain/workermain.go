@@ -22,10 +22,15 @@ const (
 	// ExitOK: the worker drained and stopped after a signal (or ctx's end),
 	// or -h or --print-config was served.
 	ExitOK = 0
-	// ExitError: a bad setting, a failure to start (NATS unreachable,
-	// refused credentials, the operations address taken), an operations
-	// server failure, or a drain that ran out of --drain-timeout.
+	// ExitError: a failure to start (NATS unreachable, refused
+	// credentials, the embedded server's port or the operations address
+	// taken), an operations server failure, or a drain that ran out of
+	// --drain-timeout.
 	ExitError = 1
+	// ExitUsage: a bad command line or setting (an unknown flag, a value
+	// a flag rejects, from the command line, JETFLOW_<FLAG> or the config
+	// file), as Go's flag package exits.
+	ExitUsage = 2
 )
 
 // Main runs the worker command over the workflows of ws with the process's
@@ -60,7 +65,7 @@ func Run(ctx context.Context, ws *jetflow.Registry, args []string, opts ...Optio
 	}
 	if err != nil {
 		fmt.Fprintf(p.stderr, "%s: %v\n", p.name, err)
-		return ExitError
+		return ExitUsage
 	}
 	log := logging.New(p.stderr, cfg.LogFormat, cfg.LogLevel)
 	if err := p.serve(ctx, ws, cfg, log); err != nil {

@@ -74,7 +74,7 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", api)
+	mux.Handle("/v1/", httpapi.RequestLog(api, log.With().Str("component", "httpapi").Logger()))
 	checks := []opshttp.Check{
 		{Name: "jetflow", Fn: client.Ready},
 		{Name: "serving", Fn: func(context.Context) error {

@@ -49,7 +49,7 @@ func (d *demo) options() []workermain.Option {
 	return []workermain.Option{
 		workermain.WithDescription("Runs the jetflow example workflows."),
 		workermain.WithFlags(func(fs *flag.FlagSet) {
-			fs.StringVar(&d.paymentsAddr, "payments-addr", "127.0.0.1:0", "example payment service: address to listen on")
+			fs.StringVar(&d.paymentsAddr, "payments-addr", "127.0.0.1:0", "example payment service: `address` to listen on")
 			fs.BoolVar(&d.flakyCharge, "flaky-charge", false, "example order workflow: lose the payment service's first response, to show a safe retry")
 		}),
 		workermain.WithSetup(d.setup),

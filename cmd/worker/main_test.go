@@ -147,7 +147,7 @@ func TestDemoFlags(t *testing.T) {
 	require.False(t, d.flakyCharge)
 	require.Contains(t, printed, "payments-addr: 127.0.0.1:0 # default\n")
 	require.Contains(t, printed, "flaky-charge: false # default\n")
-	require.Equal(t, 25, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 26, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	d, code, printed = run([]string{"--print-config", "--payments-addr", "127.0.0.1:8099"}, map[string]string{"JETFLOW_FLAKY_CHARGE": "1"})
 	require.Equal(t, 0, code)
@@ -157,7 +157,7 @@ func TestDemoFlags(t *testing.T) {
 
 	_, code, usage := run([]string{"-h"}, nil)
 	require.Equal(t, 0, code)
-	for _, want := range []string{"Usage: worker [flags]", "Runs the jetflow example workflows.", "-payments-addr", "-flaky-charge", "-nats-url"} {
+	for _, want := range []string{"Usage: worker [flags]", "Runs the jetflow example workflows.", "\n  --payments-addr address\n", "\n  --flaky-charge\n", "\n  --nats-url URL\n", "Exit codes:"} {
 		require.Contains(t, usage, want)
 	}
 }

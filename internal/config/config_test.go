@@ -372,3 +372,21 @@ func TestFileErrorKinds(t *testing.T) {
 	require.ErrorIs(t, err, config.ErrMalformed)
 	require.EqualError(t, &config.FileError{Path: "w.yaml", Key: "k", Err: config.ErrUnknownKey}, `config file w.yaml: key "k": unknown setting`)
 }
+
+// TestPrintFlags: every flag with a double dash and its value's name, its
+// description, a non-zero default, and a secret's default redacted.
+func TestPrintFlags(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Duration("ack-wait", 30*time.Second, "how long before a redelivery")
+	fs.String("ops-addr", "127.0.0.1:8081", "`address` serving /metrics")
+	fs.Bool("sync-always", false, "fsync every write")
+	fs.String("nats-password", "hunter2", "password")
+	config.Secret(fs, "nats-password")
+	var b bytes.Buffer
+	config.PrintFlags(&b, fs)
+	require.Equal(t, "  --ack-wait duration\n        how long before a redelivery (default 30s)\n"+
+		"  --nats-password string\n        password (default <redacted>)\n"+
+		"  --ops-addr address\n        address serving /metrics (default 127.0.0.1:8081)\n"+
+		"  --sync-always\n        fsync every write\n", b.String())
+}

@@ -140,7 +140,14 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 		w.Header().Set("Retry-After", "1")
 	}
 	if p.Status >= 500 {
-		s.log.Error().Str("route", r.Pattern).Str("run_id", runID).Int("status", p.Status).Err(err).Msg("httpapi: request failed")
+		ev := s.log.Error().Str("route", r.Pattern).Int("status", p.Status).Err(err)
+		if id := RequestID(r.Context()); id != "" {
+			ev = ev.Str("request_id", id)
+		}
+		if runID != "" { // a failure before the run ID is known names none, not ""
+			ev = ev.Str("run_id", runID)
+		}
+		ev.Msg("httpapi: request failed")
 	}
 	writeProblem(w, p)
 }

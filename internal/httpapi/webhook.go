@@ -103,7 +103,7 @@ func (s *Server) checkWebhookRun(r *http.Request, src webhook.Source, runID stri
 		return err
 	}
 	if !src.StartedRun(run.Source) {
-		s.log.Warn().Str("run_id", runID).Str("source", src.Name).Str("run_source", run.Source).
+		s.log.Warn().Str("workflow", run.Workflow).Str("run_id", runID).Str("source", src.Name).Str("run_source", run.Source).
 			Msg("httpapi: a webhook event's run ID was taken by another start; the event is refused")
 		return fmt.Errorf("%w: %w: run %s was started by %q, not by webhook source %s: the event is not processed", jetflow.ErrDuplicateRejected, errTakenRunID, runID, run.Source, src.Name)
 	}

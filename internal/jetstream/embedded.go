@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -47,6 +48,52 @@ type Embedded struct {
 // ready for connections in time.
 var ErrServerNotReady = errors.New("jetflow: embedded NATS server not ready")
 
+// ErrPortInUse is returned at once when the embedded server's address is
+// taken (by another worker's embedded server, a NATS server, or any other
+// process); match it with errors.Is on a *PortInUseError.
+var ErrPortInUse = errors.New("address already in use")
+
+// PortInUseError is StartEmbedded's error for an address another process
+// listens on.
+type PortInUseError struct {
+	Host string
+	Port int
+	Err  error // the listen error
+}
+
+// Error reads "jetflow: embedded server: 127.0.0.1:4222: address already
+// in use (another worker's embedded NATS server, a NATS server or another
+// process listens there)".
+func (e *PortInUseError) Error() string {
+	return fmt.Sprintf("jetflow: embedded server: %s: %v (another worker's embedded NATS server, a NATS server or another process listens there)",
+		net.JoinHostPort(e.Host, strconv.Itoa(e.Port)), ErrPortInUse)
+}
+
+// Unwrap returns ErrPortInUse and the listen error.
+func (e *PortInUseError) Unwrap() []error { return []error{ErrPortInUse, e.Err} }
+
+// checkPort fails with a *PortInUseError when host:port cannot be listened
+// on because it is taken, and with the listen error for any other reason
+// (a host that is no local address).
+// nats-server itself only logs such a failure and never becomes ready, so
+// without this check a taken port is a ReadyTimeout wait and a vague error.
+func checkPort(host string, port int) error {
+	if port <= 0 {
+		return nil // a free port is picked
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return &PortInUseError{Host: host, Port: port, Err: err}
+	}
+	if err != nil {
+		return fmt.Errorf("jetflow: embedded server: %w", err)
+	}
+	if err := ln.Close(); err != nil {
+		return fmt.Errorf("jetflow: embedded server: probe %s:%d: %w", host, port, err)
+	}
+	return nil
+}
+
 // StartEmbedded starts a nats-server with JetStream and file storage under
 // cfg.DataDir and waits until it accepts connections and JetStream is
 // enabled.
@@ -77,6 +124,9 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 }
 
 func (e *Embedded) start() error {
+	if err := checkPort(e.cfg.Host, e.cfg.Port); err != nil {
+		return err
+	}
 	opts := &server.Options{
 		ServerName: e.cfg.ServerName,
 		Host:       e.cfg.Host,

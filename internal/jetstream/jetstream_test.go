@@ -6,11 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
 
-func setup(t *testing.T, topo Topology) *Assets {
+// embeddedConn starts an embedded server of the test's own and connects
+// to it; both end with the test.
+func embeddedConn(t *testing.T) *nats.Conn {
 	t.Helper()
 	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
 	require.NoError(t, err)
@@ -18,6 +21,12 @@ func setup(t *testing.T, topo Topology) *Assets {
 	nc, err := srv.Connect(t.Name())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
+	return nc
+}
+
+func setup(t *testing.T, topo Topology) *Assets {
+	t.Helper()
+	nc := embeddedConn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := Provision(ctx, nc, topo, CreateOrUpdate)
@@ -102,14 +111,9 @@ func TestPublishTaskDedupLayers(t *testing.T) {
 // Ensure mode binds to existing resources without changing them.
 func TestEnsureDoesNotRewriteExistingResources(t *testing.T) {
 	t.Parallel()
-	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	nc := embeddedConn(t)
 
-	_, err = Provision(ctx(t), nc, Topology{DuplicateWindow: 5 * time.Second}, CreateOrUpdate)
+	_, err := Provision(ctx(t), nc, Topology{DuplicateWindow: 5 * time.Second}, CreateOrUpdate)
 	require.NoError(t, err)
 	a, err := Provision(ctx(t), nc, Topology{}, Ensure)
 	require.NoError(t, err)
@@ -203,12 +207,7 @@ func TestKVTTLNeverOutlivesMaxAge(t *testing.T) {
 // bucket it concerns.
 func TestCreateOrUpdateUpdatesOnlyWhatDiffers(t *testing.T) {
 	t.Parallel()
-	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
-	require.NoError(t, err)
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	nc := embeddedConn(t)
 	updates, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.STREAM.UPDATED.>")
 	require.NoError(t, err)
 	updated := func() []string {

@@ -34,17 +34,17 @@ func WholeSeconds(d time.Duration) time.Duration {
 // TaskKeys is the task-keys bucket, provisioned on first use: a deployment
 // that never uses task keys never needs it (nor the permissions for it).
 type TaskKeys struct {
-	js   natsjs.JetStream
-	mode Mode
-	cfg  natsjs.KeyValueConfig
+	js  natsjs.JetStream
+	p   provisioner // Provision's
+	cfg natsjs.KeyValueConfig
 
 	mu     sync.Mutex
 	kv     *KV
 	stream natsjs.Stream
 }
 
-func newTaskKeys(js natsjs.JetStream, mode Mode, topo Topology, storage natsjs.StorageType) *TaskKeys {
-	return &TaskKeys{js: js, mode: mode, cfg: natsjs.KeyValueConfig{
+func newTaskKeys(p provisioner, topo Topology, storage natsjs.StorageType) *TaskKeys {
+	return &TaskKeys{js: p.js, p: p, cfg: natsjs.KeyValueConfig{
 		Bucket:         TaskKeysBucket,
 		Description:    "jetflow task idempotency keys: claims and cached step results, per-key TTL",
 		History:        1,
@@ -67,7 +67,7 @@ func (t *TaskKeys) bind(ctx context.Context) (*KV, natsjs.Stream, error) {
 	if t.kv != nil {
 		return t.kv, t.stream, nil
 	}
-	kv, err := ensureBucket(ctx, t.js, t.mode, t.cfg)
+	kv, err := t.p.ensureBucket(ctx, t.cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("jetflow: provision bucket %s: %w", TaskKeysBucket, err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/logging"
 )
 
 // Names of the engine's NATS resources. They are part of the protocol other
@@ -174,8 +176,9 @@ const (
 )
 
 // Provision creates (or, in CreateOrUpdate mode, updates) the task and start
-// streams and the buckets. It is idempotent: every process calls it at start-up.
-func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*Assets, error) {
+// streams and the buckets. It is idempotent: every process calls it at
+// start-up. LogChanges reports the updates.
+func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opts ...ProvisionOption) (*Assets, error) {
 	topo = topo.WithDefaults()
 	if err := topo.Validate(); err != nil {
 		return nil, err
@@ -184,11 +187,15 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: jetstream context: %w", err)
 	}
+	p := provisioner{js: js, mode: mode}
+	for _, o := range opts {
+		o(&p)
+	}
 	storage := natsjs.FileStorage
 	if topo.MemoryStorage {
 		storage = natsjs.MemoryStorage
 	}
-	tasks, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
+	tasks, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TasksStream,
 		Description: "jetflow tasks: one message per pending start or step",
 		Subjects:    []string{TaskSubjects},
@@ -205,7 +212,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TasksStream, err)
 	}
-	starts, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
+	starts, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        StartsStream,
 		Description: "jetflow start envelopes from any NATS client, one per start, until admitted",
 		Subjects:    []string{StartSubjects},
@@ -220,7 +227,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", StartsStream, err)
 	}
-	timers, err := ensureStream(ctx, js, mode, natsjs.StreamConfig{
+	timers, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TimersStream,
 		Description: "jetflow timers: tasks stored until they are due (retry backoffs), then published to " + dueSubjects,
 		Subjects:    []string{timerSubjects, dueSubjects},
@@ -236,7 +243,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TimersStream, err)
 	}
-	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, TaskKeys: newTaskKeys(js, mode, topo, storage)}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, TaskKeys: newTaskKeys(p, topo, storage)}
 	for _, b := range []struct {
 		name    string
 		desc    string
@@ -251,7 +258,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, 0},
 		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts, 0},
 	} {
-		kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
+		kv, err := p.ensureBucket(ctx, natsjs.KeyValueConfig{
 			Bucket:         b.name,
 			Description:    b.desc,
 			History:        1,
@@ -267,7 +274,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	}
 	// No bucket TTL: a workflow, once served, stays known; liveness
 	// records carry their own TTL (per-message, hence LimitMarkerTTL).
-	kv, err := ensureBucket(ctx, js, mode, natsjs.KeyValueConfig{
+	kv, err := p.ensureBucket(ctx, natsjs.KeyValueConfig{
 		Bucket:         WorkflowsBucket,
 		Description:    "jetflow workflows: known.<workflow> once served, live.<workflow>.<worker> while served",
 		History:        1,
@@ -282,60 +289,105 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode) (*A
 	return a, nil
 }
 
+// ProvisionOption configures Provision.
+type ProvisionOption func(*provisioner)
+
+// LogChanges makes Provision (and the task-keys bucket's provisioning on
+// first use) call log when it changes an existing stream's or bucket's
+// configuration, with what changed, from what to what: key/value pairs
+// "stream" or "bucket" (the name) and "changes" (a list of
+// "Field: old → new"). An operator's change to a setting jetflow manages
+// (the duplicate window, say) is put back at a worker's start; this says
+// so instead of doing it silently.
+func LogChanges(log func(msg string, kv ...any)) ProvisionOption {
+	return func(p *provisioner) { p.log = log }
+}
+
+// provisioner creates and binds streams and buckets in one Mode.
+type provisioner struct {
+	js   natsjs.JetStream
+	mode Mode
+	log  func(msg string, kv ...any) // nil: no log
+}
+
 // ensureStream creates the stream cfg describes, or binds to it; in
 // CreateOrUpdate mode it also updates an existing stream whose settings
-// differ. A stream already as wanted is not updated: every worker start
-// would otherwise send an update to the stream (a replicated proposal in
-// a cluster) while other workers create consumers on it.
-func ensureStream(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
-	s, err := js.Stream(ctx, cfg.Name)
-	if err == nil && mode == CreateOrUpdate && !settled(cfg, s.CachedInfo().Config) {
-		return js.UpdateStream(ctx, cfg)
+// differ, and logs what it changed. A stream already as wanted is not
+// updated: every worker start would otherwise send an update to the
+// stream (a replicated proposal in a cluster) while other workers create
+// consumers on it.
+func (p provisioner) ensureStream(ctx context.Context, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
+	s, err := p.js.Stream(ctx, cfg.Name)
+	if err == nil && p.mode == CreateOrUpdate {
+		if changes := diff(cfg, s.CachedInfo().Config); len(changes) > 0 {
+			s, err = p.js.UpdateStream(ctx, cfg)
+			if err == nil {
+				p.logChanges("stream configuration changed at start-up", "stream", cfg.Name, changes)
+			}
+			return s, err
+		}
 	}
 	if errors.Is(err, natsjs.ErrStreamNotFound) {
-		s, err = js.CreateStream(ctx, cfg)
+		s, err = p.js.CreateStream(ctx, cfg)
 		if errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) {
-			return js.Stream(ctx, cfg.Name)
+			return p.js.Stream(ctx, cfg.Name)
 		}
 	}
 	return s, err
 }
 
 // ensureBucket is ensureStream for a KV bucket.
-func ensureBucket(ctx context.Context, js natsjs.JetStream, mode Mode, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if err == nil && mode == CreateOrUpdate {
+func (p provisioner) ensureBucket(ctx context.Context, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
+	kv, err := p.js.KeyValue(ctx, cfg.Bucket)
+	if err == nil && p.mode == CreateOrUpdate {
 		st, err := kv.Status(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if bs, ok := st.(*natsjs.KeyValueBucketStatus); !ok || !settled(cfg, bs.Config()) {
-			return js.UpdateKeyValue(ctx, cfg)
+		changes := []string{"(configuration unreadable: set as a whole)"}
+		if bs, ok := st.(*natsjs.KeyValueBucketStatus); ok {
+			changes = diff(cfg, bs.Config())
+		}
+		if len(changes) > 0 {
+			kv, err = p.js.UpdateKeyValue(ctx, cfg)
+			if err == nil {
+				p.logChanges("bucket configuration changed at start-up", "bucket", cfg.Bucket, changes)
+			}
+			return kv, err
 		}
 		return kv, nil
 	}
 	if errors.Is(err, natsjs.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
+		kv, err = p.js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, natsjs.ErrBucketExists) {
-			return js.KeyValue(ctx, cfg.Bucket)
+			return p.js.KeyValue(ctx, cfg.Bucket)
 		}
 	}
 	return kv, err
 }
 
-// settled reports whether a resource configured as have already has every
-// setting of want. A zero field of want is a setting jetflow leaves to the
-// server's default, so have's value stands for it (jetflow never lowers a
-// setting to zero: every field it sets deliberately is non-zero, or zero
-// from creation on).
-func settled[C any](want, have C) bool {
-	w, h := reflect.ValueOf(&want).Elem(), reflect.ValueOf(have)
-	for i := range w.NumField() {
-		if w.Field(i).IsZero() {
-			w.Field(i).Set(h.Field(i))
-		}
+func (p provisioner) logChanges(msg, kind, name string, changes []string) {
+	if p.log != nil {
+		p.log(msg, kind, name, "changes", changes)
 	}
-	return reflect.DeepEqual(want, have)
+}
+
+// diff lists, as "Field: have → want", the settings of want that a
+// resource configured as have lacks; none when it already has them all. A
+// zero field of want is a setting jetflow leaves to the server's default,
+// so have's value stands for it (jetflow never lowers a setting to zero:
+// every field it sets deliberately is non-zero, or zero from creation on).
+func diff[C any](want, have C) []string {
+	w, h := reflect.ValueOf(want), reflect.ValueOf(have)
+	var out []string
+	for i := range w.NumField() {
+		wf, hf := w.Field(i), h.Field(i)
+		if wf.IsZero() || reflect.DeepEqual(wf.Interface(), hf.Interface()) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: %v → %v", w.Type().Field(i).Name, hf.Interface(), wf.Interface()))
+	}
+	return out
 }
 
 // ConsumerConfig is the per-workflow task consumer setting.
@@ -491,7 +543,7 @@ func (a *Assets) LowerAckWait(ctx context.Context, consumers []natsjs.Consumer, 
 		return nil
 	}
 	log("lowering AckWait: announced, waiting for workers to follow",
-		"consumers", len(announced), "ack_wait", to.String(), "grace", grace.String())
+		"consumers", len(announced), "ack_wait", to.String(), "grace", logging.Duration(grace))
 	select {
 	case <-ctx.Done():
 		return fmt.Errorf("jetflow: lower AckWait (announced, not applied): %w", ctx.Err())

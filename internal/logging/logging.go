@@ -1,10 +1,18 @@
 // Package logging builds the zerolog loggers of jetflow's commands: JSON
 // lines by default, a console format for a person at a terminal.
+//
+// # Conventions
+//
+// Every line about a run carries the fields workflow and run_id (a step's
+// line step_id too). A duration is a string with its unit, written by
+// Duration ("193ms", "30s", "1m30s"), never a bare number: jetflow's code
+// does not use zerolog's Dur, whose number has no unit.
 package logging
 
 import (
 	"io"
 	"os"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -41,4 +49,15 @@ func New(w io.Writer, format string, level zerolog.Level) zerolog.Logger {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000", NoColor: !IsTerminal(w)}
 	}
 	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+}
+
+// Duration formats d for a log field: Go's duration syntax with its unit,
+// rounded to the millisecond from one millisecond up ("193ms", "1.5s",
+// "2m0s") and to the microsecond below ("250µs"), so that a line reads
+// without a trail of nanoseconds.
+func Duration(d time.Duration) string {
+	if d >= time.Millisecond || d <= -time.Millisecond {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Microsecond).String()
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
 )
 
 // Known is the permanent record of a workflow the deployment has served.
@@ -202,7 +203,7 @@ func (p *Presence) run() {
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), p.ttl/3)
 			if err := p.beat(ctx); err != nil {
-				p.log.Warn().Err(err).Dur("ttl", p.ttl).Msg("liveness heartbeat failed; retrying at the next tick")
+				p.log.Warn().Err(err).Str("ttl", logging.Duration(p.ttl)).Msg("liveness heartbeat failed; retrying at the next tick")
 			}
 			cancel()
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -198,7 +199,7 @@ func (d *durable) Handle(ctx context.Context, msg natsjs.Msg) {
 		err = msg.TermWithReason(reason)
 	case settleRetry:
 		delay := d.retryDelay(msg)
-		log.Warn().Str("reason", reply.Error.Message).Dur("retry_in", delay).Msg("durable start not admitted, will retry")
+		log.Warn().Str("reason", reply.Error.Message).Str("retry_in", logging.Duration(delay)).Msg("durable start not admitted, will retry")
 		err = msg.NakWithDelay(delay)
 	}
 	if err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {

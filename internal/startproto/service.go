@@ -234,6 +234,7 @@ func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout 
 				ctx, cancel := context.WithTimeout(context.Background(), timeout)
 				defer cancel()
 				reply := handleStart(ctx, a, name, wf, m.Data, entryOf(m.Header))
+				logRefusal(log, name, reply)
 				b, err := json.Marshal(reply)
 				if err == nil {
 					err = m.Respond(b)
@@ -255,6 +256,26 @@ func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout 
 		return nil, errors.Join(fmt.Errorf("jetflow: serve starts: %w", err), stop())
 	}
 	return stop, nil
+}
+
+// logRefusal logs a start request that was answered with an error (an
+// input the workflow cannot decode, a conflict, an invalid run ID...): at
+// info level, the caller's mistake, with the workflow, the run ID when the
+// request named one, the reply's code and reason; at warn level when the
+// engine could not decide (CodeInternal).
+func logRefusal(log zerolog.Logger, workflow string, reply StartReply) {
+	if reply.Error == nil {
+		return
+	}
+	ev := log.Info()
+	if reply.Error.Code == CodeInternal {
+		ev = log.Warn()
+	}
+	ev = ev.Str("workflow", workflow)
+	if reply.RunID != "" {
+		ev = ev.Str("run_id", reply.RunID)
+	}
+	ev.Str("code", reply.Error.Code).Str("reason", reply.Error.Message).Msg("start refused")
 }
 
 // entryOf reads a start request's EntryHeader: "http", "webhook" or

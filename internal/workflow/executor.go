@@ -102,10 +102,11 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	if err != nil {
 		e.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("stream_seq", meta.Sequence.Stream).
 			Msg("malformed task terminated")
-		e.settleErr(msg.TermWithReason("malformed task: "+err.Error()), "term")
+		settleErr(e.log, msg.TermWithReason("malformed task: "+err.Error()), "term")
 		return
 	}
-	lc := e.log.With().Str("run_id", task.RunID).Str("workflow", task.Workflow)
+	runLog := RunLogger(e.log, task.Workflow, task.RunID)
+	lc := runLog.With()
 	if task.StepID != "" {
 		lc = lc.Str("step_id", task.StepID)
 	}
@@ -116,7 +117,7 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	def, ok := e.cfg.Definitions[task.Workflow]
 	if !ok {
 		log.Error().Msg("task for a workflow this worker does not serve; releasing it")
-		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 		return
 	}
 	nctx := context.WithoutCancel(ctx)
@@ -126,19 +127,19 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		// task left in the stream, a task consumed after the retention):
 		// it must never create a run.
 		log.Warn().Err(err).Int("generation", task.Generation).Msg("stale start task dropped: its run expired; no run created")
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 		return
 	}
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot load run; releasing task")
-		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 		return
 	}
 	if run.Workflow != task.Workflow {
 		// A start of another workflow under this run ID (after the broker's
 		// window): the stored run wins and this task must not touch it.
 		log.Error().Str("stored_workflow", run.Workflow).Msg("task for a run of another workflow dropped")
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 		return
 	}
 	if run.Status.Terminal() || (task.StepID == "" && task.Generation != run.Generation) ||
@@ -146,10 +147,10 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		// A stale task (duplicate start, late redelivery, a start task of a
 		// generation that is not the run's): nothing to do. The current
 		// generation always has a start task of its own.
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 		return
 	}
-	d := &delivery{ctx: ctx, nctx: nctx, task: task, run: run, rev: rev, delivered: int(meta.NumDelivered)}
+	d := &delivery{ctx: ctx, nctx: nctx, task: task, run: run, rev: rev, delivered: int(meta.NumDelivered), log: runLog}
 	s := e.replay(d, def)
 	e.settle(nctx, log, msg, d, s)
 }
@@ -169,6 +170,14 @@ type delivery struct {
 	rev  uint64 // of run; 0 when unknown
 	// delivered is the task message's delivery count.
 	delivered int
+	// log carries the run's workflow and run_id (RunLogger).
+	log zerolog.Logger
+}
+
+// RunLogger is log with the fields every line about a run carries:
+// workflow and run_id.
+func RunLogger(log zerolog.Logger, workflow, runID string) zerolog.Logger {
+	return log.With().Str("workflow", workflow).Str("run_id", runID).Logger()
 }
 
 // taskSubject is the subject of the task being handled.
@@ -210,7 +219,8 @@ func (e *Executor) Release(msg natsjs.Msg) error {
 			_, err := e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), []byte(strconv.Itoa(firstAttempt(t)-1)))
 			cancel()
 			if err != nil && !errors.Is(err, jetstream.ErrExists) {
-				e.log.Warn().Err(err).Str("run_id", t.RunID).Msg("cannot record an unstarted attempt; the redelivery will count one more")
+				log := RunLogger(e.log, t.Workflow, t.RunID)
+				log.Warn().Err(err).Msg("cannot record an unstarted attempt; the redelivery will count one more")
 			}
 		}
 	}

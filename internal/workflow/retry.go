@@ -29,7 +29,7 @@ const timerMinDelay = 2 * time.Second
 // already started and is dropped.
 func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, t state.Task, s *settlement) {
 	if s.delay < timerMinDelay {
-		e.settleErr(msg.NakWithDelay(s.delay), "nak")
+		settleErr(log, msg.NakWithDelay(s.delay), "nak")
 		return
 	}
 	t.Attempt, t.Redispatched = s.attempt+1, false
@@ -42,12 +42,12 @@ func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg
 	}
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot store the retry timer; the task waits ack-pending instead")
-		e.settleErr(msg.NakWithDelay(s.delay), "nak")
+		settleErr(log, msg.NakWithDelay(s.delay), "nak")
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	e.settleErr(msg.DoubleAck(actx), "ack")
+	settleErr(log, msg.DoubleAck(actx), "ack")
 }
 
 // retryMsgID names the task message of one retry of a step: the timer and
@@ -80,13 +80,14 @@ func (f *DueForwarder) Handle(ctx context.Context, msg natsjs.Msg) {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	d, err := jetstream.PublishTask(pctx, f.JS, subject, retryMsgID(t), msg.Data())
+	log := RunLogger(f.Log, t.Workflow, t.RunID)
 	if err != nil {
-		f.Log.Warn().Err(err).Str("run_id", t.RunID).Str("subject", subject).Msg("cannot publish a due task; retrying")
+		log.Warn().Err(err).Str("subject", subject).Msg("cannot publish a due task; retrying")
 		f.settle(msg.NakWithDelay(time.Second))
 		return
 	}
 	if d == jetstream.PendingSubject {
-		f.Log.Debug().Str("run_id", t.RunID).Str("subject", subject).Msg("due timer waits: a task for it is pending")
+		log.Debug().Str("subject", subject).Msg("due timer waits: a task for it is pending")
 		f.settle(msg.NakWithDelay(time.Second))
 		return
 	}

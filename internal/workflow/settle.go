@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -65,22 +66,22 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 	case settleDispatch:
 		if id, err := e.dispatch(ctx, d, s.stepIDs, s.ranStep); err != nil {
 			log.Warn().Err(err).Str("next_step_id", id).Msg("cannot publish next task; releasing")
-			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+			settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 	case settleRetry:
 		e.retry(ctx, log, msg, d.task, s)
 	case settleDrop:
 		log.Info().Err(s.err).Msg("task dropped")
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 	case settleRelease:
 		if s.err != nil {
 			log.Warn().Err(s.err).Msg("task released")
 		}
-		e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 	case settleFinish:
-		err := e.finish(ctx, d.run, d.rev, s)
+		err := e.finish(ctx, log, d.run, d.rev, s)
 		if errors.Is(err, jetstream.ErrNotFound) {
 			// The record is gone: nothing is left to finish. (A running
 			// run's record never expires; one written before that rule
@@ -88,19 +89,21 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 			log.Error().Err(err).Msg("run record gone; task dropped")
 		} else if err != nil {
 			log.Warn().Err(err).Msg("cannot record run end; releasing")
-			e.settleErr(msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+			settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
 		}
 		e.cache.forget(d.runKey())
-		e.settleErr(msg.Ack(), "ack")
+		settleErr(log, msg.Ack(), "ack")
 	}
 }
 
-func (e *Executor) settleErr(err error, what string) {
+// settleErr logs err, the failure to settle a task message with what, on
+// log (the task's run's logger).
+func settleErr(log zerolog.Logger, err error, what string) {
 	if err != nil {
 		// The broker will redeliver after AckWait; the commit protocol makes
 		// that harmless, so this is worth a log line, not more.
-		e.log.Warn().Err(err).Str("settle", what).Msg("cannot settle task message")
+		log.Warn().Err(err).Str("settle", what).Msg("cannot settle task message")
 	}
 }
 
@@ -130,7 +133,7 @@ func (e *Executor) dispatch(ctx context.Context, d *delivery, stepIDs []string, 
 // run, or it changed since) it reads the record and tries again. A run
 // already in a terminal state, or a record that now holds another run under
 // the same ID (another token), is left as it is.
-func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *settlement) error {
+func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) error {
 	run, written, err := e.runs.Finish(ctx, run, rev, func(run *state.Run) {
 		run.UpdatedAt = e.cfg.Now().UTC()
 		switch {
@@ -153,8 +156,26 @@ func (e *Executor) finish(ctx context.Context, run state.Run, rev uint64, s *set
 	if err != nil || !written {
 		return err
 	}
-	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+	took := run.UpdatedAt.Sub(run.CreatedAt)
+	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), took)
+	logRunEnd(log, run, took)
 	return nil
+}
+
+// logRunEnd logs the end of run, which took took: a failure at warn level
+// with the error's kind, code and message (a run that failed its input
+// validation among them), a completion at debug level.
+func logRunEnd(log zerolog.Logger, run state.Run, took time.Duration) {
+	if run.Status != state.StatusFailed || run.Error == nil {
+		log.Debug().Str("status", string(run.Status)).Str("took", logging.Duration(took)).Msg("run ended")
+		return
+	}
+	ev := log.Warn().Str("status", string(run.Status)).Str("error_kind", run.Error.Kind).Str("error", run.Error.Message).
+		Bool("fatal", run.Error.Fatal).Str("took", logging.Duration(took))
+	if run.Error.Code != "" {
+		ev = ev.Str("error_code", run.Error.Code)
+	}
+	ev.Msg("run failed")
 }
 
 func errorInfo(s *settlement) *state.ErrorInfo {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -78,7 +79,7 @@ func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.Step
 		// than the step may run.
 		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, sc.policy.MaxAttempts), Kind: "step"}
 		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
-		e.log.Warn().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
+		d.log.Warn().Str("step_id", sc.id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
 		return rec, metrics.StepFailed, nil
 	}
 	out, err := e.call(d.ctx, info, sc.fn)
@@ -100,8 +101,8 @@ func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.Step
 		if !ok {
 			delay = sc.policy.Backoff(attempt)
 		}
-		e.log.Info().Str("run_id", info.RunID).Str("step_id", sc.id).Int("attempt", attempt).
-			Dur("retry_in", delay).Err(err).Msg("step failed; retrying")
+		d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
+			Str("retry_in", logging.Duration(delay)).Err(err).Msg("step failed; retrying")
 		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
 		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err}
 	default:
@@ -144,7 +145,7 @@ func (e *Executor) record(d *delivery, a stepAttempt, rec state.Step, result met
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
-			e.log.Info().Str("run_id", d.run.RunID).Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
+			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
 			won = false
 		}
 		rec = stored
