@@ -47,7 +47,7 @@ type scenario struct {
 	pw       map[string]string
 	pay      *orders.PaymentService
 	prod     Producer
-	client   *jetflow.Client // the test's reader, as jetflow_worker
+	client   *jetflow.Client // the test's reader, as jetflow_producer
 	js       natsjs.JetStream
 	workers  []*Proc
 	nworkers int // how many worker processes were ever started (their names)
@@ -140,14 +140,24 @@ func newScenario(t *testing.T) *scenario {
 	require.NoError(t, prod.WaitHTTP(s.ctx(30*ackWait), "http://"+addr+"/readyz"))
 	s.prod = Producer{BaseURL: "http://" + addr, HTTP: &http.Client{}}
 
-	nc, err := jetflow.Connect(s.cluster.URLs(), nats.UserInfo("jetflow_worker", s.pw["WORKER"]), nats.MaxReconnects(-1))
+	// The reader reads runs and steps as a producer does; leaders and the
+	// consumer's AckWait are asked as a worker (the producer user may not
+	// read consumer info).
+	s.client, err = jetflow.NewClient(s.ctx(30*ackWait), s.conn("jetflow_producer", "PRODUCER"),
+		jetflow.ClientConfig{Name: "opcluster-test", Topology: jetflow.Topology{Replicas: 3}})
 	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	s.client, err = jetflow.NewClient(s.ctx(30*ackWait), nc, jetflow.ClientConfig{Name: "opcluster-test", Topology: jetflow.Topology{Replicas: 3}})
-	require.NoError(t, err)
-	s.js, err = natsjs.New(nc)
+	s.js, err = natsjs.New(s.conn("jetflow_worker", "WORKER"))
 	require.NoError(t, err)
 	return s
+}
+
+// conn connects to the cluster as user (a user of the shipped
+// accounts.conf, whose password is s.pw[key]), reconnecting for ever.
+func (s *scenario) conn(user, key string) *nats.Conn {
+	nc, err := jetflow.Connect(s.cluster.URLs(), nats.UserInfo(user, s.pw[key]), nats.MaxReconnects(-1))
+	require.NoError(s.t, err)
+	s.t.Cleanup(nc.Close)
+	return nc
 }
 
 // ctx is a context that ends after d or with the test.
@@ -221,19 +231,31 @@ func (s *scenario) phase(name, prefix string, n int, every time.Duration, f faul
 }
 
 // probe starts run id (retrying while the deployment is unavailable),
-// waits for it to complete, and returns the time from since; 0 if it
-// did not complete before ctx ended.
+// reads it until it is completed, and returns the time from since; 0 if
+// it did not complete before ctx ended. It reads (GetRun) rather than
+// watches, so that what it measures is the engine's recovery, not a
+// watch's.
 func (s *scenario) probe(ctx context.Context, id string, since time.Time) time.Duration {
 	if err := s.prod.StartUntilAccepted(ctx, NewLedger(), id); err != nil {
 		s.t.Errorf("probe %s: %v", id, err)
 		return 0
 	}
-	run, err := s.client.WaitRun(ctx, id)
-	if err != nil || run.Status != jetflow.StatusCompleted {
-		s.t.Errorf("probe %s: %v %v", id, run.Status, err)
-		return 0
+	var last string
+	for {
+		rctx, cancel := context.WithTimeout(ctx, ackWait)
+		run, err := s.client.GetRun(rctx, id)
+		cancel()
+		if err == nil && run.Status == jetflow.StatusCompleted {
+			return time.Since(since)
+		}
+		last = fmt.Sprintf("%s %v", run.Status, err)
+		select {
+		case <-ctx.Done():
+			s.t.Errorf("probe %s not completed: last read %s", id, last)
+			return 0
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return time.Since(since)
 }
 
 // killLeaderOf SIGKILLs the node leading stream and measures how long the
