@@ -236,6 +236,22 @@ func Check(ctx context.Context, c *jetflow.Client, pay *orders.PaymentService, l
 	l.mu.Unlock()
 	v.Runs = len(ids)
 
+	sorted := make([]string, 0, len(ids))
+	for id := range ids {
+		sorted = append(sorted, id)
+	}
+	sort.Strings(sorted)
+	// Every run first: the charges are listed once no run can add one.
+	runs := make(map[string]jetflow.Run, len(sorted))
+	for _, id := range sorted {
+		run, err := c.WaitRun(ctx, id)
+		if err != nil {
+			v.Lost++
+			v.Problems = append(v.Problems, fmt.Sprintf("run %s: %v", id, err))
+			continue
+		}
+		runs[id] = run
+	}
 	list, err := listCharges(ctx, pay.URL())
 	if err != nil {
 		v.Problems = append(v.Problems, err.Error())
@@ -244,22 +260,20 @@ func Check(ctx context.Context, c *jetflow.Client, pay *orders.PaymentService, l
 	for _, ch := range list {
 		byOrder[ch.OrderID] = append(byOrder[ch.OrderID], ch)
 	}
-	sorted := make([]string, 0, len(ids))
-	for id := range ids {
-		sorted = append(sorted, id)
-	}
-	sort.Strings(sorted)
 	for _, id := range sorted {
-		lost, doubled, problems := checkRun(ctx, c, id, byOrder[id], &v)
-		v.Lost += lost
-		v.Doubled += doubled
-		v.Problems = append(v.Problems, problems...)
+		if run, ok := runs[id]; ok {
+			lost, doubled, problems := checkRun(ctx, c, run, byOrder[id], &v)
+			v.Lost += lost
+			v.Doubled += doubled
+			v.Problems = append(v.Problems, problems...)
+		}
 	}
 	return v
 }
 
-// checkRun checks one order: its run, its steps and its charges.
-func checkRun(ctx context.Context, c *jetflow.Client, id string, charges []orders.Charge, v *Verdict) (lost, doubled int, problems []string) {
+// checkRun checks one order: its ended run, its steps and its charges.
+func checkRun(ctx context.Context, c *jetflow.Client, run jetflow.Run, charges []orders.Charge, v *Verdict) (lost, doubled int, problems []string) {
+	id := run.RunID
 	v.Charges += len(charges)
 	for _, ch := range charges {
 		v.ChargeRequests += ch.Requests
@@ -267,10 +281,6 @@ func checkRun(ctx context.Context, c *jetflow.Client, id string, charges []order
 	if len(charges) > 1 {
 		doubled++
 		problems = append(problems, fmt.Sprintf("order %s charged %d times: %+v", id, len(charges), charges))
-	}
-	run, err := c.WaitRun(ctx, id)
-	if err != nil {
-		return lost + 1, doubled, append(problems, fmt.Sprintf("run %s: %v", id, err))
 	}
 	if run.Status != jetflow.StatusCompleted {
 		return lost + 1, doubled, append(problems, fmt.Sprintf("run %s ended %s: %+v", id, run.Status, run.Error))

@@ -75,8 +75,8 @@ type PhaseResult struct {
 func TestOperatedClusterNodeLossAndRollingDeploys(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t)
-	n := scale(60, 1000)
-	every := time.Duration(scale(50, 10)) * time.Millisecond
+	n := scale(45, 1000)
+	every := time.Duration(scale(40, 10)) * time.Millisecond
 
 	var results []PhaseResult
 	results = append(results, s.phase("stream leader killed", "sl", n, every, s.killLeaderOf("JETFLOW_TASKS")))
