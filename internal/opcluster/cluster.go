@@ -138,20 +138,43 @@ func (c *Cluster) Leader(ctx context.Context, js natsjs.JetStream, stream string
 }
 
 func (c *Cluster) leaderOnce(ctx context.Context, js natsjs.JetStream, stream string) (int, error) {
+	return leaderOf(ctx, stream, func(ctx context.Context) (*natsjs.ClusterInfo, error) {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return nil, err
+		}
+		return s.CachedInfo().Cluster, nil
+	})
+}
+
+// ConsumerLeader asks the cluster ($JS.API.CONSUMER.INFO) which node leads
+// the consumer of stream; each consumer has a leader of its own, which need
+// not be the stream's.
+func (c *Cluster) ConsumerLeader(ctx context.Context, js natsjs.JetStream, stream, consumer string) (int, error) {
+	return leaderOf(ctx, stream+"/"+consumer, func(ctx context.Context) (*natsjs.ClusterInfo, error) {
+		cons, err := js.Consumer(ctx, stream, consumer)
+		if err != nil {
+			return nil, err
+		}
+		return cons.CachedInfo().Cluster, nil
+	})
+}
+
+// leaderOf maps the leader that info reports for what to a node index.
+func leaderOf(ctx context.Context, what string, info func(context.Context) (*natsjs.ClusterInfo, error)) (int, error) {
 	rctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	s, err := js.Stream(rctx, stream)
+	ci, err := info(rctx)
 	if err != nil {
 		return -1, err
 	}
-	info := s.CachedInfo()
-	if info.Cluster == nil || info.Cluster.Leader == "" {
-		return -1, fmt.Errorf("%w: %s has none", errNoLeader, stream)
+	if ci == nil || ci.Leader == "" {
+		return -1, fmt.Errorf("%w: %s has none", errNoLeader, what)
 	}
 	for i := range Size {
-		if NodeName(i) == info.Cluster.Leader {
+		if NodeName(i) == ci.Leader {
 			return i, nil
 		}
 	}
-	return -1, fmt.Errorf("opcluster: %s is led by unknown server %q", stream, info.Cluster.Leader)
+	return -1, fmt.Errorf("opcluster: %s is led by unknown server %q", what, ci.Leader)
 }

@@ -278,24 +278,39 @@ func (s *scenario) killLeaderOf(stream string) fault {
 }
 
 // killFollower SIGKILLs a node that leads neither the task stream nor the
-// runs bucket (with three nodes and two leaders there is one).
+// runs bucket (with three nodes and two leaders there is one), preferring
+// one that also leads none of the workflow's task consumers: those have
+// leaders of their own, and a consumer leader's loss is an election too.
+// It logs what the victim led.
 func (s *scenario) killFollower(hit func()) (func(), time.Duration) {
-	leaders := map[int]bool{}
+	ctx := s.ctx(30 * ackWait)
+	leads := map[int][]string{}
 	for _, stream := range []string{"JETFLOW_TASKS", "KV_jetflow_runs"} {
-		i, err := s.cluster.Leader(s.ctx(30*ackWait), s.js, stream, -1)
+		i, err := s.cluster.Leader(ctx, s.js, stream, -1)
 		require.NoError(s.t, err)
-		leaders[i] = true
+		leads[i] = append(leads[i], stream)
 	}
+	victim := -1
 	for i := range Size {
-		if !leaders[i] {
-			s.t.Logf("%s leads neither the task stream nor the runs bucket: SIGKILL", NodeName(i))
-			s.cluster.Kill(i)
-			hit()
-			return s.restartNode(i), 0
+		if len(leads[i]) == 0 {
+			victim = i
 		}
 	}
-	s.t.Fatal("every node leads something")
-	return nil, 0
+	require.GreaterOrEqual(s.t, victim, 0, "every node leads a stream")
+	for _, cons := range []string{"jetflow_start_", "jetflow_step_"} {
+		i, err := s.cluster.ConsumerLeader(ctx, s.js, "JETFLOW_TASKS", cons+orders.WorkflowName)
+		require.NoError(s.t, err)
+		leads[i] = append(leads[i], cons+orders.WorkflowName)
+	}
+	for i := range Size {
+		if len(leads[i]) == 0 {
+			victim = i
+		}
+	}
+	s.t.Logf("%s leads %v (neither the task stream nor the runs bucket): SIGKILL", NodeName(victim), leads[victim])
+	s.cluster.Kill(victim)
+	hit()
+	return s.restartNode(victim), 0
 }
 
 // restartNode returns a function that starts node i again and waits until
