@@ -165,12 +165,7 @@ send:
 			break send
 		}
 	}
-	close(work)
-	// A sender that failed stopped reading work; drain what it left.
-	go func() {
-		for range work {
-		}
-	}()
+	close(work) // senders still reading stop; one that failed already returned
 	wg.Wait()
 	close(errs)
 	if err == nil {
