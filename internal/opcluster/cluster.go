@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -72,6 +74,22 @@ func (c *Cluster) Kill(i int) { c.nodes[i].Kill() }
 // Stop stops node i with SIGTERM (a graceful shutdown: the server hands
 // over its leaderships) and waits for it to exit.
 func (c *Cluster) Stop(i int, timeout time.Duration) error { return c.nodes[i].Term(timeout) }
+
+// StopLameDuck puts node i in lame duck mode (SIGUSR2, what `nats-server
+// --signal ldm` sends): it stops accepting clients, moves its clients off
+// over the config's lame_duck_duration and exits. It waits for the exit
+// up to the config's grace period plus duration plus slack.
+func (c *Cluster) StopLameDuck(i int, slack time.Duration) error {
+	conf, err := os.ReadFile(c.confs[i])
+	if err != nil {
+		return err
+	}
+	d, err := LameDuck(string(conf))
+	if err != nil {
+		return err
+	}
+	return c.nodes[i].Stop(syscall.SIGUSR2, d+slack)
+}
 
 // Close kills every node still running.
 func (c *Cluster) Close() {

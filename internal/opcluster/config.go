@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Size is the number of nodes of the shipped cluster configuration.
@@ -87,4 +89,28 @@ func renderNode(conf string, i int, ports [Size]Ports, storeDir string) (string,
 		conf = strings.Replace(conf, rw[0], rw[1], 1)
 	}
 	return conf, nil
+}
+
+// lameDuckSetting matches a lame duck setting of a NATS config line.
+var lameDuckSetting = regexp.MustCompile(`(?m)^lame_duck_(duration|grace_period):\s*(\S+)\s*$`)
+
+// LameDuck reads how long a node of conf takes to stop in lame duck mode:
+// lame_duck_grace_period (before clients are moved off) plus
+// lame_duck_duration (over which they are). A config without both
+// settings is ErrConfigShape.
+func LameDuck(conf string) (time.Duration, error) {
+	var total time.Duration
+	seen := map[string]bool{}
+	for _, m := range lameDuckSetting.FindAllStringSubmatch(conf, -1) {
+		d, err := time.ParseDuration(m[2])
+		if err != nil {
+			return 0, fmt.Errorf("%w: lame_duck_%s: %v", ErrConfigShape, m[1], err)
+		}
+		seen[m[1]] = true
+		total += d
+	}
+	if !seen["duration"] || !seen["grace_period"] {
+		return 0, fmt.Errorf("%w: want lame_duck_duration and lame_duck_grace_period", ErrConfigShape)
+	}
+	return total, nil
 }

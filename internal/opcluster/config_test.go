@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -77,4 +78,19 @@ func TestRenderConfigsRefusesAnUnexpectedShape(t *testing.T) {
 	require.ErrorIs(t, err, ErrConfigShape)
 	require.ErrorContains(t, err, "nats-2.conf")
 	require.ErrorContains(t, err, "http: 0.0.0.0:8222")
+}
+
+// The shipped lame duck settings are read as grace period plus duration,
+// and a config without them is refused.
+func TestLameDuckReadsTheShippedSettings(t *testing.T) {
+	t.Parallel()
+	shipped, err := os.ReadFile(filepath.Join("..", "..", "deploy", "nats", "cluster", "nats-1.conf"))
+	require.NoError(t, err)
+	d, err := LameDuck(string(shipped))
+	require.NoError(t, err)
+	require.Equal(t, 40*time.Second, d, "30s lame_duck_duration + 10s lame_duck_grace_period")
+	_, err = LameDuck("lame_duck_duration: 30s\n")
+	require.ErrorIs(t, err, ErrConfigShape)
+	_, err = LameDuck("lame_duck_duration: soon\nlame_duck_grace_period: 1s\n")
+	require.ErrorIs(t, err, ErrConfigShape)
 }

@@ -67,19 +67,22 @@ func (p *Proc) Kill() {
 // Term sends SIGTERM and waits up to timeout for the process to exit. It
 // returns the exit error (nil for exit 0), or an error naming the timeout,
 // after which the process is killed.
-func (p *Proc) Term(timeout time.Duration) error {
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("%s: SIGTERM: %w", p.Name, err)
+func (p *Proc) Term(timeout time.Duration) error { return p.Stop(syscall.SIGTERM, timeout) }
+
+// Stop sends sig and waits up to timeout for the process to exit, as Term.
+func (p *Proc) Stop(sig syscall.Signal, timeout time.Duration) error {
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s: %v: %w", p.Name, sig, err)
 	}
 	select {
 	case <-p.done:
 		if p.err != nil {
-			return fmt.Errorf("%s after SIGTERM: %w (log %s)", p.Name, p.err, p.Log)
+			return fmt.Errorf("%s after %v: %w (log %s)", p.Name, sig, p.err, p.Log)
 		}
 		return nil
 	case <-time.After(timeout):
 		p.Kill()
-		return fmt.Errorf("%s did not exit within %s of SIGTERM (log %s)", p.Name, timeout, p.Log)
+		return fmt.Errorf("%s did not exit within %s of %v (log %s)", p.Name, timeout, sig, p.Log)
 	}
 }
 
