@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the fault and cluster tests N times (default 5) with the race
+# Runs the fault and cluster tests (the in-process cluster and the
+# operated one, internal/opcluster) N times (default 5) with the race
 # detector while a CPU hog keeps every core busy, and prints how many
 # rounds passed. `make stress` runs it; JETFLOW_STRESS_RUNS changes N.
 set -uo pipefail
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 runs=${JETFLOW_STRESS_RUNS:-5}
 root='^(TestFault|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper)'
 testenv='^TestClusterStopRestartKeepsStreams$'
+opcluster='^TestOperatedCluster'
 
 hog=$(mktemp)
 go build -o "$hog" ./internal/testenv/cpuhog || exit 1
@@ -19,7 +21,8 @@ passed=0
 for i in $(seq 1 "$runs"); do
   log=$(mktemp)
   if go test -race -count=1 -timeout 30m -run "$root" . >"$log" 2>&1 &&
-     go test -race -count=1 -timeout 10m -run "$testenv" ./internal/testenv/ >>"$log" 2>&1; then
+     go test -race -count=1 -timeout 10m -run "$testenv" ./internal/testenv/ >>"$log" 2>&1 &&
+     go test -race -count=1 -timeout 10m -run "$opcluster" ./internal/opcluster/ >>"$log" 2>&1; then
     passed=$((passed + 1))
     echo "stress round $i: pass"
   else
