@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"go/parser"
-	"go/token"
 	"io"
 	"io/fs"
 	"maps"
@@ -141,8 +139,8 @@ func TestNATSConfigsLoad(t *testing.T) {
 }
 
 // TestPasswordVariables: the password variables accounts.conf reads are
-// exactly those of natsPasswords (so the checks here and in Kubernetes
-// cover all of them), and every NATS node of Compose gets each one.
+// exactly those of natsPasswords (so the checks here, in Compose and in
+// Kubernetes cover all of them).
 func TestPasswordVariables(t *testing.T) {
 	t.Parallel()
 	read := map[string]bool{}
@@ -157,30 +155,6 @@ func TestPasswordVariables(t *testing.T) {
 	}
 	require.Equal(t, slices.Sorted(maps.Keys(natsPasswords)), slices.Sorted(maps.Keys(read)))
 	require.ElementsMatch(t, slices.Collect(maps.Keys(natsPasswords)), slices.Collect(maps.Values(natsUsers)))
-
-	for name, s := range loadCompose(t).Services {
-		if strings.HasPrefix(name, "nats-") {
-			for env := range natsPasswords {
-				require.True(t, strings.HasPrefix(s.Environment[env], "${"+env+":?"),
-					"service %s: %s from the environment, required; got %q", name, env, s.Environment[env])
-			}
-		}
-	}
-}
-
-// TestComposeNATSUsers: each jetflow service logs in as its user with that
-// user's password: workers as jetflow_worker, the HTTP producer as
-// jetflow_operator (its API resets task keys).
-func TestComposeNATSUsers(t *testing.T) {
-	t.Parallel()
-	c := loadCompose(t)
-	want := map[string]string{"worker-1": "jetflow_worker", "worker-2": "jetflow_worker", "producer": "jetflow_operator"}
-	for name, user := range want {
-		env := c.Services[name].Environment
-		require.Equal(t, user, env["JETFLOW_NATS_USER"], "service %s", name)
-		require.True(t, strings.HasPrefix(env["JETFLOW_NATS_PASSWORD"], "${"+natsUsers[user]+":?"),
-			"service %s: the password of %s is %s, got %q", name, user, natsUsers[user], env["JETFLOW_NATS_PASSWORD"])
-	}
 }
 
 // requireJetflowUsers checks that opts carry the JETFLOW account's users
@@ -241,247 +215,6 @@ func TestDockerfile(t *testing.T) {
 			require.NotEqual(t, needed, line, ".dockerignore excludes %s", needed)
 		}
 	}
-}
-
-// ---------------------------------------------------------------------------
-// Docker Compose.
-
-type composeFile struct {
-	Services map[string]composeService `yaml:"services"`
-}
-
-type composeService struct {
-	Image           string            `yaml:"image"`
-	Build           any               `yaml:"build"`
-	Command         []string          `yaml:"command"`
-	Environment     map[string]string `yaml:"environment"`
-	Volumes         []string          `yaml:"volumes"`
-	StopGracePeriod string            `yaml:"stop_grace_period"`
-	Healthcheck     *struct {
-		Test []string `yaml:"test"`
-	} `yaml:"healthcheck"`
-}
-
-func loadCompose(t *testing.T) composeFile {
-	t.Helper()
-	var c composeFile
-	require.NoError(t, yaml.Unmarshal(readFile(t, "docker-compose.yml"), &c))
-	return c
-}
-
-func TestComposeServices(t *testing.T) {
-	t.Parallel()
-	c := loadCompose(t)
-	for _, name := range []string{"nats-1", "nats-2", "nats-3", "worker-1", "worker-2", "producer", "prometheus", "grafana"} {
-		require.Contains(t, c.Services, name)
-	}
-
-	natsVersion := goModVersion(t, "github.com/nats-io/nats-server/v2")
-	built := 0
-	for name, s := range c.Services {
-		if s.Build != nil {
-			built++
-			dockerfile := composeDockerfile(t, s.Build)
-			require.FileExists(t, dockerfile, "service %s: build", name)
-		}
-		for _, v := range s.Volumes {
-			src, _, _ := strings.Cut(v, ":")
-			if strings.HasPrefix(src, ".") {
-				_, err := os.Stat(src)
-				require.NoError(t, err, "service %s: volume %s", name, v)
-			}
-		}
-
-		switch {
-		case strings.HasPrefix(name, "nats-"):
-			require.Equal(t, "nats:"+strings.TrimPrefix(natsVersion, "v")+"-alpine", s.Image,
-				"service %s: the nats-server version of go.mod", name)
-			conf := filepath.Join("nats", "cluster", name+".conf")
-			require.FileExists(t, conf)
-			require.Contains(t, strings.Join(s.Command, " "), "/cluster/"+name+".conf", "service %s", name)
-			require.Contains(t, s.Volumes, "./nats:/etc/jetflow-nats:ro", "service %s", name)
-
-		case strings.HasPrefix(name, "worker-"):
-			require.Equal(t, "worker", s.Command[0], "service %s", name)
-			flags := parseFlags(s.Command[1:])
-			require.Equal(t, "3", flags["replicas"], "service %s: --replicas", name)
-			require.Equal(t, "0.0.0.0:8081", flags["ops-addr"], "service %s: --ops-addr", name)
-			require.NotNil(t, s.Healthcheck, "service %s", name)
-			require.Contains(t, strings.Join(s.Healthcheck.Test, " "), "127.0.0.1:8081/readyz", "service %s", name)
-			drain := durationOr(t, s.Environment["JETFLOW_DRAIN_TIMEOUT"], 30*time.Second)
-			require.Greater(t, durationOr(t, s.StopGracePeriod, 10*time.Second), drain,
-				"service %s: stop_grace_period must outlast the drain timeout", name)
-
-		case name == "producer":
-			require.Equal(t, []string{"producer", "serve"}, s.Command[:2])
-			flags := parseFlags(s.Command[2:])
-			require.Equal(t, "0.0.0.0:8080", flags["http-addr"])
-			require.Equal(t, "3", flags["replicas"], "the workers' topology")
-			require.NotNil(t, s.Healthcheck)
-			require.Contains(t, strings.Join(s.Healthcheck.Test, " "), "127.0.0.1:8080/readyz")
-		}
-	}
-	require.GreaterOrEqual(t, built, 3, "worker-1, worker-2 and producer are built from the Dockerfile")
-}
-
-// composeDockerfile is the Dockerfile a compose build: points at. Paths are
-// relative to the compose file, which is in deploy/.
-func composeDockerfile(t *testing.T, build any) string {
-	t.Helper()
-	switch b := build.(type) {
-	case string:
-		return filepath.Join(b, "Dockerfile")
-	case map[string]any:
-		ctx, _ := b["context"].(string)
-		if ctx == "" {
-			ctx = "."
-		}
-		df, _ := b["dockerfile"].(string)
-		if df == "" {
-			df = "Dockerfile"
-		}
-		return filepath.Join(ctx, df)
-	}
-	t.Fatalf("build: unexpected %T", build)
-	return ""
-}
-
-// ---------------------------------------------------------------------------
-// Flags used by Compose and Kubernetes exist in the commands.
-
-// TestDeployedFlagsExist checks every flag and JETFLOW_* variable given to
-// worker and producer in Compose and Kubernetes against the commands'
-// sources: the flag's name must be a string literal in cmd/<command>/*.go
-// (not tests). A simple scan, not a parse: it catches typos and flags that
-// were renamed or never added.
-func TestDeployedFlagsExist(t *testing.T) {
-	t.Parallel()
-	used := map[string]map[string]string{"worker": {}, "producer": {}} // command -> flag -> where
-	add := func(cmd, flag, where string) {
-		require.Contains(t, used, cmd, "%s: unknown command %q", where, cmd)
-		used[cmd][flag] = where
-	}
-	addEnv := func(cmd, env, where string) {
-		if name, ok := strings.CutPrefix(env, "JETFLOW_"); ok {
-			add(cmd, strings.ToLower(strings.ReplaceAll(name, "_", "-")), where+" "+env)
-		}
-	}
-
-	for name, s := range loadCompose(t).Services {
-		if s.Build == nil || len(s.Command) == 0 {
-			continue
-		}
-		cmd, args := s.Command[0], s.Command[1:]
-		if cmd == "producer" && len(args) > 0 && args[0] == "serve" {
-			args = args[1:]
-		}
-		for f := range parseFlags(args) {
-			add(cmd, f, "compose "+name)
-		}
-		for env := range s.Environment {
-			addEnv(cmd, env, "compose "+name)
-		}
-	}
-
-	objs := k8sObjects(t)
-	configMaps := map[string][]string{}
-	for _, o := range objs {
-		if o.Kind == "ConfigMap" {
-			var cm struct {
-				Data map[string]string `yaml:"data"`
-			}
-			require.NoError(t, o.node.Decode(&cm))
-			for k := range cm.Data {
-				configMaps[o.Metadata.Name] = append(configMaps[o.Metadata.Name], k)
-			}
-		}
-	}
-	for _, name := range []string{"jetflow-worker", "jetflow-producer"} {
-		cmd := strings.TrimPrefix(name, "jetflow-")
-		_, c := deploymentContainer(t, objs, name, cmd)
-		args := c.Args
-		if cmd == "producer" && len(args) > 0 && args[0] == "serve" {
-			args = args[1:]
-		}
-		for f := range parseFlags(args) {
-			add(cmd, f, "k8s "+name)
-		}
-		for _, e := range c.Env {
-			addEnv(cmd, e.Name, "k8s "+name)
-		}
-		for _, ef := range c.EnvFrom {
-			if ef.ConfigMapRef != nil {
-				keys, ok := configMaps[ef.ConfigMapRef.Name]
-				require.True(t, ok, "k8s %s: ConfigMap %s", name, ef.ConfigMapRef.Name)
-				for _, k := range keys {
-					addEnv(cmd, k, "k8s "+name+" ConfigMap "+ef.ConfigMapRef.Name)
-				}
-			}
-		}
-	}
-
-	for cmd, flags := range used {
-		literals := sourceLiterals(t, filepath.Join(moduleRoot, "cmd", cmd))
-		if cmd == "producer" {
-			require.True(t, literals["serve"], "cmd/producer has no serve command")
-		}
-		for f, where := range flags {
-			require.True(t, literals[f], "%s: --%s is not a flag of cmd/%s", where, f, cmd)
-		}
-	}
-}
-
-// sourceLiterals are the string literals that look like flag names in the
-// non-test Go files of dir and of the module's internal packages they
-// import (the --nats-* flags are defined in internal/natsconn); a command
-// package they import (workermain, whose flags cmd/worker has) counts as
-// part of dir.
-func sourceLiterals(t *testing.T, dir string) map[string]bool {
-	t.Helper()
-	const internalPrefix = "github.com/jetflow/jetflow/internal/"
-	commandPkgs := map[string]string{"github.com/jetflow/jetflow/workermain": "workermain"}
-	lit := regexp.MustCompile(`"([a-z][a-z0-9]*(?:-[a-z0-9]+)*)"`)
-	out := map[string]bool{}
-	dirs, seen := []string{dir}, map[string]bool{dir: true}
-	command := map[string]bool{dir: true}
-	for len(dirs) > 0 {
-		d := dirs[0]
-		dirs = dirs[1:]
-		entries, err := os.ReadDir(d)
-		require.NoError(t, err)
-		for _, e := range entries {
-			if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
-				continue
-			}
-			path := filepath.Join(d, e.Name())
-			src := readFile(t, path)
-			for _, m := range lit.FindAllSubmatch(src, -1) {
-				out[string(m[1])] = true
-			}
-			if !command[d] {
-				continue // one level of imports
-			}
-			f, err := parser.ParseFile(token.NewFileSet(), path, src, parser.ImportsOnly)
-			require.NoError(t, err)
-			for _, imp := range f.Imports {
-				if pkg, ok := commandPkgs[strings.Trim(imp.Path.Value, `"`)]; ok {
-					cdir := filepath.Join(moduleRoot, pkg)
-					if !seen[cdir] {
-						seen[cdir], command[cdir] = true, true
-						dirs = append(dirs, cdir)
-					}
-				}
-				if pkg, ok := strings.CutPrefix(strings.Trim(imp.Path.Value, `"`), internalPrefix); ok {
-					idir := filepath.Join(moduleRoot, "internal", filepath.FromSlash(pkg))
-					if !seen[idir] {
-						seen[idir] = true
-						dirs = append(dirs, idir)
-					}
-				}
-			}
-		}
-	}
-	return out
 }
 
 // parseFlags reads --name=value, --name value and boolean --name.

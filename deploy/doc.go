@@ -6,8 +6,12 @@
 //
 // Its test checks them without Docker or a network: every YAML and JSON
 // file parses, the NATS configurations load with nats-server's own parser,
-// Compose and Kubernetes reference what exists (Dockerfile, flags, probes),
-// and every PromQL expression in the dashboard and the alert rules names
-// only metrics that internal/metrics exports. docs/operations.md explains
-// the files.
+// docker-compose.yml loads with compose-go (the loader of docker compose),
+// the Kubernetes manifests decode strictly into their k8s.io/api types and
+// refer to what exists (selectors, probe and Service ports, ServiceAccounts,
+// ConfigMaps, Secret keys), the worker and producer binaries accept every
+// command line and JETFLOW_* variable Compose and Kubernetes give them
+// (--print-config), and every PromQL expression in the dashboard and the
+// alert rules names only metrics that internal/metrics exports.
+// docs/operations.md explains the files.
 package deploy

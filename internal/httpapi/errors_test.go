@@ -55,8 +55,7 @@ func TestErrorStatuses(t *testing.T) {
 		require.NoError(t, err)
 		req := httptest.NewRequest(http.MethodPost, "/v1/workflows/wf/runs", strings.NewReader(`{}`))
 		req.Header.Set(HeaderIdempotencyKey, "r-1")
-		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, req)
+		rec := serveChecked(t, s, req, checkAll)
 		require.Equal(t, tc.code, rec.Code, tc.err.Error())
 		require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
 		var p Problem

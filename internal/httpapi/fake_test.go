@@ -99,8 +99,7 @@ func TestAfterExpiryHeader(t *testing.T) {
 		require.NoError(t, err)
 		req := httptest.NewRequest(http.MethodPost, "/v1/workflows/w/runs", strings.NewReader(`{}`))
 		req.Header.Set(HeaderIdempotencyKey, "k-1")
-		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, req)
+		rec := serveChecked(t, s, req, checkAll)
 		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 		require.Equal(t, tc.want, rec.Header().Get(HeaderAfterExpiry))
 	}

@@ -79,6 +79,7 @@ type observation struct {
 // with the global task key given as input, counted in sends).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
+	requireContract(t) // loaded here, on the test's goroutine: observe reads it
 	b := &bundle{t: t, observedCh: make(chan observation, 256)}
 	ns := testenv.Server(t)
 	b.ns = ns
@@ -197,6 +198,8 @@ func (b *bundle) do(method, path string, header http.Header, body string) respon
 	return doCtx(b.t, ctxT(b.t, 30*time.Second), b.srv, method, path, header, body)
 }
 
+// doCtx sends a request to srv and reads the answer, which must conform
+// to openapi.yaml (contractClient).
 func doCtx(t *testing.T, ctx context.Context, srv *httptest.Server, method, path string, header http.Header, body string) response {
 	t.Helper()
 	var rd io.Reader
@@ -208,7 +211,7 @@ func doCtx(t *testing.T, ctx context.Context, srv *httptest.Server, method, path
 	for k, vs := range header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
 	}
-	res, err := srv.Client().Do(req)
+	res, err := contractClient(t, srv).Do(req)
 	require.NoError(t, err)
 	defer res.Body.Close()
 	data, err := io.ReadAll(res.Body)

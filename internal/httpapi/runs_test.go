@@ -143,7 +143,7 @@ func TestResultWaitStopsWhenClientLeaves(t *testing.T) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.srv.URL+"/v1/runs/leave-1/result?wait=60s", nil)
 		if err == nil {
 			var res *http.Response
-			if res, err = b.srv.Client().Do(req); err == nil {
+			if res, err = contractClient(t, b.srv).Do(req); err == nil {
 				res.Body.Close()
 			}
 		}
