@@ -45,7 +45,7 @@ func startWorker(t *testing.T, args []string, vars map[string]string) (endpoints
 	ws := jetflow.NewRegistry()
 	ready := make(chan endpoints, 1)
 	d := &demo{ws: ws}
-	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.pay.URL()} }
+	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.paymentsURL} }
 	done := make(chan struct{}) // closed once the exit code is in code
 	code := -1
 	go func() {
@@ -96,11 +96,11 @@ func TestServe(t *testing.T) {
 	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
 	require.NoError(t, err)
 	for _, want := range []jetflow.Outcome{jetflow.OutcomeCreated, jetflow.OutcomeExisting} {
-		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("stripe-evt_123"))
+		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-o-1"))
 		require.NoError(t, err)
 		require.Equal(t, want, res.Outcome)
 	}
-	run, err := c.WaitRun(ctx, "stripe-evt_123")
+	run, err := c.WaitRun(ctx, "order-o-1")
 	require.NoError(t, err)
 	require.Equal(t, jetflow.StatusCompleted, run.Status)
 
@@ -115,7 +115,7 @@ func TestServe(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &charges))
 	require.Equal(t, 1, charges.Charges)
-	require.Equal(t, "stripe-evt_123.charge.0", charges.Data[0].IdempotencyKey)
+	require.Equal(t, "order-o-1.charge.0", charges.Data[0].IdempotencyKey)
 	require.Equal(t, 2, charges.Data[0].Requests)
 
 	code, _ = get(t, ep.OpsURL+"/healthz")
@@ -147,7 +147,7 @@ func TestDemoFlags(t *testing.T) {
 	require.False(t, d.flakyCharge)
 	require.Contains(t, printed, "payments-addr: 127.0.0.1:0 # default\n")
 	require.Contains(t, printed, "flaky-charge: false # default\n")
-	require.Equal(t, 25, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 26, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	d, code, printed = run([]string{"--print-config", "--payments-addr", "127.0.0.1:8099"}, map[string]string{"JETFLOW_FLAKY_CHARGE": "1"})
 	require.Equal(t, 0, code)

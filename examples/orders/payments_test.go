@@ -16,7 +16,7 @@ import (
 
 func startPayments(t *testing.T) *PaymentService {
 	t.Helper()
-	p, err := StartPaymentService("", zerolog.New(zerolog.NewTestWriter(t)))
+	p, err := StartPaymentService(PaymentOptions{Log: zerolog.New(zerolog.NewTestWriter(t))})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	return p
