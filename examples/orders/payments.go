@@ -36,6 +36,11 @@ import (
 // request is logged with the run ID and workflow it came from. It is safe
 // for concurrent use.
 //
+// POST /answers/hold?after=K makes the service hold its answers once K
+// charges are made (Hold), until POST /answers/release (Release): a caller
+// that dies meanwhile was charged without learning it, the window a crash
+// demo wants a kill to land in.
+//
 // With a ledger file (PaymentOptions.Ledger) every charge is appended to it
 // before it is answered, and a restarted service reads it back: a charge
 // survives the service's crash, and a retry after it is replayed, not
@@ -50,6 +55,10 @@ type PaymentService struct {
 	byKey  map[string]*chargeEntry
 	keys   []string // in the order the charges were made
 	ledger *os.File // nil without a ledger
+	// release, after Hold, is closed to release the held answers.
+	release   chan struct{}
+	holdAfter int // how many charges are made before answers are held
+	held      int // answers waiting for release
 }
 
 // Charge is a charge as the payment service returns it.
@@ -83,6 +92,8 @@ type ChargeMetadata struct {
 type ChargeCount struct {
 	// Charges is how many charges were made, replays not counted.
 	Charges int `json:"charges"`
+	// Held is how many answers are held (Hold), their charges made.
+	Held int `json:"held"`
 	// Orders is how many distinct orders were charged.
 	Orders int `json:"orders"`
 	// Duplicates is Charges - Orders: charges of an order already charged.
@@ -142,6 +153,19 @@ func StartPaymentService(opts PaymentOptions) (*PaymentService, error) {
 	mux.HandleFunc("POST /charges", p.create)
 	mux.HandleFunc("GET /charges", p.list)
 	mux.HandleFunc("GET /charges/count", p.count)
+	mux.HandleFunc("POST /answers/hold", func(w http.ResponseWriter, r *http.Request) {
+		after, err := strconv.Atoi(r.URL.Query().Get("after"))
+		if err != nil || after < 0 {
+			writeError(w, http.StatusBadRequest, "after: want the number of charges to hold answers after, 0 or more")
+			return
+		}
+		p.Hold(after)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /answers/release", func(w http.ResponseWriter, _ *http.Request) {
+		p.Release()
+		w.WriteHeader(http.StatusNoContent)
+	})
 	p.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := p.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -269,10 +293,60 @@ func (p *PaymentService) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log.Info().Str("charge_id", ch.ID).Bool("replayed", replayed).Msg("payment service: POST /charges")
+	if !p.waitRelease(r.Context()) {
+		return // the caller is gone; the charge stands
+	}
 	if replayed {
 		w.Header().Set(HeaderReplayed, "true")
 	}
 	writeJSON(w, http.StatusOK, ch)
+}
+
+// Hold holds the answers to charge requests, after their charges are
+// made, once after charges are made (from now on if that many are), until
+// Release: the after-th charge's answer is the first held. A repeat call
+// sets another after.
+func (p *PaymentService) Hold(after int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release == nil {
+		p.release = make(chan struct{})
+	}
+	p.holdAfter = after
+}
+
+// Release sends the held answers and stops holding. A repeat call, or one
+// without Hold, changes nothing.
+func (p *PaymentService) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release != nil {
+		close(p.release)
+		p.release = nil
+	}
+}
+
+// waitRelease waits while answers are held; false if ctx ended first.
+func (p *PaymentService) waitRelease(ctx context.Context) bool {
+	p.mu.Lock()
+	release := p.release
+	if release == nil || len(p.keys) < p.holdAfter {
+		p.mu.Unlock()
+		return true
+	}
+	p.held++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.held--
+		p.mu.Unlock()
+	}()
+	select {
+	case <-release:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // errKeyReused is a repeat of a key with another request.
@@ -331,7 +405,7 @@ func (p *PaymentService) Count() ChargeCount {
 	for _, e := range p.byKey {
 		orders[e.charge.OrderID] = struct{}{}
 	}
-	return ChargeCount{Charges: len(p.keys), Orders: len(orders), Duplicates: len(p.keys) - len(orders)}
+	return ChargeCount{Charges: len(p.keys), Held: p.held, Orders: len(orders), Duplicates: len(p.keys) - len(orders)}
 }
 
 func (p *PaymentService) count(w http.ResponseWriter, _ *http.Request) {
