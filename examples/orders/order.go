@@ -132,7 +132,7 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 			OrderID: in.OrderID, ChargeID: charge.ChargeID,
 			ReservationID: reservation, ConfirmationID: confirmation,
 		}, nil
-	})
+	}, jetflow.RequireRunID())
 }
 
 // validate is deterministic, so the workflow body may call it: a bad order

@@ -2,6 +2,7 @@ package orders
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -151,5 +152,25 @@ func TestInvalidOrderFailsBeforeCharging(t *testing.T) {
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, jetflow.StatusFailed, runErr.Status)
 	require.Contains(t, runErr.Message, "amount_cents must be positive")
+	require.Zero(t, b.pay.Charges())
+}
+
+// TestOrderRequiresRunID: the order workflow refuses a generated run ID,
+// which no retry could repeat, and stores nothing.
+func TestOrderRequiresRunID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+	ctx := ctxT(t, 10*time.Second)
+
+	_, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired)
+	in, err := json.Marshal(testOrder())
+	require.NoError(t, err)
+	_, err = b.client.StartByName(ctx, WorkflowName, in, jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired)
+
+	page, err := b.client.ListRuns(ctx, jetflow.ListOptions{Workflow: WorkflowName})
+	require.NoError(t, err)
+	require.Empty(t, page.Runs)
 	require.Zero(t, b.pay.Charges())
 }
