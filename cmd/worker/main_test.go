@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/examples/orders"
 	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/workermain"
 )
@@ -103,6 +104,8 @@ func TestServe(t *testing.T) {
 	run, err := c.WaitRun(ctx, "order-o-1")
 	require.NoError(t, err)
 	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired, "the order workflow refuses a generated run ID")
 
 	code, body := get(t, ep.PaymentsURL+"/charges")
 	require.Equal(t, http.StatusOK, code)
@@ -159,5 +162,41 @@ func TestDemoFlags(t *testing.T) {
 	require.Equal(t, 0, code)
 	for _, want := range []string{"Usage: worker [flags]", "Runs the jetflow example workflows.", "-payments-addr", "-flaky-charge", "-nats-url"} {
 		require.Contains(t, usage, want)
+	}
+}
+
+// TestPaymentsURL: with --payments-url the order workflow charges through
+// that service, and none starts in the worker's process; a URL that is not
+// http(s) stops the command before it serves.
+func TestPaymentsURL(t *testing.T) {
+	t.Parallel()
+	pay, err := orders.StartPaymentService(orders.PaymentOptions{Log: zerolog.New(zerolog.NewTestWriter(t))})
+	require.NoError(t, err)
+	defer pay.Close()
+
+	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr=", "--payments-url", pay.URL()}, nil)
+	require.Equal(t, pay.URL(), ep.PaymentsURL)
+	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
+	require.NoError(t, err)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-o-1"))
+	require.NoError(t, err)
+	run, err := c.WaitRun(ctx, "order-o-1")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	require.Equal(t, 1, pay.ChargesFor("order-o-1.charge.0"))
+	require.Equal(t, 0, stop())
+
+	for _, bad := range []string{"127.0.0.1:8099", "ftp://127.0.0.1:8099", "http://"} {
+		var out bytes.Buffer
+		d := &demo{ws: jetflow.NewRegistry()}
+		code := workermain.Run(t.Context(), d.ws, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr=", "--payments-url", bad},
+			append(d.options(), workermain.WithEnv(env(nil)), workermain.WithOutput(&out, &out))...)
+		require.Equal(t, workermain.ExitError, code, bad)
+		require.Contains(t, out.String(), "--payments-url", bad)
 	}
 }
