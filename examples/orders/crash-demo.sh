@@ -94,7 +94,7 @@ fi
 
 "$bin/nats-server" -js -sd "$work/nats" -a 127.0.0.1 -p "${nats_url##*:}" >"$work/nats-server.log" 2>&1 &
 pids+=($!)
-nats_ready() { alive "${pids[0]}" nats-server && grep -q 'Server is ready' "$work/nats-server.log"; }
+nats_ready() { alive "${pids[0]}" nats-server && grep -qs 'Server is ready' "$work/nats-server.log"; }
 wait_for "nats-server" nats_ready
 
 "$bin/payments" --addr "${pay_url#http://}" --ledger "$work/ledger.jsonl" 2>"$work/payments.log" &
@@ -109,6 +109,7 @@ wait_for "the HTTP API" api_ready
 
 starts=0 # how many times the worker has started
 worker=
+: >"$work/worker.log"
 start_worker() {
 	"$bin/worker" --nats-url "$nats_url" --payments-url "$pay_url" --ack-wait "$ack_wait" \
 		--ops-addr= --log-format json 2>>"$work/worker.log" &
@@ -122,35 +123,45 @@ worker_started() {
 }
 start_worker
 
+# The order workflow requires the caller's run ID: a start asking for a
+# generated one, which no retry could repeat, is refused and stores nothing.
+input='{"order_id":"o-1","amount_cents":1999,"currency":"usd","email":"ada@example.com"}'
+refused=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$api_url/v1/workflows/order/runs?generate_run_id=true" \
+	-H 'Content-Type: application/json' -d "$input")
+echo "a start asking for a generated run ID: $refused (order requires the caller's run ID)"
+[ "$refused" = 400 ] || fail "a start asking for a generated run ID was answered $refused, not 400"
+
 # One curl process starts every order twice, 16 requests at a time,
 # retrying a 503 with the same Idempotency-Key. The answers' bodies go to
 # the same file as their status lines ("answer 201"): curl cannot truncate
 # /dev/null before a retry.
 for i in $(seq 1 "$orders"); do
+	body="{\"order_id\":\"o-$i\",\"amount_cents\":1999,\"currency\":\"usd\",\"email\":\"ada@example.com\"}"
+	quoted=${body//\"/\\\"} # as a curl config string
 	for _ in 1 2; do
-		cat <<EOF
-next
-url = "$api_url/v1/workflows/order/runs"
-header = "Content-Type: application/json"
-header = "Idempotency-Key: order-o-$i"
-data = "{\"order_id\":\"o-$i\",\"amount_cents\":1999,\"currency\":\"usd\",\"email\":\"ada@example.com\"}"
-retry = 20
-retry-max-time = $timeout
-write-out = "\nanswer %{http_code}\n"
-EOF
+		printf '%s\n' next "url = \"$api_url/v1/workflows/order/runs\"" \
+			'header = "Content-Type: application/json"' "header = \"Idempotency-Key: order-o-$i\"" \
+			"data = \"$quoted\"" "retry = 20" "retry-max-time = $timeout" \
+			'write-out = "\nanswer %{http_code}\n"'
 	done
 done | sed 1d >"$work/starts.curl"
 echo "starting $orders orders, each twice, while the worker is killed twice"
 curl --no-progress-meter --parallel --parallel-max 16 --config "$work/starts.curl" >"$work/answers" 2>"$work/curl.log" &
 client=$!
 
+# The answers are held from a third of the charges on; after the first kill,
+# before the worker is back, from two thirds on; after the second, no more.
+curl -sf -X POST "$pay_url/answers/hold?after=$((orders / 3))"
 for k in 1 2; do
-	curl -sf -X POST "$pay_url/answers/hold?after=$((orders * k / 3))"
 	wait_for "charge $((orders * k / 3)) and its answer held" held
 	unanswered=$(count held) # at least as many are unanswered at the kill
 	kill -KILL "$worker"
 	wait "$worker" 2>/dev/null || true
-	curl -sf -X POST "$pay_url/answers/release"
+	if [ "$k" = 1 ]; then
+		curl -sf -X POST "$pay_url/answers/hold?after=$((orders * 2 / 3))"
+	else
+		curl -sf -X POST "$pay_url/answers/release"
+	fi
 	at=$(count charges)
 	echo "worker SIGKILLed at $at of $orders charges, $unanswered or more of them not yet answered"
 	start_worker

@@ -72,6 +72,7 @@ func TestCrashDemo(t *testing.T) {
 		FindStringSubmatch(string(out))
 	require.NotNil(t, replays)
 	require.GreaterOrEqual(t, atoi(t, replays[1]), unanswered, "every step killed before its answer charged again, and was replayed")
+	require.Contains(t, string(out), "a start asking for a generated run ID: 400 (order requires the caller's run ID)\n")
 	require.Contains(t, string(out), fmt.Sprintf("\n%d starts: %d answered 201\n", 2*orders, 2*orders))
 	require.True(t, strings.HasSuffix(string(out), fmt.Sprintf("\n%d orders, %d charges, 0 duplicates\n", orders, orders)),
 		"the last line is the verdict")

@@ -305,13 +305,14 @@ func (p *PaymentService) create(w http.ResponseWriter, r *http.Request) {
 // Hold holds the answers to charge requests, after their charges are
 // made, once after charges are made (from now on if that many are), until
 // Release: the after-th charge's answer is the first held. A repeat call
-// sets another after.
+// releases the answers held so far and holds again from its after.
 func (p *PaymentService) Hold(after int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.release == nil {
-		p.release = make(chan struct{})
+	if p.release != nil {
+		close(p.release)
 	}
+	p.release = make(chan struct{})
 	p.holdAfter = after
 }
 

@@ -209,7 +209,8 @@ func TestPaymentCount(t *testing.T) {
 }
 
 // TestPaymentHoldAnswers: once the after-th charge is made its answer, and
-// every later one, waits for the release; the charges are made meanwhile.
+// every later one, waits for the release (or the next hold); the charges
+// are made meanwhile.
 func TestPaymentHoldAnswers(t *testing.T) {
 	t.Parallel()
 	p := startPayments(t)
@@ -240,9 +241,13 @@ func TestPaymentHoldAnswers(t *testing.T) {
 		t.Fatalf("answered %s while held", id)
 	default:
 	}
-	require.Equal(t, http.StatusNoContent, post("/answers/release"))
+	// A repeat hold releases what is held and holds from its own after.
+	require.Equal(t, http.StatusNoContent, post("/answers/hold?after=100"))
 	require.Equal(t, "ch_2", <-answered)
 	require.Zero(t, p.Count().Held)
+	postCharge(t, p, "k3", `{"order_id":"o-3","amount_cents":1,"currency":"usd"}`) // charge 3 < 100: answered
+	require.Equal(t, http.StatusNoContent, post("/answers/release"))
+	require.Equal(t, http.StatusNoContent, post("/answers/release"), "a repeat release changes nothing")
 }
 
 // TestPaymentLogLine: a charge's log line names its run and workflow.
