@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/examples/orders"
 	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/workermain"
 )
@@ -45,7 +46,7 @@ func startWorker(t *testing.T, args []string, vars map[string]string) (endpoints
 	ws := jetflow.NewRegistry()
 	ready := make(chan endpoints, 1)
 	d := &demo{ws: ws}
-	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.pay.URL()} }
+	d.onReady = func(ep workermain.Endpoints) { ready <- endpoints{Endpoints: ep, PaymentsURL: d.paymentsURL} }
 	done := make(chan struct{}) // closed once the exit code is in code
 	code := -1
 	go func() {
@@ -96,13 +97,15 @@ func TestServe(t *testing.T) {
 	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
 	require.NoError(t, err)
 	for _, want := range []jetflow.Outcome{jetflow.OutcomeCreated, jetflow.OutcomeExisting} {
-		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("stripe-evt_123"))
+		res, err := c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-o-1"))
 		require.NoError(t, err)
 		require.Equal(t, want, res.Outcome)
 	}
-	run, err := c.WaitRun(ctx, "stripe-evt_123")
+	run, err := c.WaitRun(ctx, "order-o-1")
 	require.NoError(t, err)
 	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired, "the order workflow refuses a generated run ID")
 
 	code, body := get(t, ep.PaymentsURL+"/charges")
 	require.Equal(t, http.StatusOK, code)
@@ -115,7 +118,7 @@ func TestServe(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &charges))
 	require.Equal(t, 1, charges.Charges)
-	require.Equal(t, "stripe-evt_123.charge.0", charges.Data[0].IdempotencyKey)
+	require.Equal(t, "order-o-1.charge.0", charges.Data[0].IdempotencyKey)
 	require.Equal(t, 2, charges.Data[0].Requests)
 
 	code, _ = get(t, ep.OpsURL+"/healthz")
@@ -159,5 +162,41 @@ func TestDemoFlags(t *testing.T) {
 	require.Equal(t, 0, code)
 	for _, want := range []string{"Usage: worker [flags]", "Runs the jetflow example workflows.", "\n  --payments-addr address\n", "\n  --flaky-charge\n", "\n  --nats-url URL\n", "Exit codes:"} {
 		require.Contains(t, usage, want)
+	}
+}
+
+// TestPaymentsURL: with --payments-url the order workflow charges through
+// that service, and none starts in the worker's process; a URL that is not
+// http(s) stops the command before it serves.
+func TestPaymentsURL(t *testing.T) {
+	t.Parallel()
+	pay, err := orders.StartPaymentService(orders.PaymentOptions{Log: zerolog.New(zerolog.NewTestWriter(t))})
+	require.NoError(t, err)
+	defer pay.Close()
+
+	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr=", "--payments-url", pay.URL()}, nil)
+	require.Equal(t, pay.URL(), ep.PaymentsURL)
+	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
+	require.NoError(t, err)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-o-1"))
+	require.NoError(t, err)
+	run, err := c.WaitRun(ctx, "order-o-1")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	require.Equal(t, 1, pay.ChargesFor("order-o-1.charge.0"))
+	require.Equal(t, 0, stop())
+
+	for _, bad := range []string{"127.0.0.1:8099", "ftp://127.0.0.1:8099", "http://"} {
+		var out bytes.Buffer
+		d := &demo{ws: jetflow.NewRegistry()}
+		code := workermain.Run(t.Context(), d.ws, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr=", "--payments-url", bad},
+			append(d.options(), workermain.WithEnv(env(nil)), workermain.WithOutput(&out, &out))...)
+		require.Equal(t, workermain.ExitError, code, bad)
+		require.Contains(t, out.String(), "--payments-url", bad)
 	}
 }

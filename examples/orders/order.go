@@ -1,11 +1,25 @@
 // Package orders is an example of what jetflow is for: an order workflow
-// started from a payment provider's webhook, whose charge step is safe to
-// retry because it passes its step ID as the Idempotency-Key of the payment
-// API.
+// whose charge step is safe to retry because it passes its step ID as the
+// Idempotency-Key of the payment API.
 //
-// Start a run with the webhook's event ID as the run ID ("stripe-evt_123"):
-// however often the provider re-delivers the event, there is one run, and
-// the run's charge step, however often it is retried, makes one charge.
+// Start a run with the order's own ID in the run ID ("order-o-1"): however
+// often the start is retried or re-delivered, there is one run, and the
+// run's charge step, however often it is retried or redelivered after a
+// crash, makes one charge.
+//
+// The order workflow is defined with jetflow.RequireRunID: a start that
+// asks for a generated run ID (producer start --generate-id, HTTP
+// ?generate_run_id=true) is refused with jetflow.ErrRunIDRequired (HTTP
+// 400) and stores nothing. A generated ID is new on every call, so a
+// client that retries after a lost answer would start, and charge, the
+// order a second time; only an ID the caller derives from the order makes
+// the retry land on the first run.
+//
+// The payment service (PaymentService) runs in the worker's process for
+// tests and for "go run ./cmd/worker", or as a process of its own,
+// "go run ./examples/orders/payments", whose ledger survives the worker's
+// crashes. crash-demo.sh in this directory SIGKILLs a worker twice while
+// orders are charged and shows one charge per order.
 package orders
 
 import (
@@ -21,7 +35,7 @@ import (
 const WorkflowName = "order"
 
 // Step names of the order workflow. With the run ID they make the step IDs,
-// such as "stripe-evt_123.charge.0".
+// such as "order-o-1.charge.0".
 const (
 	StepReserve = "reserve-inventory"
 	StepCharge  = "charge"
@@ -65,7 +79,9 @@ type OrderOptions struct {
 // errLostResponse is the fault FlakyAfterCharge injects.
 var errLostResponse = errors.New("connection reset after the charge was accepted (simulated lost response)")
 
-// NewOrderWorkflow defines the order workflow, charging through pay.
+// NewOrderWorkflow defines the order workflow, charging through pay. It
+// requires a caller-chosen run ID (jetflow.RequireRunID; see the package
+// doc).
 func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[OrderInput, OrderResult] {
 	// Short backoffs keep the demo quick; real payment calls would wait longer.
 	backoff := jetflow.WithBackoff(200*time.Millisecond, 2*time.Second)
@@ -88,6 +104,7 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 			info, _ := jetflow.StepDetailsFrom(sctx)
 			ch, replayed, err := pay.Charge(sctx, info.StepID, ChargeRequest{
 				OrderID: in.OrderID, AmountCents: in.AmountCents, Currency: in.Currency,
+				Metadata: ChargeMetadata{Workflow: info.Workflow},
 			})
 			if err != nil {
 				return ChargeResult{}, err
@@ -115,7 +132,7 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 			OrderID: in.OrderID, ChargeID: charge.ChargeID,
 			ReservationID: reservation, ConfirmationID: confirmation,
 		}, nil
-	})
+	}, jetflow.RequireRunID())
 }
 
 // validate is deterministic, so the workflow body may call it: a bad order

@@ -2,6 +2,7 @@ package orders
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ func TestOrderCompletes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, OrderOptions{})
 
-	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_1"))
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-1"))
 	require.NoError(t, err)
 	require.Equal(t, jetflow.OutcomeCreated, h.Outcome)
 
@@ -64,19 +65,19 @@ func TestOrderCompletes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, OrderResult{
 		OrderID: "o-42", ChargeID: "ch_1", ReservationID: "rsv_o-42",
-		ConfirmationID: "msg_stripe-evt_1.send-confirmation.0",
+		ConfirmationID: "msg_order-o-1.send-confirmation.0",
 	}, out)
 	require.Equal(t, 1, b.pay.Charges())
-	require.Equal(t, 1, b.pay.Requests("stripe-evt_1.charge.0"))
+	require.Equal(t, 1, b.pay.Requests("order-o-1.charge.0"))
 
-	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "stripe-evt_1")
+	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-1")
 	require.NoError(t, err)
 	require.Len(t, steps, 3)
 	for i, name := range []string{StepReserve, StepCharge, StepConfirm} {
-		require.Equal(t, "stripe-evt_1."+name+".0", steps[i].StepID)
+		require.Equal(t, "order-o-1."+name+".0", steps[i].StepID)
 		require.Equal(t, 1, steps[i].Attempt)
 	}
-	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"stripe-evt_1.charge.0","replayed":false}`, string(steps[1].Output))
+	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"order-o-1.charge.0","replayed":false}`, string(steps[1].Output))
 }
 
 // TestChargeRetriedAfterLostResponseChargesOnce: the first attempt of the
@@ -87,21 +88,21 @@ func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, OrderOptions{FlakyAfterCharge: true})
 
-	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_2"))
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-2"))
 	require.NoError(t, err)
 	out, err := h.Result(ctxT(t, 20*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "ch_1", out.ChargeID)
 
-	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "stripe-evt_2")
+	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-2")
 	require.NoError(t, err)
 	require.Len(t, steps, 3)
 	charge := steps[1]
-	require.Equal(t, "stripe-evt_2.charge.0", charge.StepID)
+	require.Equal(t, "order-o-2.charge.0", charge.StepID)
 	require.Equal(t, 2, charge.Attempt, "the charge step ran twice")
-	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"stripe-evt_2.charge.0","replayed":true}`, string(charge.Output))
+	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"order-o-2.charge.0","replayed":true}`, string(charge.Output))
 
-	require.Equal(t, 2, b.pay.Requests("stripe-evt_2.charge.0"), "both attempts reached the payment service")
+	require.Equal(t, 2, b.pay.Requests("order-o-2.charge.0"), "both attempts reached the payment service")
 	require.Equal(t, 1, b.pay.Charges(), "but it charged once")
 }
 
@@ -111,10 +112,10 @@ func TestDuplicateStartChargesOnce(t *testing.T) {
 	b := setup(t, OrderOptions{})
 	ctx := ctxT(t, 10*time.Second)
 
-	first, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	first, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-3"))
 	require.NoError(t, err)
 	require.Equal(t, jetflow.OutcomeCreated, first.Outcome)
-	second, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	second, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-3"))
 	require.NoError(t, err)
 	require.Equal(t, jetflow.OutcomeExisting, second.Outcome)
 	require.Equal(t, int64(1), second.Duplicates)
@@ -126,7 +127,7 @@ func TestDuplicateStartChargesOnce(t *testing.T) {
 	require.Equal(t, out1, out2)
 
 	// A re-delivery after the run completed still lands on it.
-	third, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("stripe-evt_3"))
+	third, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-3"))
 	require.NoError(t, err)
 	require.Equal(t, jetflow.OutcomeExisting, third.Outcome)
 	require.Equal(t, jetflow.StatusCompleted, third.Status)
@@ -143,7 +144,7 @@ func TestInvalidOrderFailsBeforeCharging(t *testing.T) {
 
 	bad := testOrder()
 	bad.AmountCents = 0
-	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, bad, jetflow.WithRunID("stripe-evt_4"))
+	h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, bad, jetflow.WithRunID("order-o-4"))
 	require.NoError(t, err)
 	_, err = h.Result(ctxT(t, 20*time.Second))
 	require.ErrorIs(t, err, jetflow.ErrRunFailed)
@@ -151,5 +152,25 @@ func TestInvalidOrderFailsBeforeCharging(t *testing.T) {
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, jetflow.StatusFailed, runErr.Status)
 	require.Contains(t, runErr.Message, "amount_cents must be positive")
+	require.Zero(t, b.pay.Charges())
+}
+
+// TestOrderRequiresRunID: the order workflow refuses a generated run ID,
+// which no retry could repeat, and stores nothing.
+func TestOrderRequiresRunID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+	ctx := ctxT(t, 10*time.Second)
+
+	_, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired)
+	in, err := json.Marshal(testOrder())
+	require.NoError(t, err)
+	_, err = b.client.StartByName(ctx, WorkflowName, in, jetflow.WithGeneratedRunID())
+	require.ErrorIs(t, err, jetflow.ErrRunIDRequired)
+
+	page, err := b.client.ListRuns(ctx, jetflow.ListOptions{Workflow: WorkflowName})
+	require.NoError(t, err)
+	require.Empty(t, page.Runs)
 	require.Zero(t, b.pay.Charges())
 }

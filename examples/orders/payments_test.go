@@ -1,10 +1,15 @@
 package orders
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +21,7 @@ import (
 
 func startPayments(t *testing.T) *PaymentService {
 	t.Helper()
-	p, err := StartPaymentService("", zerolog.New(zerolog.NewTestWriter(t)))
+	p, err := StartPaymentService(PaymentOptions{Log: zerolog.New(zerolog.NewTestWriter(t))})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	return p
@@ -144,4 +149,161 @@ func TestPaymentClientClassifiesErrors(t *testing.T) {
 	_, _, err = down.Charge(ctx, "k3", ChargeRequest{OrderID: "o-1", AmountCents: 100, Currency: "eur"})
 	var retryable *jetflow.RetryableError
 	require.ErrorAs(t, err, &retryable)
+}
+
+// TestPaymentLedgerSurvivesRestart: with a ledger, a restarted service
+// knows the charges made before: a retry is replayed, the next charge gets
+// the next ID, and a repeat key with another body is still refused.
+func TestPaymentLedgerSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
+	const body = `{"order_id":"o-1","amount_cents":1999,"currency":"usd","metadata":{"workflow":"order"}}`
+	start := func() *PaymentService {
+		p, err := StartPaymentService(PaymentOptions{Ledger: ledger, Log: zerolog.New(zerolog.NewTestWriter(t))})
+		require.NoError(t, err)
+		return p
+	}
+	p := start()
+	_, ch1 := postCharge(t, p, "order-o-1.charge.0", body)
+	require.NoError(t, p.Close())
+
+	p = start()
+	defer p.Close()
+	resp, again := postCharge(t, p, "order-o-1.charge.0", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "true", resp.Header.Get(HeaderReplayed))
+	require.Equal(t, ch1, again)
+	resp, _ = postCharge(t, p, "order-o-1.charge.0", `{"order_id":"o-1","amount_cents":5,"currency":"usd"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	_, ch2 := postCharge(t, p, "order-o-2.charge.0", `{"order_id":"o-2","amount_cents":1999,"currency":"usd"}`)
+	require.Equal(t, "ch_2", ch2["id"])
+	require.Equal(t, ChargeCount{Charges: 2, Orders: 2}, p.Count())
+}
+
+// TestPaymentLedgerCorrupt: a ledger that does not parse is an error that
+// names its line, and the file is left as it was.
+func TestPaymentLedgerCorrupt(t *testing.T) {
+	t.Parallel()
+	ledger := filepath.Join(t.TempDir(), "ledger.jsonl")
+	content := []byte(`{"request":{"order_id":"o-1"},"charge":{"id":"ch_1","idempotency_key":"k1"}}` + "\nnot json\n")
+	require.NoError(t, os.WriteFile(ledger, content, 0o644))
+	_, err := StartPaymentService(PaymentOptions{Ledger: ledger, Log: zerolog.Nop()})
+	require.ErrorContains(t, err, "line 2")
+	after, err := os.ReadFile(ledger)
+	require.NoError(t, err)
+	require.Equal(t, content, after)
+}
+
+// TestPaymentCount: duplicates are charges of an order already charged
+// under another key.
+func TestPaymentCount(t *testing.T) {
+	t.Parallel()
+	p := startPayments(t)
+	postCharge(t, p, "k1", `{"order_id":"o-1","amount_cents":1,"currency":"usd"}`)
+	postCharge(t, p, "k1", `{"order_id":"o-1","amount_cents":1,"currency":"usd"}`)
+	postCharge(t, p, "k2", `{"order_id":"o-1","amount_cents":1,"currency":"usd"}`)
+	postCharge(t, p, "k3", `{"order_id":"o-2","amount_cents":1,"currency":"usd"}`)
+	code, body := getBody(t, p.URL()+"/charges/count")
+	require.Equal(t, http.StatusOK, code)
+	require.JSONEq(t, `{"charges":3,"held":0,"orders":2,"duplicates":1}`, body)
+}
+
+// TestPaymentHoldAnswers: once the after-th charge is made its answer, and
+// every later one, waits for the release (or the next hold); the charges
+// are made meanwhile.
+func TestPaymentHoldAnswers(t *testing.T) {
+	t.Parallel()
+	p := startPayments(t)
+	post := func(path string) int {
+		req, err := http.NewRequestWithContext(ctxT(t, 5*time.Second), http.MethodPost, p.URL()+path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusBadRequest, post("/answers/hold?after=x"))
+	require.Equal(t, http.StatusNoContent, post("/answers/hold?after=2"))
+	postCharge(t, p, "k1", `{"order_id":"o-1","amount_cents":1,"currency":"usd"}`) // charge 1: answered
+
+	answered := make(chan string, 1)
+	go func() {
+		ch, _, err := NewPaymentClient(p.URL(), nil).Charge(t.Context(), "k2", ChargeRequest{OrderID: "o-2", AmountCents: 1, Currency: "usd"})
+		if err != nil {
+			answered <- err.Error()
+		}
+		answered <- ch.ID
+	}()
+	require.Eventually(t, func() bool { return p.Count().Held == 1 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, 2, p.Charges(), "the held charge is made")
+	select {
+	case id := <-answered:
+		t.Fatalf("answered %s while held", id)
+	default:
+	}
+	// A repeat hold releases what is held and holds from its own after.
+	require.Equal(t, http.StatusNoContent, post("/answers/hold?after=100"))
+	require.Equal(t, "ch_2", <-answered)
+	require.Zero(t, p.Count().Held)
+	postCharge(t, p, "k3", `{"order_id":"o-3","amount_cents":1,"currency":"usd"}`) // charge 3 < 100: answered
+	require.Equal(t, http.StatusNoContent, post("/answers/release"))
+	require.Equal(t, http.StatusNoContent, post("/answers/release"), "a repeat release changes nothing")
+}
+
+// TestPaymentLogLine: a charge's log line names its run and workflow.
+func TestPaymentLogLine(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	p, err := StartPaymentService(PaymentOptions{Log: zerolog.New(&logs)})
+	require.NoError(t, err)
+	defer p.Close()
+	postCharge(t, p, "order-o.1.charge.0", `{"order_id":"o-1","amount_cents":1,"currency":"usd","metadata":{"workflow":"order"}}`)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal(logs.Bytes(), &line))
+	require.Equal(t, "order-o.1", line["run_id"])
+	require.Equal(t, "order", line["workflow"])
+	require.Equal(t, "order-o.1.charge.0", line["idempotency_key"])
+}
+
+func TestRunIDOfKey(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]string{
+		"order-o-1.charge.0": "order-o-1",
+		"a.b.c.charge.12":    "a.b.c",
+		"k1":                 "k1",
+		"k.1":                "k.1",
+		"":                   "",
+	} {
+		require.Equal(t, want, RunIDOfKey(key), key)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the service's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
+
+func getBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctxT(t, 5*time.Second), http.MethodGet, url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }
