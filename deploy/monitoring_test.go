@@ -237,6 +237,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	walk(d.Panels)
+	panelExprs := len(exprs)
 	for _, v := range d.Templating.List {
 		if v.Type != "query" {
 			continue
@@ -251,10 +252,20 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 
 	used := map[string]bool{}
-	for _, e := range exprs {
+	exported := map[string]bool{}
+	for _, n := range metrics.Names() {
+		exported[n] = true
+	}
+	for i, e := range exprs {
 		require.Empty(t, checkPromQL(e), "dashboard expr %s", e)
 		for _, n := range promMetric.FindAllString(promString.ReplaceAllString(e, `""`), -1) {
 			used[n] = true
+			// A panel over a family with a workflow label follows the
+			// workflow selector (the variable's own query excepted).
+			family, _ := metricFamily(n, exported)
+			if i < panelExprs && slices.Contains(metricLabels[family], "workflow") {
+				require.Contains(t, e, `workflow=~"$workflow"`, "panel expr %s ignores the workflow selector", e)
+			}
 		}
 	}
 	// The panels the dashboard promises (docs/operations.md).
@@ -264,6 +275,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		"jetflow_steps_in_flight", "jetflow_runs_finished_total", "jetflow_run_duration_seconds_bucket",
 		"jetflow_redeliveries_total", "jetflow_max_deliveries_total",
 		"jetflow_http_requests_total", "jetflow_http_request_duration_seconds_bucket",
+		"jetflow_runs_running", "jetflow_nats_connected", "jetflow_nats_reconnects_total", "jetflow_build_info",
 	} {
 		require.True(t, used[want], "no panel shows %s", want)
 	}
