@@ -403,20 +403,22 @@ func TestPromtool(t *testing.T) {
 	}
 	run := func(t *testing.T, args ...string) {
 		t.Helper()
-		out, err := exec.Command(promtool, args...).CombinedOutput()
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = ".." // the repository's root, where docs/operations.md runs it
+		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
 	}
 	t.Run("check config", func(t *testing.T) {
 		t.Parallel()
-		run(t, "check", "config", filepath.Join("prometheus", "prometheus.yml"))
+		run(t, "check", "config", filepath.Join("deploy", "prometheus", "prometheus.yml"))
 	})
 	t.Run("check rules", func(t *testing.T) {
 		t.Parallel()
-		run(t, "check", "rules", filepath.Join("prometheus", "alerts.yml"))
+		run(t, "check", "rules", filepath.Join("deploy", "prometheus", "alerts.yml"))
 	})
 	t.Run("alerts fire", func(t *testing.T) {
 		t.Parallel()
-		run(t, "test", "rules", filepath.Join("prometheus", "alerts_test.yml"))
+		run(t, "test", "rules", "deploy/prometheus/alerts_test.yml") // as docs/operations.md shows it
 	})
 }
 

@@ -15,6 +15,20 @@
 // names of registered workflows, never a name read from an unchecked message.
 // HTTP routes are mux patterns (http.Request.Pattern), never raw paths.
 //
+// # Roles
+//
+// A worker exports every family (New); a process that only starts and
+// reads runs exports the client's (NewFor with RoleClient, NamesFor), so
+// that a producer is never counted as a worker.
+//
+// # Series at zero
+//
+// A counter series created at 1 shows no increase() or rate(), so an alert
+// on a first event could not fire. Serve (called by a worker for the
+// workflows it serves) and StepBegins create the series such alerts watch
+// at 0; Start creates a workflow's failed starts at 0 at its first start
+// through an entry point.
+//
 // # Nil safety
 //
 // Every method is a no-op on a nil *Metrics, so engine code calls them
