@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -300,4 +301,54 @@ func TestMetricsTaskKeyLayer(t *testing.T) {
 	}
 	require.Equal(t, 1.0, sample(byName, "jetflow_duplicates_suppressed_total", map[string]string{"layer": "task_key"}))
 	require.Equal(t, 2.0, sample(byName, "jetflow_steps_total", map[string]string{"workflow": "keyed-mail", "step": "send", "result": "committed"}))
+}
+
+// TestMetricsFirstFailureAndRunningRuns: while the first attempt of a step
+// runs, its failed and fatal series already exist at 0 and the sweeper
+// counts the run as running; when that attempt fails fatally, the fatal
+// series goes from 0 to 1 (an increase an alert sees) and the run stops
+// being counted.
+func TestMetricsFirstFailureAndRunningRuns(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	wf := NewWorkflow("doomed", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "charge", func(context.Context) (int, error) {
+			close(entered)
+			<-release
+			return 0, Fatal(errors.New("card declined"))
+		})
+	})
+	const sweepEvery = 20 * time.Millisecond
+	within := 500 * sweepEvery // many sweeper passes, on a busy machine
+	env.worker(WorkerConfig{Metrics: m, SweepInterval: sweepEvery}, wf)
+	srv := httptest.NewServer(opshttp.Handler(reg))
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/metrics"
+
+	ctx := ctxT(t, 30*time.Second)
+	_, err = Start(ctx, env.client(), wf, 1, WithRunID("doomed-1"))
+	require.NoError(t, err)
+	<-entered
+
+	fatal := map[string]string{"workflow": "doomed", "step": "charge", "result": "fatal"}
+	fams := scrape(t, url)
+	require.True(t, hasSeries(fams, "jetflow_steps_total", fatal), "the step's fatal series exists during its first attempt")
+	require.Zero(t, sample(fams, "jetflow_steps_total", fatal))
+	require.True(t, hasSeries(fams, "jetflow_steps_total", map[string]string{"step": "charge", "result": "failed"}))
+	require.Eventually(t, func() bool {
+		return sample(scrape(t, url), "jetflow_runs_running", map[string]string{"workflow": "doomed"}) == 1
+	}, within, sweepEvery/2, "the sweeper counts the running run")
+
+	close(release)
+	_, err = (&Handle[int]{RunID: "doomed-1", client: env.client()}).Result(ctx)
+	require.Error(t, err)
+	require.Eventually(t, func() bool {
+		f := scrape(t, url)
+		return sample(f, "jetflow_steps_total", fatal) == 1 &&
+			sample(f, "jetflow_runs_running", map[string]string{"workflow": "doomed"}) == 0
+	}, within, sweepEvery/2, "the fatal attempt is counted and the run no longer running")
 }
