@@ -83,8 +83,9 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	created := startLoad(t, "http://"+producerHTTP)
 	prom.waitFor(fmt.Sprintf(`sum(jetflow_runs_finished_total{job="jetflow-worker", state="completed"}) >= %d`, created), "every run's end scraped")
 	prom.waitFor(`count(jetflow_runs_running{job="jetflow-worker"}) > 0`, "the sweeper's count of running runs scraped")
-	// Backlogs are sampled every 15s by default; the first sample is at
-	// start, so they are there.
+	// Backlogs are sampled at the worker's start and every 15 s; a first
+	// sample that failed (a consumer still being created) is repeated then.
+	prom.waitFor(`count(jetflow_consumer_pending{job="jetflow-worker"}) > 0`, "a backlog sample scraped")
 
 	// What the binaries export, by job.
 	exported := map[string][]string{}
@@ -227,7 +228,7 @@ func waitReady(t *testing.T, url string) {
 func startLoad(t *testing.T, base string) int {
 	t.Helper()
 	const runs = 24
-	post := func(key string, amount int) int {
+	post := func(key string, amount int) (int, string) {
 		body := fmt.Sprintf(`{"order_id":%q,"amount_cents":%d,"currency":"usd","email":"ada@example.com"}`, key, amount)
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/workflows/order/runs", strings.NewReader(body))
 		require.NoError(t, err)
@@ -235,16 +236,22 @@ func startLoad(t *testing.T, base string) int {
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
 		require.NoError(t, resp.Body.Close())
-		return resp.StatusCode
+		return resp.StatusCode, string(b)
+	}
+	expect := func(code int, key string, amount int, what string) {
+		t.Helper()
+		got, body := post(key, amount)
+		require.Equal(t, code, got, "%s (%s): %s", what, key, body)
 	}
 	for i := range runs {
 		key := fmt.Sprintf("monitoring-%d", i)
-		require.Equal(t, http.StatusCreated, post(key, 100+i))
-		require.Equal(t, http.StatusCreated, post(key, 100+i), "a duplicate lands on the run")
+		expect(http.StatusCreated, key, 100+i, "a new run")
+		expect(http.StatusCreated, key, 100+i, "a duplicate lands on the run")
 	}
-	require.Equal(t, http.StatusUnprocessableEntity, post("monitoring-0", 1), "another payload under a used key conflicts")
+	expect(http.StatusUnprocessableEntity, "monitoring-0", 1, "another payload under a used key conflicts")
 	for i := range runs {
 		resp, err := http.Get(fmt.Sprintf("%s/v1/runs/monitoring-%d/result?wait=30s", base, i))
 		require.NoError(t, err)
