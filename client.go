@@ -112,6 +112,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	if err != nil {
 		return nil, err
 	}
+	cfg.Metrics.watch(nc)
 	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: runs.New(assets)}, nil
 }
 

@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -65,6 +66,55 @@ series:
 	return sum
 }
 
+// hasSeries reports whether family name has a series whose labels include
+// want.
+func hasSeries(fams map[string]*dto.MetricFamily, name string, want map[string]string) bool {
+series:
+	for _, m := range fams[name].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue series
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// TestMetricsClientRole: a producer's metrics (NewClientMetrics) export no
+// worker series, and a worker refuses them.
+func TestMetricsClientRole(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewClientMetrics(reg)
+	require.NoError(t, err)
+	ws := NewRegistry()
+	require.NoError(t, ws.Register(threeSteps("refused", newCounter())))
+	_, err = NewWorker(env.conn(), ws, WorkerConfig{Metrics: m})
+	require.ErrorIs(t, err, ErrClientMetrics)
+
+	c, err := NewClient(ctxT(t, 10*time.Second), env.conn(), ClientConfig{Topology: env.topo, Metrics: m})
+	require.NoError(t, err)
+	_, err = c.GetRun(ctxT(t, 10*time.Second), "absent")
+	require.ErrorIs(t, err, ErrRunNotFound)
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, f := range fams {
+		names = append(names, f.GetName())
+	}
+	require.Contains(t, names, "jetflow_nats_connected")
+	require.Contains(t, names, "jetflow_build_info")
+	for _, worker := range []string{"jetflow_steps_in_flight", "jetflow_consumer_sample_errors_total", "jetflow_unserved_start_envelopes"} {
+		require.NotContains(t, names, worker)
+	}
+}
+
 // TestMetricsCountOneRun runs one workflow of three steps, started once
 // and then twice more with the same run ID, and reads /metrics over HTTP:
 // the counters moved by exactly one created start, two duplicates stopped
@@ -112,7 +162,7 @@ func TestMetricsCountOneRun(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"jetflow_starts_total", map[string]string{"entry": "sdk", "outcome": "created", "state": "running"}, 1},
+		{"jetflow_starts_total", map[string]string{"workflow": "metered", "entry": "sdk", "outcome": "created", "state": "running"}, 1},
 		{"jetflow_starts_total", map[string]string{"entry": "sdk", "outcome": "existing"}, 2},
 		{"jetflow_starts_total", nil, 3},
 		{"jetflow_duplicates_suppressed_total", map[string]string{"layer": "broker"}, 2},
@@ -128,6 +178,27 @@ func TestMetricsCountOneRun(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, sample(fams, tc.name, tc.labels), "%s%v", tc.name, tc.labels)
 	}
+	// Series whose first increment an alert must see exist at 0 from the
+	// worker's start (a counter created at 1 shows no increase()).
+	for _, zero := range []struct {
+		name   string
+		labels map[string]string
+	}{
+		{"jetflow_max_deliveries_total", map[string]string{"workflow": "metered"}},
+		{"jetflow_runs_stuck_total", map[string]string{"workflow": "metered"}},
+		{"jetflow_runs_finished_total", map[string]string{"workflow": "metered", "state": "failed"}},
+		{"jetflow_starts_total", map[string]string{"workflow": "metered", "entry": "nats", "outcome": "error", "state": "none"}},
+		{"jetflow_starts_total", map[string]string{"workflow": "metered", "entry": "http", "outcome": "error", "state": "none"}},
+		{"jetflow_steps_total", map[string]string{"workflow": "metered", "step": "a", "result": "failed"}},
+		{"jetflow_steps_total", map[string]string{"workflow": "metered", "step": "c", "result": "fatal"}},
+	} {
+		require.True(t, hasSeries(fams, zero.name, zero.labels), "%s%v is not exported", zero.name, zero.labels)
+		require.Zero(t, sample(fams, zero.name, zero.labels), "%s%v", zero.name, zero.labels)
+	}
+	require.Equal(t, 1.0, sample(fams, "jetflow_nats_connected", nil))
+	require.True(t, hasSeries(fams, "jetflow_nats_reconnects_total", nil))
+	require.Equal(t, 1.0, sample(fams, "jetflow_build_info", map[string]string{"role": "worker"}))
+
 	require.Len(t, effects.snapshot(), 3, "three steps ran")
 	for id, n := range effects.snapshot() {
 		require.Equal(t, 1, n, "step %s ran once", id)
@@ -230,4 +301,54 @@ func TestMetricsTaskKeyLayer(t *testing.T) {
 	}
 	require.Equal(t, 1.0, sample(byName, "jetflow_duplicates_suppressed_total", map[string]string{"layer": "task_key"}))
 	require.Equal(t, 2.0, sample(byName, "jetflow_steps_total", map[string]string{"workflow": "keyed-mail", "step": "send", "result": "committed"}))
+}
+
+// TestMetricsFirstFailureAndRunningRuns: while the first attempt of a step
+// runs, its failed and fatal series already exist at 0 and the sweeper
+// counts the run as running; when that attempt fails fatally, the fatal
+// series goes from 0 to 1 (an increase an alert sees) and the run stops
+// being counted.
+func TestMetricsFirstFailureAndRunningRuns(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	wf := NewWorkflow("doomed", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "charge", func(context.Context) (int, error) {
+			close(entered)
+			<-release
+			return 0, Fatal(errors.New("card declined"))
+		})
+	})
+	const sweepEvery = 20 * time.Millisecond
+	within := 500 * sweepEvery // many sweeper passes, on a busy machine
+	env.worker(WorkerConfig{Metrics: m, SweepInterval: sweepEvery}, wf)
+	srv := httptest.NewServer(opshttp.Handler(reg))
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/metrics"
+
+	ctx := ctxT(t, 30*time.Second)
+	_, err = Start(ctx, env.client(), wf, 1, WithRunID("doomed-1"))
+	require.NoError(t, err)
+	<-entered
+
+	fatal := map[string]string{"workflow": "doomed", "step": "charge", "result": "fatal"}
+	fams := scrape(t, url)
+	require.True(t, hasSeries(fams, "jetflow_steps_total", fatal), "the step's fatal series exists during its first attempt")
+	require.Zero(t, sample(fams, "jetflow_steps_total", fatal))
+	require.True(t, hasSeries(fams, "jetflow_steps_total", map[string]string{"step": "charge", "result": "failed"}))
+	require.Eventually(t, func() bool {
+		return sample(scrape(t, url), "jetflow_runs_running", map[string]string{"workflow": "doomed"}) == 1
+	}, within, sweepEvery/2, "the sweeper counts the running run")
+
+	close(release)
+	_, err = (&Handle[int]{RunID: "doomed-1", client: env.client()}).Result(ctx)
+	require.Error(t, err)
+	require.Eventually(t, func() bool {
+		f := scrape(t, url)
+		return sample(f, "jetflow_steps_total", fatal) == 1 &&
+			sample(f, "jetflow_runs_running", map[string]string{"workflow": "doomed"}) == 0
+	}, within, sweepEvery/2, "the fatal attempt is counted and the run no longer running")
 }

@@ -157,6 +157,9 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	if len(ws.defs) == 0 {
 		return nil, errors.New("jetflow: worker has no workflows registered")
 	}
+	if cfg.Metrics.internal().Role() == metrics.RoleClient {
+		return nil, ErrClientMetrics
+	}
 	return &Worker{nc: nc, ws: ws, cfg: cfg, log: cfg.Logger.With().Str("worker", cfg.Name).Logger()}, nil
 }
 
@@ -178,6 +181,8 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
+	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
+	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
 	served := make(map[string]startproto.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {

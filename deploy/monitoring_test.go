@@ -3,8 +3,6 @@ package deploy
 import (
 	"encoding/json"
 	"errors"
-	"maps"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -33,7 +31,7 @@ var histograms = map[string]bool{
 // metricLabels are the label names of each family, as internal/metrics
 // registers them.
 var metricLabels = map[string][]string{
-	"jetflow_starts_total":                  {"entry", "outcome", "state"},
+	"jetflow_starts_total":                  {"workflow", "entry", "outcome", "state"},
 	"jetflow_duplicates_suppressed_total":   {"layer"},
 	"jetflow_steps_total":                   {"workflow", "step", "result"},
 	"jetflow_step_duration_seconds":         {"workflow", "step"},
@@ -49,6 +47,10 @@ var metricLabels = map[string][]string{
 	"jetflow_http_request_duration_seconds": {"route"},
 	"jetflow_runs_stuck_total":              {"workflow"},
 	"jetflow_unserved_start_envelopes":      {},
+	"jetflow_runs_running":                  {"workflow"},
+	"jetflow_build_info":                    {"version", "goversion", "role"},
+	"jetflow_nats_connected":                {},
+	"jetflow_nats_reconnects_total":         {},
 }
 
 // targetLabels are added by Prometheus to every scraped series.
@@ -59,6 +61,9 @@ func TestMetricTablesMatchTheMetricsPackage(t *testing.T) {
 	names := metrics.Names()
 	for name := range metricLabels {
 		require.Contains(t, names, name, "metricLabels names a family internal/metrics does not export")
+	}
+	for _, name := range names {
+		require.Contains(t, metricLabels, name, "metricLabels lacks the labels of %s", name)
 	}
 	for name := range histograms {
 		require.Contains(t, names, name)
@@ -232,6 +237,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	walk(d.Panels)
+	panelExprs := len(exprs)
 	for _, v := range d.Templating.List {
 		if v.Type != "query" {
 			continue
@@ -246,10 +252,20 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 
 	used := map[string]bool{}
-	for _, e := range exprs {
+	exported := map[string]bool{}
+	for _, n := range metrics.Names() {
+		exported[n] = true
+	}
+	for i, e := range exprs {
 		require.Empty(t, checkPromQL(e), "dashboard expr %s", e)
 		for _, n := range promMetric.FindAllString(promString.ReplaceAllString(e, `""`), -1) {
 			used[n] = true
+			// A panel over a family with a workflow label follows the
+			// workflow selector (the variable's own query excepted).
+			family, _ := metricFamily(n, exported)
+			if i < panelExprs && slices.Contains(metricLabels[family], "workflow") {
+				require.Contains(t, e, `workflow=~"$workflow"`, "panel expr %s ignores the workflow selector", e)
+			}
 		}
 	}
 	// The panels the dashboard promises (docs/operations.md).
@@ -259,6 +275,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		"jetflow_steps_in_flight", "jetflow_runs_finished_total", "jetflow_run_duration_seconds_bucket",
 		"jetflow_redeliveries_total", "jetflow_max_deliveries_total",
 		"jetflow_http_requests_total", "jetflow_http_request_duration_seconds_bucket",
+		"jetflow_runs_running", "jetflow_nats_connected", "jetflow_nats_reconnects_total", "jetflow_build_info",
 	} {
 		require.True(t, used[want], "no panel shows %s", want)
 	}
@@ -376,8 +393,8 @@ func TestPrometheusConfig(t *testing.T) {
 }
 
 // TestPromtool runs Prometheus's own checks when promtool is installed
-// (Debian package prometheus), and unit-tests the alert rules on made-up
-// series; machines without promtool skip.
+// (Debian package prometheus; CI installs it), and the alert rules' unit
+// tests in prometheus/alerts_test.yml; machines without promtool skip.
 func TestPromtool(t *testing.T) {
 	t.Parallel()
 	promtool, err := exec.LookPath("promtool")
@@ -386,206 +403,75 @@ func TestPromtool(t *testing.T) {
 	}
 	run := func(t *testing.T, args ...string) {
 		t.Helper()
-		out, err := exec.Command(promtool, args...).CombinedOutput()
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = ".." // the repository's root, where docs/operations.md runs it
+		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
 	}
 	t.Run("check config", func(t *testing.T) {
 		t.Parallel()
-		run(t, "check", "config", filepath.Join("prometheus", "prometheus.yml"))
+		run(t, "check", "config", filepath.Join("deploy", "prometheus", "prometheus.yml"))
 	})
 	t.Run("check rules", func(t *testing.T) {
 		t.Parallel()
-		run(t, "check", "rules", filepath.Join("prometheus", "alerts.yml"))
+		run(t, "check", "rules", filepath.Join("deploy", "prometheus", "alerts.yml"))
 	})
 	t.Run("alerts fire", func(t *testing.T) {
 		t.Parallel()
-		run(t, "test", "rules", writeAlertTests(t))
+		run(t, "test", "rules", "deploy/prometheus/alerts_test.yml") // as docs/operations.md shows it
 	})
 }
 
-// alertCase is one promtool rule test: series (1-minute samples in
-// promtool's expanding notation), and the alerts expected at evalTime with
-// their labels beyond the rule's own. No alerts: the rule must stay quiet.
-type alertCase struct {
-	alert    string
-	series   map[string]string
-	evalTime string
-	fires    []map[string]string
+// alertTests is deploy/prometheus/alerts_test.yml as far as coverage is
+// concerned: which alert each case evaluates and whether it must fire.
+type alertTests struct {
+	RuleFiles []string `yaml:"rule_files"`
+	Tests     []struct {
+		AlertRuleTest []struct {
+			AlertName string `yaml:"alertname"`
+			ExpAlerts []any  `yaml:"exp_alerts"`
+		} `yaml:"alert_rule_test"`
+	} `yaml:"tests"`
 }
 
-var alertCases = []alertCase{
-	{
-		alert:    "JetflowNoWorkerUp",
-		series:   map[string]string{`up{job="jetflow-worker", instance="w1"}`: "0x10"},
-		evalTime: "5m",
-		fires:    []map[string]string{{}},
-	},
-	{
-		alert:    "JetflowNoWorkerUp",
-		series:   map[string]string{`up{job="jetflow-worker", instance="w1"}`: "0x5 1x10"},
-		evalTime: "10m",
-	},
-	{
-		alert:    "JetflowMaxDeliveriesHit",
-		series:   map[string]string{`jetflow_max_deliveries_total{workflow="order"}`: "0 0 0 1 1 1"},
-		evalTime: "5m",
-		fires:    []map[string]string{{"workflow": "order"}},
-	},
-	{
-		alert:    "JetflowMaxDeliveriesHit",
-		series:   map[string]string{`jetflow_max_deliveries_total{workflow="order"}`: "0x10"},
-		evalTime: "10m",
-	},
-	{
-		alert:    "JetflowRunsStuck",
-		series:   map[string]string{`jetflow_runs_stuck_total{workflow="order"}`: "0 0 0 1 1 1"},
-		evalTime: "5m",
-		fires:    []map[string]string{{"workflow": "order"}},
-	},
-	{
-		alert:    "JetflowRunsStuck",
-		series:   map[string]string{`jetflow_runs_stuck_total{workflow="order"}`: "0x20"},
-		evalTime: "20m",
-	},
-	{
-		alert: "JetflowHTTP5xx",
-		series: map[string]string{
-			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="200"}`: "0+100x20",
-			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="503"}`: "0+5x20",
-		},
-		evalTime: "15m",
-		fires:    []map[string]string{{}},
-	},
-	{
-		alert: "JetflowHTTP5xx",
-		series: map[string]string{
-			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="200"}`: "0+100x20",
-			`jetflow_http_requests_total{route="POST /v1/workflows/{name}/runs", code="422"}`: "0+50x20",
-		},
-		evalTime: "15m",
-	},
-	{
-		alert:    "JetflowBacklogGrowing",
-		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_step_order", instance="w1"}`: "0+100x40"},
-		evalTime: "35m",
-		fires:    []map[string]string{{"consumer": "jetflow_step_order"}},
-	},
-	{
-		alert:    "JetflowBacklogGrowing",
-		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_step_order", instance="w1"}`: "5000x40"},
-		evalTime: "35m",
-	},
-	{
-		alert: "JetflowStepsStalled",
-		series: map[string]string{
-			`jetflow_consumer_pending{consumer="jetflow_step_order"}`:                  "50x30",
-			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "7x30",
-		},
-		evalTime: "25m",
-		fires:    []map[string]string{{"consumer": "jetflow_step_order"}},
-	},
-	{
-		alert:    "JetflowStepsStalled", // no step ever ran
-		series:   map[string]string{`jetflow_consumer_pending{consumer="jetflow_start_order"}`: "3x30"},
-		evalTime: "25m",
-		fires:    []map[string]string{{"consumer": "jetflow_start_order"}},
-	},
-	{
-		alert: "JetflowStepsStalled",
-		series: map[string]string{
-			`jetflow_consumer_pending{consumer="jetflow_step_order"}`:                  "50x30",
-			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "0+10x30",
-		},
-		evalTime: "25m",
-	},
-	{
-		alert: "JetflowStepsFailing",
-		series: map[string]string{
-			`jetflow_steps_total{workflow="order", step="charge", result="committed"}`: "0+100x30",
-			`jetflow_steps_total{workflow="order", step="charge", result="failed"}`:    "0+10x30",
-		},
-		evalTime: "25m",
-		fires:    []map[string]string{{"workflow": "order", "step": "charge"}},
-	},
-	{
-		alert: "JetflowIdempotencyConflictsSpike",
-		series: map[string]string{
-			`jetflow_starts_total{entry="http", outcome="created", state="running"}`:  "0+600x30",
-			`jetflow_starts_total{entry="http", outcome="conflict", state="running"}`: "0+12x30",
-		},
-		evalTime: "25m",
-		fires:    []map[string]string{{}},
-	},
-}
-
-// writeAlertTests renders alertCases as a promtool test file, with the
-// expected annotations taken from alerts.yml (label templates filled in),
-// and returns its path.
-func writeAlertTests(t *testing.T) string {
-	t.Helper()
-	abs, err := filepath.Abs(filepath.Join("prometheus", "alerts.yml"))
-	require.NoError(t, err)
-	var rules struct {
+// TestAlertTestsCoverEveryAlert: alerts_test.yml (run by promtool in
+// TestPromtool) has, for every alert of alerts.yml, a case where it must
+// fire and one where it must stay quiet, and names no alert that does not
+// exist.
+func TestAlertTestsCoverEveryAlert(t *testing.T) {
+	t.Parallel()
+	var f struct {
 		Groups []struct {
 			Rules []promRule `yaml:"rules"`
 		} `yaml:"groups"`
 	}
-	require.NoError(t, yaml.Unmarshal(readFile(t, abs), &rules))
-	byName := map[string]promRule{}
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			byName[r.Alert] = r
-		}
-	}
-	labelRef := regexp.MustCompile(`\{\{\s*\$labels\.(\w+)\s*\}\}`)
+	require.NoError(t, yaml.Unmarshal(readFile(t, filepath.Join("prometheus", "alerts.yml")), &f))
+	var tests alertTests
+	require.NoError(t, yaml.Unmarshal(readFile(t, filepath.Join("prometheus", "alerts_test.yml")), &tests))
+	require.Equal(t, []string{"alerts.yml"}, tests.RuleFiles)
 
-	type expAlert struct {
-		Labels      map[string]string `yaml:"exp_labels"`
-		Annotations map[string]string `yaml:"exp_annotations"`
-	}
-	type ruleTest struct {
-		EvalTime  string     `yaml:"eval_time"`
-		AlertName string     `yaml:"alertname"`
-		ExpAlerts []expAlert `yaml:"exp_alerts"`
-	}
-	type series struct {
-		Series string `yaml:"series"`
-		Values string `yaml:"values"`
-	}
-	type test struct {
-		Interval    string     `yaml:"interval"`
-		InputSeries []series   `yaml:"input_series"`
-		AlertTests  []ruleTest `yaml:"alert_rule_test"`
-	}
-	var tests []test
-	for _, c := range alertCases {
-		rule, ok := byName[c.alert]
-		require.True(t, ok, "no alert %s in alerts.yml", c.alert)
-		rt := ruleTest{EvalTime: c.evalTime, AlertName: c.alert, ExpAlerts: []expAlert{}}
-		for _, extra := range c.fires {
-			labels := maps.Clone(rule.Labels)
-			maps.Copy(labels, extra)
-			annotations := map[string]string{}
-			for k, v := range rule.Annotations {
-				annotations[k] = labelRef.ReplaceAllStringFunc(v, func(ref string) string {
-					return labels[labelRef.FindStringSubmatch(ref)[1]]
-				})
+	fires, quiet := map[string]int{}, map[string]int{}
+	for _, tc := range tests.Tests {
+		for _, at := range tc.AlertRuleTest {
+			if len(at.ExpAlerts) > 0 {
+				fires[at.AlertName]++
+			} else {
+				quiet[at.AlertName]++
 			}
-			rt.ExpAlerts = append(rt.ExpAlerts, expAlert{Labels: labels, Annotations: annotations})
 		}
-		tc := test{Interval: "1m", AlertTests: []ruleTest{rt}}
-		for s, v := range c.series {
-			tc.InputSeries = append(tc.InputSeries, series{Series: s, Values: v})
-		}
-		tests = append(tests, tc)
 	}
-	out, err := yaml.Marshal(map[string]any{
-		"rule_files":          []string{abs},
-		"evaluation_interval": "1m",
-		"tests":               tests,
-	})
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "alerts_test.yml")
-	require.NoError(t, os.WriteFile(path, out, 0o600))
-	return path
+	alerts := map[string]bool{}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = true
+			require.Positive(t, fires[r.Alert], "alerts_test.yml has no case where %s must fire", r.Alert)
+			require.Positive(t, quiet[r.Alert], "alerts_test.yml has no case where %s must stay quiet", r.Alert)
+		}
+	}
+	for name := range fires {
+		require.True(t, alerts[name], "alerts_test.yml tests %s, which alerts.yml does not define", name)
+	}
+	for name := range quiet {
+		require.True(t, alerts[name], "alerts_test.yml tests %s, which alerts.yml does not define", name)
+	}
 }

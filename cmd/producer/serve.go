@@ -44,7 +44,7 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Msg("connected to NATS")
 
 	reg := opshttp.NewRegistry()
-	metrics, err := jetflow.NewMetrics(reg)
+	metrics, err := jetflow.NewClientMetrics(reg) // no worker series: the producer is no worker
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}

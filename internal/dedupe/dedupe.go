@@ -179,7 +179,7 @@ func Validate(req Request) error {
 // worker that receives the task writes it with the same token, so an
 // accepted start is never lost.
 func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err error) {
-	defer func() { a.observe(req.Entry, res, err) }()
+	defer func() { a.observe(req.Entry, req.Workflow, res, err) }()
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}

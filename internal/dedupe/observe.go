@@ -10,7 +10,7 @@ import (
 // observe counts one start decision: its outcome by entry point and, for
 // a duplicate, the layer that stopped it first (the broker's message-ID
 // window or pending task, else the runs bucket).
-func (a *Admitter) observe(entry string, res Result, err error) {
+func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 	if a.metrics == nil {
 		return
 	}
@@ -32,7 +32,7 @@ func (a *Admitter) observe(entry string, res Result, err error) {
 	if st == "" {
 		st = "none"
 	}
-	a.metrics.Start(metrics.Entry(entry), outcome, st)
+	a.metrics.Start(metrics.Entry(entry), workflow, outcome, st)
 	switch outcome {
 	case "existing", "conflict", "rejected":
 		if res.Broker != jetstream.Stored {
@@ -43,8 +43,9 @@ func (a *Admitter) observe(entry string, res Result, err error) {
 	}
 }
 
-// ObserveRefusal counts a start refused before admission (a malformed
-// envelope, a missing required run ID).
-func (a *Admitter) ObserveRefusal(entry string) {
-	a.metrics.Start(metrics.Entry(entry), "error", "none")
+// ObserveRefusal counts a start of workflow (one this process serves)
+// refused before admission (a malformed envelope, a missing required run
+// ID).
+func (a *Admitter) ObserveRefusal(entry, workflow string) {
+	a.metrics.Start(metrics.Entry(entry), workflow, "error", "none")
 }

@@ -15,6 +15,20 @@
 // names of registered workflows, never a name read from an unchecked message.
 // HTTP routes are mux patterns (http.Request.Pattern), never raw paths.
 //
+// # Roles
+//
+// A worker exports every family (New); a process that only starts and
+// reads runs exports the client's (NewFor with RoleClient, NamesFor), so
+// that a producer is never counted as a worker.
+//
+// # Series at zero
+//
+// A counter series created at 1 shows no increase() or rate(), so an alert
+// on a first event could not fire. Serve (called by a worker for the
+// workflows it serves) and StepBegins create the series such alerts watch
+// at 0; Start creates a workflow's failed starts at 0 at its first start
+// through an entry point.
+//
 // # Nil safety
 //
 // Every method is a no-op on a nil *Metrics, so engine code calls them
@@ -25,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,28 +63,71 @@ const (
 	NameHTTPDuration        = "jetflow_http_request_duration_seconds"
 	NameRunsStuck           = "jetflow_runs_stuck_total"
 	NameUnservedStarts      = "jetflow_unserved_start_envelopes"
+	NameRunsRunning         = "jetflow_runs_running"
+	NameBuildInfo           = "jetflow_build_info"
+	NameNATSConnected       = "jetflow_nats_connected"
+	NameNATSReconnects      = "jetflow_nats_reconnects_total"
 )
 
-// names is every family in registration order; Names returns a copy.
-var names = []string{
-	NameStarts, NameSuppressed, NameSteps, NameStepDuration, NameRunsFinished,
-	NameRunDuration, NameRedeliveries, NameMaxDeliveries, NameStepsInFlight,
-	NameConsumerPending, NameConsumerAckPending, NameBacklogSampleErrors,
-	NameHTTPRequests, NameHTTPDuration, NameRunsStuck, NameUnservedStarts,
+// Role is what a process does with jetflow, and so which series it
+// exports: a producer must not export the worker's series, or dashboards
+// would count it as a worker.
+type Role string
+
+// Roles.
+const (
+	// RoleWorker executes tasks and admits starts: every series.
+	RoleWorker Role = "worker"
+	// RoleClient starts, reads and cancels runs (a producer, the HTTP
+	// API): starts, duplicates, runs finished (by cancel), HTTP, build and
+	// NATS connection series, none of the worker's.
+	RoleClient Role = "client"
+)
+
+// families is every family in registration order, with whether only a
+// worker exports it.
+var families = []struct {
+	name       string
+	workerOnly bool
+}{
+	{NameStarts, false}, {NameSuppressed, false}, {NameSteps, true}, {NameStepDuration, true},
+	{NameRunsFinished, false}, {NameRunDuration, false}, {NameRedeliveries, true},
+	{NameMaxDeliveries, true}, {NameStepsInFlight, true}, {NameConsumerPending, true},
+	{NameConsumerAckPending, true}, {NameBacklogSampleErrors, true}, {NameHTTPRequests, false},
+	{NameHTTPDuration, false}, {NameRunsStuck, true}, {NameUnservedStarts, true},
+	{NameRunsRunning, true}, {NameBuildInfo, false}, {NameNATSConnected, false},
+	{NameNATSReconnects, false},
 }
 
 // Names lists every metric family name this package exports, in a fixed
 // order. Each call returns a fresh slice the caller may modify.
 func Names() []string {
-	return append([]string(nil), names...)
+	return NamesFor(RoleWorker)
+}
+
+// NamesFor lists the families a process of role exports (a worker: all of
+// them), in Names' order. Each call returns a fresh slice.
+func NamesFor(role Role) []string {
+	var out []string
+	for _, f := range families {
+		if role == RoleWorker || !f.workerOnly {
+			out = append(out, f.name)
+		}
+	}
+	return out
 }
 
 // ErrNilRegisterer is returned by New when it is given no registerer.
 var ErrNilRegisterer = errors.New("metrics: nil prometheus.Registerer")
 
+// ErrUnknownRole is returned by NewFor for a role other than RoleWorker and
+// RoleClient.
+var ErrUnknownRole = errors.New("metrics: unknown role")
+
 // Metrics owns every jetflow collector. Create it with New; a nil *Metrics
 // is valid and records nothing. Its methods are safe for concurrent use.
 type Metrics struct {
+	role          Role
 	starts        *prometheus.CounterVec
 	suppressed    *prometheus.CounterVec
 	steps         *prometheus.CounterVec
@@ -86,24 +144,44 @@ type Metrics struct {
 	httpDuration  *prometheus.HistogramVec
 	runsStuck     *prometheus.CounterVec
 	unserved      prometheus.Gauge
+	runsRunning   *prometheus.GaugeVec
+	buildInfo     *prometheus.GaugeVec
+	conns         *connCollector
 
 	backlog backlogState
+	// seen holds the label sets already initialised at zero (zeroKey).
+	seen sync.Map
 }
 
-// New creates every collector and registers it with reg. It registers all
-// of them or none: when one fails, those already registered are
-// unregistered again. A second New on the same registry fails with an
-// error wrapping prometheus.AlreadyRegisteredError (match it with
-// errors.As); a nil reg fails with ErrNilRegisterer.
+// New is NewFor(reg, RoleWorker): every series, for a worker or a process
+// that both starts and executes runs.
 func New(reg prometheus.Registerer) (*Metrics, error) {
+	return NewFor(reg, RoleWorker)
+}
+
+// NewFor creates the collectors a process of role exports (NamesFor) and
+// registers them with reg. It registers all of them or none: when one
+// fails, those already registered are unregistered again. A second NewFor
+// on the same registry fails with an error wrapping
+// prometheus.AlreadyRegisteredError (match it with errors.As); a nil reg
+// fails with ErrNilRegisterer, another role with ErrUnknownRole.
+//
+// jetflow_build_info is set to 1 at once and the duplicate layers start at
+// 0; every other series appears when it is first recorded or initialised
+// (Serve, StepBegins).
+func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 	if reg == nil {
 		return nil, ErrNilRegisterer
 	}
+	if role != RoleWorker && role != RoleClient {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownRole, role)
+	}
 	m := &Metrics{
+		role: role,
 		starts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameStarts,
-			Help: "Start decisions by entry point, outcome and the run's state.",
-		}, []string{"entry", "outcome", "state"}),
+			Help: "Start decisions by workflow, entry point, outcome and the run's state.",
+		}, []string{"workflow", "entry", "outcome", "state"}),
 		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameSuppressed,
 			Help: "Duplicates stopped, by the first layer that stopped them.",
@@ -160,23 +238,110 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: NameUnservedStarts,
 			Help: "Durable start envelopes waiting in JETFLOW_STARTS for workflows that no worker serves (no start consumer), as last sampled.",
 		}),
+		runsRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: NameRunsRunning,
+			Help: "Running runs of the workflow, as the worker's sweeper last read them from the runs bucket (every worker reports the same deployment-wide number: aggregate with max).",
+		}, []string{"workflow"}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: NameBuildInfo,
+			Help: "Always 1: the jetflow version, the Go version and the process's role (worker or client).",
+		}, []string{"version", "goversion", "role"}),
+		conns: newConnCollector(),
 	}
+	// One collector per family, in families' order; the connection
+	// collector holds the last two.
 	collectors := []prometheus.Collector{
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
-		m.runsStuck,
-		m.unserved,
+		m.runsStuck, m.unserved, m.runsRunning, m.buildInfo, m.conns,
 	}
+	var registered []prometheus.Collector
 	for i, c := range collectors {
+		f := families[i]
+		if f.workerOnly && role != RoleWorker {
+			continue
+		}
 		if err := reg.Register(c); err != nil {
-			for _, done := range collectors[:i] {
+			for _, done := range registered {
 				reg.Unregister(done)
 			}
-			return nil, fmt.Errorf("metrics: register %s: %w", names[i], err)
+			return nil, fmt.Errorf("metrics: register %s: %w", f.name, err)
 		}
+		registered = append(registered, c)
+	}
+	version, goVersion := buildVersion()
+	m.buildInfo.WithLabelValues(version, goVersion, string(role)).Set(1)
+	for l := range layers {
+		m.suppressed.WithLabelValues(l)
 	}
 	return m, nil
+}
+
+// Role is the role m was created for; a nil *Metrics has none ("").
+func (m *Metrics) Role() Role {
+	if m == nil {
+		return ""
+	}
+	return m.role
+}
+
+// Serve initialises at 0 every series of workflows whose first increment
+// an alert must see (a counter created at 1 shows no increase() or rate()):
+// max deliveries, redeliveries, stuck runs, runs finished in each final
+// state, and failed starts (outcome error) through each entry point. A
+// worker calls it with the workflows it serves; calling it again is
+// harmless.
+func (m *Metrics) Serve(workflows ...string) {
+	if m == nil {
+		return
+	}
+	for _, wf := range workflows {
+		m.maxDeliveries.WithLabelValues(wf)
+		m.redeliveries.WithLabelValues(wf)
+		m.runsStuck.WithLabelValues(wf)
+		for st := range finalStates {
+			m.runsFinished.WithLabelValues(wf, st)
+		}
+		for e := range entries {
+			m.zeroStarts(wf, e)
+		}
+	}
+}
+
+// zeroStarts initialises the failed starts of workflow through entry at 0
+// (once).
+func (m *Metrics) zeroStarts(workflow, entry string) {
+	if _, done := m.seen.LoadOrStore(zeroKey{NameStarts, workflow, entry}, true); !done {
+		m.starts.WithLabelValues(workflow, entry, OutcomeError, stateNone)
+	}
+}
+
+// StepBegins initialises the attempts of step in workflow at 0 for every
+// result (once), so that the first failed or fatal attempt is an increase
+// Prometheus can see. The executor calls it when an attempt starts; Step
+// calls it too.
+func (m *Metrics) StepBegins(workflow, step string) {
+	if m == nil {
+		return
+	}
+	if _, done := m.seen.LoadOrStore(zeroKey{NameSteps, workflow, step}, true); !done {
+		for r := range stepResults {
+			m.steps.WithLabelValues(workflow, step, r)
+		}
+	}
+}
+
+// zeroKey names a label set initialised at zero: a family and two label
+// values.
+type zeroKey struct{ family, a, b string }
+
+// RunsRunning sets how many runs of workflow are running, as last read.
+func (m *Metrics) RunsRunning(workflow string, n int) {
+	if m == nil {
+		return
+	}
+	m.runsRunning.WithLabelValues(workflow).Set(float64(n))
 }
 
 // UnservedStarts sets how many durable start envelopes wait for workflows
@@ -189,22 +354,22 @@ func (m *Metrics) UnservedStarts(envelopes uint64) {
 	m.unserved.Set(float64(envelopes))
 }
 
-// Start counts one start decision. outcome is one of created, existing,
-// restarted, conflict, rejected, error; state is the run's state (running,
-// completed, failed, cancelled), "" or "none" when unknown. Values outside
-// those lists are counted as "other".
-func (m *Metrics) Start(entry Entry, outcome, state string) {
+// Start counts one start decision of workflow (a registered workflow's
+// name). outcome is one of created, existing, restarted, conflict,
+// rejected, error; state is the run's state (running, completed, failed,
+// cancelled), "" or "none" when unknown. Values outside those lists are
+// counted as "other". The first start of a workflow through an entry point
+// also initialises its failed starts at 0.
+func (m *Metrics) Start(entry Entry, workflow, outcome, state string) {
 	if m == nil {
 		return
 	}
 	if state == "" {
 		state = stateNone
 	}
-	m.starts.WithLabelValues(
-		bounded(string(entry), entries),
-		bounded(outcome, outcomes),
-		bounded(state, startStates),
-	).Inc()
+	e := bounded(string(entry), entries)
+	m.zeroStarts(workflow, e)
+	m.starts.WithLabelValues(workflow, e, bounded(outcome, outcomes), bounded(state, startStates)).Inc()
 }
 
 // Suppressed counts one duplicate stopped by layer, the first layer that
@@ -222,6 +387,7 @@ func (m *Metrics) Step(workflow, step string, r StepResult, d time.Duration) {
 	if m == nil {
 		return
 	}
+	m.StepBegins(workflow, step)
 	m.steps.WithLabelValues(workflow, step, bounded(string(r), stepResults)).Inc()
 	m.stepDuration.WithLabelValues(workflow, step).Observe(seconds(d))
 }

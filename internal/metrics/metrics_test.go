@@ -31,10 +31,15 @@ func TestMain(m *testing.M) {
 // record calls every recording method with known values.
 func record(t *testing.T, m *metrics.Metrics) {
 	t.Helper()
-	m.Start(metrics.EntryHTTP, metrics.OutcomeCreated, "running")
-	m.Start(metrics.EntryHTTP, metrics.OutcomeCreated, "running")
-	m.Start(metrics.EntryNATS, metrics.OutcomeExisting, "completed")
-	m.Start("carrier-pigeon", "maybe", "") // unknown entry and outcome, unknown state
+	m.Start(metrics.EntryHTTP, "order", metrics.OutcomeCreated, "running")
+	m.Start(metrics.EntryHTTP, "order", metrics.OutcomeCreated, "running")
+	m.Start(metrics.EntryNATS, "order", metrics.OutcomeExisting, "completed")
+	m.Start("carrier-pigeon", "order", "maybe", "") // unknown entry and outcome, unknown state
+	m.Serve("refund")                               // a served workflow: its alerting series at 0
+	m.RunsRunning("order", 3)
+	m.WatchConn("nc-1", func() bool { return true }, func() uint64 { return 2 })
+	m.WatchConn("nc-1", func() bool { return true }, func() uint64 { return 2 }) // the same connection again
+	m.WatchConn("nc-2", func() bool { return false }, func() uint64 { return 1 })
 
 	m.Suppressed(metrics.LayerKV)
 	m.Suppressed(metrics.LayerBroker)
@@ -112,15 +117,40 @@ func TestExpositionHasExactValues(t *testing.T) {
 	require.NoError(t, err)
 
 	want := []sample{
-		{family: metrics.NameStarts, labels: map[string]string{"entry": "http", "outcome": "created", "state": "running"}, value: 2},
-		{family: metrics.NameStarts, labels: map[string]string{"entry": "nats", "outcome": "existing", "state": "completed"}, value: 1},
-		{family: metrics.NameStarts, labels: map[string]string{"entry": "other", "outcome": "other", "state": "none"}, value: 1},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "http", "outcome": "created", "state": "running"}, value: 2},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "nats", "outcome": "existing", "state": "completed"}, value: 1},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "other", "outcome": "other", "state": "none"}, value: 1},
+		// The first start through an entry point creates its failed starts at 0.
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "http", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "nats", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "order", "entry": "other", "outcome": "error", "state": "none"}, value: 0},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "kv"}, value: 1},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "broker"}, value: 2},
+		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "task_key"}, value: 0},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "other"}, value: 1},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "committed"}, value: 1},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "retried"}, value: 1},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "failed"}, value: 0},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "fatal"}, value: 0},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "committed"}, value: 0},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "retried"}, value: 0},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "failed"}, value: 0},
+		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "fatal"}, value: 0},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "other"}, value: 1},
+		{family: metrics.NameRunsRunning, labels: map[string]string{"workflow": "order"}, value: 3},
+		{family: metrics.NameNATSConnected, labels: map[string]string{}, value: 0}, // nc-2 is down
+		{family: metrics.NameNATSReconnects, labels: map[string]string{}, value: 3},
+		// Served: every series an alert watches for a first event, at 0.
+		{family: metrics.NameMaxDeliveries, labels: map[string]string{"workflow": "refund"}, value: 0},
+		{family: metrics.NameRedeliveries, labels: map[string]string{"workflow": "refund"}, value: 0},
+		{family: metrics.NameRunsStuck, labels: map[string]string{"workflow": "refund"}, value: 0},
+		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "completed"}, value: 0},
+		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "failed"}, value: 0},
+		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "cancelled"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "sdk", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "nats", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "http", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "webhook", "outcome": "error", "state": "none"}, value: 0},
 		{family: metrics.NameStepDuration, labels: map[string]string{"workflow": "order", "step": "charge"}, value: 2, sum: 0.75},
 		{family: metrics.NameStepDuration, labels: map[string]string{"workflow": "order", "step": "ship"}, value: 1, sum: 0},
 		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "order", "state": "completed"}, value: 1},
@@ -141,12 +171,24 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameHTTPDuration, labels: map[string]string{"route": "other"}, value: 1, sum: 0.001},
 		{family: metrics.NameUnservedStarts, labels: map[string]string{}, value: 3},
 	}
+	// One build info series, whose role is the worker's.
+	bi := families[metrics.NameBuildInfo].GetMetric()
+	require.Len(t, bi, 1)
+	require.Equal(t, 1.0, bi[0].GetGauge().GetValue())
+	biLabels := map[string]string{}
+	for _, l := range bi[0].GetLabel() {
+		biLabels[l.GetName()] = l.GetValue()
+	}
+	require.Equal(t, "worker", biLabels["role"])
+	require.NotEmpty(t, biLabels["version"])
+	require.Regexp(t, `^go1\.`, biLabels["goversion"])
+
 	// Every series in the output is expected, and every expected one is there.
 	total := 0
 	for _, f := range families {
 		total += len(f.GetMetric())
 	}
-	require.Equal(t, len(want), total, "series in /metrics")
+	require.Equal(t, len(want)+1, total, "series in /metrics (and the build info)")
 	for _, w := range want {
 		f, ok := families[w.family]
 		require.True(t, ok, "family %s missing", w.family)
@@ -284,10 +326,40 @@ func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 	require.NoError(t, err, "nothing of the failed New is left to conflict with")
 }
 
+func TestClientRoleExportsNoWorkerSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m, err := metrics.NewFor(reg, metrics.RoleClient)
+	require.NoError(t, err)
+	require.Equal(t, metrics.RoleClient, m.Role())
+	record(t, m) // worker calls too: they must not show up
+
+	gathered, err := reg.Gather()
+	require.NoError(t, err)
+	var got []string
+	for _, f := range gathered {
+		got = append(got, f.GetName())
+		if f.GetName() == metrics.NameBuildInfo {
+			require.Equal(t, "role", f.GetMetric()[0].GetLabel()[1].GetName())
+			require.Equal(t, "client", f.GetMetric()[0].GetLabel()[1].GetValue())
+		}
+	}
+	want := metrics.NamesFor(metrics.RoleClient)
+	slices.Sort(want)
+	require.Equal(t, want, got, "a client exports exactly its own families")
+	for _, worker := range []string{metrics.NameStepsInFlight, metrics.NameBacklogSampleErrors, metrics.NameSteps, metrics.NameUnservedStarts, metrics.NameRunsRunning} {
+		require.NotContains(t, got, worker)
+	}
+	require.Contains(t, got, metrics.NameStarts)
+
+	_, err = metrics.NewFor(prometheus.NewRegistry(), "gateway")
+	require.ErrorIs(t, err, metrics.ErrUnknownRole)
+}
+
 func TestNamesReturnsACopy(t *testing.T) {
 	t.Parallel()
 	names := metrics.Names()
-	require.Len(t, names, 16)
+	require.Len(t, names, 20)
 	names[0] = "changed"
 	require.Equal(t, metrics.NameStarts, metrics.Names()[0])
 }
@@ -296,7 +368,11 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 	t.Parallel()
 	var m *metrics.Metrics
 	require.NotPanics(t, func() {
-		m.Start(metrics.EntrySDK, metrics.OutcomeCreated, "running")
+		m.Start(metrics.EntrySDK, "order", metrics.OutcomeCreated, "running")
+		m.Serve("order")
+		m.StepBegins("order", "charge")
+		m.RunsRunning("order", 1)
+		m.WatchConn("nc", func() bool { return true }, func() uint64 { return 0 })
 		m.Suppressed(metrics.LayerTaskKey)
 		m.Step("order", "charge", metrics.StepFatal, time.Second)
 		m.RunFinished("order", "failed", time.Second)

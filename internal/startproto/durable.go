@@ -101,28 +101,28 @@ func settle(r StartReply) settlement {
 func handleDurableStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Served, b []byte, msgID string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		return errorReply(err)
 	}
 	switch {
 	case sr.GenerateRunID:
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		return errorReply(fmt.Errorf("%w: a durable start cannot have its run ID generated (every redelivery would start another run): set run_id or the Nats-Msg-Id header, or use request-reply", state.ErrInvalidRunID))
 	case sr.runIDGiven && sr.RunID == "":
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		return errorReply(fmt.Errorf("%w: run_id is empty or null", state.ErrInvalidRunID))
 	case !sr.runIDGiven && msgID == "":
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		return errorReply(fmt.Errorf("%w: a durable start needs a run ID: set run_id or the Nats-Msg-Id header", state.ErrInvalidRunID))
 	case !sr.runIDGiven:
 		sr.RunID = msgID
 	case msgID != "" && msgID != sr.RunID:
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		return errorReply(fmt.Errorf("%w: run_id %q differs from Nats-Msg-Id %q", state.ErrInvalidRunID, sr.RunID, msgID))
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
-		a.ObserveRefusal("nats")
+		a.ObserveRefusal("nats", workflow)
 		r := errorReply(err)
 		if state.ValidateRunID(sr.RunID) == nil {
 			r.RunID = sr.RunID

@@ -296,16 +296,16 @@ func entryOf(h nats.Header) string {
 func handleStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
-		a.ObserveRefusal(entry)
+		a.ObserveRefusal(entry, workflow)
 		return errorReply(err)
 	}
 	if err := sr.resolveRunID(workflow, wf.RequireRunID); err != nil {
-		a.ObserveRefusal(entry)
+		a.ObserveRefusal(entry, workflow)
 		return errorReply(err)
 	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
-		a.ObserveRefusal(entry)
+		a.ObserveRefusal(entry, workflow)
 		return errorReply(err)
 	}
 	req.Entry = entry
@@ -318,7 +318,7 @@ func handleStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Se
 func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedupe.Request) StartReply {
 	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
-		a.ObserveRefusal(req.Entry)
+		a.ObserveRefusal(req.Entry, req.Workflow)
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
 	}
 	res, err := a.Admit(ctx, req)

@@ -271,6 +271,9 @@ func (s *Sweeper) Start() (stop func()) {
 func (s *Sweeper) Pass(ctx context.Context) Pass {
 	var p Pass
 	p.Read, p.Err = s.read(ctx)
+	if p.Err == nil {
+		s.countRunning()
+	}
 	now := s.cfg.Now()
 	timers := s.bindTimers(ctx)
 	for id, t := range s.runs {
@@ -309,6 +312,18 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 	}
 	p.Tracked = len(s.runs)
 	return p
+}
+
+// countRunning sets the running-runs gauge of every served workflow from
+// the runs kept in memory (complete only after a successful read).
+func (s *Sweeper) countRunning() {
+	n := make(map[string]int, len(s.served))
+	for _, t := range s.runs {
+		n[t.Workflow]++
+	}
+	for wf := range s.served {
+		s.cfg.Metrics.RunsRunning(wf, n[wf])
+	}
 }
 
 func firstErr(first, err error) error {

@@ -49,6 +49,8 @@ func (e *Executor) execute(d *delivery, sc stepCall) (state.Step, *settlement) {
 		return state.Step{}, &settlement{kind: settleRelease, err: err}
 	}
 	a := stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	// Its series exist at 0 from here: its first failure is an increase.
+	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
 	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
 	rec, result, s := e.outcome(d, a)
 	if s != nil {
