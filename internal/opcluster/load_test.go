@@ -23,7 +23,7 @@ func TestCheckSeesLostAndDoubledWork(t *testing.T) {
 	srv := testenv.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pay, err := orders.StartPaymentService("", testenv.Logger(t))
+	pay, err := orders.StartPaymentService(orders.PaymentOptions{Log: testenv.Logger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pay.Close() })
 

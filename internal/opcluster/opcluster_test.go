@@ -121,7 +121,7 @@ func newScenario(t *testing.T) *scenario {
 	t.Cleanup(s.cluster.Close)
 	require.NoError(t, s.cluster.WaitAllHealthy(s.ctx(30*ackWait)))
 
-	s.pay, err = orders.StartPaymentService("", zerolog.Nop())
+	s.pay, err = orders.StartPaymentService(orders.PaymentOptions{Log: zerolog.Nop()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.pay.Close() })
 

@@ -140,9 +140,9 @@ type Binaries struct {
 	NATSServer, Worker, Producer string
 }
 
-// Build builds nats-server from the version go.mod pins, the test's worker
-// (testdata/worker: the order workflow over workermain with
-// --payments-url) and cmd/producer into dir. moduleRoot is the jetflow
+// Build builds nats-server from the version go.mod pins, cmd/worker (run
+// with --payments-url, so that every charge any worker makes is counted
+// outside the worker processes) and cmd/producer into dir. moduleRoot is the jetflow
 // module's directory.
 func Build(ctx context.Context, moduleRoot, dir string) (Binaries, error) {
 	b := Binaries{
@@ -151,7 +151,7 @@ func Build(ctx context.Context, moduleRoot, dir string) (Binaries, error) {
 		Producer:   filepath.Join(dir, "producer"),
 	}
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"github.com/nats-io/nats-server/v2", "./internal/opcluster/testdata/worker", "./cmd/producer")
+		"github.com/nats-io/nats-server/v2", "./cmd/worker", "./cmd/producer")
 	cmd.Dir = moduleRoot
 	out, err := cmd.CombinedOutput()
 	if err != nil {
