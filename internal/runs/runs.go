@@ -43,11 +43,19 @@ type Store struct {
 	audit     *jetstream.KV
 	retention time.Duration
 	now       func() time.Time
+	// watchKey and recheck are Wait's key watch and read interval; tests
+	// replace them.
+	watchKey func(ctx context.Context, key string) (natsjs.KeyWatcher, error)
+	recheck  time.Duration
 }
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
-	return &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now}
+	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck}
+	s.watchKey = func(ctx context.Context, key string) (natsjs.KeyWatcher, error) {
+		return s.runs.Raw().Watch(ctx, key)
+	}
+	return s
 }
 
 // Retention is how long run's record is kept after the run ended: the
@@ -202,59 +210,68 @@ func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelle
 	})
 }
 
+// waitRecheck is how often Wait reads the record itself while it waits: a
+// key watch is an ordered consumer on the bucket's stream, and one that was
+// set up as the stream's leader was SIGKILLed can stay silent after the
+// run ends (seen in the operated-cluster test). The watch gives the answer
+// at once in the usual case; the read bounds how late it can be otherwise.
+const waitRecheck = 5 * time.Second
+
 // Wait waits until the run runID is in a final state and returns it. It
 // returns an error matching ErrNotFound if the run has no record when the
 // wait begins, and ctx's error, as it is, if ctx ends while it waits; a
 // NATS error is wrapped with jetstream.Unavailable when it is transient.
+// A final state is seen from the key's watch, or at the latest at the next
+// of the reads Wait makes every waitRecheck should the watch fall silent.
 func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
-	w, err := s.runs.Raw().Watch(ctx, runID)
+	w, err := s.watchKey(ctx, runID)
 	if err != nil {
 		return state.Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
 	}
 	defer func() { _ = w.Stop() }()
+	recheck := time.NewTicker(s.recheck)
+	defer recheck.Stop()
 	seen := false
 	for {
+		var (
+			r   state.Run
+			err error
+		)
 		select {
 		case <-ctx.Done():
 			return state.Run{}, ctx.Err()
+		case <-recheck.C:
+			if r, _, err = s.Get(ctx, runID); err != nil {
+				continue // the watch may still answer; ctx bounds the wait
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return state.Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
 			}
-			if e == nil { // initial values delivered
-				if seen {
-					continue
-				}
+			switch {
+			case e == nil && seen:
+				continue
+			case e == nil: // initial values delivered
 				// The record may have been replaced while the watch was set
 				// up (the bucket keeps one revision): ask before saying no.
-				v, _, err := s.runs.Get(ctx, runID)
+				r, _, err = s.Get(ctx, runID)
 				if errors.Is(err, ErrNotFound) {
 					return state.Run{}, err
 				}
 				if err != nil {
 					return state.Run{}, jetstream.Unavailable(err)
 				}
-				r, err := state.DecodeRun(v)
-				if err != nil {
+			case e.Operation() != natsjs.KeyValuePut:
+				continue // the marker of an expired earlier run with this ID
+			default:
+				if r, err = state.DecodeRun(e.Value()); err != nil {
 					return state.Run{}, err
 				}
-				if r.Status.Terminal() {
-					return r, nil
-				}
-				seen = true
-				continue
-			}
-			if e.Operation() != natsjs.KeyValuePut {
-				continue // the marker of an expired earlier run with this ID
 			}
 			seen = true
-			r, err := state.DecodeRun(e.Value())
-			if err != nil {
-				return state.Run{}, err
-			}
-			if r.Status.Terminal() {
-				return r, nil
-			}
+		}
+		if r.Status.Terminal() {
+			return r, nil
 		}
 	}
 }

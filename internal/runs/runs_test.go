@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -192,4 +193,54 @@ func TestAuditCountsDuplicates(t *testing.T) {
 	au, err = s.Audit(ctx(t), "a-1")
 	require.NoError(t, err)
 	require.Equal(t, int64(3), au.Duplicates)
+}
+
+// silentWatch is a key watch that reports its initial values and then
+// nothing more, as a watch whose consumer was lost with a stream leader.
+type silentWatch struct{ updates chan natsjs.KeyValueEntry }
+
+func (w silentWatch) Updates() <-chan natsjs.KeyValueEntry { return w.updates }
+func (w silentWatch) Stop() error                          { return nil }
+
+// A waiter whose watch falls silent still sees the run end, from its own
+// reads of the record, within a few recheck intervals.
+func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	s.recheck = 50 * time.Millisecond
+	watching := make(chan struct{})
+	s.watchKey = func(context.Context, string) (natsjs.KeyWatcher, error) {
+		w := silentWatch{updates: make(chan natsjs.KeyValueEntry, 1)}
+		w.updates <- nil
+		close(watching)
+		return w, nil
+	}
+	_, err := s.Create(ctx(t), running("r-w", "a"))
+	require.NoError(t, err)
+
+	type result struct {
+		run state.Run
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.Wait(ctx(t), "r-w")
+		done <- result{r, err}
+	}()
+	<-watching
+	select {
+	case r := <-done:
+		t.Fatalf("Wait returned before the run ended: %+v", r)
+	case <-time.After(5 * s.recheck): // several reads saw it running
+	}
+	_, written, err := s.Finish(ctx(t), running("r-w", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.True(t, written)
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		require.Equal(t, state.StatusCompleted, r.run.Status)
+	case <-ctx(t).Done():
+		t.Fatal("Wait did not see the run end through its reads")
+	}
 }
