@@ -5,9 +5,9 @@
 // # Runs and run IDs
 //
 // A service starts a run of a workflow under its own run ID, an idempotency
-// key such as "stripe-evt_123" or "order-42" (WithRunID). Every start with
-// that ID — a re-delivered webhook, a retried request, two replicas racing —
-// lands on the same run: exactly one start gets OutcomeCreated, every other
+// key derived from the work, such as "order-o-1" for order o-1 (WithRunID).
+// Every start with that ID — a re-delivered webhook, a retried request, two
+// replicas racing — lands on the same run: exactly one start gets OutcomeCreated, every other
 // one gets OutcomeExisting with the run's state and how many duplicates it
 // has absorbed. This holds beyond the broker's duplicate window and across
 // NATS restarts, because the run record is written with create-if-absent.
