@@ -142,7 +142,7 @@ type startOptions struct {
 }
 
 // WithRunID sets the run ID: the caller's idempotency key, such as
-// "stripe-evt_123" or "order-42" (1..128 characters of [A-Za-z0-9_=-]).
+// "order-o-1" for order o-1 (1..128 characters of [A-Za-z0-9_=-]).
 // Every start needs it or WithGeneratedRunID: a start with neither is
 // ErrRunIDRequired, and WithRunID("") is ErrInvalidRunID, never a
 // generated ID (an unset variable must not start a new run on each retry).

@@ -5,15 +5,16 @@
 // # Runs and run IDs
 //
 // A service starts a run of a workflow under its own run ID, an idempotency
-// key such as "stripe-evt_123" or "order-42" (WithRunID). Every start with
-// that ID — a re-delivered webhook, a retried request, two replicas racing —
-// lands on the same run: exactly one start gets OutcomeCreated, every other
-// one gets OutcomeExisting with the run's state and how many duplicates it
-// has absorbed. This holds beyond the broker's duplicate window and across
-// NATS restarts, because the run record is written with create-if-absent.
-// A run ID is never made up for the caller: a start names one, or asks for
-// a generated one explicitly (WithGeneratedRunID: a new run each time), and
-// an empty or absent run ID is an error (ErrInvalidRunID, ErrRunIDRequired).
+// key derived from the work, such as "order-o-1" for order o-1 (WithRunID).
+// Every start with that ID — a re-delivered webhook, a retried request, two
+// replicas racing — lands on the same run: exactly one start gets
+// OutcomeCreated, every other one gets OutcomeExisting with the run's state
+// and how many duplicates it has absorbed. This holds beyond the broker's
+// duplicate window and across NATS restarts, because the run record is
+// written with create-if-absent. A run ID is never made up for the caller:
+// a start names one, or asks for a generated one explicitly
+// (WithGeneratedRunID: a new run each time), and an empty or absent run ID
+// is an error (ErrInvalidRunID, ErrRunIDRequired).
 //
 // # Workflows and steps
 //

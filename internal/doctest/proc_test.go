@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,13 +72,37 @@ func goRunBinary(t *testing.T, pkg string) string {
 // cleanEnv is the test's environment without JETFLOW_* settings, plus
 // extra ("K=V").
 func cleanEnv(extra ...string) []string {
+	return append(cleanEnvWithout(), extra...)
+}
+
+// cleanEnvWithout is the test's environment without JETFLOW_* settings and
+// without the variables whose names start with one of prefixes.
+func cleanEnvWithout(prefixes ...string) []string {
 	var env []string
+next:
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "JETFLOW_") {
-			env = append(env, kv)
+		for _, p := range append(prefixes, "JETFLOW_") {
+			if strings.HasPrefix(kv, p) {
+				continue next
+			}
 		}
+		env = append(env, kv)
 	}
-	return append(env, extra...)
+	return env
+}
+
+// freePorts returns n TCP ports free on 127.0.0.1 a moment ago, for
+// commands that take a port, not an address.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	ports := make([]string, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close() // held until all are chosen, so that they differ
+		ports[i] = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
 }
 
 // proc is a long-running command a doc shows (a worker, a server), with

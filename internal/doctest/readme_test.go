@@ -110,7 +110,7 @@ func TestReadmeTour(t *testing.T) {
 	}
 	require.Len(t, replace, 1, "the tour's worker gets --payments-addr, so that curl knows where")
 	w, natsURL := startWorker(t, args)
-	payURL := str(t, w.waitFor("example payment service started"), "url")
+	payURL := str(t, w.waitFor("example payment service started in this process"), "url")
 	for k := range replace {
 		replace[k] = payURL
 	}
@@ -157,13 +157,77 @@ func runCommands(t *testing.T, b Block, producer string, replace map[string]stri
 	require.NotZero(t, ran, "%s has no commands", b.Where())
 }
 
+// TestReadmeCrash runs the tour's crash section as a user would: the crash
+// demo exactly as its block shows it (from the repository's root; the
+// script builds the binaries), then the payment service as a process of its
+// own with a ledger, a worker charging through it (--payments-url) and the
+// section's commands against them. The demo's fixed ports and the documented
+// addresses are replaced by free ones. `TestCrashDemo` (examples/orders)
+// checks the demo's numbers in detail; this test checks the README's line.
+func TestReadmeCrash(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the commands: not in -short")
+	}
+	t.Parallel()
+	blocks := sectionBlocks(readmeBlocks(t), "### A crash, twice", "sh")
+	require.Len(t, blocks, 4, "the crash demo, the payment service, the worker, the commands")
+
+	demo := Commands(blocks[0])
+	require.Len(t, demo, 1, blocks[0].Where())
+	require.Regexp(t, `^CRASH_DEMO_ORDERS=[0-9]+ examples/orders/crash-demo.sh$`, demo[0].Line, blocks[0].Where())
+	require.NotEmpty(t, demo[0].Want, "%s: the demo shows what it prints", blocks[0].Where())
+	root, err := filepath.Abs(repoRoot)
+	require.NoError(t, err)
+	ports := freePorts(t, 3)
+	env := append(cleanEnvWithout("CRASH_DEMO_"), "TMPDIR="+t.TempDir(),
+		"CRASH_DEMO_NATS_PORT="+ports[0], "CRASH_DEMO_PAYMENTS_PORT="+ports[1], "CRASH_DEMO_API_PORT="+ports[2])
+	out := runBash(t, blocks[0].Where(), "cd '"+root+"'\n"+demo[0].Line, env)
+	require.NoError(t, CheckOutput(out, demo[0].Want), blocks[0].Where())
+
+	payCmds := Commands(blocks[1])
+	require.Len(t, payCmds, 1, blocks[1].Where())
+	pkg, args := goRun(t, payCmds[0].Line)
+	require.Equal(t, "./examples/orders/payments", pkg)
+	replace := map[string]string{}
+	for i, a := range args {
+		if a == "--addr" && i+1 < len(args) {
+			replace["http://"+args[i+1]] = "" // filled in below
+			args[i+1] = "127.0.0.1:0"
+		}
+	}
+	require.Len(t, replace, 1, "the payment service gets --addr, so that the worker and curl know where")
+	require.Contains(t, args, "--ledger", "the payment service keeps a ledger")
+	pay := startProc(t, t.TempDir(), goRunBinary(t, pkg), args, cleanEnv())
+	payURL := str(t, pay.waitFor("payment service started"), "url")
+	for k := range replace {
+		replace[k] = payURL
+	}
+
+	workerCmds := Commands(blocks[2])
+	require.Len(t, workerCmds, 1, blocks[2].Where())
+	pkg, args = goRun(t, workerCmds[0].Line)
+	require.Equal(t, "./cmd/worker", pkg)
+	for i, a := range args {
+		if r, ok := replace[a]; ok && i > 0 && args[i-1] == "--payments-url" {
+			args[i] = r
+		}
+	}
+	require.Contains(t, args, payURL, "the worker charges through the payment service (--payments-url)")
+	w, natsURL := startWorker(t, args)
+	require.Equal(t, payURL, str(t, w.waitFor("order workflow charges through the example payment service"), "payments_url"))
+
+	runCommands(t, blocks[3], goRunBinary(t, "./cmd/producer"), replace, cleanEnv("JETFLOW_NATS_URL="+natsURL))
+	w.stop()
+	pay.stop()
+}
+
 // TestReadmeShellBlocksAreAllRun: every shell block of the README is in a
-// section whose blocks a test runs (the first commands, the tour, the go get
-// line, the HTTP example), so a command added elsewhere fails here until a
+// section whose blocks a test runs (the first commands, the tour and its
+// crash section, the go get line, the HTTP example), so a command added elsewhere fails here until a
 // test runs it.
 func TestReadmeShellBlocksAreAllRun(t *testing.T) {
 	t.Parallel()
-	run := map[string]bool{"# jetflow": true, "## A short tour": true, "## Using it from Go": true, "## Starting runs from anywhere": true}
+	run := map[string]bool{"# jetflow": true, "## A short tour": true, "### A crash, twice": true, "## Using it from Go": true, "## Starting runs from anywhere": true}
 	n := 0
 	for _, b := range readmeBlocks(t) {
 		if b.Lang == "sh" || b.Lang == "bash" || b.Lang == "shell" {
@@ -171,5 +235,5 @@ func TestReadmeShellBlocksAreAllRun(t *testing.T) {
 			n++
 		}
 	}
-	require.Equal(t, 7, n, "the README's shell blocks: 2 first commands, 2 of the tour, go get, 2 of the HTTP example")
+	require.Equal(t, 11, n, "the README's shell blocks: 2 first commands, 2 of the tour, 4 of its crash section, go get, 2 of the HTTP example")
 }
