@@ -202,7 +202,7 @@ func TestUsageNamesEveryFlag(t *testing.T) {
 	for _, name := range names {
 		require.Contains(t, usage, "--"+name+" ", "usage text lacks --%s", name)
 	}
-	for _, code := range []string{"0  success", "1  usage", "2  wait", "3  run not found", "4  conflict"} {
+	for _, code := range []string{"0  success", "1  usage", "2  wait", "3  not found", "4  conflict"} {
 		require.Contains(t, usage, code)
 	}
 }
