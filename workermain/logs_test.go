@@ -2,14 +2,12 @@ package workermain
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,34 +15,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer the worker's goroutines write to at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // runCommand runs the worker command over ws with args until the returned
 // stop is called; the JSON log goes to the returned buffer. It fails the
 // test if the command returns before it is ready. stop returns the exit
 // code.
-func runCommand(t *testing.T, ws *jetflow.Registry, args []string) (Endpoints, *syncBuffer, func() int) {
+func runCommand(t *testing.T, ws *jetflow.Registry, args []string) (Endpoints, *testenv.LogBuffer, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	ready := make(chan Endpoints, 1)
 	done := make(chan struct{}) // closed once code is set
 	code := -1

@@ -17,35 +17,18 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // startServe runs serve for args with the environment vars until the test
 // ends, and returns its base URL, its logs and a stop that cancels it as
 // SIGTERM does and returns serve's error.
-func startServe(t *testing.T, tb *testbed, vars map[string]string, args ...string) (string, *syncBuffer, func() error) {
+func startServe(t *testing.T, tb *testbed, vars map[string]string, args ...string) (string, *testenv.LogBuffer, func() error) {
 	t.Helper()
 	c, err := parseArgs(append([]string{"serve", "--http-addr", "127.0.0.1:0"}, args...), tb.env(vars), false, io.Discard)
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	served := make(chan error, 1)

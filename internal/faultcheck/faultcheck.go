@@ -194,14 +194,20 @@ func (v Verdict) OK() bool { return v.Lost == 0 && v.Doubled == 0 && len(v.Probl
 func (v Verdict) String() string {
 	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
 		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
-	if len(v.Problems) > 0 {
-		shown := v.Problems
-		if len(shown) > 10 {
-			shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(v.Problems)-10))
-		}
-		s += "\n  " + strings.Join(shown, "\n  ")
+	return s + ProblemList(v.Problems)
+}
+
+// ProblemList is problems as indented lines under a verdict's summary, at
+// most 10 of them and a count of the rest; "" when there are none.
+func ProblemList(problems []string) string {
+	if len(problems) == 0 {
+		return ""
 	}
-	return s
+	shown := problems
+	if len(shown) > 10 {
+		shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(problems)-10))
+	}
+	return "\n  " + strings.Join(shown, "\n  ")
 }
 
 // Check waits until every run the ledger knows is final (or ctx ends) and

@@ -1,48 +1,18 @@
 package httpapi
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 )
-
-// lockedBuffer is a log destination the server's goroutines share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines decodes the JSON lines written so far.
-func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
-	for sc.Scan() {
-		var m map[string]any
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &m), sc.Text())
-		out = append(out, m)
-	}
-	return out
-}
 
 // lineWith is the one line with message msg and request_id id.
 func lineWith(t *testing.T, lines []map[string]any, msg, id string) map[string]any {
@@ -64,7 +34,7 @@ func lineWith(t *testing.T, lines []map[string]any, msg, id string) map[string]a
 // failure's log line names the request and no empty run_id.
 func TestRequestLog(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	log := zerolog.New(&logs)
 	backend := &fakeBackend{}
 	api, err := New(Config{Backend: backend, Logger: log})
@@ -79,7 +49,7 @@ func TestRequestLog(t *testing.T) {
 	code, id := do(http.MethodGet, "/v1/runs/run-7", http.Header{HeaderRequestID: {"abc-123"}}, "")
 	require.Equal(t, http.StatusNotFound, code)
 	require.Equal(t, "abc-123", id, "the client's request ID is echoed")
-	l := lineWith(t, logs.lines(t), "request", "abc-123")
+	l := lineWith(t, logs.Lines(t), "request", "abc-123")
 	require.Equal(t, "GET", l["method"])
 	require.Equal(t, "GET /v1/runs/{id}", l["route"])
 	require.Equal(t, "/v1/runs/run-7", l["path"])
@@ -99,14 +69,14 @@ func TestRequestLog(t *testing.T) {
 		code, id = do(http.MethodPost, "/v1/workflows/order/runs", h, `{}`)
 		require.Equal(t, http.StatusBadRequest, code, "no Idempotency-Key")
 		require.Regexp(t, generated, id, "sent %q", sent)
-		l = lineWith(t, logs.lines(t), "request", id)
+		l = lineWith(t, logs.Lines(t), "request", id)
 		require.Equal(t, "order", l["workflow"])
 		require.NotContains(t, l, "run_id", "a start without a key names no run")
 	}
 
 	code, id = do(http.MethodPost, "/v1/workflows/order/runs", http.Header{HeaderIdempotencyKey: {"evt-9"}}, `{}`)
 	require.Equal(t, http.StatusCreated, code)
-	l = lineWith(t, logs.lines(t), "request", id)
+	l = lineWith(t, logs.Lines(t), "request", id)
 	require.Equal(t, "evt-9", l["run_id"])
 	require.Equal(t, "order", l["workflow"])
 
@@ -114,7 +84,7 @@ func TestRequestLog(t *testing.T) {
 	code, id = do(http.MethodGet, "/v1/runs", http.Header{HeaderRequestID: {"req-500"}}, "")
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Equal(t, "req-500", id)
-	failed := lineWith(t, logs.lines(t), "httpapi: request failed", "req-500")
+	failed := lineWith(t, logs.Lines(t), "httpapi: request failed", "req-500")
 	require.Equal(t, "disk on fire", failed["error"])
 	require.NotContains(t, failed, "run_id", `no "run_id":"" on a failure that names no run`)
 }

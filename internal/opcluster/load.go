@@ -9,12 +9,12 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
+	"github.com/jetflow/jetflow/internal/faultcheck"
 )
 
 // Ledger is the producer side of a phase: every start and its answer.
@@ -196,14 +196,7 @@ func (v Verdict) OK() bool { return v.Lost == 0 && v.Doubled == 0 && len(v.Probl
 func (v Verdict) String() string {
 	s := fmt.Sprintf("starts=%d (retried %d) duplicates=%d runs=%d completed=%d committed_steps=%d charges=%d charge_requests=%d lost=%d doubled=%d",
 		v.Starts, v.Retried, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.Charges, v.ChargeRequests, v.Lost, v.Doubled)
-	if len(v.Problems) > 0 {
-		shown := v.Problems
-		if len(shown) > 10 {
-			shown = append(shown[:10:10], fmt.Sprintf("... %d more", len(v.Problems)-10))
-		}
-		s += "\n  " + strings.Join(shown, "\n  ")
-	}
-	return s
+	return s + faultcheck.ProblemList(v.Problems)
 }
 
 // Check waits (until ctx ends) for every run in l to end, then reads each
