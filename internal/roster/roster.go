@@ -127,9 +127,6 @@ func Announce(ctx context.Context, kv *jetstream.KV, workflows []string, worker 
 	return p, nil
 }
 
-// TTL is the liveness records' TTL, in whole seconds.
-func (p *Presence) TTL() time.Duration { return p.ttl }
-
 // ID is the worker's token in its liveness keys (LiveKey), new for every
 // Announce.
 func (p *Presence) ID() string { return p.id }
