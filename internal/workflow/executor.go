@@ -98,35 +98,37 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 	}
 	e.cfg.Metrics.InFlight(1)
 	defer e.cfg.Metrics.InFlight(-1)
-	task, err := state.DecodeTask(msg.Data())
-	if err != nil {
+	// The delivery is made first and filled in: the task and the run are
+	// large, and a copy of each in this frame would make the goroutine's
+	// stack grow (a copy of the whole stack) more often.
+	d := &delivery{ctx: ctx, nctx: context.WithoutCancel(ctx), delivered: int(meta.NumDelivered)}
+	if d.task, err = state.DecodeTask(msg.Data()); err != nil {
 		e.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("stream_seq", meta.Sequence.Stream).
 			Msg("malformed task terminated")
 		settleErr(e.log, msg.TermWithReason("malformed task: "+err.Error()), "term")
 		return
 	}
-	runLog := RunLogger(e.log, task.Workflow, task.RunID)
-	lc := runLog.With()
-	if task.StepID != "" {
-		lc = lc.Str("step_id", task.StepID)
+	d.log = RunLogger(e.log, d.task.Workflow, d.task.RunID)
+	lc := d.log.With()
+	if d.task.StepID != "" {
+		lc = lc.Str("step_id", d.task.StepID)
 	}
 	log := lc.Uint64("delivered", meta.NumDelivered).Logger()
 	if meta.NumDelivered > 1 {
-		e.cfg.Metrics.Redelivered(task.Workflow)
+		e.cfg.Metrics.Redelivered(d.task.Workflow)
 	}
-	def, ok := e.cfg.Definitions[task.Workflow]
+	def, ok := e.cfg.Definitions[d.task.Workflow]
 	if !ok {
 		log.Error().Msg("task for a workflow this worker does not serve; releasing it")
 		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 		return
 	}
-	nctx := context.WithoutCancel(ctx)
-	run, rev, err := e.loadRun(nctx, task)
+	d.run, d.rev, err = e.loadRun(d.nctx, &d.task)
 	if errors.Is(err, dedupe.ErrStaleStart) {
 		// A start answered by a run that has since expired (a duplicate's
 		// task left in the stream, a task consumed after the retention):
-		// it must never create a run.
-		log.Warn().Err(err).Int("generation", task.Generation).Msg("stale start task dropped: its run expired; no run created")
+		// it must never create a d.run.
+		log.Warn().Err(err).Int("generation", d.task.Generation).Msg("stale start task dropped: its run expired; no run created")
 		settleErr(log, msg.Ack(), "ack")
 		return
 	}
@@ -135,24 +137,23 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 		return
 	}
-	if run.Workflow != task.Workflow {
+	if d.run.Workflow != d.task.Workflow {
 		// A start of another workflow under this run ID (after the broker's
 		// window): the stored run wins and this task must not touch it.
-		log.Error().Str("stored_workflow", run.Workflow).Msg("task for a run of another workflow dropped")
+		log.Error().Str("stored_workflow", d.run.Workflow).Msg("task for a run of another workflow dropped")
 		settleErr(log, msg.Ack(), "ack")
 		return
 	}
-	if run.Status.Terminal() || (task.StepID == "" && task.Generation != run.Generation) ||
-		e.cancelled.has(run.RunID, run.Token) {
+	if d.run.Status.Terminal() || (d.task.StepID == "" && d.task.Generation != d.run.Generation) ||
+		e.cancelled.has(d.run.RunID, d.run.Token) {
 		// A stale task (duplicate start, late redelivery, a start task of a
 		// generation that is not the run's): nothing to do. The current
 		// generation always has a start task of its own.
 		settleErr(log, msg.Ack(), "ack")
 		return
 	}
-	d := &delivery{ctx: ctx, nctx: nctx, task: task, run: run, rev: rev, delivered: int(meta.NumDelivered), log: runLog}
 	s := e.replay(d, def)
-	e.settle(nctx, log, msg, d, s)
+	e.settle(d.nctx, log, msg, d, s)
 }
 
 // delivery is one delivery of a task message with the run it belongs to:
@@ -201,11 +202,11 @@ func (e *Executor) MarkCancelled(runID, token string) { e.cancelled.add(runID, t
 // at. A start task materialises the run record if its publisher died before
 // writing it (dedupe.ErrStaleStart: the task must be dropped); a step task
 // carries the record's fields.
-func (e *Executor) loadRun(ctx context.Context, t state.Task) (state.Run, uint64, error) {
+func (e *Executor) loadRun(ctx context.Context, t *state.Task) (state.Run, uint64, error) {
 	if t.StepID == "" {
-		return e.cfg.Admitter.Materialize(ctx, t)
+		return e.cfg.Admitter.Materialize(ctx, *t)
 	}
-	return state.RunFromTask(t), t.Rev, nil
+	return state.RunFromTask(*t), t.Rev, nil
 }
 
 // Release hands back a task that was fetched but never started (received

@@ -32,24 +32,24 @@ func (e *Executor) replay(d *delivery, def Definition) *settlement {
 }
 
 // lookup returns the committed record of stepID, from the cache or the
-// steps bucket.
-func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (state.Step, bool, error) {
+// steps bucket; nil when the step has no committed record.
+func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (*state.Step, error) {
 	if s, ok := e.cache.get(runKey, stepID); ok {
-		return s, true, nil
+		return &s, nil
 	}
 	v, _, err := e.cfg.Assets.Steps.Get(ctx, stepID)
 	if errors.Is(err, jetstream.ErrNotFound) {
-		return state.Step{}, false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return state.Step{}, false, err
+		return nil, err
 	}
 	s, err := state.DecodeStep(v)
 	if err != nil {
-		return state.Step{}, false, err
+		return nil, err
 	}
 	e.cache.put(runKey, s)
-	return s, true, nil
+	return &s, nil
 }
 
 // StepWithKey returns the committed result of the next call of the step
@@ -86,7 +86,7 @@ func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn S
 // resolve returns the committed record of the next call of step name,
 // executing the step when this task owns it, or, when the body cannot go
 // past this call in this task, the settlement of the task.
-func (c *Context) resolve(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (state.Step, *settlement) {
+func (c *Context) resolve(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (*state.Step, *settlement) {
 	occ := c.occ[name]
 	c.occ[name] = occ + 1
 	seq := c.seq
@@ -99,27 +99,27 @@ func (c *Context) resolve(name string, policy RetryPolicy, key TaskKey, fn StepF
 		// committed meanwhile (its task then only replays), so skip the read
 		// unless the history is at hand.
 		if rec, ok := c.exec.cache.get(c.runKey(), id); ok {
-			return rec, nil
+			return &rec, nil
 		}
-		return state.Step{}, &settlement{kind: settleDispatch, stepIDs: []string{id}, ranStep: true}
+		return nil, &settlement{kind: settleDispatch, stepIDs: []string{id}, ranStep: true}
 	}
-	rec, ok, err := c.exec.lookup(c.nctx, c.runKey(), id)
+	rec, err := c.exec.lookup(c.nctx, c.runKey(), id)
 	if err != nil {
-		return state.Step{}, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	if ok {
+	if rec != nil {
 		return rec, nil
 	}
 	if mine := c.task.StepID == id || (c.task.StepID == "" && seq == 0); !mine {
 		// The frontier: the step belongs to a task of its own.
-		return state.Step{}, &settlement{kind: settleDispatch, stepIDs: []string{id}}
+		return nil, &settlement{kind: settleDispatch, stepIDs: []string{id}}
 	}
 	c.executed = true
-	return c.exec.execute(c.delivery, stepCall{name: name, id: id, seq: seq, policy: policy.WithDefaults(), taskKey: key, fn: fn})
+	return c.exec.execute(c.delivery, &stepCall{name: name, id: id, seq: seq, policy: policy.WithDefaults(), taskKey: key, fn: fn})
 }
 
 // stepResult turns a committed record into what StepWithKey returns.
-func stepResult(rec state.Step) (json.RawMessage, error) {
+func stepResult(rec *state.Step) (json.RawMessage, error) {
 	if rec.Error != nil {
 		return nil, &StepError{
 			RunID: rec.RunID, StepID: rec.StepID, StepName: rec.Name,

@@ -26,7 +26,7 @@ type stepCall struct {
 
 // stepAttempt is one attempt at a step call.
 type stepAttempt struct {
-	stepCall
+	*stepCall
 	attempt int
 	key     *keyCall // nil: no task key
 	start   time.Time
@@ -36,25 +36,25 @@ type stepAttempt struct {
 // the committed record, which is the one another worker committed first if
 // this one lost the race; or, when this attempt commits nothing, how to
 // settle the task instead (a retry, a release, a drop).
-func (e *Executor) execute(d *delivery, sc stepCall) (state.Step, *settlement) {
+func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement) {
 	key, err := e.keyCall(d, sc)
 	if err != nil {
-		return state.Step{}, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}
 	}
 	attempt, err := e.beginAttempt(d)
 	if errors.Is(err, errNotThisTask) {
-		return state.Step{}, &settlement{kind: settleDrop, err: err}
+		return nil, &settlement{kind: settleDrop, err: err}
 	}
 	if err != nil {
-		return state.Step{}, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	a := stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
 	// Its series exist at 0 from here: its first failure is an increase.
 	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
 	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
 	rec, result, s := e.outcome(d, a)
 	if s != nil {
-		return state.Step{}, s
+		return nil, s
 	}
 	return e.record(d, a, rec, result)
 }
@@ -63,10 +63,10 @@ func (e *Executor) execute(d *delivery, sc stepCall) (state.Step, *settlement) {
 // task key, a failure when the attempt is beyond the budget, or what the
 // step function returns. It returns a settlement instead when the step is
 // to be retried, the worker is stopping or the key cannot be acquired.
-func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.StepResult, *settlement) {
+func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.StepResult, *settlement) {
 	sc, attempt, key := a.stepCall, a.attempt, a.key
 	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
-	rec := state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID}
+	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID}
 	cached, err := key.acquire(d.ctx, d.nctx)
 	if err != nil {
 		return rec, "", &settlement{kind: settleRelease, err: err}
@@ -117,40 +117,40 @@ func (e *Executor) outcome(d *delivery, a stepAttempt) (state.Step, metrics.Step
 // step's task key. It returns the committed record (another worker's when
 // that one committed first), or a release settlement when the commit
 // cannot be made or read back.
-func (e *Executor) record(d *delivery, a stepAttempt, rec state.Step, result metrics.StepResult) (state.Step, *settlement) {
+func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result metrics.StepResult) (*state.Step, *settlement) {
 	sc, key := a.stepCall, a.key
 	rec.Committed = e.cfg.Now().UTC()
-	b, err := key.encode(rec)
+	b, err := key.encode(*rec)
 	if errors.Is(err, state.ErrInputTooLarge) {
 		// Retrying cannot make it fit: commit the failure instead.
 		rec.Output = nil
 		rec.Error = &state.ErrorInfo{Message: "step result too large to store: " + err.Error(), Fatal: true, Kind: "step"}
 		result = metrics.StepFatal
-		b, err = key.encode(rec)
+		b, err = key.encode(*rec)
 	}
 	if err != nil {
-		return state.Step{}, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	key.finish(d.nctx, rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
+	key.finish(d.nctx, *rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
 	won := true
 	if err := e.commit(d.nctx, sc.id, b); err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
-			return state.Step{}, &settlement{kind: settleRelease, err: err}
+			return nil, &settlement{kind: settleRelease, err: err}
 		}
 		v, _, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
 		if err != nil {
-			return state.Step{}, &settlement{kind: settleRelease, err: err}
+			return nil, &settlement{kind: settleRelease, err: err}
 		}
 		stored, err := state.DecodeStep(v)
 		if err != nil {
-			return state.Step{}, &settlement{kind: settleRelease, err: err}
+			return nil, &settlement{kind: settleRelease, err: err}
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
 			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
 			won = false
 		}
-		rec = stored
+		rec = &stored
 	}
 	if won { // the winner counts the step's result, once
 		e.observeStep(d.run.Workflow, sc.name, result, a.start)
@@ -158,7 +158,7 @@ func (e *Executor) record(d *delivery, a stepAttempt, rec state.Step, result met
 			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
 		}
 	}
-	e.cache.put(d.runKey(), rec)
+	e.cache.put(d.runKey(), *rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
 		h(sc.id, won)
 	}

@@ -120,7 +120,7 @@ type keyCall struct {
 
 // keyCall returns the task key of the step call sc, or nil when the call
 // has none.
-func (e *Executor) keyCall(d *delivery, sc stepCall) (*keyCall, error) {
+func (e *Executor) keyCall(d *delivery, sc *stepCall) (*keyCall, error) {
 	k, name, id := sc.taskKey, sc.name, sc.id
 	if !k.used() {
 		return nil, nil
