@@ -148,7 +148,11 @@ func TestWorkerWithAnotherAckWaitDoesNotImposeIt(t *testing.T) {
 func TestLoweringAckWaitIsFollowedByRunningWorkers(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	const ackWait, lower = 1500 * time.Millisecond, 300 * time.Millisecond
+	// lower is a real lowering, yet long enough that the running worker's
+	// heartbeat (every lower/3) outlasts the scheduling stalls of the whole
+	// race-enabled suite on 2 cores: at 300ms, one in a few full runs saw a
+	// stall longer than the deadline, a redelivery no worker could prevent.
+	const ackWait, lower = 1500 * time.Millisecond, 600 * time.Millisecond
 	probe := newOverlapProbe()
 	wf := slowWorkflow("lower", probe, 4*ackWait)
 	env.worker(WorkerConfig{Concurrency: 4, AckWait: ackWait}, wf)

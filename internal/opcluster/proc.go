@@ -103,12 +103,23 @@ func (p *Proc) WaitHTTP(ctx context.Context, url string) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before %s answered 200 (log %s)", p.Name, p.err, url, p.Log)
+			return fmt.Errorf("%s exited (%v) before %s answered 200 (log %s):\n%s", p.Name, p.err, url, p.Log, p.tail(20))
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %s did not answer 200: %w (log %s)", p.Name, url, ctx.Err(), p.Log)
+			return fmt.Errorf("%s: %s did not answer 200: %w (log %s):\n%s", p.Name, url, ctx.Err(), p.Log, p.tail(20))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// tail is the last n lines of the process's log, for an error message (the
+// log's directory is gone once the test ends).
+func (p *Proc) tail(n int) string {
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		return "(log unreadable: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // FreePorts returns n TCP ports that were free on 127.0.0.1: each is bound
