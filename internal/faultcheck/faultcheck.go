@@ -69,6 +69,37 @@ func (l *Ledger) Failed() {
 	l.failed++
 }
 
+// Tally is what a ledger recorded.
+type Tally struct {
+	Starts     int             // accepted starts
+	Duplicates int             // accepted starts that said existing
+	Failed     int             // starts that returned an error
+	Doubled    int             // run IDs more than one start was told it created
+	Problems   []string        // one per doubled run ID
+	RunIDs     map[string]bool // every run ID an accepted start named
+}
+
+// Tally counts what l recorded so far.
+func (l *Ledger) Tally() Tally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := Tally{Failed: l.failed, RunIDs: make(map[string]bool)}
+	for id, n := range l.created {
+		t.RunIDs[id] = true
+		t.Starts += n
+		if n > 1 {
+			t.Doubled++
+			t.Problems = append(t.Problems, fmt.Sprintf("run %s: %d starts said created", id, n))
+		}
+	}
+	for id, n := range l.dups {
+		t.RunIDs[id] = true
+		t.Starts += n
+		t.Duplicates += n
+	}
+	return t
+}
+
 // Effects is the external system the steps call: it records every attempt
 // of every step by step ID, as a payment provider would log requests by
 // Idempotency-Key.
@@ -221,24 +252,9 @@ func ProblemList(problems []string) string {
 // stalled, so an effect later than that after the commit is a committed
 // step run again.
 func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects, w *Writes, stepsPerRun int, ackWait time.Duration) Verdict {
-	l.mu.Lock()
-	v := Verdict{FailedStarts: l.failed}
-	ids := make(map[string]bool)
-	for id, n := range l.created {
-		ids[id] = true
-		v.Starts += n
-		if n > 1 {
-			v.Doubled++
-			v.Problems = append(v.Problems, fmt.Sprintf("run %s: %d starts said created", id, n))
-		}
-	}
-	for id, n := range l.dups {
-		ids[id] = true
-		v.Starts += n
-		v.Duplicates += n
-	}
-	l.mu.Unlock()
-	v.Runs = len(ids)
+	t := l.Tally()
+	v := Verdict{FailedStarts: t.Failed, Starts: t.Starts, Duplicates: t.Duplicates, Doubled: t.Doubled, Problems: t.Problems, Runs: len(t.RunIDs)}
+	ids := t.RunIDs
 
 	runs, err := waitFinal(ctx, assets, ids)
 	if err != nil {

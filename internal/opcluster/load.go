@@ -17,31 +17,6 @@ import (
 	"github.com/jetflow/jetflow/internal/faultcheck"
 )
 
-// Ledger is the producer side of a phase: every start and its answer.
-type Ledger struct {
-	mu      sync.Mutex
-	created map[string]int
-	dups    map[string]int
-	retried int // answers 503 or no answer, retried with the same run ID
-}
-
-// NewLedger returns an empty ledger.
-func NewLedger() *Ledger { return &Ledger{created: map[string]int{}, dups: map[string]int{}} }
-
-// Len is the number of accepted starts.
-func (l *Ledger) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, c := range l.created {
-		n += c
-	}
-	for _, c := range l.dups {
-		n += c
-	}
-	return n
-}
-
 // Producer starts order runs through the HTTP API of a `producer serve`
 // process, as a service would.
 type Producer struct {
@@ -87,27 +62,19 @@ func (p Producer) start(ctx context.Context, id string) (created bool, err error
 
 // StartUntilAccepted starts run id, retrying retryable answers until one
 // is accepted or ctx ends, and records the outcome in l.
-func (p Producer) StartUntilAccepted(ctx context.Context, l *Ledger, id string) error {
+func (p Producer) StartUntilAccepted(ctx context.Context, l *faultcheck.Ledger, id string) error {
 	for {
 		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		created, err := p.start(actx, id)
 		cancel()
 		if err == nil {
-			l.mu.Lock()
-			if created {
-				l.created[id]++
-			} else {
-				l.dups[id]++
-			}
-			l.mu.Unlock()
+			l.Accepted(id, created)
 			return nil
 		}
 		if !errors.Is(err, errRetry) {
 			return err
 		}
-		l.mu.Lock()
-		l.retried++
-		l.mu.Unlock()
+		l.Failed()
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("start %s: %w (last answer: %v)", id, ctx.Err(), err)
@@ -133,7 +100,7 @@ func Plan(prefix string, n int) []string {
 // Load starts ids in order, one every interval, from four concurrent
 // senders, each start retried until accepted. It returns the first
 // error that was not retryable, or ctx's.
-func (p Producer) Load(ctx context.Context, l *Ledger, ids []string, every time.Duration) error {
+func (p Producer) Load(ctx context.Context, l *faultcheck.Ledger, ids []string, every time.Duration) error {
 	work := make(chan string)
 	errs := make(chan error, 4)
 	var wg sync.WaitGroup
@@ -204,25 +171,10 @@ func (v Verdict) String() string {
 // with pay's record, by order. Every order must have exactly one run,
 // completed with the order workflow's three steps, and exactly one charge,
 // the one its charge step committed.
-func Check(ctx context.Context, c *jetflow.Client, pay *orders.PaymentService, l *Ledger) Verdict {
-	l.mu.Lock()
-	v := Verdict{Retried: l.retried}
-	ids := map[string]bool{}
-	for id, n := range l.created {
-		ids[id] = true
-		v.Starts += n
-		if n > 1 {
-			v.Doubled++
-			v.Problems = append(v.Problems, fmt.Sprintf("run %s: %d starts said created", id, n))
-		}
-	}
-	for id, n := range l.dups {
-		ids[id] = true
-		v.Starts += n
-		v.Duplicates += n
-	}
-	l.mu.Unlock()
-	v.Runs = len(ids)
+func Check(ctx context.Context, c *jetflow.Client, pay *orders.PaymentService, l *faultcheck.Ledger) Verdict {
+	t := l.Tally()
+	v := Verdict{Retried: t.Failed, Starts: t.Starts, Duplicates: t.Duplicates, Doubled: t.Doubled, Problems: t.Problems, Runs: len(t.RunIDs)}
+	ids := t.RunIDs
 
 	sorted := make([]string, 0, len(ids))
 	for id := range ids {

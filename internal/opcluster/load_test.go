@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
+	"github.com/jetflow/jetflow/internal/faultcheck"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -37,11 +38,11 @@ func TestCheckSeesLostAndDoubledWork(t *testing.T) {
 	c, err := jetflow.NewClient(ctx, testenv.Conn(t, srv), jetflow.ClientConfig{})
 	require.NoError(t, err)
 
-	clean := NewLedger()
+	clean := faultcheck.NewLedger()
 	for _, id := range []string{"ok-1", "ok-2"} {
 		_, err := c.StartByName(ctx, orders.WorkflowName, orderInput(id), jetflow.WithRunID(id))
 		require.NoError(t, err)
-		clean.created[id]++
+		clean.Accepted(id, true)
 		_, err = c.WaitRun(ctx, id)
 		require.NoError(t, err)
 	}
@@ -49,9 +50,10 @@ func TestCheckSeesLostAndDoubledWork(t *testing.T) {
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, Verdict{Starts: 2, Runs: 2, Completed: 2, CommittedSteps: 6, Charges: 2, ChargeRequests: 2}, v)
 
-	bad := NewLedger()
-	bad.created["ok-1"] = 2 // told "created" twice
-	bad.created["ghost"] = 1
+	bad := faultcheck.NewLedger()
+	bad.Accepted("ok-1", true) // told "created" twice
+	bad.Accepted("ok-1", true)
+	bad.Accepted("ghost", true)
 	// ok-2 charged again under a key no step of it has.
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, pay.URL()+"/charges",
 		bytes.NewReader([]byte(`{"order_id":"ok-2","amount_cents":1999,"currency":"usd"}`)))
@@ -61,7 +63,7 @@ func TestCheckSeesLostAndDoubledWork(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	bad.created["ok-2"] = 1
+	bad.Accepted("ok-2", true)
 
 	v = Check(ctx, c, pay, bad) // ghost: ErrRunNotFound at once
 	t.Log(v)

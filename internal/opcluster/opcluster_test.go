@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
+	"github.com/jetflow/jetflow/internal/faultcheck"
 )
 
 // scale is the reduced load in CI, the full one with JETFLOW_FAULT_FULL=1
@@ -197,7 +198,7 @@ type fault func(hit func()) (restore func(), election time.Duration)
 // phase runs one fault under load and reads everything back.
 func (s *scenario) phase(name, prefix string, n int, every time.Duration, f fault) PhaseResult {
 	t := s.t
-	ledger := NewLedger()
+	ledger := faultcheck.NewLedger()
 	ids := Plan(prefix, n)
 	loadCtx := s.ctx(60*ackWait + time.Duration(len(ids))*every)
 	loaded := make(chan error, 1)
@@ -236,7 +237,7 @@ func (s *scenario) phase(name, prefix string, n int, every time.Duration, f faul
 // watches, so that what it measures is the engine's recovery, not a
 // watch's.
 func (s *scenario) probe(ctx context.Context, id string, since time.Time) time.Duration {
-	if err := s.prod.StartUntilAccepted(ctx, NewLedger(), id); err != nil {
+	if err := s.prod.StartUntilAccepted(ctx, faultcheck.NewLedger(), id); err != nil {
 		s.t.Errorf("probe %s: %v", id, err)
 		return 0
 	}
