@@ -80,22 +80,18 @@ func (s *Store) ttl(run state.Run) time.Duration {
 // ErrNotFound. A record that does not decode is an error matching
 // state.ErrCorrupt.
 func (s *Store) Get(ctx context.Context, runID string) (state.Run, uint64, error) {
-	v, rev, err := s.runs.Get(ctx, runID)
-	if err != nil {
-		return state.Run{}, 0, err
-	}
-	run, err := state.DecodeRun(v)
-	if err != nil {
-		return state.Run{}, 0, err
-	}
-	return run, rev, nil
+	return decoded(s.runs.Get(ctx, runID))
 }
 
 // GetExisting reads a record that a compare-and-set has just reported as
 // written: a miss (a lagging replica) is retried for a while, never
 // reported as ErrNotFound.
 func (s *Store) GetExisting(ctx context.Context, runID string) (state.Run, uint64, error) {
-	v, rev, err := s.runs.GetExisting(ctx, runID)
+	return decoded(s.runs.GetExisting(ctx, runID))
+}
+
+// decoded is the run record a read returned as bytes v at revision rev.
+func decoded(v []byte, rev uint64, err error) (state.Run, uint64, error) {
 	if err != nil {
 		return state.Run{}, 0, err
 	}
