@@ -1,14 +1,14 @@
 package jetflow
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -227,26 +227,12 @@ func TestProtocolRequestReply(t *testing.T) {
 	require.False(t, stored, "a refused start stored a run")
 }
 
-// syncBuffer is a log sink safe for the worker's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// errorLines returns the error-level log lines.
-func (b *syncBuffer) errorLines() []map[string]any {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// levelLines returns the lines at level that logs holds whose message
+// starts with msg.
+func levelLines(t *testing.T, logs *testenv.LogBuffer, level, msg string) []map[string]any {
 	var out []map[string]any
-	for _, line := range strings.Split(b.buf.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["level"] == "error" {
+	for _, m := range logs.Lines(t) {
+		if m["level"] == level && strings.HasPrefix(fmt.Sprint(m["message"]), msg) {
 			out = append(out, m)
 		}
 	}
@@ -258,7 +244,7 @@ func (b *syncBuffer) errorLines() []map[string]any {
 // and the worker keeps admitting and running the next ones.
 func TestProtocolMalformedDurableStartIsTerminated(t *testing.T) {
 	env := newEnv(t, Topology{})
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	env.worker(WorkerConfig{Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, threeSteps("proto-bad", newCounter()))
 	nc := env.conn()
 	js, err := natsjs.New(nc)
@@ -280,7 +266,7 @@ func TestProtocolMalformedDurableStartIsTerminated(t *testing.T) {
 
 	var terminated []map[string]any
 	require.Eventually(t, func() bool {
-		terminated = logs.errorLines()
+		terminated = levelLines(t, logs, "error", "")
 		return len(terminated) >= len(bad)
 	}, 10*time.Second, 20*time.Millisecond)
 	require.Len(t, terminated, len(bad))
@@ -311,5 +297,5 @@ func TestProtocolMalformedDurableStartIsTerminated(t *testing.T) {
 	publishStart(t, js, "proto-bad", "good-1", `{"run_id":"good-1","input":0}`)
 	rec := waitRunStatus(t, js, "good-1", "completed")
 	require.EqualValues(t, 3, rec["output"])
-	require.Len(t, logs.errorLines(), len(bad))
+	require.Len(t, levelLines(t, logs, "error", ""), len(bad))
 }

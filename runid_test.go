@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // An empty or absent run ID is never replaced by a generated one (G1): from
@@ -121,7 +122,7 @@ func TestRequireRunIDRefusesGeneratedIDs(t *testing.T) {
 func TestEmptyRunIDIsRefusedOnTheDurableSubject(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	env.worker(WorkerConfig{Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, threeSteps("rid-dur", newCounter()))
 	nc := env.conn()
 	js, err := natsjs.New(nc)
@@ -140,7 +141,7 @@ func TestEmptyRunIDIsRefusedOnTheDurableSubject(t *testing.T) {
 	startsSettled(t, js, "rid-dur")
 	var terminated []map[string]any
 	require.Eventually(t, func() bool {
-		terminated = logs.errorLines()
+		terminated = levelLines(t, logs, "error", "")
 		return len(terminated) >= len(bad)
 	}, 10*time.Second, 20*time.Millisecond)
 	for _, line := range terminated {

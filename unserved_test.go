@@ -2,9 +2,6 @@ package jetflow
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,21 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
-
-// warnLines returns the warn-level log lines whose message starts with msg.
-func (b *syncBuffer) warnLines(msg string) []map[string]any {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(b.buf.String(), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["level"] == "warn" && strings.HasPrefix(fmt.Sprint(m["message"]), msg) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
 
 // gaugeValue reads an unlabelled gauge from reg.
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
@@ -51,7 +35,7 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestUnservedStartEnvelopesAreReported(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	require.NoError(t, err)
@@ -70,7 +54,7 @@ func TestUnservedStartEnvelopesAreReported(t *testing.T) {
 	const msg = "start envelopes wait for a workflow no worker serves"
 	var lines []map[string]any
 	require.Eventually(t, func() bool {
-		lines = logs.warnLines(msg)
+		lines = levelLines(t, logs, "warn", msg)
 		return len(lines) >= 2 && gaugeValue(t, reg, "jetflow_unserved_start_envelopes") == 3
 	}, 20*time.Second, 10*time.Millisecond, "no warning about the unserved envelopes: %v", lines)
 	counts := map[string]float64{}

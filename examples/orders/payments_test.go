@@ -1,7 +1,6 @@
 package orders
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 func startPayments(t *testing.T) *PaymentService {
@@ -253,7 +252,7 @@ func TestPaymentHoldAnswers(t *testing.T) {
 // TestPaymentLogLine: a charge's log line names its run and workflow.
 func TestPaymentLogLine(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	p, err := StartPaymentService(PaymentOptions{Log: zerolog.New(&logs)})
 	require.NoError(t, err)
 	defer p.Close()
@@ -276,24 +275,6 @@ func TestRunIDOfKey(t *testing.T) {
 	} {
 		require.Equal(t, want, RunIDOfKey(key), key)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the service's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }
 
 func getBody(t *testing.T, url string) (int, string) {
