@@ -590,7 +590,7 @@ type StepRecord struct {
 	Worker      string    `json:"worker,omitempty"`
 	CommittedAt time.Time `json:"committed_at"`
 	// TaskKey is set for a step called with a task idempotency key
-	// (WithIdempotencyKey): the key, and whether the result was served
+	// (WithTaskKey): the key, and whether the result was served
 	// from its cache and from which step. Nil for a step without a key.
 	TaskKey *StepTaskKey `json:"task_key,omitempty"`
 }

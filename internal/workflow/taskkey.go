@@ -82,7 +82,7 @@ func (k TaskKey) Validate() error {
 		return nil
 	}
 	if !k.Set {
-		return fmt.Errorf("%w: task key options without a key (WithIdempotencyKey)", state.ErrInvalidTaskKey)
+		return fmt.Errorf("%w: task key options without a key (WithTaskKey)", state.ErrInvalidTaskKey)
 	}
 	if err := state.ValidateTaskKey(k.Key); err != nil {
 		return err
