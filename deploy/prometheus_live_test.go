@@ -82,6 +82,10 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 
 	created := startLoad(t, "http://"+producerHTTP)
 	prom.waitFor(fmt.Sprintf(`sum(jetflow_runs_finished_total{job="jetflow-worker", state="completed"}) >= %d`, created), "every run's end scraped")
+	// The producer is scraped on its own clock: wait until a scrape saw
+	// every request of the load (two starts and a result per run, and the
+	// conflict), or its metrics would look unexported.
+	prom.waitFor(fmt.Sprintf(`sum(jetflow_http_requests_total{job="jetflow-producer"}) >= %d`, 3*created+1), "every HTTP request scraped")
 	prom.waitFor(`count(jetflow_runs_running{job="jetflow-worker"}) > 0`, "the sweeper's count of running runs scraped")
 	// Backlogs are sampled at the worker's start and every 15 s; a first
 	// sample that failed (a consumer still being created) is repeated then.
