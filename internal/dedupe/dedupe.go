@@ -68,8 +68,10 @@ type Request struct {
 	// record never expires.
 	Retention time.Duration
 	// Entry is the interface the start came in through, for the starts
-	// metric: "sdk" (default), "nats", "http" or "webhook".
+	// metric: "sdk" (default), "nats", "http", "webhook" or "child".
 	Entry string
+	// Parent links a child run to the run (and step) that starts it.
+	Parent *state.ParentLink
 }
 
 // Result is the admission decision.
@@ -200,7 +202,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	token := nuid.Next()
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
-		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention,
+		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention, Parent: req.Parent,
 	})
 	if err != nil {
 		return Result{}, err
@@ -421,7 +423,7 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 // revision) whose publisher died before replacing the marker: it finishes
 // the replacement with compare-and-set on the marker.
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
-	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source}, t.Token)
+	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source, Parent: t.Parent}, t.Token)
 	if err != nil {
 		return state.Run{}, 0, err
 	}
@@ -455,7 +457,7 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 	return state.Run{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
-		Retention: req.Retention, CreatedAt: now, UpdatedAt: now,
+		Retention: req.Retention, CreatedAt: now, UpdatedAt: now, Parent: req.Parent,
 	}, nil
 }
 

@@ -56,6 +56,14 @@ func TaskSubject(workflow, runID, stepID string) string {
 	return "jetflow.task." + workflow + "." + stepID
 }
 
+// ResumeSubject is the subject of the task that resumes a run whose step
+// stepID was committed by someone other than a task of its own (a child
+// run's end). It is a step subject of its own, so that a resume is never
+// refused while the step's task is still pending.
+func ResumeSubject(workflow, stepID string) string {
+	return TaskSubject(workflow, "", stepID) + "-resume"
+}
+
 // TaskKind splits a workflow's tasks between two consumers, so that workers
 // can favour advancing runs already started over admitting new ones.
 type TaskKind int

@@ -10,6 +10,8 @@ const (
 	EntryNATS    Entry = "nats"
 	EntryHTTP    Entry = "http"
 	EntryWebhook Entry = "webhook"
+	// EntryChild: a workflow started the run as its child.
+	EntryChild Entry = "child"
 )
 
 // Layer is the deduplication layer that stopped a duplicate, the layer
@@ -54,7 +56,7 @@ const (
 
 // Allowed values of the labels with fixed lists.
 var (
-	entries     = set(string(EntrySDK), string(EntryNATS), string(EntryHTTP), string(EntryWebhook))
+	entries     = set(string(EntrySDK), string(EntryNATS), string(EntryHTTP), string(EntryWebhook), string(EntryChild))
 	layers      = set(string(LayerBroker), string(LayerKV), string(LayerTaskKey))
 	stepResults = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
 	outcomes    = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeConflict, OutcomeRejected, OutcomeError)

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"crypto/sha256"
+	"encoding/base32"
 	"errors"
 	"fmt"
 	"strconv"
@@ -112,6 +114,29 @@ func validateStepID(runID, stepID string) (string, error) {
 	return name, nil
 }
 
+// StepName is the step name in a step ID (StepID): what lies between the
+// run identity and the occurrence.
+func StepName(stepID string) string {
+	_, rest, _ := strings.Cut(stepID, ".")
+	if i := strings.LastIndexByte(rest, '.'); i >= 0 {
+		return rest[:i]
+	}
+	return rest
+}
+
+// Occurrence is the occurrence in a step ID (StepID); -1 when it has none.
+func Occurrence(stepID string) int {
+	i := strings.LastIndexByte(stepID, '.')
+	if i < 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(stepID[i+1:])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // isLaterGeneration reports whether identity is RunIdentity(runID, n) for
 // some n >= 1.
 func isLaterGeneration(runID, identity string) bool {
@@ -173,4 +198,23 @@ func clip(s string) string {
 // ID per call, and adding another step elsewhere never changes it.
 func StepID(identity, name string, occurrence int) string {
 	return identity + "." + name + "." + strconv.Itoa(occurrence)
+}
+
+// ChildRunID derives the run ID of the child run started by the
+// occurrence-th call of the step called name in the run runID, generation
+// generation: <run-id>=<name>=<occurrence>, with =g<generation> appended
+// for a later generation. Names and occurrences hold no '=', so the parts
+// are read back from the right and two different calls never share an ID.
+// An ID longer than MaxRunIDLen keeps its first 64 bytes and ends with
+// =h and a hash of the whole.
+func ChildRunID(runID string, generation int, name string, occurrence int) string {
+	id := runID + "=" + name + "=" + strconv.Itoa(occurrence)
+	if generation > 0 {
+		id += "=g" + strconv.Itoa(generation)
+	}
+	if len(id) <= MaxRunIDLen {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return runID[:min(len(runID), 64)] + "=h" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
 }

@@ -83,6 +83,54 @@ type Run struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 	Output      json.RawMessage `json:"output,omitempty"`
 	Error       *ErrorInfo      `json:"error,omitempty"`
+	// Parent links a child run to the run that started it; nil for a run
+	// started from outside.
+	Parent *ParentLink `json:"parent,omitempty"`
+	// Children are the child runs this run started, in the order their
+	// starts were recorded.
+	Children []ChildLink `json:"children,omitempty"`
+}
+
+// ParentLink is what a child run knows of its parent: enough to commit the
+// parent's child step when the child ends and to publish the parent's task.
+type ParentLink struct {
+	RunID      string `json:"run_id"`
+	Workflow   string `json:"workflow"`
+	Token      string `json:"token"`
+	Generation int    `json:"generation,omitempty"`
+	// StepID is the parent's step that stands for the child: its record
+	// is the child's result.
+	StepID string `json:"step_id"`
+	// Detached: the child is not cancelled with its parent.
+	Detached bool `json:"detached,omitempty"`
+}
+
+// validate checks a link decoded from a message; nil is valid (no parent).
+func (p *ParentLink) validate() error {
+	if p == nil {
+		return nil
+	}
+	if err := ValidateRunID(p.RunID); err != nil {
+		return fmt.Errorf("parent: %w", err)
+	}
+	if err := ValidateName(p.Workflow); err != nil {
+		return fmt.Errorf("parent: %w", err)
+	}
+	if p.Generation < 0 {
+		return fmt.Errorf("parent: generation %d", p.Generation)
+	}
+	if _, err := validateStepID(p.RunID, p.StepID); err != nil {
+		return fmt.Errorf("parent: %w", err)
+	}
+	return nil
+}
+
+// ChildLink is a child run in its parent's record.
+type ChildLink struct {
+	RunID    string `json:"run_id"`
+	Workflow string `json:"workflow"`
+	StepID   string `json:"step_id"`
+	Detached bool   `json:"detached,omitempty"`
 }
 
 // Step is the committed result of one step, stored under its step ID in the
@@ -98,6 +146,11 @@ type Step struct {
 	Error     *ErrorInfo      `json:"error,omitempty"`
 	Worker    string          `json:"worker,omitempty"`
 	Committed time.Time       `json:"committed_at"`
+	// Child is the run ID of the child run the step stands for.
+	Child string `json:"child,omitempty"`
+	// Rev is the record's revision in the steps bucket (not stored): all
+	// steps share one stream, so it orders commits.
+	Rev uint64 `json:"-"`
 }
 
 // AuditRecent is how many of the most recent duplicate attempts a run's
@@ -190,6 +243,11 @@ type Task struct {
 	// checks, before the step runs, that no retry of the step is waiting
 	// as a timer and which attempt it would be.
 	Redispatched bool `json:"redispatched,omitempty"`
+	// Parent is the run record's (a child run's tasks).
+	Parent *ParentLink `json:"parent,omitempty"`
+	// Resume marks a task published when a step was committed by someone
+	// other than a task of its own (a child run's end): it only replays.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -199,7 +257,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 	return Task{
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
-		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry,
+		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
 	}
 }
 
@@ -210,6 +268,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		Parent: t.Parent,
 	}
 }
 
@@ -362,6 +421,9 @@ func DecodeTask(b []byte) (Task, error) {
 	}
 	if len(t.Input) == 0 { // json.Unmarshal has validated it when present
 		return Task{}, fmt.Errorf("%w: task without input", ErrCorrupt)
+	}
+	if err := t.Parent.validate(); err != nil {
+		return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
 	}
 	if err := checkTimes("task", t.CreatedAt); err != nil {
 		return Task{}, err

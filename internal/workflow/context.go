@@ -38,8 +38,14 @@ type Context struct {
 	exec *Executor
 	occ  map[string]int
 	seq  int
-	// executed is set once this task has executed its own step.
+	// epoch counts the awaits the body has passed (see Pending).
+	epoch int
+	// started are the steps the body started, in order.
+	started []*Pending
+	// executed is set once this task has executed its own step, in epoch
+	// ownEpoch.
 	executed bool
+	ownEpoch int
 	// parked is set once the body is being unwound (park): deferred Step
 	// calls then unwind too, without touching NATS or settling again.
 	parked bool

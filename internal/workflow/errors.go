@@ -29,6 +29,12 @@ type StepError struct {
 	// one (see errorCode); empty otherwise.
 	Code    string
 	Message string
+	// Kind is the committed failure's kind: "step" for a step's own
+	// failure, or a child's (KindChildFailed, KindChildCancelled,
+	// KindChildRefused).
+	Kind string
+	// ChildRunID is the child run a child step stands for.
+	ChildRunID string
 }
 
 func (e *StepError) Error() string {

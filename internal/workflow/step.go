@@ -22,6 +22,9 @@ type stepCall struct {
 	policy  RetryPolicy // with defaults
 	taskKey TaskKey
 	fn      StepFunc
+	// child is set for a child step (StartChild): executing it starts the
+	// child run.
+	child *ChildSpec
 }
 
 // stepAttempt is one attempt at a step call.
@@ -133,11 +136,13 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 	}
 	key.finish(d.nctx, *rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
 	won := true
-	if err := e.commit(d.nctx, sc.id, b); err != nil {
+	rev, err := e.commit(d.nctx, sc.id, b)
+	rec.Rev = rev
+	if err != nil {
 		if !errors.Is(err, jetstream.ErrExists) {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		v, _, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		v, rev, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
@@ -145,6 +150,7 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
+		stored.Rev = rev
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
 			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
@@ -261,22 +267,21 @@ const commitAttempts = 3
 // releasing the task, which would run the step's side effect again; if the
 // first write had landed, the retry sees ErrExists and the caller finds
 // its own record.
-func (e *Executor) commit(ctx context.Context, id string, b []byte) error {
-	var err error
+func (e *Executor) commit(ctx context.Context, id string, b []byte) (rev uint64, err error) {
 	for attempt := 1; attempt <= commitAttempts; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = e.cfg.Assets.Steps.Create(actx, id, b)
+		rev, err = e.cfg.Assets.Steps.Create(actx, id, b)
 		cancel()
 		if err == nil || jetstream.IsAPIError(err) || errors.Is(err, jetstream.ErrExists) {
-			return err
+			return rev, err
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return 0, err
 		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 		}
 	}
-	return err
+	return 0, err
 }
 
 // call runs fn with the step's info in its context, turning a panic into an

@@ -1,0 +1,215 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// ChildSpec is a child run a workflow body starts (Context.StartChild).
+type ChildSpec struct {
+	Workflow string
+	Input    []byte
+	// RunID names the child; empty derives it from the parent's step
+	// (state.ChildRunID).
+	RunID string
+	// Detached: the child is not cancelled with its parent.
+	Detached bool
+}
+
+// Error kinds of a parent's child step whose child did not complete.
+const (
+	// KindChildFailed: the child run failed.
+	KindChildFailed = "child"
+	// KindChildCancelled: the child run was cancelled.
+	KindChildCancelled = "child-cancelled"
+	// KindChildRefused: the child could not be started (its run ID holds
+	// another workflow's run or another input, or its workflow is unknown).
+	KindChildRefused = "child-refused"
+)
+
+// ParentNotifier tells parents that their children ended. It is what the
+// executor and a client cancelling a child share.
+type ParentNotifier struct {
+	Assets *jetstream.Assets
+	Runs   *runs.Store
+	Now    func() time.Time
+}
+
+// Notify commits the parent's step that stands for child, which has
+// ended, with the child's outcome, and publishes the parent's resume task
+// for that step. A repeat call commits nothing new (the step record is
+// written with create-if-absent: the first outcome stays) and publishes a
+// task the broker absorbs (one pending resume task per step, and its
+// message ID within the duplicate window); a task it stores after all only
+// replays. A child without a parent, or whose parent has ended, gets no
+// task published.
+func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
+	p := child.Parent
+	if p == nil || !child.Status.Terminal() {
+		return nil
+	}
+	rec := childStep(child, n.Now().UTC())
+	b, err := state.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := n.Assets.Steps.Create(ctx, p.StepID, b); err != nil && !errors.Is(err, jetstream.ErrExists) {
+		return fmt.Errorf("jetflow: commit child %s in parent %s: %w", child.RunID, p.RunID, err)
+	}
+	parent, rev, err := n.Runs.Get(ctx, p.RunID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if parent.Status.Terminal() || parent.Token != p.Token || parent.Generation != p.Generation {
+		return nil
+	}
+	t := state.StepTask(parent, rev, p.StepID)
+	t.Resume, t.Redispatched = true, true
+	tb, err := state.Encode(t)
+	if err != nil {
+		return err
+	}
+	_, err = jetstream.PublishTask(ctx, n.Assets.JS, jetstream.ResumeSubject(parent.Workflow, p.StepID), p.StepID+".resume", tb)
+	return err
+}
+
+// childStep is the record of the parent's step that stands for the ended
+// run child: its output, or its failure as a fatal step error.
+func childStep(child state.Run, now time.Time) state.Step {
+	p := child.Parent
+	rec := state.Step{
+		V: state.Version, StepID: p.StepID, RunID: p.RunID, Name: state.StepName(p.StepID), Attempt: 1,
+		Committed: now, Child: child.RunID,
+	}
+	switch child.Status {
+	case state.StatusCompleted:
+		rec.Output = child.Output
+	case state.StatusCancelled:
+		rec.Error = &state.ErrorInfo{Kind: KindChildCancelled, Fatal: true, Message: fmt.Sprintf("child run %s was cancelled", child.RunID)}
+	default:
+		msg, code := "failed", ""
+		if child.Error != nil {
+			msg, code = child.Error.Message, child.Error.Code
+		}
+		rec.Error = &state.ErrorInfo{Kind: KindChildFailed, Fatal: true, Code: code, Message: fmt.Sprintf("child run %s failed: %s", child.RunID, msg)}
+	}
+	return rec
+}
+
+// startChild is the execution of a child step: it records the child on its
+// parent's record, admits the child run and returns the step's record when
+// the child has already ended (nil while it runs: its end commits the step
+// and resumes the parent). A child the parent may no longer start (the
+// parent ended) is a drop settlement; a NATS failure a release.
+func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settlement) {
+	spec := sc.child
+	link := state.ChildLink{RunID: spec.RunID, Workflow: spec.Workflow, StepID: sc.id, Detached: spec.Detached}
+	parent, _, err := e.runs.Update(d.nctx, d.run.RunID, func(r *state.Run) (bool, error) {
+		if r.Status.Terminal() || r.Token != d.run.Token || r.Generation != d.run.Generation {
+			return false, nil
+		}
+		for _, c := range r.Children {
+			if c.RunID == link.RunID {
+				return false, nil
+			}
+		}
+		r.Children = append(r.Children, link)
+		return true, nil
+	})
+	if err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
+	}
+	if parent.Status.Terminal() || parent.Token != d.run.Token {
+		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ended before its child %s started", errNotThisTask, spec.RunID)}
+	}
+	res, err := e.cfg.Admitter.Admit(d.nctx, dedupe.Request{
+		RunID: spec.RunID, Workflow: spec.Workflow, Input: spec.Input, Source: "run " + d.run.RunID,
+		Entry: string(metrics.EntryChild),
+		Parent: &state.ParentLink{
+			RunID: d.run.RunID, Workflow: d.run.Workflow, Token: d.run.Token, Generation: d.run.Generation,
+			StepID: sc.id, Detached: spec.Detached,
+		},
+	})
+	var refused *dedupe.ConflictError
+	switch {
+	case errors.As(err, &refused) || errors.Is(err, dedupe.ErrConflict) || errors.Is(err, state.ErrInvalidRunID) ||
+		errors.Is(err, state.ErrInputTooLarge):
+		rec := &state.Step{
+			V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: 1,
+			Worker: e.cfg.WorkerID, Child: spec.RunID,
+			Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: err.Error()},
+		}
+		return e.commitRecord(d, sc, rec)
+	case err != nil:
+		return nil, &settlement{kind: settleRelease, err: err}
+	}
+	child := res.Run
+	if child.Parent == nil || child.Parent.StepID != sc.id {
+		// The run ID holds a run that is not this step's child (started
+		// from outside, or by another parent): refuse it rather than wait
+		// for an end that would never resume this parent.
+		rec := &state.Step{
+			V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: 1,
+			Worker: e.cfg.WorkerID, Child: spec.RunID,
+			Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)},
+		}
+		return e.commitRecord(d, sc, rec)
+	}
+	if !spec.Detached {
+		// A cancel of the parent that read its children before the link
+		// was written has missed this child: cancel it here.
+		if p, _, err := e.runs.Get(d.nctx, d.run.RunID); err == nil && p.Status == state.StatusCancelled {
+			if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil {
+				return nil, &settlement{kind: settleRelease, err: err}
+			}
+			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run was cancelled while its child %s started", errNotThisTask, spec.RunID)}
+		}
+	}
+	if !child.Status.Terminal() {
+		return nil, nil
+	}
+	rec := childStep(child, e.cfg.Now().UTC())
+	rec.Seq, rec.Worker = sc.seq, e.cfg.WorkerID
+	return e.commitRecord(d, sc, &rec)
+}
+
+// commitRecord commits rec as the result of sc without running anything
+// and returns the committed record (another writer's when it came first).
+func (e *Executor) commitRecord(d *delivery, sc *stepCall, rec *state.Step) (*state.Step, *settlement) {
+	rec.Committed = e.cfg.Now().UTC()
+	b, err := state.Encode(*rec)
+	if err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
+	}
+	rev, err := e.commit(d.nctx, sc.id, b)
+	if errors.Is(err, jetstream.ErrExists) {
+		v, rev, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		if err != nil {
+			return nil, &settlement{kind: settleRelease, err: err}
+		}
+		stored, err := state.DecodeStep(v)
+		if err != nil {
+			return nil, &settlement{kind: settleRelease, err: err}
+		}
+		stored.Rev = rev
+		e.cache.put(d.runKey(), stored)
+		return &stored, nil
+	}
+	if err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
+	}
+	rec.Rev = rev
+	e.cache.put(d.runKey(), *rec)
+	return rec, nil
+}

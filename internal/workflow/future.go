@@ -1,0 +1,294 @@
+package workflow
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// ErrForeignFuture: a future awaited in a run other than the one that
+// started it (or in another replay of it).
+var ErrForeignFuture = errors.New("jetflow: future started by another run")
+
+// Pending is a step (or a child run) the body started with Start or
+// StartChild whose result may not be known yet. Result, or Await over
+// several, waits for it.
+//
+// # How a run with steps in flight advances
+//
+// Awaits cut the body into epochs: the steps started between two awaits
+// belong to the same epoch. When a replay parks at an await that cannot
+// return yet, the task publishes the tasks of every started step that is
+// not committed and was started in an epoch after the one of the step
+// this task executed (all of them when it executed none): those are the
+// steps only this replay has reached. A step of an earlier epoch already
+// has its task, published by whoever opened that epoch, and that task,
+// once its step is committed, replays to the same await. The last of the
+// awaited steps to commit therefore reads the others as committed (reads
+// of the steps bucket see every acknowledged write) and goes on; several
+// that commit together may all go on, and the tasks they publish are the
+// same tasks under the same message IDs, so the broker keeps one.
+type Pending struct {
+	c     *Context
+	name  string
+	id    string
+	seq   int
+	epoch int
+	call  *stepCall
+	rec   *state.Step // committed record once known
+}
+
+// StepID is the step's deterministic ID.
+func (p *Pending) StepID() string { return p.id }
+
+// Name is the step's name.
+func (p *Pending) Name() string { return p.name }
+
+// Result waits for the step and returns its committed result, as
+// StepWithKey does.
+func (p *Pending) Result() (json.RawMessage, error) {
+	if _, err := p.c.Await([]*Pending{p}, false); err != nil {
+		return nil, err
+	}
+	return stepResult(p.rec)
+}
+
+// Committed returns the step's committed result once an Await has seen it
+// committed; ok is false before.
+func (p *Pending) Committed() (out json.RawMessage, err error, ok bool) {
+	if p.rec == nil {
+		return nil, nil, false
+	}
+	out, err = stepResult(p.rec)
+	return out, err, true
+}
+
+// Start starts the next call of the step called name without waiting for
+// it and returns its handle. Its ID depends only on how many steps called
+// name the body started before. This task runs it now when it owns it (and
+// it is not committed); otherwise its task is published when the body
+// parks. Invalid arguments are returned as errors; a step this task had to
+// retry or release does not return (see StepWithKey).
+func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (*Pending, error) {
+	if c.parked {
+		// A Step the body deferred, running while the body unwinds: unwind
+		// on, without touching NATS or settling again.
+		c.park(nil)
+	}
+	if err := state.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, err
+	}
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	p := c.next(name)
+	p.call = &stepCall{name: name, id: p.id, seq: p.seq, policy: policy.WithDefaults(), taskKey: key, fn: fn}
+	c.begin(p)
+	return p, nil
+}
+
+// StartChild starts the next call of the child step called name, which
+// starts the child run spec without waiting for it. The child's run ID is
+// spec.RunID, or derived from the parent's run and the step's name and
+// occurrence. An invalid name, run ID or input is returned as an error.
+func (c *Context) StartChild(name string, spec ChildSpec) (*Pending, error) {
+	if c.parked {
+		c.park(nil)
+	}
+	if err := state.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := state.ValidateName(spec.Workflow); err != nil {
+		return nil, err
+	}
+	if !json.Valid(spec.Input) {
+		return nil, fmt.Errorf("%w: child input is not JSON", ErrInput)
+	}
+	if spec.RunID != "" {
+		if err := state.ValidateRunID(spec.RunID); err != nil {
+			return nil, err
+		}
+	}
+	p := c.next(name)
+	if spec.RunID == "" {
+		spec.RunID = state.ChildRunID(c.run.RunID, c.run.Generation, name, state.Occurrence(p.id))
+	}
+	p.call = &stepCall{name: name, id: p.id, seq: p.seq, child: &spec}
+	c.begin(p)
+	return p, nil
+}
+
+// next allocates the handle of the next call of step name: its occurrence,
+// its place in the order the body starts steps, and its epoch.
+func (c *Context) next(name string) *Pending {
+	occ := c.occ[name]
+	c.occ[name] = occ + 1
+	p := &Pending{c: c, name: name, seq: c.seq, epoch: c.epoch,
+		id: state.StepID(state.RunIdentity(c.run.RunID, c.run.Generation), name, occ)}
+	c.seq++
+	c.started = append(c.started, p)
+	return p
+}
+
+// begin runs p now when this task owns it: its own step (or, for a start
+// task, the run's first step) that is not committed yet.
+func (c *Context) begin(p *Pending) {
+	if c.executed || !(c.task.StepID == p.id || (c.task.StepID == "" && p.seq == 0)) {
+		return
+	}
+	rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
+	if err != nil {
+		c.park(&settlement{kind: settleRelease, err: err})
+	}
+	if rec != nil {
+		p.rec = rec
+		return
+	}
+	c.executed, c.ownEpoch = true, c.epoch
+	var s *settlement
+	if p.call.child != nil {
+		rec, s = c.exec.startChild(c.delivery, p.call)
+	} else {
+		rec, s = c.exec.execute(c.delivery, p.call)
+	}
+	if s != nil {
+		c.park(s)
+	}
+	p.rec = rec // nil for a child still running
+}
+
+// Await waits for ps: for all of them, or, with first, for the first to
+// be committed, whose index it returns (the same on every replay: commits
+// are ordered by their revision in the steps bucket). It does not return
+// while what it waits for is not committed: the body parks and the task is
+// settled. Each future's result is then read with Committed or Result.
+func (c *Context) Await(ps []*Pending, first bool) (int, error) {
+	if c.parked {
+		c.park(nil)
+	}
+	for _, p := range ps {
+		if p == nil || p.c != c {
+			return -1, ErrForeignFuture
+		}
+	}
+	if len(ps) == 0 {
+		return -1, nil
+	}
+	var (
+		won int
+		s   *settlement
+	)
+	if first {
+		won, s = c.awaitFirst(ps)
+	} else {
+		won, s = -1, c.awaitAll(ps)
+	}
+	if s != nil {
+		c.park(s)
+	}
+	c.epoch++
+	return won, nil
+}
+
+// awaitAll returns nil when every one of ps is committed, or the
+// settlement to park on. It looks at the latest started first: the one
+// least likely to be committed, so that a branch that is not the last
+// finds out with one read.
+func (c *Context) awaitAll(ps []*Pending) *settlement {
+	for i := len(ps) - 1; i >= 0; i-- {
+		p := ps[i]
+		if p.rec != nil {
+			continue
+		}
+		rec, err := c.find(p, false)
+		if err != nil {
+			return &settlement{kind: settleRelease, err: err}
+		}
+		if rec == nil {
+			return c.frontier()
+		}
+		p.rec = rec
+	}
+	return nil
+}
+
+// awaitFirst returns the index of the one of ps committed first, or the
+// settlement to park on when none is. Every one of ps is read: a replay
+// that saw only a later commit would pick another winner. The ones not
+// committed are read once more after a commit was seen, so that any commit
+// older than the oldest seen is seen too.
+func (c *Context) awaitFirst(ps []*Pending) (int, *settlement) {
+	seen := false
+	for round := 0; round < 2; round++ {
+		for _, p := range ps {
+			if p.rec != nil {
+				seen = true
+				continue
+			}
+			rec, err := c.find(p, true)
+			if err != nil {
+				return -1, &settlement{kind: settleRelease, err: err}
+			}
+			if rec != nil {
+				p.rec, seen = rec, true
+			}
+		}
+		if !seen {
+			return -1, c.frontier()
+		}
+	}
+	won := -1
+	for i, p := range ps {
+		if p.rec != nil && (won < 0 || p.rec.Rev < ps[won].rec.Rev) {
+			won = i
+		}
+	}
+	return won, nil
+}
+
+// find returns p's committed record, or nil. A step started after the
+// await that followed this task's own step is looked up in the cache only,
+// unless exact is set: this task is the one that reached it, so it is all
+// but certainly not committed, and taking it for not committed only
+// publishes its task again (absorbed).
+func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
+	if c.executed && p.epoch > c.ownEpoch && !exact {
+		if rec, ok := c.exec.cache.get(c.runKey(), p.id); ok {
+			return &rec, nil
+		}
+		return nil, nil
+	}
+	return c.exec.lookup(c.nctx, c.runKey(), p.id)
+}
+
+// frontier is the settlement of a replay that parks at an await: publish
+// the task of every started step not known to be committed that only this
+// replay has reached (see Pending), then acknowledge.
+func (c *Context) frontier() *settlement {
+	s := &settlement{kind: settleDispatch, ranStep: c.executed}
+	for _, p := range c.started {
+		if p.rec != nil || (c.executed && p.epoch <= c.ownEpoch) {
+			continue
+		}
+		if !c.executed {
+			// A replay that ran nothing (a redelivery, a redispatch, a
+			// sweep) reads before it publishes: most of what it finds is
+			// committed or in flight.
+			rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
+			if err != nil {
+				return &settlement{kind: settleRelease, err: err}
+			}
+			if rec != nil {
+				p.rec = rec
+				continue
+			}
+		}
+		s.stepIDs = append(s.stepIDs, p.id)
+	}
+	return s
+}
