@@ -18,6 +18,7 @@ import (
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/workflow"
 )
 
 // Outcome says what a start did.
@@ -87,6 +88,8 @@ type Client struct {
 	assets *jetstream.Assets
 	admit  *dedupe.Admitter
 	runs   *runs.Store
+	// parents commits a cancelled child's result in its parent.
+	parents workflow.ParentNotifier
 }
 
 // NewClient binds to the engine's streams and buckets on nc, creating any
@@ -113,7 +116,11 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 		return nil, err
 	}
 	cfg.Metrics.watch(nc)
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: runs.New(assets)}, nil
+	store := runs.New(assets)
+	return &Client{
+		nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: store,
+		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now},
+	}, nil
 }
 
 // Ready reports whether the client can start and read runs: connected to
@@ -648,40 +655,92 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	return out, nil
 }
 
-// Cancel cancels a running run: its record becomes cancelled at once (a
+// CancelOutcome says what a cancel did.
+type CancelOutcome struct {
+	RunID string
+	// Status is the run's state after the call: cancelled, or the state it
+	// had ended in before (with ErrRunEnded).
+	Status RunStatus
+	// AlreadyCancelled is set when the run was cancelled before this call:
+	// a repeat cancel changes nothing and says so.
+	AlreadyCancelled bool
+	// Children are the child runs cancelled with it, by this call or a
+	// repeat of it (children started detached are not).
+	Children []string
+}
+
+// Cancel cancels a running run; see CancelRun.
+func (c *Client) Cancel(ctx context.Context, runID string) error {
+	_, err := c.CancelRun(ctx, runID)
+	return err
+}
+
+// CancelRun cancels a running run: its record becomes cancelled at once (a
 // final state that no later completion overwrites; Result reports a
-// *RunError with Status cancelled), and workers are told to drop the run's
-// further tasks. A step already running finishes; a worker that misses the
-// notice (it was not connected) may still run the steps it receives, but
-// their results can no longer change the run's outcome. Cancelling a
-// cancelled run returns nil; a run that completed or failed returns
-// ErrRunEnded; an unknown one ErrRunNotFound.
-func (c *Client) Cancel(ctx context.Context, runID string) (err error) {
+// *RunError with Status cancelled), workers are told to cancel the context
+// of its running steps and body, and no step of it starts afterwards, even
+// on a worker that missed the notice (every step reads the run's record
+// before it starts). Its children are cancelled with it, except those
+// started detached, and a cancelled child's parent sees it fail with a
+// *StepError.
+//
+// A repeat call returns AlreadyCancelled and cancels any child a crashed
+// earlier call left running; a run that completed or failed returns
+// ErrRunEnded with its status; an unknown one ErrRunNotFound.
+func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
-		return err
+		return CancelOutcome{}, err
 	}
 	run, cancelled, err := c.runs.Cancel(ctx, runID)
 	if errors.Is(err, runs.ErrNotFound) {
-		return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+		return CancelOutcome{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 	}
 	if err != nil {
-		return err
+		return CancelOutcome{}, err
 	}
-	switch {
-	case !cancelled && run.Status == state.StatusCancelled:
-		return nil
-	case !cancelled:
-		return fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
+	out = CancelOutcome{RunID: runID, Status: RunStatus(run.Status), AlreadyCancelled: !cancelled}
+	if run.Status != state.StatusCancelled {
+		return out, fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
 	}
-	c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-	// Best effort: a worker that misses it still cannot change the
-	// outcome (the record is final).
-	if err := c.nc.Publish(jetstream.CancelSubjectPrefix+runID, []byte(run.Token)); err != nil {
-		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+	if cancelled {
+		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+		if err := c.notifyCancelled(ctx, run); err != nil {
+			return out, err
+		}
+	}
+	for _, child := range run.Children {
+		if child.Detached {
+			continue
+		}
+		sub, err := c.CancelRun(ctx, child.RunID)
+		switch {
+		case errors.Is(err, ErrRunNotFound) || errors.Is(err, ErrRunEnded):
+			continue // never started (the parent's step was cut short), or ended first
+		case err != nil:
+			return out, fmt.Errorf("jetflow: run %s cancelled, but its child %s: %w", runID, child.RunID, err)
+		}
+		out.Children = append(out.Children, child.RunID)
+		out.Children = append(out.Children, sub.Children...)
+	}
+	return out, nil
+}
+
+// notifyCancelled tells the workers and the parent of run, which this
+// client has just cancelled. The workers' notice is best effort: a worker
+// that misses it still starts no step of the run, as every step reads the
+// run's record first.
+func (c *Client) notifyCancelled(ctx context.Context, run state.Run) error {
+	// The parent goes on with the child's failure as its step's result;
+	// a parent cancelled itself gets the result recorded and no task.
+	if err := c.parents.Notify(ctx, run); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but telling its parent failed: %w", run.RunID, err)
+	}
+	if err := c.nc.Publish(jetstream.CancelSubjectPrefix+run.RunID, []byte(run.Token)); err != nil {
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", run.RunID, err)
 	}
 	if err := c.nc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", runID, err)
+		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", run.RunID, err)
 	}
 	return nil
 }
