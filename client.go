@@ -497,6 +497,22 @@ type Run struct {
 	Input  json.RawMessage `json:"input,omitempty"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Error  *RunError       `json:"error,omitempty"`
+	// Parent is the run that started this one as its child (Child); nil
+	// for a run started from outside.
+	Parent *RunLink `json:"parent,omitempty"`
+	// Children are the child runs this run started, in the order their
+	// starts were recorded.
+	Children []RunLink `json:"children,omitempty"`
+}
+
+// RunLink links a parent run and a child run: the other run, and the
+// parent's step that stands for the child.
+type RunLink struct {
+	RunID    string `json:"run_id"`
+	Workflow string `json:"workflow"`
+	StepID   string `json:"step_id"`
+	// Detached: the child is not cancelled with its parent.
+	Detached bool `json:"detached,omitempty"`
 }
 
 // DuplicateAttempt is one duplicate start of a run, from its audit.
@@ -555,6 +571,12 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 	}
 	if r.Error != nil {
 		run.Error = runErrorFrom(r.RunID, run.Status, r.Error)
+	}
+	if p := r.Parent; p != nil {
+		run.Parent = &RunLink{RunID: p.RunID, Workflow: p.Workflow, StepID: p.StepID, Detached: p.Detached}
+	}
+	for _, c := range r.Children {
+		run.Children = append(run.Children, RunLink{RunID: c.RunID, Workflow: c.Workflow, StepID: c.StepID, Detached: c.Detached})
 	}
 	return run, nil
 }

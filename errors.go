@@ -96,6 +96,10 @@ var (
 	// order with the retries that replaced them). The message names the
 	// setting; connect with Connect, or add nats.ReconnectBufSize(-1).
 	ErrUnsafeConnection = errors.New("jetflow: connection unsafe for jetflow")
+	// ErrForeignFuture: a future awaited with the Context of a run (or a
+	// replay) other than the one that started it, a nil future, or
+	// AwaitFirst of no futures. Nothing is started or stored.
+	ErrForeignFuture = workflow.ErrForeignFuture
 )
 
 // ConflictError is a start whose run ID names an existing run that it does
@@ -183,6 +187,13 @@ type StepError struct {
 	Code string
 	// Message is the text of the error the step failed with.
 	Message string
+	// ChildRunID is the child run a child step (Child) stands for; empty
+	// for a step.
+	ChildRunID string
+	// ChildStatus is how that child ended: StatusFailed or StatusCancelled;
+	// empty when the child could not be started (its run ID holds another
+	// run, or another input).
+	ChildStatus RunStatus
 }
 
 // Error is the engine's text of the failure (one wording for both forms).
@@ -218,6 +229,7 @@ func stepErrorFrom(e *workflow.StepError) *StepError {
 	return &StepError{
 		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
 		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
+		ChildRunID: e.ChildRunID, ChildStatus: RunStatus(e.ChildStatus),
 	}
 }
 
@@ -226,6 +238,7 @@ func (e *StepError) toInternal() *workflow.StepError {
 	return &workflow.StepError{
 		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
 		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
+		ChildRunID: e.ChildRunID, ChildStatus: state.Status(e.ChildStatus),
 	}
 }
 

@@ -3,7 +3,6 @@ package jetflow
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -124,37 +123,7 @@ func (c *Context) Context() context.Context { return c.c.Context() }
 // code fn failed with (ErrorWithCode), on every replay. T must round-trip
 // through encoding/json.
 func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, error), opts ...StepOption) (T, error) {
-	var zero T
-	var o stepOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.err != nil {
-		return zero, fmt.Errorf("jetflow: step %s: %w", name, o.err)
-	}
-	raw, err := ctx.c.StepWithKey(name, o.policy, o.taskKey, func(sctx context.Context) (json.RawMessage, error) {
-		v, err := fn(sctx)
-		if err != nil {
-			return nil, err
-		}
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, Fatal(fmt.Errorf("encode result of step %s: %w", name, err))
-		}
-		return b, nil
-	})
-	var se *workflow.StepError
-	if errors.As(err, &se) {
-		return zero, stepErrorFrom(se)
-	}
-	if err != nil {
-		return zero, err
-	}
-	var out T
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return zero, fmt.Errorf("jetflow: step %s: committed result does not decode into %T: %w", name, out, err)
-	}
-	return out, nil
+	return Go(ctx, name, fn, opts...).Get(ctx)
 }
 
 // StepOption configures one step call.

@@ -9,6 +9,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -133,6 +134,11 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	if parent.Status.Terminal() || parent.Token != d.run.Token {
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ended before its child %s started", errNotThisTask, spec.RunID)}
 	}
+	if _, known, err := roster.Lookup(d.nctx, e.cfg.Assets.Workflows, spec.Workflow); err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
+	} else if !known {
+		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
+	}
 	res, err := e.cfg.Admitter.Admit(d.nctx, dedupe.Request{
 		RunID: spec.RunID, Workflow: spec.Workflow, Input: spec.Input, Source: "run " + d.run.RunID,
 		Entry: string(metrics.EntryChild),
@@ -145,12 +151,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	switch {
 	case errors.As(err, &refused) || errors.Is(err, dedupe.ErrConflict) || errors.Is(err, state.ErrInvalidRunID) ||
 		errors.Is(err, state.ErrInputTooLarge):
-		rec := &state.Step{
-			V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: 1,
-			Worker: e.cfg.WorkerID, Child: spec.RunID,
-			Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: err.Error()},
-		}
-		return e.commitRecord(d, sc, rec)
+		return e.commitRecord(d, sc, refusedChild(d, sc, err.Error()))
 	case err != nil:
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
@@ -159,12 +160,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		// The run ID holds a run that is not this step's child (started
 		// from outside, or by another parent): refuse it rather than wait
 		// for an end that would never resume this parent.
-		rec := &state.Step{
-			V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: 1,
-			Worker: e.cfg.WorkerID, Child: spec.RunID,
-			Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)},
-		}
-		return e.commitRecord(d, sc, rec)
+		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)))
 	}
 	if !spec.Detached {
 		// A cancel of the parent that read its children before the link
@@ -182,6 +178,15 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	rec := childStep(child, e.cfg.Now().UTC())
 	rec.Seq, rec.Worker = sc.seq, e.cfg.WorkerID
 	return e.commitRecord(d, sc, &rec)
+}
+
+// refusedChild is the record of child step sc whose child could not be
+// started, for the reason why.
+func refusedChild(d *delivery, sc *stepCall, why string) *state.Step {
+	return &state.Step{
+		V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: 1, Child: sc.child.RunID,
+		Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: "child not started: " + why},
+	}
 }
 
 // commitRecord commits rec as the result of sc without running anything

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 // ErrInput marks a run input that cannot be decoded into the workflow's
@@ -29,12 +31,12 @@ type StepError struct {
 	// one (see errorCode); empty otherwise.
 	Code    string
 	Message string
-	// Kind is the committed failure's kind: "step" for a step's own
-	// failure, or a child's (KindChildFailed, KindChildCancelled,
-	// KindChildRefused).
-	Kind string
-	// ChildRunID is the child run a child step stands for.
+	// ChildRunID is the child run a child step stands for; empty for a
+	// step.
 	ChildRunID string
+	// ChildStatus is how that child ended, "failed" or "cancelled"; empty
+	// when it could not be started.
+	ChildStatus state.Status
 }
 
 func (e *StepError) Error() string {

@@ -64,6 +64,7 @@ type Executor struct {
 	cfg       Config
 	cache     *historyCache
 	cancelled *cancelSet
+	inflight  *inflight
 	runs      *runs.Store
 	log       zerolog.Logger
 }
@@ -80,7 +81,7 @@ func NewExecutor(cfg Config) *Executor {
 		cfg.CacheRuns = 10000
 	}
 	return &Executor{
-		cfg: cfg, cache: newHistoryCache(cfg.CacheRuns), cancelled: newCancelSet(cfg.CacheRuns),
+		cfg: cfg, cache: newHistoryCache(cfg.CacheRuns), cancelled: newCancelSet(cfg.CacheRuns), inflight: newInflight(),
 		runs: runs.New(cfg.Assets), log: cfg.Logger,
 	}
 }
@@ -148,10 +149,19 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 		e.cancelled.has(d.run.RunID, d.run.Token) {
 		// A stale task (duplicate start, late redelivery, a start task of a
 		// generation that is not the run's): nothing to do. The current
-		// generation always has a start task of its own.
+		// generation always has a start task of its own. A child run that
+		// ended may not have told its parent yet (its worker died between
+		// the two writes): tell it again.
+		if err := e.notifyParent(d.nctx, d.run); err != nil {
+			log.Warn().Err(err).Msg("cannot tell the parent that its child ended; releasing")
+			settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+			return
+		}
 		settleErr(log, msg.Ack(), "ack")
 		return
 	}
+	untrack := e.inflight.track(d, ctx)
+	defer untrack()
 	s := e.replay(d, def)
 	e.settle(d.nctx, log, msg, d, s)
 }
@@ -160,8 +170,9 @@ func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
 // what replaying the run, executing its step and settling the message read.
 // Handle builds it; nothing changes it afterwards.
 type delivery struct {
-	// ctx is cancelled when the worker gives up on in-flight steps; steps
-	// run with it. nctx is never cancelled (NATS operations get the
+	// ctx is cancelled when the worker gives up on in-flight steps, or
+	// when the run is cancelled (cause ErrRunCancelled); steps and the
+	// body run with it. nctx is never cancelled (NATS operations get the
 	// JetStream default timeout), so a finished step is still committed and
 	// acknowledged during a drain.
 	ctx  context.Context
@@ -193,10 +204,6 @@ func (d *delivery) taskSubject() string {
 // of the start that created it, so that a run ID reused after its retention
 // never sees the earlier run's steps.
 func (d *delivery) runKey() string { return d.run.RunID + "/" + d.run.Token }
-
-// MarkCancelled records that the run created with token was cancelled:
-// its further tasks are dropped.
-func (e *Executor) MarkCancelled(runID, token string) { e.cancelled.add(runID, token) }
 
 // loadRun returns the run a task belongs to and the revision it was read
 // at. A start task materialises the run record if its publisher died before

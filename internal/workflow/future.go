@@ -12,6 +12,9 @@ import (
 // started it (or in another replay of it).
 var ErrForeignFuture = errors.New("jetflow: future started by another run")
 
+// ErrNotAwaited: the outcome of a future no Await has seen committed.
+var ErrNotAwaited = errors.New("jetflow: future not awaited")
+
 // Pending is a step (or a child run) the body started with Start or
 // StartChild whose result may not be known yet. Result, or Await over
 // several, waits for it.
@@ -46,23 +49,23 @@ func (p *Pending) StepID() string { return p.id }
 // Name is the step's name.
 func (p *Pending) Name() string { return p.name }
 
-// Result waits for the step and returns its committed result, as
-// StepWithKey does.
-func (p *Pending) Result() (json.RawMessage, error) {
-	if _, err := p.c.Await([]*Pending{p}, false); err != nil {
-		return nil, err
+// Outcome is the committed result of a step an Await has seen committed:
+// its output, or its final failure as a *StepError. Before that it is
+// ErrNotAwaited.
+func (p *Pending) Outcome() (json.RawMessage, error) {
+	if p.rec == nil {
+		return nil, ErrNotAwaited
 	}
 	return stepResult(p.rec)
 }
 
-// Committed returns the step's committed result once an Await has seen it
-// committed; ok is false before.
-func (p *Pending) Committed() (out json.RawMessage, err error, ok bool) {
-	if p.rec == nil {
-		return nil, nil, false
+// Result waits for p and returns its committed result (Await, then
+// Outcome).
+func (c *Context) Result(p *Pending) (json.RawMessage, error) {
+	if _, err := c.Await([]*Pending{p}, false); err != nil {
+		return nil, err
 	}
-	out, err = stepResult(p.rec)
-	return out, err, true
+	return p.Outcome()
 }
 
 // Start starts the next call of the step called name without waiting for
@@ -108,6 +111,9 @@ func (c *Context) StartChild(name string, spec ChildSpec) (*Pending, error) {
 	}
 	if !json.Valid(spec.Input) {
 		return nil, fmt.Errorf("%w: child input is not JSON", ErrInput)
+	}
+	if len(spec.Input) > state.MaxInputBytes {
+		return nil, fmt.Errorf("%w: child input of %d bytes, limit %d", state.ErrInputTooLarge, len(spec.Input), state.MaxInputBytes)
 	}
 	if spec.RunID != "" {
 		if err := state.ValidateRunID(spec.RunID); err != nil {

@@ -68,7 +68,7 @@ func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn S
 	if err != nil {
 		return nil, err
 	}
-	return p.Result()
+	return c.Result(p)
 }
 
 // stepResult turns a committed record into what a step call returns.
@@ -77,10 +77,22 @@ func stepResult(rec *state.Step) (json.RawMessage, error) {
 		return nil, &StepError{
 			RunID: rec.RunID, StepID: rec.StepID, StepName: rec.Name,
 			Attempts: rec.Attempt, Fatal: rec.Error.Fatal, Code: rec.Error.Code, Message: rec.Error.Message,
-			Kind: rec.Error.Kind, ChildRunID: rec.Child,
+			ChildRunID: rec.Child, ChildStatus: childStatus(rec.Error.Kind),
 		}
 	}
 	return rec.Output, nil
+}
+
+// childStatus is how the child of a child step whose failure has kind
+// ended; empty for a step's own failure and a child that was not started.
+func childStatus(kind string) state.Status {
+	switch kind {
+	case KindChildFailed:
+		return state.StatusFailed
+	case KindChildCancelled:
+		return state.StatusCancelled
+	}
+	return ""
 }
 
 // park hands s to the executor (unless the body is already parked; s may

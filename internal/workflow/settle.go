@@ -81,7 +81,10 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		}
 		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 	case settleFinish:
-		err := e.finish(ctx, log, d.run, d.rev, s)
+		run, err := e.finish(ctx, log, d.run, d.rev, s)
+		if err == nil {
+			err = e.notifyParent(ctx, run)
+		}
 		if errors.Is(err, jetstream.ErrNotFound) {
 			// The record is gone: nothing is left to finish. (A running
 			// run's record never expires; one written before that rule
@@ -133,7 +136,9 @@ func (e *Executor) dispatch(ctx context.Context, d *delivery, stepIDs []string, 
 // run, or it changed since) it reads the record and tries again. A run
 // already in a terminal state, or a record that now holds another run under
 // the same ID (another token), is left as it is.
-func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) error {
+//
+// It returns the record as it ended up.
+func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) (state.Run, error) {
 	run, written, err := e.runs.Finish(ctx, run, rev, func(run *state.Run) {
 		run.UpdatedAt = e.cfg.Now().UTC()
 		switch {
@@ -154,12 +159,21 @@ func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run
 		}
 	})
 	if err != nil || !written {
-		return err
+		return run, err
 	}
 	took := run.UpdatedAt.Sub(run.CreatedAt)
 	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), took)
 	logRunEnd(log, run, took)
-	return nil
+	return run, nil
+}
+
+// notifyParent hands the end of run, a child run, to its parent (see
+// ParentNotifier); a run without a parent, or not ended, needs nothing.
+func (e *Executor) notifyParent(ctx context.Context, run state.Run) error {
+	if run.Parent == nil || !run.Status.Terminal() {
+		return nil
+	}
+	return ParentNotifier{Assets: e.cfg.Assets, Runs: e.runs, Now: e.cfg.Now}.Notify(ctx, run)
 }
 
 // logRunEnd logs the end of run, which took took: a failure at warn level

@@ -51,6 +51,9 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement)
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
+	if s := e.stillRunning(d); s != nil {
+		return nil, s
+	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
 	// Its series exist at 0 from here: its first failure is an increase.
 	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
@@ -95,6 +98,9 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 	case err == nil:
 		rec.Output = out
 		return rec, metrics.StepCommitted, nil
+	case cancelledRun(d):
+		// The run was cancelled while the step ran: nothing to commit.
+		return rec, "", &settlement{kind: settleDrop, err: fmt.Errorf("%w: %w", errRunNotRunning, err)}
 	case d.ctx.Err() != nil:
 		// The worker is stopping: this attempt did not finish.
 		return rec, "", &settlement{kind: settleRelease, err: err}
