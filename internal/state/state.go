@@ -252,8 +252,13 @@ type Task struct {
 
 // StepTask is the task of stepID in the running run r, read at revision
 // rev: it carries every stored field of r, so that RunFromTask gives r back
-// and the run's final write (which starts from it) loses none of them.
+// and the run's final write (which starts from it) loses none of them —
+// except its children, which can be many: the task of a run with children
+// carries no revision, so that its final write reads the record first.
 func StepTask(r Run, rev uint64, stepID string) Task {
+	if len(r.Children) > 0 {
+		rev = 0
+	}
 	return Task{
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,

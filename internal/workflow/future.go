@@ -156,6 +156,11 @@ func (c *Context) begin(p *Pending) {
 		return
 	}
 	c.executed, c.ownEpoch = true, c.epoch
+	if c.task.StepID == "" {
+		// The start task runs the first step without anyone having
+		// published the steps started beside it: it publishes them.
+		c.ownEpoch--
+	}
 	var s *settlement
 	if p.call.child != nil {
 		rec, s = c.exec.startChild(c.delivery, p.call)
