@@ -622,6 +622,8 @@ type StepRecord struct {
 	// (WithTaskKey): the key, and whether the result was served
 	// from its cache and from which step. Nil for a step without a key.
 	TaskKey *StepTaskKey `json:"task_key,omitempty"`
+	// Child is the child run a child step (Child) stands for.
+	Child string `json:"child,omitempty"`
 }
 
 // StepTaskKey is the task idempotency key of a committed step.
@@ -664,7 +666,7 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		if err != nil {
 			return nil, err
 		}
-		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed}
+		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
 		}
@@ -706,8 +708,8 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 // started detached, and a cancelled child's parent sees it fail with a
 // *StepError.
 //
-// A repeat call returns AlreadyCancelled and cancels any child a crashed
-// earlier call left running; a run that completed or failed returns
+// A repeat call returns AlreadyCancelled, tells the workers and the parent
+// again and cancels any child a failed earlier call left running; a run that completed or failed returns
 // ErrRunEnded with its status; an unknown one ErrRunNotFound.
 func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
@@ -727,9 +729,11 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	}
 	if cancelled {
 		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-		if err := c.notifyCancelled(ctx, run); err != nil {
-			return out, err
-		}
+	}
+	// Again on a repeat: the call that cancelled the run may have failed
+	// to tell the workers or the parent (both are safe to repeat).
+	if err := c.notifyCancelled(ctx, run); err != nil {
+		return out, err
 	}
 	for _, child := range run.Children {
 		if child.Detached {

@@ -101,6 +101,8 @@ type ParentLink struct {
 	// StepID is the parent's step that stands for the child: its record
 	// is the child's result.
 	StepID string `json:"step_id"`
+	// Seq is that step's place in the parent's history (Step.Seq).
+	Seq int `json:"seq,omitempty"`
 	// Detached: the child is not cancelled with its parent.
 	Detached bool `json:"detached,omitempty"`
 }

@@ -90,7 +90,7 @@ func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
 func childStep(child state.Run, now time.Time) state.Step {
 	p := child.Parent
 	rec := state.Step{
-		V: state.Version, StepID: p.StepID, RunID: p.RunID, Name: state.StepName(p.StepID), Attempt: 1,
+		V: state.Version, StepID: p.StepID, RunID: p.RunID, Name: state.StepName(p.StepID), Seq: p.Seq, Attempt: 1,
 		Committed: now, Child: child.RunID,
 	}
 	switch child.Status {
@@ -144,7 +144,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		Entry: string(metrics.EntryChild),
 		Parent: &state.ParentLink{
 			RunID: d.run.RunID, Workflow: d.run.Workflow, Token: d.run.Token, Generation: d.run.Generation,
-			StepID: sc.id, Detached: spec.Detached,
+			StepID: sc.id, Seq: sc.seq, Detached: spec.Detached,
 		},
 	})
 	var refused *dedupe.ConflictError

@@ -46,6 +46,9 @@ type Context struct {
 	// ownEpoch.
 	executed bool
 	ownEpoch int
+	// own is the start task's own step, to run at the first await
+	// (runOwn).
+	own *Pending
 	// parked is set once the body is being unwound (park): deferred Step
 	// calls then unwind too, without touching NATS or settling again.
 	parked bool

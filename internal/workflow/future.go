@@ -41,6 +41,8 @@ type Pending struct {
 	epoch int
 	call  *stepCall
 	rec   *state.Step // committed record once known
+	// dispatched: this replay has published its task already.
+	dispatched bool
 }
 
 // StepID is the step's deterministic ID.
@@ -141,10 +143,12 @@ func (c *Context) next(name string) *Pending {
 	return p
 }
 
-// begin runs p now when this task owns it: its own step (or, for a start
-// task, the run's first step) that is not committed yet.
+// begin runs p now when this task owns it: its own step that is not
+// committed yet. A start task owns the run's first step, which no one has
+// published the steps started beside it for: it runs that step at the
+// body's first await, after publishing them (runOwn).
 func (c *Context) begin(p *Pending) {
-	if c.executed || !(c.task.StepID == p.id || (c.task.StepID == "" && p.seq == 0)) {
+	if c.executed || c.own != nil || !(c.task.StepID == p.id || (c.task.StepID == "" && p.seq == 0)) {
 		return
 	}
 	rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
@@ -155,13 +159,22 @@ func (c *Context) begin(p *Pending) {
 		p.rec = rec
 		return
 	}
-	c.executed, c.ownEpoch = true, c.epoch
 	if c.task.StepID == "" {
-		// The start task runs the first step without anyone having
-		// published the steps started beside it: it publishes them.
-		c.ownEpoch--
+		c.own = p
+		return
 	}
-	var s *settlement
+	c.execute(p)
+}
+
+// execute runs p, this task's own step, and records its result on p (nil
+// for a child that still runs); a step that is not to be committed now
+// (a retry, a release, a drop) parks the body.
+func (c *Context) execute(p *Pending) {
+	c.executed, c.ownEpoch = true, p.epoch
+	var (
+		rec *state.Step
+		s   *settlement
+	)
 	if p.call.child != nil {
 		rec, s = c.exec.startChild(c.delivery, p.call)
 	} else {
@@ -170,7 +183,28 @@ func (c *Context) begin(p *Pending) {
 	if s != nil {
 		c.park(s)
 	}
-	p.rec = rec // nil for a child still running
+	p.rec = rec
+}
+
+// runOwn runs the start task's own step, which begin left for the first
+// await: it first publishes the tasks of the steps started beside it, so
+// that they run while it does.
+func (c *Context) runOwn() {
+	own := c.own
+	c.own = nil
+	var ids []string
+	for _, p := range c.started {
+		if p != own && p.rec == nil {
+			ids = append(ids, p.id)
+			p.dispatched = true
+		}
+	}
+	if len(ids) > 0 {
+		if id, err := c.exec.dispatch(c.nctx, c.delivery, ids, true); err != nil {
+			c.park(&settlement{kind: settleRelease, err: fmt.Errorf("publish task of %s: %w", id, err)})
+		}
+	}
+	c.execute(own)
 }
 
 // Await waits for ps: for all of them, or, with first, for the first to
@@ -186,6 +220,9 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 		if p == nil || p.c != c {
 			return -1, ErrForeignFuture
 		}
+	}
+	if c.own != nil {
+		c.runOwn()
 	}
 	if len(ps) == 0 {
 		return -1, nil
@@ -283,7 +320,7 @@ func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
 func (c *Context) frontier() *settlement {
 	s := &settlement{kind: settleDispatch, ranStep: c.executed}
 	for _, p := range c.started {
-		if p.rec != nil || (c.executed && p.epoch <= c.ownEpoch) {
+		if p.rec != nil || p.dispatched || (c.executed && p.epoch <= c.ownEpoch) {
 			continue
 		}
 		if !c.executed {
