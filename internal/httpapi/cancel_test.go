@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -183,4 +184,14 @@ func TestCancelAnswers(t *testing.T) {
 			require.Equal(t, "about:blank", p.Type)
 		})
 	}
+}
+
+// The run-ended problem type points at a section that exists in
+// docs/http.md.
+func TestRunEndedDocsAnchorExists(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/http.md")
+	require.NoError(t, err)
+	require.Equal(t, "cancelling-a-run", strings.TrimPrefix(RunEndedType, DocsURL+"#"))
+	require.Contains(t, string(doc), "\n## Cancelling a run\n", "GitHub derives the anchor from this heading")
 }
