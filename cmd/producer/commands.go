@@ -76,6 +76,23 @@ func wait(ctx context.Context, c *jetflow.Client, out *printer, runID string, ti
 	return nil
 }
 
+// cancelRun cancels a running run and the child runs it started attached,
+// and prints what it did. A repeat succeeds and says the run was already
+// cancelled; a run that had completed or failed is an error matching
+// jetflow.ErrRunEnded that names the state it ended in.
+func cancelRun(ctx context.Context, c *jetflow.Client, out *printer, runID string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	res, err := c.CancelRun(ctx, runID)
+	if errors.Is(err, jetflow.ErrRunEnded) {
+		return fmt.Errorf("cannot cancel: %w", err)
+	}
+	if err != nil {
+		return err
+	}
+	return out.cancelled(httpapi.NewCancelled(res))
+}
+
 // list prints one page of runs and the cursor of the next.
 func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.ListOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -240,6 +257,27 @@ func (p *printer) page(page jetflow.RunPage) error {
 		return nil
 	}
 	_, err := fmt.Fprintf(p.w, "next cursor: %s (list --cursor %s for the next page)\n", page.Next, page.Next)
+	return err
+}
+
+// cancelled prints a cancel's outcome: the HTTP API's body as JSON; as
+// text, the run and then each child run cancelled with it, one a line.
+func (p *printer) cancelled(c httpapi.Cancelled) error {
+	if p.json {
+		return p.encode(c)
+	}
+	var err error
+	if c.AlreadyCancelled {
+		_, err = fmt.Fprintf(p.w, "%s was already cancelled\n", c.RunID)
+	} else {
+		_, err = fmt.Fprintf(p.w, "cancelled %s\n", c.RunID)
+	}
+	for _, child := range c.Children {
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(p.w, "cancelled child run %s\n", child)
+	}
 	return err
 }
 

@@ -234,3 +234,69 @@ func TestCommandErrors(t *testing.T) {
 		})
 	}
 }
+
+// cancel cancels a running run (exit 0) and says so; a repeat exits 0 too
+// and says it was already cancelled; the run then ends cancelled. A run
+// that completed is refused with exit 1 and its state, and stays
+// completed.
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	code, _, errOut := producer("start", "hold", `{"name":"kim"}`, "--id", "k-1")
+	require.Equal(t, 0, code, errOut)
+
+	code, out, errOut := producer("cancel", "k-1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "cancelled k-1\n", out)
+	require.Empty(t, errOut)
+
+	code, out, errOut = producer("cancel", "k-1")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "k-1 was already cancelled\n", out)
+
+	code, out, errOut = producer("--output", "json", "cancel", "k-1")
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"run_id":"k-1","status":"cancelled","already_cancelled":true,"children":[]}`, out)
+
+	code, out, errOut = producer("wait", "k-1")
+	require.Equal(t, exitRunFailed, code, errOut)
+	require.Equal(t, "run k-1 cancelled\n", out)
+	code, out, errOut = producer("get", "k-1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status:      cancelled\n")
+
+	code, _, errOut = producer("start", "greet", `{"name":"ada"}`, "--id", "k-2")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = producer("wait", "k-2")
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = producer("cancel", "k-2")
+	require.Equal(t, exitError, code, errOut)
+	require.Empty(t, out)
+	require.Equal(t, "error: cannot cancel: jetflow: run already ended: k-2 is completed\n", errOut)
+	code, out, errOut = producer("get", "k-2")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status:      completed\n", "the refused cancel changed nothing")
+}
+
+// The text output lists the child runs cancelled with the run, one a line;
+// JSON is the HTTP API's body.
+func TestCancelOutput(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		c          httpapi.Cancelled
+		text, json string
+	}{
+		{httpapi.NewCancelled(jetflow.CancelOutcome{RunID: "p-1", Status: jetflow.StatusCancelled, Children: []string{"p-1-a", "p-1-a-b"}}),
+			"cancelled p-1\ncancelled child run p-1-a\ncancelled child run p-1-a-b\n",
+			`{"run_id":"p-1","status":"cancelled","already_cancelled":false,"children":["p-1-a","p-1-a-b"]}`},
+		{httpapi.NewCancelled(jetflow.CancelOutcome{RunID: "p-2", Status: jetflow.StatusCancelled, AlreadyCancelled: true}),
+			"p-2 was already cancelled\n",
+			`{"run_id":"p-2","status":"cancelled","already_cancelled":true,"children":[]}`},
+	} {
+		var text, js strings.Builder
+		require.NoError(t, (&printer{w: &text}).cancelled(tc.c))
+		require.Equal(t, tc.text, text.String())
+		require.NoError(t, (&printer{w: &js, json: true}).cancelled(tc.c))
+		require.JSONEq(t, tc.json, js.String())
+	}
+}

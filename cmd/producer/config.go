@@ -62,12 +62,13 @@ var arity = map[string]struct {
 	n        int
 	synopsis string
 }{
-	"start": {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id"},
-	"get":   {1, "get takes one run ID: producer get <run-id>"},
-	"wait":  {1, "wait takes one run ID: producer wait <run-id>"},
-	"list":  {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
-	"reset": {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
-	"serve": {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
+	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id"},
+	"get":    {1, "get takes one run ID: producer get <run-id>"},
+	"wait":   {1, "wait takes one run ID: producer wait <run-id>"},
+	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
+	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
+	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
+	"serve":  {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
 }
 
 // commandFlags are the flags only some commands take. Given on the command
@@ -158,7 +159,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	a, ok := arity[c.command]
 	switch {
 	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, list, reset or serve", c.command)
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, cancel, list, reset or serve", c.command)
 	case len(c.args) != a.n:
 		return cli{}, errors.New(a.synopsis)
 	}

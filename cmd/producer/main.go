@@ -1,9 +1,10 @@
-// Command producer starts, reads, lists and resets jetflow runs from the
-// command line, and serves them over HTTP.
+// Command producer starts, reads, cancels, lists and resets jetflow runs
+// from the command line, and serves them over HTTP.
 //
 //	producer start <workflow> <json-input> --id RUNID | --generate-id
 //	producer get <run-id>
 //	producer wait <run-id> [--timeout 60s]
+//	producer cancel <run-id>
 //	producer list [--workflow W] [--status S] [--limit N] [--cursor C]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
@@ -23,7 +24,11 @@
 // another workflow is a conflict (exit code 4), and so is a duplicate the
 // workflow's conflict policy rejects. reset forgets a task key
 // (jetflow.WithTaskKey) so that the next step call with it runs again;
-// it prints how many entries it deleted, 0 on a repeat.
+// it prints how many entries it deleted, 0 on a repeat. cancel is
+// idempotent too: it cancels a running run and the child runs it started
+// attached, and a repeat says the run "was already cancelled" (exit code 0
+// both times); a run that had already completed or failed is an error
+// (exit code 1) that names the state it ended in.
 //
 // # Configuration
 //
@@ -53,7 +58,7 @@
 // # Exit codes
 //
 //	0  success (start: the run was created or already existed)
-//	1  usage or other error
+//	1  usage or other error; cancel: the run had already completed or failed
 //	2  wait: the run failed or was cancelled
 //	3  not found: no run has that ID, or (start) no worker of the
 //	   deployment has ever served a workflow of that name
@@ -104,6 +109,8 @@ Commands:
         show a run and its committed steps
   wait <run-id> [--timeout 60s]
         wait until a run ends and show its result
+  cancel <run-id>
+        cancel a running run and its child runs; a repeat says it was already cancelled
   list [--workflow W] [--status S] [--limit N] [--cursor C]
         one page of runs in run ID order, and the cursor of the next
   reset <key> --scope global|workflow|run [--workflow W | --run-id R]
@@ -154,7 +161,7 @@ are read from the command line only.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
-  1  usage or other error
+  1  usage or other error; cancel: the run had already completed or failed
   2  wait: the run failed or was cancelled
   3  not found: no run has that ID, or no worker ever served that workflow
   4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
@@ -217,6 +224,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = get(ctx, client, out, c.args[0])
 	case "wait":
 		err = wait(ctx, client, out, c.args[0], c.timeout)
+	case "cancel":
+		err = cancelRun(ctx, client, out, c.args[0])
 	case "list":
 		err = list(ctx, client, out, c.listOptions())
 	case "reset":

@@ -23,6 +23,7 @@ func TestNATSDownExitsUnavailable(t *testing.T) {
 		{"start", "greet", `{"name":"ada"}`, "--id", "down-2"},
 		{"get", "down-1"},
 		{"wait", "down-1", "--timeout", "5s"},
+		{"cancel", "down-1"},
 		{"list"},
 		{"reset", "k", "--scope", "global"},
 	} {

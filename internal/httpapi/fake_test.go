@@ -58,6 +58,10 @@ func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, st
 	return 0, f.err
 }
 
+func (f *fakeBackend) CancelRun(context.Context, string) (jetflow.CancelOutcome, error) {
+	return jetflow.CancelOutcome{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
 func (f *fakeBackend) errOr(def error) error {
 	if f.err != nil {
 		return f.err

@@ -33,6 +33,7 @@ type Backend interface {
 	WaitRun(ctx context.Context, runID string) (jetflow.Run, error)
 	ListRuns(ctx context.Context, opts jetflow.ListOptions) (jetflow.RunPage, error)
 	ResetTaskKey(ctx context.Context, key string, scope jetflow.KeyScope, scopeID string) (int, error)
+	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
 }
 
 // Limits of the API.
@@ -113,6 +114,7 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/runs", handle: (*Server).listRuns},
 	{method: http.MethodGet, path: "/v1/runs/{id}", handle: (*Server).getRun},
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
+	{method: http.MethodPost, path: "/v1/runs/{id}/cancel", handle: (*Server).cancelRun},
 	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
 	// The task-key reset's first name, before HTTP's Idempotency-Key (a
 	// run ID) and task keys had separate words.
