@@ -100,6 +100,9 @@ var (
 	// replay) other than the one that started it, a nil future, or
 	// AwaitFirst of no futures. Nothing is started or stored.
 	ErrForeignFuture = workflow.ErrForeignFuture
+	// ErrRunCancelled is the cause (context.Cause) of a running step's or
+	// workflow body's context when its run is cancelled.
+	ErrRunCancelled = workflow.ErrRunCancelled
 )
 
 // ConflictError is a start whose run ID names an existing run that it does

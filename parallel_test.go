@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -196,4 +197,175 @@ func TestParallelStepIDsGolden(t *testing.T) {
 	var want []string
 	require.NoError(t, json.Unmarshal(b, &want))
 	require.Equal(t, want, forward, "step IDs changed: stored runs would re-run their steps")
+}
+
+// AwaitFirst picks the step committed first, and keeps that choice on
+// every later replay, when the slower branch has been committed too: a
+// step named after the winner runs once, and the loser's never.
+func TestAwaitFirstIsTheSameOnEveryReplay(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	release := make(chan struct{})
+	wf := NewWorkflow("race", func(ctx *Context, _ int) (string, error) {
+		slow := Go(ctx, "slow", func(sctx context.Context) (string, error) {
+			select {
+			case <-release:
+				return "slow", nil
+			case <-sctx.Done():
+				return "", sctx.Err()
+			}
+		})
+		fast := Go(ctx, "fast", func(context.Context) (string, error) { return "fast", nil })
+		won, err := AwaitFirst(ctx, slow, fast)
+		if err != nil {
+			return "", err
+		}
+		after, err := Step(ctx, fmt.Sprintf("after-%d", won), func(sctx context.Context) (string, error) {
+			info, _ := StepDetailsFrom(sctx)
+			effects.inc(info.StepName)
+			return info.StepName, nil
+		})
+		if err != nil {
+			return "", err
+		}
+		s, err := slow.Get(ctx) // the loser is still awaited: its commit replays the body again
+		return after + "/" + s, err
+	})
+	env.worker(WorkerConfig{Concurrency: 4}, wf)
+	c := env.client()
+	h, err := Start(ctxT(t, 10*time.Second), c, wf, 0, WithRunID("race-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("after-1") == 1 }, 20*time.Second, 10*time.Millisecond,
+		"the fast branch won and the body went on past AwaitFirst")
+	close(release)
+	got, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "after-1/slow", got)
+	require.Equal(t, map[string]int{"after-1": 1}, effects.snapshot(), "a replay picked another winner")
+}
+
+// A child's output reaches its parent; its failure reaches the parent as a
+// *StepError the parent can handle; both runs are linked.
+func TestChildResultAndFailureReachTheParent(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	kid := doubler("kid")
+	failing := NewWorkflow("failing-kid", func(ctx *Context, n int) (int, error) {
+		return Step(ctx, "boom", func(context.Context) (int, error) {
+			return 0, Fatal(ErrorWithCode("out_of_stock", errors.New("no stock")))
+		})
+	})
+	parent := NewWorkflow("parent", func(ctx *Context, n int) (string, error) {
+		ok, err := Child(ctx, kid, n).Get(ctx)
+		if err != nil {
+			return "", err
+		}
+		_, err = Child(ctx, failing, n).Get(ctx)
+		var se *StepError
+		if !errors.As(err, &se) {
+			return "", fmt.Errorf("want a *StepError, got %v", err)
+		}
+		return fmt.Sprintf("%d %s %s %s", ok, se.ChildRunID, se.ChildStatus, se.Code), nil
+	})
+	env.worker(WorkerConfig{Concurrency: 4}, parent, kid, failing)
+	c := env.client()
+	h, err := Start(ctxT(t, 10*time.Second), c, parent, 21, WithRunID("p-1"))
+	require.NoError(t, err)
+	got, err := h.Result(ctxT(t, 30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "42 p-1=failing-kid=0 failed out_of_stock", got)
+
+	run, err := c.GetRun(ctxT(t, 10*time.Second), "p-1")
+	require.NoError(t, err)
+	require.Equal(t, []RunLink{
+		{RunID: "p-1=kid=0", Workflow: "kid", StepID: "p-1.kid.0"},
+		{RunID: "p-1=failing-kid=0", Workflow: "failing-kid", StepID: "p-1.failing-kid.0"},
+	}, run.Children)
+	child, err := c.GetRun(ctxT(t, 10*time.Second), "p-1=kid=0")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, child.Status)
+	require.Equal(t, &RunLink{RunID: "p-1", Workflow: "parent", StepID: "p-1.kid.0"}, child.Parent)
+	steps, err := c.Steps(ctxT(t, 10*time.Second), "p-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 2)
+	require.Equal(t, "p-1=kid=0", steps[0].Child)
+	require.Equal(t, "p-1=failing-kid=0", steps[1].Child)
+}
+
+// Bad input to the new calls: a clear error in the body, nothing started,
+// nothing stored damaged.
+func TestParallelAndChildBadInput(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	kid := doubler("kid2")
+	unregistered := doubler("nobody-serves-this")
+	var (
+		mu      sync.Mutex
+		leaked  *Future[int]
+		results = map[string]string{}
+	)
+	note := func(runID, what string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		results[runID+" "+what] = fmt.Sprint(err)
+	}
+	wf := NewWorkflow("bad", func(ctx *Context, mode string) (int, error) {
+		switch mode {
+		case "leak":
+			f := Go(ctx, "kept", func(context.Context) (int, error) { return 1, nil })
+			mu.Lock()
+			leaked = f
+			mu.Unlock()
+			return f.Get(ctx)
+		case "foreign":
+			mu.Lock()
+			f := leaked
+			mu.Unlock()
+			_, err := f.Get(ctx)
+			if !errors.Is(err, ErrForeignFuture) {
+				return 0, fmt.Errorf("foreign future: %v", err)
+			}
+			_, err = AwaitFirst(ctx)
+			if !errors.Is(err, ErrForeignFuture) {
+				return 0, fmt.Errorf("AwaitFirst of none: %v", err)
+			}
+			return 0, nil
+		case "bad-id":
+			_, err := Child(ctx, kid, 1, WithChildRunID("no spaces allowed")).Get(ctx)
+			if !errors.Is(err, ErrInvalidRunID) {
+				return 0, fmt.Errorf("invalid child run ID: %v", err)
+			}
+			_, err = Go(ctx, "bad name!", func(context.Context) (int, error) { return 0, nil }).Get(ctx)
+			if !errors.Is(err, ErrInvalidName) {
+				return 0, fmt.Errorf("invalid step name: %v", err)
+			}
+			return 0, nil
+		case "unregistered":
+			_, err := Child(ctx, unregistered, 1).Get(ctx)
+			var se *StepError
+			if !errors.As(err, &se) || se.ChildStatus != "" || !strings.Contains(se.Message, "not registered") {
+				return 0, fmt.Errorf("unregistered child: %v", err)
+			}
+			note(ctx.RunID(), "unregistered", err)
+			return 0, nil
+		}
+		return 0, fmt.Errorf("unknown mode %q", mode)
+	})
+	env.worker(WorkerConfig{Concurrency: 4}, wf, kid)
+	c := env.client()
+	for _, mode := range []string{"leak", "foreign", "bad-id", "unregistered"} {
+		h, err := Start(ctxT(t, 10*time.Second), c, wf, mode, WithRunID("bad-"+mode))
+		require.NoError(t, err)
+		_, err = h.Result(ctxT(t, 30*time.Second))
+		require.NoError(t, err, mode)
+	}
+	require.Contains(t, results["bad-unregistered unregistered"], `workflow "nobody-serves-this" is not registered by any worker`)
+	for _, id := range []string{"bad-bad-id=kid2=0", "no spaces allowed", "bad-unregistered=nobody-serves-this=0"} {
+		_, err := c.GetRun(ctxT(t, 10*time.Second), strings.ReplaceAll(id, " ", "-"))
+		require.ErrorIs(t, err, ErrRunNotFound, "no child run was started: %s", id)
+	}
+	steps, err := c.Steps(ctxT(t, 10*time.Second), "bad-leak")
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "the leaking run's own step is intact")
 }

@@ -147,8 +147,13 @@ func (c *Context) next(name string) *Pending {
 // committed yet. A start task owns the run's first step, which no one has
 // published the steps started beside it for: it runs that step at the
 // body's first await, after publishing them (runOwn).
+//
+// A child run's start task owns no step: the child is part of a run in
+// progress, so its first step runs as a step task, not in one of the few
+// slots a worker keeps for starting runs.
 func (c *Context) begin(p *Pending) {
-	if c.executed || c.own != nil || !(c.task.StepID == p.id || (c.task.StepID == "" && p.seq == 0)) {
+	startsRun := c.task.StepID == "" && p.seq == 0 && c.run.Parent == nil
+	if c.executed || c.own != nil || !(c.task.StepID == p.id || startsRun) {
 		return
 	}
 	rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
