@@ -145,15 +145,15 @@ func TestParallelThousandBranchesInProcess(t *testing.T) {
 	require.Equal(t, n, v.SideEffects, "no worker died: every branch ran once")
 }
 
-// A fan-out of 1,000 branches (200 in the reduced size) runs on two worker
-// processes that are SIGKILLed at random moments while branches run, each
-// replaced by a new process. The run completes, and every branch's side
-// effect was committed exactly once: a branch ran again only when its
-// worker died before its commit, never after it, and no result was
-// written twice.
+// A fan-out of 1,000 branches (400 in the reduced size) runs on three
+// worker processes, two of which are SIGKILLed at random moments while
+// branches run, each replaced by a new process; the third keeps serving.
+// The run completes, and every branch's side effect was committed exactly
+// once: a branch ran again only when its worker died before its commit,
+// never after it, and no result was written twice.
 func TestFaultParallelBranchesWorkerProcessesKilled(t *testing.T) {
 	t.Parallel()
-	n := faultScale(200, 1000)
+	n := faultScale(400, 1000)
 	env := newEnv(t, Topology{})
 	effects := faultcheck.NewEffects()
 	srv := httptest.NewServer(effects)
@@ -162,25 +162,26 @@ func TestFaultParallelBranchesWorkerProcessesKilled(t *testing.T) {
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	// A kill every half to one and a quarter AckWait: a killed worker's
-	// branches wait one AckWait for redelivery, so the run keeps advancing
-	// on the survivor and the replacements.
-	roll := rollWorkers(t, env, srv.URL, childAckWait/2, syscall.SIGKILL)
-	wf := fanOutFault(nil) // the definition to start by; the processes run it
+	startChild(t, env, "slow", srv.URL) // never killed
+	wf := fanOutFault(nil)              // the definition to start by; the processes run it
 	h, err := Start(ctxT(t, 10*time.Second), c, wf, n, WithRunID("fan-kill"))
 	require.NoError(t, err)
 	ledger := faultcheck.NewLedger()
 	ledger.Accepted(h.RunID, h.Outcome == OutcomeCreated)
+	require.Eventually(t, func() bool { return effects.Len() > 0 }, 30*childAckWait, childAckWait/20, "no branch ran")
 
-	// Kill until the run is final, or for at most killFor, after which the
-	// last two workers finish it.
+	// Branches run: kill one of two more workers every half to one and a
+	// quarter AckWait (a killed worker's branches wait one AckWait for
+	// redelivery), until the run is final or for at most killFor, after
+	// which the last workers finish it.
+	began := time.Now()
+	roll := rollWorkers(t, env, srv.URL, childAckWait/2, syscall.SIGKILL)
 	killFor := 60 * childAckWait
 	final := make(chan error, 1)
 	go func() {
 		_, err := c.WaitRun(ctxT(t, killFor), h.RunID)
 		final <- err
 	}()
-	began := time.Now()
 	<-final
 	kills := roll.stop()
 	v := faultcheck.Check(ctxT(t, 120*time.Second), c.assets, ledger, effects, writes, n, childAckWait)

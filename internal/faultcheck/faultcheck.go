@@ -160,6 +160,17 @@ func (e *Effects) Attempts(stepID string) []int {
 	return out
 }
 
+// Len is how many attempts were logged, of all steps.
+func (e *Effects) Len() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, a := range e.attempts {
+		n += len(a)
+	}
+	return n
+}
+
 func (e *Effects) effects(stepID string) []effect {
 	e.mu.Lock()
 	defer e.mu.Unlock()
