@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,7 +31,7 @@ import (
 const (
 	childEnv       = "JETFLOW_TEST_CHILD"
 	childURLEnv    = "JETFLOW_TEST_NATS_URL"
-	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow" or "after-child-start"
+	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow", "after-first-branch" or "after-child-start"
 	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
 	crashStep      = "b"
 	childAckWait   = time.Second
@@ -110,6 +111,14 @@ func runChildWorker() int {
 	case "mid-step":
 		beforeReturn = func(info StepDetails) {
 			if info.StepName == crashStep && info.Attempt == 1 {
+				killSelf()
+			}
+		}
+	case "after-first-branch":
+		// Dies once the start task of a fan-out committed its first
+		// branch, before it published the other branches' tasks.
+		hooks.AfterCommit = func(stepID string, _ bool) {
+			if strings.HasSuffix(stepID, ".branch.0") {
 				killSelf()
 			}
 		}

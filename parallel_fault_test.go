@@ -196,6 +196,43 @@ func TestFaultParallelBranchesWorkerProcessesKilled(t *testing.T) {
 	require.Equal(t, n*(n-1)/2, out)
 }
 
+// The worker process that runs a fan-out's start task is SIGKILLed right
+// after it committed the first branch, before it published the other
+// branches' tasks. The start task's redelivery, on a new process, finds
+// the branch committed and publishes the others: the run completes with
+// every branch run once.
+func TestFaultFanOutStartTaskKilledBeforeBranchesPublished(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	srv := httptest.NewServer(effects)
+	t.Cleanup(srv.Close)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+
+	crasher := startChild(t, env, "after-first-branch", srv.URL)
+	h, err := Start(ctxT(t, 10*time.Second), c, fanOutFault(nil), n, WithRunID("fan-start"))
+	require.NoError(t, err)
+	waitKilled(t, crasher, 30*childAckWait)
+	require.Equal(t, []int{1}, effects.Attempts("fan-start.branch.0"))
+	require.Equal(t, 1, effects.Len(), "the other branches' tasks were not published before the crash")
+
+	startChild(t, env, "", srv.URL)
+	out, err := h.Result(ctxT(t, 60*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, n*(n-1)/2, out)
+	ledger := faultcheck.NewLedger()
+	ledger.Accepted(h.RunID, h.Outcome == OutcomeCreated)
+	v := faultcheck.Check(ctxT(t, 30*time.Second), c.assets, ledger, effects, writes, n, childAckWait)
+	require.NoError(t, writes.Stop())
+	t.Logf("%s", v)
+	require.True(t, v.OK(), v.String())
+	require.Equal(t, 1, v.Completed)
+	require.Equal(t, n, v.SideEffects, "every branch ran once")
+}
+
 // A parent's child step is executed by a worker process that is SIGKILLed
 // right after the child run was admitted, before the parent's task is
 // acknowledged. A new worker process redelivers the parent's task, which
