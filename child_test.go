@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,7 +31,7 @@ import (
 const (
 	childEnv       = "JETFLOW_TEST_CHILD"
 	childURLEnv    = "JETFLOW_TEST_NATS_URL"
-	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit" or "mid-step"
+	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow", "after-first-branch" or "after-child-start"
 	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
 	crashStep      = "b"
 	childAckWait   = time.Second
@@ -113,6 +114,18 @@ func runChildWorker() int {
 				killSelf()
 			}
 		}
+	case "after-first-branch":
+		// Dies once the start task of a fan-out committed its first
+		// branch, before it published the other branches' tasks.
+		hooks.AfterCommit = func(stepID string, _ bool) {
+			if strings.HasSuffix(stepID, ".branch.0") {
+				killSelf()
+			}
+		}
+	case "after-child-start":
+		// Dies once a child run is admitted, before the parent's task that
+		// started it is acknowledged.
+		hooks.AfterChildStart = func(string, string) { killSelf() }
 	}
 	nc, err := jetstream.Connect(os.Getenv(childURLEnv), "child-worker")
 	if err != nil {
@@ -120,8 +133,19 @@ func runChildWorker() int {
 		return 1
 	}
 	defer nc.Close()
+	// The parallel and child workflows report their steps' side effects as
+	// the crash workflow does, slowed the same way.
+	report := func(ctx context.Context, info StepDetails) error {
+		if err := reportEffect(ctx, effects, info); err != nil {
+			return err
+		}
+		if crash == "slow" {
+			beforeReturn(info)
+		}
+		return nil
+	}
 	ws := NewRegistry()
-	if err := ws.Register(crashWorkflow(effects, beforeReturn)); err != nil {
+	if err := ws.Register(crashWorkflow(effects, beforeReturn), fanOutFault(report), parentFault(report), kidFault(report)); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

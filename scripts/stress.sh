@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs the fault and cluster tests (the in-process cluster and the
-# operated one, internal/opcluster) N times (default 5) with the race
+# operated one, internal/opcluster), the parallel-step and child-run crash
+# tests among them, N times (default 5) with the race
 # detector while a CPU hog keeps every core busy, and prints how many
 # rounds passed. `make stress` runs it; JETFLOW_STRESS_RUNS changes N.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${JETFLOW_STRESS_RUNS:-5}
-root='^(TestFault|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper)'
+root='^(TestFault|TestParallelThousandBranches|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper)'
 testenv='^TestClusterStopRestartKeepsStreams$'
 opcluster='^TestOperatedCluster'
 

@@ -25,15 +25,25 @@ import (
 
 // Ledger is the producer's side: every start it made and what it was told.
 type Ledger struct {
-	mu      sync.Mutex
-	created map[string]int
-	dups    map[string]int
-	failed  int
+	mu       sync.Mutex
+	created  map[string]int
+	dups     map[string]int
+	expected map[string]bool
+	failed   int
 }
 
 // NewLedger returns an empty ledger.
 func NewLedger() *Ledger {
-	return &Ledger{created: make(map[string]int), dups: make(map[string]int)}
+	return &Ledger{created: make(map[string]int), dups: make(map[string]int), expected: make(map[string]bool)}
+}
+
+// Expect records a run the engine itself starts (a child run), which no
+// producer start names: Check reads it back like a started run, and it
+// counts in no start tally.
+func (l *Ledger) Expect(runID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expected[runID] = true
 }
 
 // Accepted records a start that returned without error; created is its
@@ -76,7 +86,7 @@ type Tally struct {
 	Failed     int             // starts that returned an error
 	Doubled    int             // run IDs more than one start was told it created
 	Problems   []string        // one per doubled run ID
-	RunIDs     map[string]bool // every run ID an accepted start named
+	RunIDs     map[string]bool // every run ID an accepted start named, and every expected one
 }
 
 // Tally counts what l recorded so far.
@@ -96,6 +106,9 @@ func (l *Ledger) Tally() Tally {
 		t.RunIDs[id] = true
 		t.Starts += n
 		t.Duplicates += n
+	}
+	for id := range l.expected {
+		t.RunIDs[id] = true
 	}
 	return t
 }
@@ -145,6 +158,17 @@ func (e *Effects) Attempts(stepID string) []int {
 		out = append(out, ef.attempt)
 	}
 	return out
+}
+
+// Len is how many attempts were logged, of all steps.
+func (e *Effects) Len() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, a := range e.attempts {
+		n += len(a)
+	}
+	return n
 }
 
 func (e *Effects) effects(stepID string) []effect {
@@ -212,6 +236,7 @@ type Verdict struct {
 	Runs           int // run IDs the producer was told about
 	Completed      int
 	CommittedSteps int
+	ChildSteps     int // committed steps that stand for a child run (no side effect of their own)
 	SideEffects    int // attempts logged by the effect server
 	Reruns         int // attempts other than the committed one that began before the commit (crashes, overlaps)
 	Lost           int // accepted run without a run record, not final, or a committed step without its effect
@@ -223,8 +248,8 @@ type Verdict struct {
 func (v Verdict) OK() bool { return v.Lost == 0 && v.Doubled == 0 && len(v.Problems) == 0 }
 
 func (v Verdict) String() string {
-	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
-		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
+	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d child_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
+		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.ChildSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
 	return s + ProblemList(v.Problems)
 }
 
@@ -243,7 +268,9 @@ func ProblemList(problems []string) string {
 
 // Check waits until every run the ledger knows is final (or ctx ends) and
 // then reads every run and step back. stepsPerRun is how many steps a
-// completed run commits.
+// completed run commits (a child step counts as one; its child run is
+// checked only when the ledger expects it, with its own stepsPerRun in a
+// Check of its own).
 //
 // ackWait is the workers' AckWait. It is the allowance between a commit
 // and an effect of a later attempt: that attempt read the step as not yet
@@ -294,6 +321,12 @@ func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects,
 		}
 		for _, s := range byRun[id] {
 			v.CommittedSteps++
+			if s.Child != "" {
+				// Its effect is the child run, checked as a run of its
+				// own when the ledger expects it.
+				v.ChildSteps++
+				continue
+			}
 			attempts := e.effects(s.StepID)
 			v.SideEffects += len(attempts)
 			ran := false

@@ -134,7 +134,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	if parent.Status.Terminal() || parent.Token != d.run.Token {
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ended before its child %s started", errNotThisTask, spec.RunID)}
 	}
-	if _, known, err := roster.Lookup(d.nctx, e.cfg.Assets.Workflows, spec.Workflow); err != nil {
+	if known, err := e.knownWorkflow(d.nctx, spec.Workflow); err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	} else if !known {
 		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
@@ -162,6 +162,9 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		// for an end that would never resume this parent.
 		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)))
 	}
+	if h := e.cfg.Hooks.AfterChildStart; h != nil {
+		h(sc.id, spec.RunID)
+	}
 	if !spec.Detached {
 		// A cancel of the parent that read its children before the link
 		// was written has missed this child: cancel it here.
@@ -178,6 +181,17 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	rec := childStep(child, e.cfg.Now().UTC())
 	rec.Seq, rec.Worker = sc.seq, e.cfg.WorkerID
 	return e.commitRecord(d, sc, &rec)
+}
+
+// knownWorkflow reports whether some worker of the deployment registers
+// workflow: this one (which announces it only after its first fetches), or
+// one the roster knows.
+func (e *Executor) knownWorkflow(ctx context.Context, workflow string) (bool, error) {
+	if _, ok := e.cfg.Definitions[workflow]; ok {
+		return true, nil
+	}
+	_, known, err := roster.Lookup(ctx, e.cfg.Assets.Workflows, workflow)
+	return known, err
 }
 
 // refusedChild is the record of child step sc whose child could not be

@@ -35,6 +35,8 @@ type Hooks struct {
 	// AfterRelease runs when a task fetched but never started was handed
 	// back (Release), with its run ID.
 	AfterRelease func(runID string)
+	// AfterChildStart runs once a child step's child run was admitted, before its parent's task is settled.
+	AfterChildStart func(stepID, childRunID string)
 	// NoHeartbeat (read by the Pool) stops tasks from extending their ack
 	// deadline, as a paused or partitioned worker would fail to: the task
 	// is redelivered while its step still runs (a zombie).
