@@ -723,7 +723,9 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome, err error) {
 	ctx, stop := c.denials.watch(ctx, c.nc, cancelWrites...)
 	defer stop()
-	defer func() { err = jetstream.Unavailable(deniedErr(ctx, err)) }()
+	defer func() {
+		err = jetstream.Unavailable(deniedErr(ctx, err, "a cancel needs the NATS user jetflow_operator (deploy/nats/accounts.conf)"))
+	}()
 	if err := state.ValidateRunID(runID); err != nil {
 		return CancelOutcome{}, err
 	}

@@ -91,15 +91,16 @@ func (d *denials) report(err error) {
 	}
 }
 
-// deniedErr returns err with the refusal that cut wctx short in front of
-// it, so that it matches ErrPermissionDenied (and no longer reads as a
-// timeout), or err unchanged when wctx was not cut short by a refusal.
-func deniedErr(wctx context.Context, err error) error {
+// deniedErr returns err with the refusal that cut wctx short and hint (what
+// the call needs) in front of it, so that it matches ErrPermissionDenied
+// and no longer reads as a timeout, or err unchanged when wctx was not cut
+// short by a refusal.
+func deniedErr(wctx context.Context, err error, hint string) error {
 	if err == nil || errors.Is(err, ErrPermissionDenied) {
 		return err
 	}
 	if cause := context.Cause(wctx); errors.Is(cause, ErrPermissionDenied) {
-		return fmt.Errorf("%w (%v)", cause, err)
+		return fmt.Errorf("%w; %s (%v)", cause, hint, err)
 	}
 	return err
 }

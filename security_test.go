@@ -467,6 +467,29 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		operatorPerms.requireNone(t)
 	})
 
+	// A cancel hears only the refusals of the writes a cancel makes: a
+	// refused write elsewhere on the same connection (another caller's)
+	// does not cut it short.
+	t.Run("a refused write of another kind does not fail a cancel", func(t *testing.T) {
+		wctx, stop := pc.denials.watch(ctx, pnc, cancelWrites...)
+		defer stop()
+		audits, err := pjs.KeyValue(ctx, "jetflow_audit")
+		require.NoError(t, err)
+		_, err = audits.Put(ctxT(t, 2*time.Second), "sec-elsewhere", []byte(`{}`))
+		require.Error(t, err)
+		// The test's handler runs after the client's (CancelRun chained
+		// it): once it has the report, the client has had it too.
+		producerPerms.requireDenied(t, "$KV.jetflow_audit.sec-elsewhere")
+		require.NoError(t, wctx.Err())
+
+		runs, err := pjs.KeyValue(ctx, "jetflow_runs")
+		require.NoError(t, err)
+		_, err = runs.Put(ctxT(t, 2*time.Second), "sec-elsewhere", []byte(`{}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$KV.jetflow_runs.sec-elsewhere")
+		require.ErrorIs(t, context.Cause(wctx), ErrPermissionDenied)
+	})
+
 	// A parent and its child: both records, the child's commit in its
 	// parent (no resume task: the parent has ended) and both notices.
 	t.Run("operator cancels a run and its child", func(t *testing.T) {
@@ -571,6 +594,20 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		steps, err := tc.Steps(ctx, "sec-trusted")
 		require.NoError(t, err)
 		require.Len(t, steps, 3)
+		trustedPerms.requireNone(t)
+	})
+
+	// The trusted producer may cancel too, a child included (its parent's
+	// step and resume task).
+	t.Run("trusted producer cancels a child", func(t *testing.T) {
+		tnc, trustedPerms := securedConn(t, url, trustedProducerUser)
+		tc, err := NewClient(ctxT(t, 10*time.Second), tnc, ClientConfig{})
+		require.NoError(t, err)
+		held := startHeld(t, tc, "sec-cancel-trusted")
+		_, err = tc.CancelRun(ctx, held)
+		require.NoError(t, err)
+		requireStatus(t, held, StatusCancelled)
+		requireStatus(t, "sec-cancel-trusted", StatusFailed)
 		trustedPerms.requireNone(t)
 	})
 
