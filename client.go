@@ -90,6 +90,8 @@ type Client struct {
 	runs   *runs.Store
 	// parents commits a cancelled child's result in its parent.
 	parents workflow.ParentNotifier
+	// denials fails a cancel at once when the server refuses its writes.
+	denials denials
 }
 
 // NewClient binds to the engine's streams and buckets on nc, creating any
@@ -711,8 +713,19 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 // A repeat call returns AlreadyCancelled, tells the workers and the parent
 // again and cancels any child a failed earlier call left running; a run that completed or failed returns
 // ErrRunEnded with its status; an unknown one ErrRunNotFound.
+//
+// A cancel writes run and step records and publishes tasks, which a
+// least-privilege user may not (deploy/nats/accounts.conf: it needs
+// jetflow_operator). When the server refuses one of these writes the call
+// fails at once with ErrPermissionDenied, naming the subject, instead of
+// waiting for ctx to end: its first call on the client chains a handler
+// onto the connection's error handler to hear the refusal.
 func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome, err error) {
-	defer func() { err = jetstream.Unavailable(err) }()
+	ctx, stop := c.denials.watch(ctx, c.nc, cancelWrites...)
+	defer stop()
+	defer func() {
+		err = jetstream.Unavailable(deniedErr(ctx, err, "a cancel needs the NATS user jetflow_operator (deploy/nats/accounts.conf)"))
+	}()
 	if err := state.ValidateRunID(runID); err != nil {
 		return CancelOutcome{}, err
 	}
@@ -750,6 +763,15 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 		out.Children = append(out.Children, sub.Children...)
 	}
 	return out, nil
+}
+
+// cancelWrites are the subjects CancelRun publishes to: run records, the
+// parent's step record, its resume task and the workers' notice.
+var cancelWrites = []string{
+	"$KV." + jetstream.RunsBucket + ".",
+	"$KV." + jetstream.StepsBucket + ".",
+	"jetflow.task.", // jetstream.ResumeSubject
+	jetstream.CancelSubjectPrefix,
 }
 
 // notifyCancelled tells the workers and the parent of run, which this

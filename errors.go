@@ -80,6 +80,13 @@ var (
 	// the first attempt either created the run, and the retry finds it, or
 	// it did not, and the retry creates it.
 	ErrUnavailable = jetstream.ErrUnavailable
+	// ErrPermissionDenied: the NATS server refused a write the call needs,
+	// because the connection's user may not publish to its subject
+	// (deploy/nats/accounts.conf: CancelRun needs jetflow_operator). The
+	// message names the subject. Retrying with the same user does not
+	// help; what the call wrote before the refused write stays, and a
+	// repeat by a user with the rights finishes it.
+	ErrPermissionDenied = errors.New("jetflow: permission denied")
 	// ErrRunEnded: the run has already completed or failed.
 	ErrRunEnded = errors.New("jetflow: run already ended")
 	// ErrInvalidListOptions: a ListOptions field is out of range.

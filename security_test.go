@@ -47,10 +47,12 @@ var securityPasswords = map[string]string{
 // engine; the producer user starts runs only by request-reply or a durable
 // start envelope, reads and lists them, and cannot write the run bucket,
 // reset a task key, publish a task, or create or delete a stream; the
-// operator user may do what the producer does and reset task keys, and
-// cannot write a run or publish a task; the direct jetflow.Start needs the
-// trusted producer profile and fails, with an error and in bounded time,
-// for the producer user.
+// operator user may do what the producer does, reset task keys and cancel
+// runs (a parent with its child, a child alone), and cannot write an audit
+// record or publish a start task; the producer's cancel fails at once with
+// ErrPermissionDenied and stores nothing; the direct jetflow.Start needs
+// the trusted producer profile and fails, with an error and in bounded
+// time, for the producer user.
 func TestLeastPrivilegeUsers(t *testing.T) {
 	url := securedServer(t)
 	ctx := ctxT(t, 60*time.Second)
@@ -100,10 +102,23 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			return effects.inc("secure-keyed/send"), nil
 		}, WithTaskKey("welcome", time.Hour), WithKeyScope(ScopeWorkflow))
 	})
+	// secure-parent waits for its child secure-kid, whose step holds until
+	// it is cancelled: the runs a cancel is tried on.
+	kidHeld := make(chan string, 8)
+	kid := NewWorkflow("secure-kid", func(ctx *Context, _ int) (int, error) {
+		return Step(ctx, "hold", func(sctx context.Context) (int, error) {
+			kidHeld <- ctx.RunID()
+			<-sctx.Done()
+			return 0, sctx.Err()
+		})
+	})
+	parent := NewWorkflow("secure-parent", func(ctx *Context, n int) (int, error) {
+		return Child(ctx, kid, n).Get(ctx)
+	})
 	// The sweeper makes a pass every 20ms, so that its reads are
 	// exercised under the worker's permissions too.
 	sweeps := &passLog{}
-	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed)
+	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed, kid, parent)
 	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
@@ -393,15 +408,135 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		operatorPerms.requireNone(t)
 	})
 
-	// Beyond task keys the operator is a producer.
-	t.Run("operator cannot write a run or publish a task", func(t *testing.T) {
+	// startHeld starts a secure-parent run as c and waits until its child
+	// holds its step; it returns the child's run ID.
+	startHeld := func(t *testing.T, c *Client, runID string) string {
+		t.Helper()
+		_, err := c.StartByName(ctx, "secure-parent", json.RawMessage(`1`), WithRunID(runID))
+		require.NoError(t, err)
+		child := runID + "=secure-kid=0"
+		for {
+			select {
+			case id := <-kidHeld:
+				if id == child {
+					return child
+				}
+			case <-ctx.Done():
+				t.Fatalf("child %s never started", child)
+			}
+		}
+	}
+	// requireStatus waits for runID's final state, read as the producer.
+	requireStatus := func(t *testing.T, runID string, want RunStatus) Run {
+		t.Helper()
+		run, err := pc.WaitRun(ctx, runID)
+		require.NoError(t, err)
+		require.Equal(t, want, run.Status, "run %s", runID)
+		return run
+	}
+
+	// The producer may not write a run record: its cancel is refused by
+	// the server, and says so at once (not when its context ends, not as
+	// a retryable 503). Nothing is stored; the operator's cancel then does
+	// the whole job.
+	t.Run("producer's cancel is denied at once", func(t *testing.T) {
+		held := startHeld(t, oc, "sec-cancel-denied")
+		before, err := workerRuns.Get(ctx, "sec-cancel-denied")
+		require.NoError(t, err)
+
+		cctx := ctxT(t, 30*time.Second)
+		_, err = pc.CancelRun(cctx, "sec-cancel-denied")
+		require.ErrorIs(t, err, ErrPermissionDenied)
+		require.NotErrorIs(t, err, ErrUnavailable, "not a retryable condition")
+		require.ErrorContains(t, err, "$KV.jetflow_runs.sec-cancel-denied")
+		require.NoError(t, cctx.Err(), "CancelRun waited for its context to end")
+		producerPerms.requireDenied(t, "$KV.jetflow_runs.sec-cancel-denied")
+
+		now, err := workerRuns.Get(ctx, "sec-cancel-denied")
+		require.NoError(t, err)
+		require.Equal(t, before.Revision(), now.Revision(), "the denied cancel stored nothing")
+		got, err := pc.GetRun(ctx, "sec-cancel-denied")
+		require.NoError(t, err)
+		require.Equal(t, StatusRunning, got.Status)
+
+		out, err := oc.CancelRun(ctx, "sec-cancel-denied")
+		require.NoError(t, err)
+		require.Equal(t, []string{held}, out.Children)
+		requireStatus(t, "sec-cancel-denied", StatusCancelled)
+		requireStatus(t, held, StatusCancelled)
+		operatorPerms.requireNone(t)
+	})
+
+	// A cancel hears only the refusals of the writes a cancel makes: a
+	// refused write elsewhere on the same connection (another caller's)
+	// does not cut it short.
+	t.Run("a refused write of another kind does not fail a cancel", func(t *testing.T) {
+		wctx, stop := pc.denials.watch(ctx, pnc, cancelWrites...)
+		defer stop()
+		audits, err := pjs.KeyValue(ctx, "jetflow_audit")
+		require.NoError(t, err)
+		_, err = audits.Put(ctxT(t, 2*time.Second), "sec-elsewhere", []byte(`{}`))
+		require.Error(t, err)
+		// The test's handler runs after the client's (CancelRun chained
+		// it): once it has the report, the client has had it too.
+		producerPerms.requireDenied(t, "$KV.jetflow_audit.sec-elsewhere")
+		require.NoError(t, wctx.Err())
+
+		runs, err := pjs.KeyValue(ctx, "jetflow_runs")
+		require.NoError(t, err)
+		_, err = runs.Put(ctxT(t, 2*time.Second), "sec-elsewhere", []byte(`{}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, "$KV.jetflow_runs.sec-elsewhere")
+		require.ErrorIs(t, context.Cause(wctx), ErrPermissionDenied)
+	})
+
+	// A parent and its child: both records, the child's commit in its
+	// parent (no resume task: the parent has ended) and both notices.
+	t.Run("operator cancels a run and its child", func(t *testing.T) {
+		held := startHeld(t, oc, "sec-cancel-op")
+		out, err := oc.CancelRun(ctx, "sec-cancel-op")
+		require.NoError(t, err)
+		require.Equal(t, StatusCancelled, out.Status)
+		require.False(t, out.AlreadyCancelled)
+		require.Equal(t, []string{held}, out.Children)
+		requireStatus(t, "sec-cancel-op", StatusCancelled)
+		requireStatus(t, held, StatusCancelled)
+
+		again, err := oc.CancelRun(ctx, "sec-cancel-op")
+		require.NoError(t, err)
+		require.True(t, again.AlreadyCancelled)
+		operatorPerms.requireNone(t)
+	})
+
+	// A child alone: the operator commits the parent's step with the
+	// child's cancellation and publishes the parent's resume task, and
+	// the parent, which is still running, fails with the child's error.
+	t.Run("operator cancels a child and its parent resumes", func(t *testing.T) {
+		held := startHeld(t, oc, "sec-cancel-kid")
+		out, err := oc.CancelRun(ctx, held)
+		require.NoError(t, err)
+		require.Equal(t, StatusCancelled, out.Status)
+		requireStatus(t, held, StatusCancelled)
+		run := requireStatus(t, "sec-cancel-kid", StatusFailed)
+		require.NotNil(t, run.Error)
+		require.Contains(t, run.Error.Message, "child run "+held+" was cancelled")
+		steps, err := oc.Steps(ctx, "sec-cancel-kid")
+		require.NoError(t, err)
+		require.Len(t, steps, 1)
+		require.Equal(t, held, steps[0].Child)
+		operatorPerms.requireNone(t)
+	})
+
+	// Beyond task keys and cancels the operator is a producer: no audit
+	// record, no start task (so no direct Start).
+	t.Run("operator cannot write an audit or publish a start task", func(t *testing.T) {
 		ojs, err := natsjs.New(onc)
 		require.NoError(t, err)
-		runs, err := ojs.KeyValue(ctx, "jetflow_runs")
+		audits, err := ojs.KeyValue(ctx, "jetflow_audit")
 		require.NoError(t, err)
-		_, err = runs.Put(ctxT(t, 2*time.Second), "sec-1", []byte(`{"forged":true}`))
+		_, err = audits.Put(ctxT(t, 2*time.Second), "sec-1", []byte(`{"forged":true}`))
 		require.Error(t, err)
-		operatorPerms.requireDenied(t, "$KV.jetflow_runs.sec-1")
+		operatorPerms.requireDenied(t, "$KV.jetflow_audit.sec-1")
 		_, err = ojs.Publish(ctxT(t, 2*time.Second), "jetflow.task.secure.sec-op-forged", []byte(`{}`))
 		require.Error(t, err)
 		operatorPerms.requireDenied(t, "jetflow.task.secure.sec-op-forged")
@@ -459,6 +594,20 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		steps, err := tc.Steps(ctx, "sec-trusted")
 		require.NoError(t, err)
 		require.Len(t, steps, 3)
+		trustedPerms.requireNone(t)
+	})
+
+	// The trusted producer may cancel too, a child included (its parent's
+	// step and resume task).
+	t.Run("trusted producer cancels a child", func(t *testing.T) {
+		tnc, trustedPerms := securedConn(t, url, trustedProducerUser)
+		tc, err := NewClient(ctxT(t, 10*time.Second), tnc, ClientConfig{})
+		require.NoError(t, err)
+		held := startHeld(t, tc, "sec-cancel-trusted")
+		_, err = tc.CancelRun(ctx, held)
+		require.NoError(t, err)
+		requireStatus(t, held, StatusCancelled)
+		requireStatus(t, "sec-cancel-trusted", StatusFailed)
 		trustedPerms.requireNone(t)
 	})
 

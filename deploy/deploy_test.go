@@ -75,7 +75,9 @@ var natsUsers = map[string]string{
 
 // operatorOnly is what the operator may publish beyond the producer: a
 // task-key reset (bucket lookup, key listing through an ordered consumer,
-// a purge per key). security_test.go checks these against a server.
+// a purge per key) and a cancel (the run record, a child's parent step and
+// resume task, the workers' notice). security_test.go checks these against
+// a server.
 var operatorOnly = []string{
 	"$JS.API.STREAM.INFO.KV_jetflow_taskkeys",
 	"$JS.API.CONSUMER.CREATE.KV_jetflow_taskkeys.*.$KV.jetflow_taskkeys.>",
@@ -83,6 +85,10 @@ var operatorOnly = []string{
 	"$JS.FC.KV_jetflow_taskkeys.>",
 	"$JS.FC.*.*.KV_jetflow_taskkeys.>",
 	"$KV.jetflow_taskkeys.>",
+	"$KV.jetflow_runs.*",
+	"$KV.jetflow_steps.*.*.*",
+	"jetflow.task.*.*.*.*",
+	"jetflow.cancel.*",
 }
 
 // Not parallel: t.Setenv.
@@ -174,7 +180,7 @@ func requireJetflowUsers(t *testing.T, opts *server.Options) {
 		require.NotNil(t, u.Permissions, "user %s has no permissions", user)
 	}
 
-	// The operator is the producer plus task-key reset, and nothing else;
+	// The operator is the producer plus task-key reset and cancel, and nothing else;
 	// the producer cannot write any bucket.
 	producer, operator := users["jetflow_producer"].Permissions, users["jetflow_operator"].Permissions
 	require.NotNil(t, producer.Publish)
@@ -186,7 +192,7 @@ func requireJetflowUsers(t *testing.T, opts *server.Options) {
 		require.NotContains(t, subj, "taskkeys", "the producer may touch task keys: %s", subj)
 	}
 	require.ElementsMatch(t, append(slices.Clone(producer.Publish.Allow), operatorOnly...), operator.Publish.Allow,
-		"jetflow_operator's publish allow list must be jetflow_producer's plus the task-key reset")
+		"jetflow_operator's publish allow list must be jetflow_producer's plus the task-key reset and cancel")
 	require.Equal(t, producer.Subscribe, operator.Subscribe)
 	require.Nil(t, producer.Response)
 	require.Nil(t, operator.Response)

@@ -155,7 +155,8 @@ func (c *cancelBackend) CancelRun(_ context.Context, runID string) (jetflow.Canc
 
 // The children a cancel took along are listed; a backend's errors map
 // to their statuses as on every route, a NATS failure after the record was
-// cancelled (telling workers or the parent) included: 503, to be retried.
+// cancelled (telling workers or the parent) included: 503, to be retried; a
+// write the server's NATS user may not make is 403.
 func TestCancelAnswers(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -171,6 +172,7 @@ func TestCancelAnswers(t *testing.T) {
 		{"notify failed", &cancelBackend{out: jetflow.CancelOutcome{Status: jetflow.StatusCancelled},
 			err: fmt.Errorf("jetflow: run r-1 cancelled, but notifying workers failed: %w", jetflow.ErrUnavailable)}, 503, ""},
 		{"unknown", &cancelBackend{err: jetflow.ErrRunNotFound}, 404, ""},
+		{"denied", &cancelBackend{err: fmt.Errorf("%w: the NATS server refused a publish to $KV.jetflow_runs.r-1", jetflow.ErrPermissionDenied)}, 403, ""},
 		{"bug", &cancelBackend{err: fmt.Errorf("boom")}, 500, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -98,6 +98,9 @@ var errorStatuses = []struct {
 	{webhook.ErrMissingHeader, http.StatusUnauthorized},
 	{webhook.ErrBadSignature, http.StatusUnauthorized},
 	{webhook.ErrStaleTimestamp, http.StatusUnauthorized},
+	// The NATS user of producer serve may not make a write the request
+	// needs (a cancel as jetflow_producer): not retryable, not a bug.
+	{jetflow.ErrPermissionDenied, http.StatusForbidden},
 	// NATS or JetStream cannot serve the request now (down, reconnecting,
 	// a timeout, no leader): 503 with Retry-After, so that the client
 	// retries, a start with the same key. jetstream.IsTransient decides.
