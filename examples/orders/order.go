@@ -47,6 +47,10 @@ const (
 	StepShip    = "book-shipping"
 )
 
+// StepCount is how many steps a completed order run has committed: one of
+// each above.
+const StepCount = 4
+
 // OrderInput is what the webhook handler passes to the workflow.
 type OrderInput struct {
 	OrderID     string `json:"order_id"`

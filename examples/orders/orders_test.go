@@ -76,7 +76,7 @@ func TestOrderCompletes(t *testing.T) {
 
 	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-1")
 	require.NoError(t, err)
-	require.Len(t, steps, 4)
+	require.Len(t, steps, StepCount)
 	for i, name := range []string{StepReserve, StepCharge, StepReceipt, StepShip} {
 		require.Equal(t, "order-o-1."+name+".0", steps[i].StepID)
 		require.Equal(t, 1, steps[i].Attempt)
@@ -100,7 +100,7 @@ func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
 
 	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-2")
 	require.NoError(t, err)
-	require.Len(t, steps, 4)
+	require.Len(t, steps, StepCount)
 	charge := steps[1]
 	require.Equal(t, "order-o-2.charge.0", charge.StepID)
 	require.Equal(t, 2, charge.Attempt, "the charge step ran twice")
