@@ -1,6 +1,9 @@
 // Package orders is an example of what jetflow is for: an order workflow
 // whose charge step is safe to retry because it passes its step ID as the
-// Idempotency-Key of the payment API.
+// Idempotency-Key of the payment API. Once charged, the order's receipt
+// email and its shipping are two steps that run in parallel (jetflow.Go,
+// jetflow.AwaitAll), each passing its own step ID as the Idempotency-Key
+// of its provider.
 //
 // Start a run with the order's own ID in the run ID ("order-o-1"): however
 // often the start is retried or re-delivered, there is one run, and the
@@ -35,12 +38,18 @@ import (
 const WorkflowName = "order"
 
 // Step names of the order workflow. With the run ID they make the step IDs,
-// such as "order-o-1.charge.0".
+// such as "order-o-1.charge.0". The body starts them in this order, so
+// their IDs are the same on every replay; the last two run in parallel.
 const (
 	StepReserve = "reserve-inventory"
 	StepCharge  = "charge"
-	StepConfirm = "send-confirmation"
+	StepReceipt = "send-receipt"
+	StepShip    = "book-shipping"
 )
+
+// StepCount is how many steps a completed order run has committed: one of
+// each above.
+const StepCount = 4
 
 // OrderInput is what the webhook handler passes to the workflow.
 type OrderInput struct {
@@ -52,10 +61,13 @@ type OrderInput struct {
 
 // OrderResult is the workflow's output.
 type OrderResult struct {
-	OrderID        string `json:"order_id"`
-	ChargeID       string `json:"charge_id"`
-	ReservationID  string `json:"reservation_id"`
-	ConfirmationID string `json:"confirmation_id"`
+	OrderID       string `json:"order_id"`
+	ChargeID      string `json:"charge_id"`
+	ReservationID string `json:"reservation_id"`
+	// ReceiptID is the receipt email's ID, ShipmentID the shipment's, as
+	// their providers answered.
+	ReceiptID  string `json:"receipt_id"`
+	ShipmentID string `json:"shipment_id"`
 }
 
 // ChargeResult is the charge step's committed result.
@@ -118,19 +130,37 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 			return OrderResult{}, err
 		}
 
-		confirmation, err := jetflow.Step(ctx, StepConfirm, func(sctx context.Context) (string, error) {
-			// An email provider keyed by the step ID sends one message
-			// however often this step is retried. No email is sent here.
+		// The receipt and the shipping do not depend on each other: start
+		// both, then wait for both. Each runs as a task of its own, on any
+		// worker, and no worker is held while the body waits.
+		receipt := jetflow.Go(ctx, StepReceipt, func(sctx context.Context) (string, error) {
 			info, _ := jetflow.StepDetailsFrom(sctx)
-			return "msg_" + info.StepID, nil
+			e, _, err := pay.SendReceipt(sctx, info.StepID, ReceiptRequest{
+				To: in.Email, OrderID: in.OrderID, ChargeID: charge.ChargeID,
+				AmountCents: in.AmountCents, Currency: in.Currency,
+			})
+			return e.ID, err
 		}, backoff)
+		shipment := jetflow.Go(ctx, StepShip, func(sctx context.Context) (string, error) {
+			info, _ := jetflow.StepDetailsFrom(sctx)
+			e, _, err := pay.BookShipment(sctx, info.StepID, ShipmentRequest{OrderID: in.OrderID, ReservationID: reservation})
+			return e.ID, err
+		}, backoff)
+		if err := jetflow.AwaitAll(ctx, receipt, shipment); err != nil {
+			return OrderResult{}, err
+		}
+		receiptID, err := receipt.Get(ctx)
+		if err != nil {
+			return OrderResult{}, err
+		}
+		shipmentID, err := shipment.Get(ctx)
 		if err != nil {
 			return OrderResult{}, err
 		}
 
 		return OrderResult{
-			OrderID: in.OrderID, ChargeID: charge.ChargeID,
-			ReservationID: reservation, ConfirmationID: confirmation,
+			OrderID: in.OrderID, ChargeID: charge.ChargeID, ReservationID: reservation,
+			ReceiptID: receiptID, ShipmentID: shipmentID,
 		}, nil
 	}, jetflow.RequireRunID())
 }

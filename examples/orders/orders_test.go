@@ -3,9 +3,12 @@ package orders
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
@@ -65,15 +68,16 @@ func TestOrderCompletes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, OrderResult{
 		OrderID: "o-42", ChargeID: "ch_1", ReservationID: "rsv_o-42",
-		ConfirmationID: "msg_order-o-1.send-confirmation.0",
+		ReceiptID: "msg_1", ShipmentID: "shp_1",
 	}, out)
 	require.Equal(t, 1, b.pay.Charges())
 	require.Equal(t, 1, b.pay.Requests("order-o-1.charge.0"))
+	requireOnceEach(t, b.pay, "order-o-1")
 
 	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-1")
 	require.NoError(t, err)
-	require.Len(t, steps, 3)
-	for i, name := range []string{StepReserve, StepCharge, StepConfirm} {
+	require.Len(t, steps, StepCount)
+	for i, name := range []string{StepReserve, StepCharge, StepReceipt, StepShip} {
 		require.Equal(t, "order-o-1."+name+".0", steps[i].StepID)
 		require.Equal(t, 1, steps[i].Attempt)
 	}
@@ -96,7 +100,7 @@ func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
 
 	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-2")
 	require.NoError(t, err)
-	require.Len(t, steps, 3)
+	require.Len(t, steps, StepCount)
 	charge := steps[1]
 	require.Equal(t, "order-o-2.charge.0", charge.StepID)
 	require.Equal(t, 2, charge.Attempt, "the charge step ran twice")
@@ -104,6 +108,7 @@ func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
 
 	require.Equal(t, 2, b.pay.Requests("order-o-2.charge.0"), "both attempts reached the payment service")
 	require.Equal(t, 1, b.pay.Charges(), "but it charged once")
+	requireOnceEach(t, b.pay, "order-o-2")
 }
 
 // TestDuplicateStartChargesOnce: a webhook delivered twice starts one run.
@@ -134,6 +139,68 @@ func TestDuplicateStartChargesOnce(t *testing.T) {
 	require.Equal(t, int64(2), third.Duplicates)
 
 	require.Equal(t, 1, b.pay.Charges())
+	requireOnceEach(t, b.pay, "order-o-3")
+}
+
+// requireOnceEach: the runs made exactly their side effects, each once:
+// one charge, one receipt email and one shipment per run, each under its
+// step's ID, and nothing else.
+func requireOnceEach(t *testing.T, pay *PaymentService, runIDs ...string) {
+	t.Helper()
+	var charges, emails, shipments []string
+	for _, id := range runIDs {
+		charges = append(charges, id+"."+StepCharge+".0")
+		emails = append(emails, id+"."+StepReceipt+".0")
+		shipments = append(shipments, id+"."+StepShip+".0")
+	}
+	require.Equal(t, len(charges), pay.Charges(), "one charge per run")
+	for _, key := range charges {
+		require.Equal(t, 1, pay.ChargesFor(key), "charged under %s", key)
+	}
+	require.ElementsMatch(t, emails, pay.Emails.Keys(), "one receipt email per run, under its step ID")
+	require.ElementsMatch(t, shipments, pay.Shipments.Keys(), "one shipment per run, under its step ID")
+}
+
+// TestParallelSideEffectsOncePerRun: orders started twice each, all at
+// once; every run sends one receipt and books one
+// shipment, the two steps running in parallel after the charge.
+func TestParallelSideEffectsOncePerRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+	const n = 8
+	ids := make([]string, n)
+	handles := make(chan *jetflow.Handle[OrderResult], 2*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		in := testOrder()
+		in.OrderID = fmt.Sprintf("p-%d", i)
+		ids[i] = "order-" + in.OrderID
+		for range 2 {
+			wg.Go(func() {
+				h, err := jetflow.Start(ctxT(t, 10*time.Second), b.client, b.wf, in, jetflow.WithRunID(ids[i]))
+				if !assert.NoError(t, err) {
+					return
+				}
+				handles <- h
+			})
+		}
+	}
+	wg.Wait()
+	close(handles)
+	require.Len(t, handles, 2*n)
+	created := 0
+	for h := range handles {
+		if h.Outcome == jetflow.OutcomeCreated {
+			created++
+		}
+		out, err := h.Result(ctxT(t, 30*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, h.RunID, "order-"+out.OrderID)
+		require.NotEmpty(t, out.ReceiptID)
+		require.NotEmpty(t, out.ShipmentID)
+	}
+	require.Equal(t, n, created, "one run per order")
+	requireOnceEach(t, b.pay, ids...)
 }
 
 // TestInvalidOrderFailsBeforeCharging: the workflow validates its input

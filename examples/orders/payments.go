@@ -36,6 +36,13 @@ import (
 // request is logged with the run ID and workflow it came from. It is safe
 // for concurrent use.
 //
+// It also stands in for the two providers the order workflow calls after
+// the charge, each an EffectLedger honouring Idempotency-Key the same way:
+// an email provider (POST /emails sends a receipt, "msg_<n>"; GET /emails
+// lists them) and a shipping provider (POST /shipments books a shipment,
+// "shp_<n>"; GET /shipments). Their ledgers are in memory only: unlike a
+// charge, an email or shipment is forgotten when the service restarts.
+//
 // POST /answers/hold?after=K makes the service hold its answers once K
 // charges are made (Hold), until POST /answers/release (Release): a caller
 // that dies meanwhile was charged without learning it, the window a crash
@@ -50,6 +57,11 @@ type PaymentService struct {
 	ln  net.Listener
 	srv *http.Server
 	log zerolog.Logger
+
+	// Emails are the receipts sent (POST /emails), Shipments the
+	// shipments booked (POST /shipments).
+	Emails    *EffectLedger[ReceiptRequest]
+	Shipments *EffectLedger[ShipmentRequest]
 
 	mu     sync.Mutex
 	byKey  map[string]*chargeEntry
@@ -133,7 +145,8 @@ type PaymentOptions struct {
 // serves until Close. A ledger it cannot read or parse is an error, and
 // nothing is served.
 func StartPaymentService(opts PaymentOptions) (*PaymentService, error) {
-	p := &PaymentService{log: opts.Log, byKey: make(map[string]*chargeEntry)}
+	p := &PaymentService{log: opts.Log, byKey: make(map[string]*chargeEntry),
+		Emails: newEffectLedger[ReceiptRequest]("msg_"), Shipments: newEffectLedger[ShipmentRequest]("shp_")}
 	if opts.Ledger != "" {
 		if err := p.openLedger(opts.Ledger); err != nil {
 			return nil, fmt.Errorf("payment service: %w", err)
@@ -153,6 +166,8 @@ func StartPaymentService(opts PaymentOptions) (*PaymentService, error) {
 	mux.HandleFunc("POST /charges", p.create)
 	mux.HandleFunc("GET /charges", p.list)
 	mux.HandleFunc("GET /charges/count", p.count)
+	p.Emails.mount(mux, "/emails")
+	p.Shipments.mount(mux, "/shipments")
 	mux.HandleFunc("POST /answers/hold", func(w http.ResponseWriter, r *http.Request) {
 		after, err := strconv.Atoi(r.URL.Query().Get("after"))
 		if err != nil || after < 0 {
@@ -423,7 +438,8 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
 
-// PaymentClient calls a PaymentService. Its errors are classified for a
+// PaymentClient calls a PaymentService: charges, receipts and shipments
+// (Charge, SendReceipt, BookShipment). Its errors are classified for a
 // jetflow step: a network error or a 5xx / 429 answer is retryable (the
 // same Idempotency-Key makes the retry safe), any other 4xx is fatal.
 type PaymentClient struct {
@@ -443,38 +459,60 @@ func NewPaymentClient(baseURL string, hc *http.Client) *PaymentClient {
 // Charge creates a charge under key, or returns the charge already made
 // under key; replayed reports the latter.
 func (c *PaymentClient) Charge(ctx context.Context, key string, req ChargeRequest) (ch Charge, replayed bool, err error) {
+	replayed, err = c.post(ctx, "/charges", key, req, &ch)
+	return ch, replayed, err
+}
+
+// SendReceipt sends the receipt req under key, or returns the email
+// already sent under key; replayed reports the latter.
+func (c *PaymentClient) SendReceipt(ctx context.Context, key string, req ReceiptRequest) (e Effect, replayed bool, err error) {
+	replayed, err = c.post(ctx, "/emails", key, req, &e)
+	return e, replayed, err
+}
+
+// BookShipment books the shipment req under key, or returns the shipment
+// already booked under key; replayed reports the latter.
+func (c *PaymentClient) BookShipment(ctx context.Context, key string, req ShipmentRequest) (e Effect, replayed bool, err error) {
+	replayed, err = c.post(ctx, "/shipments", key, req, &e)
+	return e, replayed, err
+}
+
+// post sends req to path under the Idempotency-Key key and decodes the
+// answer into out; replayed reports an answer the service had given
+// before. Its errors are classified as PaymentClient's doc says.
+func (c *PaymentClient) post(ctx context.Context, path, key string, req, out any) (replayed bool, err error) {
 	body, err := json.Marshal(req)
 	if err != nil {
-		return Charge{}, false, jetflow.Fatal(err)
+		return false, jetflow.Fatal(err)
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+"/charges", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
-		return Charge{}, false, jetflow.Fatal(err)
+		return false, jetflow.Fatal(err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set(HeaderIdempotencyKey, key)
 	resp, err := c.hc.Do(hreq)
 	if err != nil {
-		return Charge{}, false, jetflow.Retryable(fmt.Errorf("POST /charges: %w", err))
+		return false, jetflow.Retryable(fmt.Errorf("POST %s: %w", path, err))
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return Charge{}, false, jetflow.Retryable(fmt.Errorf("POST /charges: read response: %w", err))
+		return false, jetflow.Retryable(fmt.Errorf("POST %s: read response: %w", path, err))
 	}
 	switch {
 	case resp.StatusCode == http.StatusOK:
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
-		err := fmt.Errorf("POST /charges: %s: %s", resp.Status, bytes.TrimSpace(b))
+		err := fmt.Errorf("POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
 		if s, convErr := strconv.Atoi(resp.Header.Get("Retry-After")); convErr == nil && s > 0 {
-			return Charge{}, false, jetflow.RetryAfter(err, time.Duration(s)*time.Second)
+			return false, jetflow.RetryAfter(err, time.Duration(s)*time.Second)
 		}
-		return Charge{}, false, jetflow.Retryable(err)
+		return false, jetflow.Retryable(err)
 	default:
-		return Charge{}, false, jetflow.Fatal(fmt.Errorf("POST /charges: %s: %s", resp.Status, bytes.TrimSpace(b)))
+		return false, jetflow.Fatal(fmt.Errorf("POST %s: %s: %s", path, resp.Status, bytes.TrimSpace(b)))
 	}
-	if err := json.Unmarshal(b, &ch); err != nil {
-		return Charge{}, false, jetflow.Retryable(fmt.Errorf("POST /charges: decode response: %w", err))
+	if err := json.Unmarshal(b, out); err != nil {
+		return false, jetflow.Retryable(fmt.Errorf("POST %s: decode response: %w", path, err))
 	}
-	return ch, resp.Header.Get(HeaderReplayed) == "true", nil
+	return resp.Header.Get(HeaderReplayed) == "true", nil
 }

@@ -169,7 +169,7 @@ func (v Verdict) String() string {
 // Check waits (until ctx ends) for every run in l to end, then reads each
 // run and its steps through c and compares the committed charge of each
 // with pay's record, by order. Every order must have exactly one run,
-// completed with the order workflow's three steps, and exactly one charge,
+// completed with the order workflow's steps (orders.StepCount), and exactly one charge,
 // the one its charge step committed.
 func Check(ctx context.Context, c *jetflow.Client, pay *orders.PaymentService, l *faultcheck.Ledger) Verdict {
 	t := l.Tally()
@@ -231,9 +231,9 @@ func checkRun(ctx context.Context, c *jetflow.Client, run jetflow.Run, charges [
 		return lost + 1, doubled, append(problems, fmt.Sprintf("run %s steps: %v", id, err))
 	}
 	v.CommittedSteps += len(steps)
-	if len(steps) != 3 {
+	if len(steps) != orders.StepCount {
 		lost++
-		problems = append(problems, fmt.Sprintf("run %s completed with %d committed steps, want 3", id, len(steps)))
+		problems = append(problems, fmt.Sprintf("run %s completed with %d committed steps, want %d", id, len(steps), orders.StepCount))
 	}
 	for _, s := range steps {
 		if s.Name != orders.StepCharge {

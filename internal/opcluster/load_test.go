@@ -48,7 +48,7 @@ func TestCheckSeesLostAndDoubledWork(t *testing.T) {
 	}
 	v := Check(ctx, c, pay, clean)
 	require.True(t, v.OK(), v.String())
-	require.Equal(t, Verdict{Starts: 2, Runs: 2, Completed: 2, CommittedSteps: 6, Charges: 2, ChargeRequests: 2}, v)
+	require.Equal(t, Verdict{Starts: 2, Runs: 2, Completed: 2, CommittedSteps: 2 * orders.StepCount, Charges: 2, ChargeRequests: 2}, v)
 
 	bad := faultcheck.NewLedger()
 	bad.Accepted("ok-1", true) // told "created" twice

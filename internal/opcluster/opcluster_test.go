@@ -70,7 +70,7 @@ type PhaseResult struct {
 // of the node leading the runs bucket, of a follower (each node restarted
 // after the phase's recovery), a rolling restart of the three nodes, and a
 // rolling deploy of the workers that raises --ack-wait. After each phase
-// every order has exactly one run, completed with its three steps, and
+// every order has exactly one run, completed with all its steps, and
 // exactly one charge at the payment service, the one its charge step
 // committed; the consumer's AckWait is the new one after the deploy.
 func TestOperatedClusterNodeLossAndRollingDeploys(t *testing.T) {

@@ -6,7 +6,9 @@
 //	go run ./cmd/worker --payments-url http://127.0.0.1:8099
 //
 // It serves POST /charges (honouring Idempotency-Key), GET /charges and
-// GET /charges/count until SIGINT or SIGTERM, and logs one JSON line per
+// GET /charges/count, and the order workflow's email and shipping
+// providers (POST and GET /emails and /shipments, kept in memory only),
+// until SIGINT or SIGTERM, and logs one JSON line per
 // charge request, with the run ID and workflow it came from, to stderr.
 // With --ledger every charge is appended to that file before it is answered
 // and read back on start, so a restarted service still replays a charge
