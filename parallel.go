@@ -73,8 +73,9 @@ func (f *Future[T]) Get(ctx *Context) (T, error) {
 // retried by the step's policy.
 //
 // Steps started with Go run at the same time, each as its own task on any
-// worker. Errors in the call itself (an invalid name or option) are
-// returned by Get.
+// worker. A future the body never awaits (Get, AwaitAll, AwaitFirst)
+// before it returns is abandoned with the run. Errors in the call itself
+// (an invalid name or option) are returned by Get.
 func Go[T any](ctx *Context, name string, fn func(ctx context.Context) (T, error), opts ...StepOption) *Future[T] {
 	var o stepOptions
 	for _, opt := range opts {
@@ -125,7 +126,7 @@ func AwaitAll(ctx *Context, fs ...Awaitable) error {
 // AwaitFirst waits until one of fs is committed and returns its index in
 // fs, with its failure if it failed. The first is the one whose result was
 // committed first, the same on every replay. The others go on running;
-// their results can be awaited later.
+// await them later, or they are abandoned when the body returns.
 func AwaitFirst(ctx *Context, fs ...Awaitable) (int, error) {
 	ps, err := pendings(fs)
 	if err != nil {

@@ -33,6 +33,13 @@ var ErrNotAwaited = errors.New("jetflow: future not awaited")
 // of the steps bucket see every acknowledged write) and goes on; several
 // that commit together may all go on, and the tasks they publish are the
 // same tasks under the same message IDs, so the broker keeps one.
+//
+// A start task is the one exception to "a step's task was published by
+// whoever reached it": it owns the run's first step without anyone having
+// published the steps started beside it. It publishes them at the body's
+// first await and only then runs its own step (runOwn). A future never
+// awaited before the body returns is never published by that rule: it is
+// abandoned with the run.
 type Pending struct {
 	c     *Context
 	name  string
