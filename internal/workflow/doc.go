@@ -1,8 +1,9 @@
-// Package workflow executes runs. A run advances one task at a time: the
-// worker that receives a task replays the workflow body against the run's
-// committed steps, runs the one step the task stands for, commits its result
-// with create-if-absent, publishes the task of the next step and only then
-// acknowledges its own. A committed step is never run again (its result is
+// Package workflow executes runs. A run advances by tasks: the worker that
+// receives a task replays the workflow body against the run's committed
+// steps, runs the one step the task stands for, commits its result with
+// create-if-absent, publishes the tasks of the steps the body started next
+// (several when it started them without waiting: see Pending) and only
+// then acknowledges its own. A committed step is never run again (its result is
 // replayed), a step whose worker died before the commit runs again with the
 // same step ID, and a late worker cannot overwrite a committed result.
 //
@@ -17,12 +18,15 @@
 //     expired, a start of another workflow under the run ID, a start task
 //     of a run already ended or of another generation, a task of a run this
 //     worker saw cancelled) is acknowledged and nothing else happens.
-//  2. Replay (replay.go). The workflow body runs on a goroutine of its own.
-//     Each Context.StepWithKey call looks its step up, in the history cache
-//     and then the steps bucket, and returns the committed result; the first
-//     step that is not committed ends the replay, unless this task owns it.
-//  3. Execute at most one step (step.go): the step the task owns, that is
-//     its step ID, or the run's first step for a start task. Its attempt
+//  2. Replay (replay.go, future.go). The workflow body runs on a goroutine
+//     of its own. Each step it starts (Context.Start, StartChild) gets its
+//     ID in start order; each await (Context.Await, Result) looks its steps
+//     up, in the history cache and then the steps bucket, and returns once
+//     they are committed; an await that cannot return ends the replay.
+//  3. Execute at most one step (step.go, child.go): the step the task
+//     owns, that is its step ID, or the run's first step for a start task.
+//     The run's record is read first (cancel.go): a run no longer running
+//     starts no step. Its attempt
 //     number is taken from the attempt record (beginAttempt), its task key
 //     acquired if it has one, and its function called.
 //  4. Commit: the step record is written with create-if-absent. A worker
