@@ -213,17 +213,12 @@ func (e *Executor) commitRecord(d *delivery, sc *stepCall, rec *state.Step) (*st
 	}
 	rev, err := e.commit(d.nctx, sc.id, b)
 	if errors.Is(err, jetstream.ErrExists) {
-		v, rev, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		stored, err := e.committed(d.nctx, sc.id)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		stored, err := state.DecodeStep(v)
-		if err != nil {
-			return nil, &settlement{kind: settleRelease, err: err}
-		}
-		stored.Rev = rev
-		e.cache.put(d.runKey(), stored)
-		return &stored, nil
+		e.cache.put(d.runKey(), *stored)
+		return stored, nil
 	}
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}

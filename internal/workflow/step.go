@@ -148,21 +148,16 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 		if !errors.Is(err, jetstream.ErrExists) {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		v, rev, err := e.cfg.Assets.Steps.GetExisting(d.nctx, sc.id)
+		stored, err := e.committed(d.nctx, sc.id)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		stored, err := state.DecodeStep(v)
-		if err != nil {
-			return nil, &settlement{kind: settleRelease, err: err}
-		}
-		stored.Rev = rev
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
 			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
 			won = false
 		}
-		rec = &stored
+		rec = stored
 	}
 	if won { // the winner counts the step's result, once
 		e.observeStep(d.run.Workflow, sc.name, result, a.start)
@@ -175,6 +170,21 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 		h(sc.id, won)
 	}
 	return rec, nil
+}
+
+// committed reads the record of step id, which a create-if-absent has just
+// reported as written, with its revision.
+func (e *Executor) committed(ctx context.Context, id string) (*state.Step, error) {
+	v, rev, err := e.cfg.Assets.Steps.GetExisting(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	stored, err := state.DecodeStep(v)
+	if err != nil {
+		return nil, err
+	}
+	stored.Rev = rev
+	return &stored, nil
 }
 
 // attemptKey names the attempt record of the step a task runs: the step ID
