@@ -197,11 +197,12 @@ func TestFaultParallelBranchesWorkerProcessesKilled(t *testing.T) {
 }
 
 // The worker process that runs a fan-out's start task is SIGKILLed right
-// after it committed the first branch, before it published the other
-// branches' tasks. The start task's redelivery, on a new process, finds
-// the branch committed and publishes the others: the run completes with
-// every branch run once.
-func TestFaultFanOutStartTaskKilledBeforeBranchesPublished(t *testing.T) {
+// after it committed the first branch, which the start task runs itself
+// after publishing the other branches' tasks (some of which the same
+// process may have run meanwhile). The start task's redelivery, on a new
+// process, finds the branch committed: the run completes with every branch
+// run once.
+func TestFaultFanOutStartTaskKilledAfterFirstBranch(t *testing.T) {
 	t.Parallel()
 	const n = 200
 	env := newEnv(t, Topology{})
@@ -217,7 +218,6 @@ func TestFaultFanOutStartTaskKilledBeforeBranchesPublished(t *testing.T) {
 	require.NoError(t, err)
 	waitKilled(t, crasher, 30*childAckWait)
 	require.Equal(t, []int{1}, effects.Attempts("fan-start.branch.0"))
-	require.Equal(t, 1, effects.Len(), "the other branches' tasks were not published before the crash")
 
 	startChild(t, env, "", srv.URL)
 	out, err := h.Result(ctxT(t, 60*time.Second))
@@ -230,7 +230,9 @@ func TestFaultFanOutStartTaskKilledBeforeBranchesPublished(t *testing.T) {
 	t.Logf("%s", v)
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, 1, v.Completed)
-	require.Equal(t, n, v.SideEffects, "every branch ran once")
+	// A branch the killed process was running when it died ran again: a
+	// rerun before its commit, which Check allows.
+	require.Equal(t, n, v.SideEffects-v.Reruns, "every branch ran once, or again only before its commit")
 }
 
 // A parent's child step is executed by a worker process that is SIGKILLed
