@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -40,9 +41,18 @@ type config struct {
 	cpuProfile  string
 	keepData    bool
 	phases      map[string]bool
+	fanoutRuns  int
+	fanoutWidth int
+	deepRuns    int
+	deepSteps   int
 }
 
-var allPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
+// defaultPhases run unless --phases names others; allPhases adds the run
+// shapes, which take longer and are asked for by name.
+var (
+	defaultPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
+	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep")
+)
 
 func parseFlags() (config, error) {
 	var c config
@@ -64,13 +74,17 @@ func parseFlags() (config, error) {
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the jetflow end-to-end phase to this file (server included: it is in-process)")
 	flag.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
-	flag.StringVar(&phases, "phases", strings.Join(allPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
+	flag.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
+	flag.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
+	flag.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
+	flag.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
+	flag.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %v", flag.Args())
 	}
 	if c.quick {
-		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN} {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns} {
 			*p = max(1, *p/10)
 		}
 	}
@@ -90,7 +104,8 @@ func parseFlags() (config, error) {
 		c.phases[p] = true
 	}
 	switch {
-	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1:
+	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
+		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2:
 		return c, errors.New("counts must be at least 1")
 	case c.startRate < 0:
 		return c, errors.New("--start-rate must not be negative")
@@ -253,12 +268,27 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(f.hit) + " hit steps/s, " + num(f.miss) + " real steps/s, " + num(f.plain) + " plain steps/s", err
 		})
+		step("fanout", rep, func() (string, error) {
+			f, err := engineFanout(ctx, e, cfg, rep)
+			if err == nil {
+				fanoutResults = append(fanoutResults, f)
+			}
+			return num(f.shape.stepsPerSec()) + " fan-out steps/s, " + num(f.ref.stepsPerSec()) + " 3-step steps/s", err
+		})
+		step("deep", rep, func() (string, error) {
+			f, err := engineDeep(ctx, e, cfg, rep)
+			if err == nil {
+				deepResults = append(deepResults, f)
+			}
+			return num(f.shape.stepsPerSec()) + " deep steps/s, " + num(f.ref.stepsPerSec()) + " 3-step steps/s", err
+		})
 	}
 	fmt.Println()
 
 	printReport(os.Stdout, res)
 	printTaskKeyReport(os.Stdout, res)
 	printHTTPReport(os.Stdout, res)
+	printShapeReports(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}
