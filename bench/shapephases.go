@@ -203,7 +203,7 @@ func opRows(list []shapeFigures, shapeSteps int) [][4]string {
 // opKinds lists the kinds counted in any repetition: the main ones first,
 // then per bucket.
 func opKinds(list []shapeFigures) []string {
-	main := []string{opTask, opRead, opWrite, opAck, opPull, opAPI, opOther, opTotal}
+	main := []string{opTask, opRead, opWrite, opAck, opPull, opAPI, opOther, opTotal, opDelivery}
 	seen := map[string]bool{}
 	for _, x := range list {
 		for _, o := range []opCounts{x.opsShape, x.opsRef, x.opsNarrow} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -341,7 +342,10 @@ const (
 	opPull  = "pull request"
 	opAPI   = "other JetStream API"
 	opOther = "other"
-	opTotal = "total client msgs"
+	// opDelivery is not sent by a client: it is a message a consumer
+	// delivered (tasks to the worker, run records to watchers).
+	opDelivery = "consumer delivery"
+	opTotal    = "total client msgs"
 )
 
 // scale divides every count by n.
@@ -354,8 +358,9 @@ func (o opCounts) scale(n float64) opCounts {
 }
 
 // tap counts every message on the server by kind, from one connection
-// subscribed to ">". Replies and deliveries to inboxes are not counted:
-// they are the server's answers, not operations the engine sent.
+// subscribed to ">". Replies to inboxes are not counted: they are the
+// server's answers, not operations the engine sent. Consumer deliveries
+// are counted apart.
 type tap struct {
 	mu     sync.Mutex
 	counts opCounts
@@ -371,7 +376,16 @@ func newTap(e *env) (*tap, error) {
 		return nil, err
 	}
 	tp := &tap{counts: opCounts{}, marker: make(chan struct{}, 1), nc: nc}
-	sub, err := nc.Subscribe(">", func(m *nats.Msg) { tp.count(m.Subject) })
+	sub, err := nc.Subscribe(">", func(m *nats.Msg) {
+		if strings.HasPrefix(m.Reply, "$JS.ACK.") {
+			// A consumer's delivery: the server sends it to the
+			// consumer's inbox, which ">" matches, under the stored
+			// message's subject.
+			tp.add(opDelivery, "")
+			return
+		}
+		tp.count(m.Subject)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -390,13 +404,20 @@ func (tp *tap) count(subject string) {
 		}
 		return
 	}
-	if kind == "" {
-		return
+	if kind != "" {
+		tp.add(kind, bucket)
 	}
+}
+
+// add counts one message of kind (on bucket, if any); every kind but
+// deliveries counts towards the total the clients sent.
+func (tp *tap) add(kind, bucket string) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	tp.counts[kind]++
-	tp.counts[opTotal]++
+	if kind != opDelivery {
+		tp.counts[opTotal]++
+	}
 	if bucket != "" {
 		tp.counts[kind+" "+bucket]++
 	}
