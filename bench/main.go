@@ -23,28 +23,29 @@ import (
 )
 
 type config struct {
-	runs        int
-	dupFrac     float64
-	starters    int
-	startRate   float64
-	timeline    bool
-	repeat      int
-	concurrency int
-	pubN        int
-	kvN         int
-	kvG         int
-	admitN      int
-	admitG      int
-	syncAlways  bool
-	quick       bool
-	timeout     time.Duration
-	cpuProfile  string
-	keepData    bool
-	phases      map[string]bool
-	fanoutRuns  int
-	fanoutWidth int
-	deepRuns    int
-	deepSteps   int
+	runs         int
+	dupFrac      float64
+	starters     int
+	startRate    float64
+	timeline     bool
+	repeat       int
+	concurrency  int
+	pubN         int
+	kvN          int
+	kvG          int
+	admitN       int
+	admitG       int
+	syncAlways   bool
+	quick        bool
+	timeout      time.Duration
+	cpuProfile   string
+	profilePhase string
+	keepData     bool
+	phases       map[string]bool
+	fanoutRuns   int
+	fanoutWidth  int
+	deepRuns     int
+	deepSteps    int
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
@@ -72,7 +73,8 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
 	flag.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the jetflow end-to-end phase to this file (server included: it is in-process)")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first repetition of the --profile-phase phase to this file (server included: it is in-process)")
+	flag.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles")
 	flag.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
 	flag.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
 	flag.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
@@ -201,7 +203,16 @@ func run(ctx context.Context, cfg config) error {
 			label = fmt.Sprintf("%s #%d", name, rep+1)
 		}
 		fmt.Printf("phase %-10s ...", label)
-		figure, err := fn()
+		var figure string
+		var err error
+		stopProfile := func() {}
+		if name == cfg.profilePhase && rep == 0 {
+			stopProfile, err = startProfile(cfg.cpuProfile)
+		}
+		if err == nil {
+			figure, err = fn()
+			stopProfile()
+		}
 		fmt.Printf(" %7s  %s\n", time.Since(t0).Round(time.Millisecond), figure)
 		if err != nil {
 			fmt.Printf("phase %s FAILED: %v\n", label, err)
@@ -232,13 +243,6 @@ func run(ctx context.Context, cfg config) error {
 			return "", err
 		})
 		step("e2e", rep, func() (string, error) {
-			if rep == 0 {
-				stopProfile, err := startProfile(cfg.cpuProfile)
-				if err != nil {
-					return "", err
-				}
-				defer stopProfile()
-			}
 			s, err := engineE2E(ctx, e, cfg, rep)
 			if s != nil {
 				res.engines = append(res.engines, s)
