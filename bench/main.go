@@ -46,6 +46,7 @@ type config struct {
 	fanoutWidth  int
 	deepRuns     int
 	deepSteps    int
+	shapeWorkers int
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
@@ -80,6 +81,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
 	flag.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
 	flag.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
+	flag.IntVar(&c.shapeWorkers, "shape-workers", 1, "fanout and deep phases: workers (each with --concurrency slots, on its own connection)")
 	flag.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -107,7 +109,7 @@ func parseFlags() (config, error) {
 	}
 	switch {
 	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
-		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2:
+		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1:
 		return c, errors.New("counts must be at least 1")
 	case c.startRate < 0:
 		return c, errors.New("--start-rate must not be negative")

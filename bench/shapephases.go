@@ -236,8 +236,8 @@ func printShapeReports(out io.Writer, r *results) {
 	if len(fanoutResults) > 0 {
 		w := c.fanoutWidth
 		steps := w + 2
-		fmt.Fprintf(out, "fanout: %s runs of 1 step -> %d parallel steps (Go + AwaitAll) -> 1 step (%d steps a run), %d starters, worker concurrency %d;\n",
-			num(float64(c.fanoutRuns)), w, steps, c.starters, c.concurrency)
+		fmt.Fprintf(out, "fanout: %s runs of 1 step -> %d parallel steps (Go + AwaitAll) -> 1 step (%d steps a run), %d starters, %s;\n",
+			num(float64(c.fanoutRuns)), w, steps, c.starters, shapeWorkersText(c))
 		fmt.Fprintf(out, "        reference: %s runs of the 3-step e2e workflow (as many steps) in the same phase; operations counted by a tap over %d fan-out runs (width %d and width 1) and %d 3-step runs\n",
 			num(float64(refRuns(c.fanoutRuns, steps))), opsFanoutRuns, w, opsRefRuns)
 		rows := throughputRows("fan-out", fanoutResults, e2e)
@@ -255,7 +255,7 @@ func printShapeReports(out io.Writer, r *results) {
 	}
 	if len(deepResults) > 0 {
 		n := c.deepSteps
-		fmt.Fprintf(out, "deep: %d runs of %d sequential steps, worker concurrency %d;\n", c.deepRuns, n, c.concurrency)
+		fmt.Fprintf(out, "deep: %d runs of %d sequential steps, %s;\n", c.deepRuns, n, shapeWorkersText(c))
 		fmt.Fprintf(out, "      reference: %s runs of the 3-step e2e workflow (as many steps) in the same phase; operations counted by a tap over %d deep runs and %d 3-step runs\n",
 			num(float64(refRuns(c.deepRuns, n))), opsDeepRuns, opsRefRuns)
 		rows := throughputRows("deep", deepResults, e2e)
@@ -270,6 +270,10 @@ func printShapeReports(out io.Writer, r *results) {
 		printShapeRepetitions(out, "deep", deepResults)
 		fmt.Fprintln(out)
 	}
+}
+
+func shapeWorkersText(c config) string {
+	return fmt.Sprintf("%d worker(s) of concurrency %d", c.shapeWorkers, c.concurrency)
 }
 
 func printShapeRepetitions(out io.Writer, name string, list []shapeFigures) {

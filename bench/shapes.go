@@ -135,15 +135,12 @@ func (p passStats) runsPerSec() float64  { return float64(p.runs) / p.elapsed.Se
 // perStep divides a pass total by its steps.
 func (p passStats) perStep(v float64) float64 { return v / float64(p.steps) }
 
-// runPass starts runs runs of sh from starters goroutines on a fresh worker
-// and waits until every one is seen completed, then stops the worker and
+// runPass starts runs runs of sh from starters goroutines on fresh workers
+// (--shape-workers, each with --concurrency slots, in this process) and
+// waits until every one is seen completed, then stops the workers and
 // checks every run record. With a tap, it counts what the connections sent
 // from the first start to the worker's stop.
 func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, runs, starters int, tp *tap) (p passStats, err error) {
-	wnc, err := e.conn(prefix + "-worker")
-	if err != nil {
-		return p, err
-	}
 	cnc, err := e.conn(prefix + "-client")
 	if err != nil {
 		return p, err
@@ -157,31 +154,46 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 		return p, err
 	}
 	logs := &logCounter{}
-	worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-		Name: "bench-" + prefix, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(zerolog.WarnLevel),
-	})
-	if err != nil {
-		return p, err
-	}
-	if err := worker.Start(ctx); err != nil {
-		return p, err
-	}
+	conns := []*nats.Conn{cnc}
+	var workers []*jetflow.Worker
 	stopped := false
-	stopWorker := func() error {
+	stopWorkers := func() error {
 		if stopped {
 			return nil
 		}
 		stopped = true
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		return worker.Stop(sctx)
+		var errs []error
+		for _, w := range workers {
+			errs = append(errs, w.Stop(sctx))
+		}
+		return errors.Join(errs...)
 	}
 	defer func() {
-		if serr := stopWorker(); serr != nil && err == nil {
+		if serr := stopWorkers(); serr != nil && err == nil {
 			err = fmt.Errorf("stop worker: %w", serr)
 		}
 		p.logs = logs.summary()
 	}()
+	for i := range max(1, cfg.shapeWorkers) {
+		name := prefix + "-worker-" + strconv.Itoa(i)
+		wnc, err := e.conn(name)
+		if err != nil {
+			return p, err
+		}
+		conns = append(conns, wnc)
+		worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
+			Name: "bench-" + name, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(zerolog.WarnLevel),
+		})
+		if err != nil {
+			return p, err
+		}
+		if err := worker.Start(ctx); err != nil {
+			return p, err
+		}
+		workers = append(workers, worker)
+	}
 	client, err := jetflow.NewClient(ctx, cnc, jetflow.ClientConfig{Name: "bench"})
 	if err != nil {
 		return p, err
@@ -205,7 +217,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	if err != nil {
 		return p, err
 	}
-	msgsBefore := connStats(wnc, cnc)
+	msgsBefore := connStats(conns...)
 	if tp != nil {
 		tp.reset()
 	}
@@ -224,10 +236,10 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	p.cpu = processCPU() - cpuBefore
 	s := t.summarize(sh.steps)
 	p.runs, p.steps, p.elapsed = s.runs, s.steps, s.elapsed
-	if err := stopWorker(); err != nil {
+	if err := stopWorkers(); err != nil {
 		return p, fmt.Errorf("stop worker: %w", err)
 	}
-	p.msgs = connStats(wnc, cnc) - msgsBefore
+	p.msgs = connStats(conns...) - msgsBefore
 	seqAfter, err := lastSeqs(ctx, assets.JS, streams...)
 	if err != nil {
 		return p, err
@@ -237,7 +249,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 		// The server has handled everything the worker and the client
 		// sent once their flushes return; the tap then sees all of it
 		// before its own marker.
-		for _, nc := range []*nats.Conn{wnc, cnc} {
+		for _, nc := range conns {
 			if err := nc.Flush(); err != nil {
 				return p, err
 			}

@@ -85,7 +85,7 @@ func TestShapePhasesRun(t *testing.T) {
 	defer cancel()
 	cfg := config{
 		starters: 4, concurrency: 8, repeat: 1, timeout: 2 * time.Minute,
-		fanoutRuns: 3, fanoutWidth: 4, deepRuns: 2, deepSteps: 8,
+		fanoutRuns: 3, fanoutWidth: 4, deepRuns: 2, deepSteps: 8, shapeWorkers: 2,
 		phases: map[string]bool{"fanout": true, "deep": true},
 	}
 	require.NoError(t, run(ctx, cfg))
