@@ -171,6 +171,7 @@ func throughputRows(name string, list []shapeFigures, e2e *e2eStats) [][4]string
 	cpu, refCPU := per(func(p passStats) float64 { return float64(p.cpu) })
 	msgs, refMsgs := per(func(p passStats) float64 { return float64(p.msgs) })
 	writes, refWrites := per(func(p passStats) float64 { return float64(p.writes) })
+	calls, refCalls := per(func(p passStats) float64 { return float64(p.bodyCalls) })
 	ref := func(v string) string { return "3-step runs " + v }
 	rows := [][4]string{
 		{name + " steps/s", num(sps), ref(num(refSps)), ratio(sps, refSps)},
@@ -183,6 +184,7 @@ func throughputRows(name string, list []shapeFigures, e2e *e2eStats) [][4]string
 	}
 	rows = append(rows,
 		[4]string{"CPU per step (whole process)", micros(cpu), ref(micros(refCPU)), ratio(cpu, refCPU)},
+		[4]string{"Step/Go calls the body made per step (replays)", dec2(calls), ref(dec2(refCalls)), ratio(calls, refCalls)},
 		[4]string{"client msgs sent per step", dec2(msgs), ref(dec2(refMsgs)), ratio(msgs, refMsgs)},
 		[4]string{"stored writes per step (stream+KV)", dec2(writes), ref(dec2(refWrites)), ratio(writes, refWrites)},
 	)

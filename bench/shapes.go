@@ -44,9 +44,15 @@ import (
 // The fanout phase counts operations at width 1 as well: the difference
 // to width 32, divided by 31, is what one parallel branch costs.
 
+// bodyStepCalls counts the Step and Go calls the bench's workflow bodies
+// make, on every replay: a body is run from the top by every task of its
+// run, so a run of n sequential steps makes n(n+1)/2 of them.
+var bodyStepCalls atomic.Int64
+
 // fanoutWorkflow runs 1 step, input parallel steps, 1 step; its output is
 // 1 + 1 + 2 + ... + input.
 var fanoutWorkflow = jetflow.NewWorkflow("bench_fanout", func(ctx *jetflow.Context, width int) (int, error) {
+	bodyStepCalls.Add(1)
 	first, err := jetflow.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil })
 	if err != nil {
 		return 0, err
@@ -54,6 +60,7 @@ var fanoutWorkflow = jetflow.NewWorkflow("bench_fanout", func(ctx *jetflow.Conte
 	fs := make([]*jetflow.Future[int], width)
 	aw := make([]jetflow.Awaitable, width)
 	for i := range width {
+		bodyStepCalls.Add(1)
 		fs[i] = jetflow.Go(ctx, "branch", func(context.Context) (int, error) { return i + 1, nil })
 		aw[i] = fs[i]
 	}
@@ -68,6 +75,7 @@ var fanoutWorkflow = jetflow.NewWorkflow("bench_fanout", func(ctx *jetflow.Conte
 		}
 		sum += v
 	}
+	bodyStepCalls.Add(1)
 	return jetflow.Step(ctx, "last", func(context.Context) (int, error) { return sum, nil })
 })
 
@@ -81,6 +89,7 @@ var deepStepRan atomic.Pointer[func(runID string, i int)]
 var deepWorkflow = jetflow.NewWorkflow("bench_deep", func(ctx *jetflow.Context, n int) (int, error) {
 	sum := 0
 	for i := range n {
+		bodyStepCalls.Add(1)
 		v, err := jetflow.Step(ctx, "s", func(context.Context) (int, error) {
 			if h := deepStepRan.Load(); h != nil {
 				(*h)(ctx.RunID(), i)
@@ -126,6 +135,7 @@ type passStats struct {
 	msgs        uint64        // messages the client and worker connections sent
 	writes      uint64        // messages stored in the task stream, runs, steps and audit buckets
 	ops         opCounts      // with the tap only
+	bodyCalls   int64         // Step and Go calls the bodies made (bodyStepCalls)
 	logs        []string      // the worker's warnings, summarised
 }
 
@@ -221,7 +231,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	if tp != nil {
 		tp.reset()
 	}
-	cpuBefore := processCPU()
+	cpuBefore, callsBefore := processCPU(), bodyStepCalls.Load()
 	_, err = parallel(ctx, runs, starters, func(ctx context.Context, i int) error {
 		t.started(i)
 		_, err := jetflow.Start(ctx, client, sh.wf, sh.input, jetflow.WithRunID(ids[i]))
@@ -233,7 +243,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	if err := t.wait(ctx, cfg.timeout); err != nil {
 		return p, err
 	}
-	p.cpu = processCPU() - cpuBefore
+	p.cpu, p.bodyCalls = processCPU()-cpuBefore, bodyStepCalls.Load()-callsBefore
 	s := t.summarize(sh.steps)
 	p.runs, p.steps, p.elapsed = s.runs, s.steps, s.elapsed
 	if err := stopWorkers(); err != nil {

@@ -106,6 +106,9 @@ func TestShapePhasesRun(t *testing.T) {
 	d := deepResults[0]
 	require.Equal(t, 2*cfg.deepSteps, d.shape.steps)
 	require.GreaterOrEqual(t, d.opsShape[opWrite+" jetflow_steps"], float64(cfg.deepSteps), "%v", d.opsShape)
+	// Every task replays the body from the top: a run of n steps makes
+	// at least n(n+1)/2 Step calls.
+	require.GreaterOrEqual(t, d.shape.bodyCalls, int64(2*cfg.deepSteps*(cfg.deepSteps+1)/2))
 	require.Positive(t, d.early)
 	require.Positive(t, d.late)
 
