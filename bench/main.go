@@ -56,36 +56,42 @@ var (
 	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep")
 )
 
-func parseFlags() (config, error) {
+// parseFlags parses the command line's arguments (without the program
+// name) into a config, or fails on an unknown flag, a stray argument or a
+// value out of range.
+func parseFlags(args []string) (config, error) {
 	var c config
 	var phases string
-	flag.IntVar(&c.runs, "runs", 20000, "end-to-end workload: distinct run IDs (minimal program and jetflow)")
-	flag.Float64Var(&c.dupFrac, "dup-frac", 0.25, "end-to-end workload: fraction of runs started twice")
-	flag.IntVar(&c.starters, "starters", 16, "end-to-end workload: concurrent starters")
-	flag.Float64Var(&c.startRate, "start-rate", 0, "end-to-end workload: pace start calls to this many per second in total (0 = as fast as the starters go)")
-	flag.BoolVar(&c.timeline, "timeline", false, "print starts and completions per 250ms for the end-to-end phases")
-	flag.IntVar(&c.concurrency, "concurrency", 64, "jetflow worker concurrency, and the minimal program's consumer pool size")
-	flag.IntVar(&c.pubN, "publish-n", 100000, "raw async publish: messages")
-	flag.IntVar(&c.kvN, "kv-n", 50000, "raw KV create: keys")
-	flag.IntVar(&c.kvG, "kv-goroutines", 64, "raw KV create: goroutines")
-	flag.IntVar(&c.admitN, "admit-n", 20000, "jetflow admission: distinct run IDs (each then started again as a duplicate)")
-	flag.IntVar(&c.admitG, "admit-goroutines", 64, "jetflow admission: goroutines")
-	flag.BoolVar(&c.syncAlways, "sync-always", false, "embedded server fsyncs every write (EmbeddedConfig.SyncAlways)")
-	flag.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
-	flag.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
-	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first repetition of the --profile-phase phase to this file (server included: it is in-process)")
-	flag.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles")
-	flag.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
-	flag.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
-	flag.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
-	flag.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
-	flag.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
-	flag.IntVar(&c.shapeWorkers, "shape-workers", 1, "fanout and deep phases: workers (each with --concurrency slots, on its own connection)")
-	flag.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
-	flag.Parse()
-	if flag.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %v", flag.Args())
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&c.runs, "runs", 20000, "end-to-end workload: distinct run IDs (minimal program and jetflow)")
+	fs.Float64Var(&c.dupFrac, "dup-frac", 0.25, "end-to-end workload: fraction of runs started twice")
+	fs.IntVar(&c.starters, "starters", 16, "end-to-end workload: concurrent starters")
+	fs.Float64Var(&c.startRate, "start-rate", 0, "end-to-end workload: pace start calls to this many per second in total (0 = as fast as the starters go)")
+	fs.BoolVar(&c.timeline, "timeline", false, "print starts and completions per 250ms for the end-to-end phases")
+	fs.IntVar(&c.concurrency, "concurrency", 64, "jetflow worker concurrency, and the minimal program's consumer pool size")
+	fs.IntVar(&c.pubN, "publish-n", 100000, "raw async publish: messages")
+	fs.IntVar(&c.kvN, "kv-n", 50000, "raw KV create: keys")
+	fs.IntVar(&c.kvG, "kv-goroutines", 64, "raw KV create: goroutines")
+	fs.IntVar(&c.admitN, "admit-n", 20000, "jetflow admission: distinct run IDs (each then started again as a duplicate)")
+	fs.IntVar(&c.admitG, "admit-goroutines", 64, "jetflow admission: goroutines")
+	fs.BoolVar(&c.syncAlways, "sync-always", false, "embedded server fsyncs every write (EmbeddedConfig.SyncAlways)")
+	fs.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
+	fs.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first repetition of the --profile-phase phase to this file (server included: it is in-process)")
+	fs.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles")
+	fs.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
+	fs.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
+	fs.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
+	fs.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
+	fs.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
+	fs.IntVar(&c.shapeWorkers, "shape-workers", 1, "fanout and deep phases: workers (each with --concurrency slots, on its own connection)")
+	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if c.quick {
 		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns} {
@@ -160,7 +166,10 @@ func main() {
 		}
 		return
 	}
-	cfg, err := parseFlags()
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)

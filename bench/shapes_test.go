@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/doctest"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -117,4 +119,33 @@ func TestShapePhasesRun(t *testing.T) {
 	for _, want := range []string{"fan-out steps/s", "kv read per parallel branch", "deep steps/s", "CPU per step", "time per step, last 4 steps of a run"} {
 		require.Contains(t, out.String(), want)
 	}
+}
+
+// TestReadmeBenchCommandsParse: every `go run ./bench` command the README
+// shows (but the soak's, which has flags of its own) is accepted by the
+// bench's flag parser, so a renamed or removed flag breaks this test
+// rather than the README.
+func TestReadmeBenchCommandsParse(t *testing.T) {
+	t.Parallel()
+	blocks, err := doctest.Blocks("README.md")
+	require.NoError(t, err)
+	checked := 0
+	for _, b := range blocks {
+		if b.Lang != "sh" {
+			continue
+		}
+		for _, c := range doctest.Commands(b) {
+			line, _, _ := strings.Cut(c.Line, "&&")
+			args, ok := strings.CutPrefix(strings.TrimSpace(line), "go run ./bench")
+			if !ok || strings.HasPrefix(strings.TrimSpace(args), "soak") {
+				continue
+			}
+			_, err := parseFlags(strings.Fields(args))
+			require.NoError(t, err, "%s: %s", b.Where(), c.Line)
+			checked++
+		}
+	}
+	require.GreaterOrEqual(t, checked, 7, "the README's bench commands")
+	_, err = parseFlags([]string{"--phases", "fanout,nope"})
+	require.ErrorContains(t, err, `unknown phase "nope"`)
 }
