@@ -50,6 +50,7 @@ func engineFanout(ctx context.Context, e *env, cfg config, rep int) (f shapeFigu
 	if err != nil {
 		return f, err
 	}
+	defer tp.close()
 	for _, x := range []struct {
 		out  *opCounts
 		sh   shape
@@ -92,6 +93,7 @@ func engineDeep(ctx context.Context, e *env, cfg config, rep int) (f shapeFigure
 	if err != nil {
 		return f, err
 	}
+	defer tp.close()
 	ps, err := runPass(ctx, e, cfg, p+"-ops-ref", e2eShape(), opsRefRuns, cfg.starters, tp)
 	if err != nil {
 		return f, err

@@ -492,6 +492,10 @@ func classify(subject string) (kind, bucket string) {
 	return opOther, ""
 }
 
+// close unsubscribes the tap (its connection closes): every later phase
+// would otherwise pay for its copies.
+func (tp *tap) close() { tp.nc.Close() }
+
 func (tp *tap) reset() {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()

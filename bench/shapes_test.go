@@ -76,6 +76,19 @@ func TestTapCountsOperations(t *testing.T) {
 	require.Equal(t, 1.0, ops[opAck], "%v", ops)
 	require.Equal(t, 1.0, ops[opDelivery], "%v", ops)
 	require.Equal(t, 9.0, ops[opTotal], "the delivery is not a message a client sent: %v", ops)
+
+	// Closed, the tap no longer receives (nor costs the server) a copy
+	// of every message: a message another subscriber got is not counted.
+	tp.close()
+	require.True(t, tp.nc.IsClosed())
+	sub, err := nc.SubscribeSync("jetflow.task.>")
+	require.NoError(t, err)
+	require.NoError(t, nc.Publish("jetflow.task.wf.run2", nil))
+	_, err = sub.NextMsg(10 * time.Second)
+	require.NoError(t, err)
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	require.Equal(t, 2.0, tp.counts[opTask])
 }
 
 // TestShapePhasesRun: the fanout and deep phases run their workflows to
