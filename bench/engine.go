@@ -29,6 +29,7 @@ var lastStepRan func(runID string)
 var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in int) (int, error) {
 	sum := in
 	for i, name := range []string{"a", "b", "c"} {
+		bodyStepCalls.Add(1)
 		v, err := jetflow.Step(ctx, name, func(context.Context) (int, error) {
 			if f := lastStepRan; f != nil && i == 2 {
 				f(ctx.RunID())

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,55 +23,78 @@ import (
 )
 
 type config struct {
-	runs        int
-	dupFrac     float64
-	starters    int
-	startRate   float64
-	timeline    bool
-	repeat      int
-	concurrency int
-	pubN        int
-	kvN         int
-	kvG         int
-	admitN      int
-	admitG      int
-	syncAlways  bool
-	quick       bool
-	timeout     time.Duration
-	cpuProfile  string
-	keepData    bool
-	phases      map[string]bool
+	runs         int
+	dupFrac      float64
+	starters     int
+	startRate    float64
+	timeline     bool
+	repeat       int
+	concurrency  int
+	pubN         int
+	kvN          int
+	kvG          int
+	admitN       int
+	admitG       int
+	syncAlways   bool
+	quick        bool
+	timeout      time.Duration
+	cpuProfile   string
+	profilePhase string
+	keepData     bool
+	phases       map[string]bool
+	fanoutRuns   int
+	fanoutWidth  int
+	deepRuns     int
+	deepSteps    int
+	shapeWorkers int
 }
 
-var allPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
+// defaultPhases run unless --phases names others; allPhases adds the run
+// shapes, which take longer and are asked for by name.
+var (
+	defaultPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
+	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep")
+)
 
-func parseFlags() (config, error) {
+// parseFlags parses the command line's arguments (without the program
+// name) into a config, or fails on an unknown flag, a stray argument or a
+// value out of range.
+func parseFlags(args []string) (config, error) {
 	var c config
 	var phases string
-	flag.IntVar(&c.runs, "runs", 20000, "end-to-end workload: distinct run IDs (minimal program and jetflow)")
-	flag.Float64Var(&c.dupFrac, "dup-frac", 0.25, "end-to-end workload: fraction of runs started twice")
-	flag.IntVar(&c.starters, "starters", 16, "end-to-end workload: concurrent starters")
-	flag.Float64Var(&c.startRate, "start-rate", 0, "end-to-end workload: pace start calls to this many per second in total (0 = as fast as the starters go)")
-	flag.BoolVar(&c.timeline, "timeline", false, "print starts and completions per 250ms for the end-to-end phases")
-	flag.IntVar(&c.concurrency, "concurrency", 64, "jetflow worker concurrency, and the minimal program's consumer pool size")
-	flag.IntVar(&c.pubN, "publish-n", 100000, "raw async publish: messages")
-	flag.IntVar(&c.kvN, "kv-n", 50000, "raw KV create: keys")
-	flag.IntVar(&c.kvG, "kv-goroutines", 64, "raw KV create: goroutines")
-	flag.IntVar(&c.admitN, "admit-n", 20000, "jetflow admission: distinct run IDs (each then started again as a duplicate)")
-	flag.IntVar(&c.admitG, "admit-goroutines", 64, "jetflow admission: goroutines")
-	flag.BoolVar(&c.syncAlways, "sync-always", false, "embedded server fsyncs every write (EmbeddedConfig.SyncAlways)")
-	flag.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
-	flag.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
-	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the jetflow end-to-end phase to this file (server included: it is in-process)")
-	flag.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
-	flag.StringVar(&phases, "phases", strings.Join(allPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
-	flag.Parse()
-	if flag.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %v", flag.Args())
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&c.runs, "runs", 20000, "end-to-end workload: distinct run IDs (minimal program and jetflow)")
+	fs.Float64Var(&c.dupFrac, "dup-frac", 0.25, "end-to-end workload: fraction of runs started twice")
+	fs.IntVar(&c.starters, "starters", 16, "end-to-end workload: concurrent starters")
+	fs.Float64Var(&c.startRate, "start-rate", 0, "end-to-end workload: pace start calls to this many per second in total (0 = as fast as the starters go)")
+	fs.BoolVar(&c.timeline, "timeline", false, "print starts and completions per 250ms for the end-to-end phases")
+	fs.IntVar(&c.concurrency, "concurrency", 64, "jetflow worker concurrency, and the minimal program's consumer pool size")
+	fs.IntVar(&c.pubN, "publish-n", 100000, "raw async publish: messages")
+	fs.IntVar(&c.kvN, "kv-n", 50000, "raw KV create: keys")
+	fs.IntVar(&c.kvG, "kv-goroutines", 64, "raw KV create: goroutines")
+	fs.IntVar(&c.admitN, "admit-n", 20000, "jetflow admission: distinct run IDs (each then started again as a duplicate)")
+	fs.IntVar(&c.admitG, "admit-goroutines", 64, "jetflow admission: goroutines")
+	fs.BoolVar(&c.syncAlways, "sync-always", false, "embedded server fsyncs every write (EmbeddedConfig.SyncAlways)")
+	fs.IntVar(&c.repeat, "repeat", 1, "repeat every phase this many times (interleaved) and report medians")
+	fs.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first repetition of the --profile-phase phase to this file (server included: it is in-process)")
+	fs.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles")
+	fs.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
+	fs.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
+	fs.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
+	fs.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
+	fs.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
+	fs.IntVar(&c.shapeWorkers, "shape-workers", 1, "fanout and deep phases: workers (each with --concurrency slots, on its own connection)")
+	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if c.quick {
-		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN} {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns} {
 			*p = max(1, *p/10)
 		}
 	}
@@ -90,7 +114,8 @@ func parseFlags() (config, error) {
 		c.phases[p] = true
 	}
 	switch {
-	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1:
+	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
+		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1:
 		return c, errors.New("counts must be at least 1")
 	case c.startRate < 0:
 		return c, errors.New("--start-rate must not be negative")
@@ -141,7 +166,10 @@ func main() {
 		}
 		return
 	}
-	cfg, err := parseFlags()
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
@@ -186,7 +214,16 @@ func run(ctx context.Context, cfg config) error {
 			label = fmt.Sprintf("%s #%d", name, rep+1)
 		}
 		fmt.Printf("phase %-10s ...", label)
-		figure, err := fn()
+		var figure string
+		var err error
+		stopProfile := func() {}
+		if name == cfg.profilePhase && rep == 0 {
+			stopProfile, err = startProfile(cfg.cpuProfile)
+		}
+		if err == nil {
+			figure, err = fn()
+			stopProfile()
+		}
 		fmt.Printf(" %7s  %s\n", time.Since(t0).Round(time.Millisecond), figure)
 		if err != nil {
 			fmt.Printf("phase %s FAILED: %v\n", label, err)
@@ -217,13 +254,6 @@ func run(ctx context.Context, cfg config) error {
 			return "", err
 		})
 		step("e2e", rep, func() (string, error) {
-			if rep == 0 {
-				stopProfile, err := startProfile(cfg.cpuProfile)
-				if err != nil {
-					return "", err
-				}
-				defer stopProfile()
-			}
 			s, err := engineE2E(ctx, e, cfg, rep)
 			if s != nil {
 				res.engines = append(res.engines, s)
@@ -253,12 +283,27 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(f.hit) + " hit steps/s, " + num(f.miss) + " real steps/s, " + num(f.plain) + " plain steps/s", err
 		})
+		step("fanout", rep, func() (string, error) {
+			f, err := engineFanout(ctx, e, cfg, rep)
+			if err == nil {
+				fanoutResults = append(fanoutResults, f)
+			}
+			return num(f.shape.stepsPerSec()) + " fan-out steps/s, " + num(f.ref.stepsPerSec()) + " 3-step steps/s", err
+		})
+		step("deep", rep, func() (string, error) {
+			f, err := engineDeep(ctx, e, cfg, rep)
+			if err == nil {
+				deepResults = append(deepResults, f)
+			}
+			return num(f.shape.stepsPerSec()) + " deep steps/s, " + num(f.ref.stepsPerSec()) + " 3-step steps/s", err
+		})
 	}
 	fmt.Println()
 
 	printReport(os.Stdout, res)
 	printTaskKeyReport(os.Stdout, res)
 	printHTTPReport(os.Stdout, res)
+	printShapeReports(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}
