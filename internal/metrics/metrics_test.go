@@ -151,6 +151,7 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "nats", "outcome": "error", "state": "none"}, value: 0},
 		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "http", "outcome": "error", "state": "none"}, value: 0},
 		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "webhook", "outcome": "error", "state": "none"}, value: 0},
+		{family: metrics.NameStarts, labels: map[string]string{"workflow": "refund", "entry": "child", "outcome": "error", "state": "none"}, value: 0},
 		{family: metrics.NameStepDuration, labels: map[string]string{"workflow": "order", "step": "charge"}, value: 2, sum: 0.75},
 		{family: metrics.NameStepDuration, labels: map[string]string{"workflow": "order", "step": "ship"}, value: 1, sum: 0},
 		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "order", "state": "completed"}, value: 1},
