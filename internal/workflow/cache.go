@@ -15,22 +15,25 @@ import (
 type historyCache struct {
 	mu    sync.Mutex
 	limit int
-	runs  map[string]map[string]state.Step
+	runs  map[string]map[string]*state.Step
 	order []string // insertion order, for eviction
 }
 
 func newHistoryCache(limit int) *historyCache {
-	return &historyCache{limit: limit, runs: make(map[string]map[string]state.Step)}
+	return &historyCache{limit: limit, runs: make(map[string]map[string]*state.Step)}
 }
 
-func (c *historyCache) get(runKey, stepID string) (state.Step, bool) {
+// get returns the committed record of stepID, shared: records never change,
+// so callers must not change it either.
+func (c *historyCache) get(runKey, stepID string) (*state.Step, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.runs[runKey][stepID]
 	return s, ok
 }
 
-func (c *historyCache) put(runKey string, s state.Step) {
+// put keeps s, which must not change afterwards.
+func (c *historyCache) put(runKey string, s *state.Step) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	steps, ok := c.runs[runKey]
@@ -39,7 +42,7 @@ func (c *historyCache) put(runKey string, s state.Step) {
 			delete(c.runs, c.order[0])
 			c.order = c.order[1:]
 		}
-		steps = make(map[string]state.Step)
+		steps = make(map[string]*state.Step)
 		c.runs[runKey] = steps
 		c.order = append(c.order, runKey)
 	}

@@ -217,13 +217,13 @@ func (e *Executor) commitRecord(d *delivery, sc *stepCall, rec *state.Step) (*st
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		e.cache.put(d.runKey(), *stored)
+		e.cache.put(d.runKey(), stored)
 		return stored, nil
 	}
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
 	rec.Rev = rev
-	e.cache.put(d.runKey(), *rec)
+	e.cache.put(d.runKey(), rec)
 	return rec, nil
 }

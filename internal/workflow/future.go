@@ -319,7 +319,7 @@ func (c *Context) awaitFirst(ps []*Pending) (int, *settlement) {
 func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
 	if c.executed && p.epoch > c.ownEpoch && !exact {
 		if rec, ok := c.exec.cache.get(c.runKey(), p.id); ok {
-			return &rec, nil
+			return rec, nil
 		}
 		return nil, nil
 	}

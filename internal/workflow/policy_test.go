@@ -35,7 +35,7 @@ func TestHistoryCacheIsBounded(t *testing.T) {
 	t.Parallel()
 	c := newHistoryCache(2)
 	for _, run := range []string{"r1", "r2", "r3"} {
-		c.put(run, state.Step{RunID: run, StepID: run + ".a.0"})
+		c.put(run, &state.Step{RunID: run, StepID: run + ".a.0"})
 	}
 	_, ok := c.get("r1", "r1.a.0")
 	require.False(t, ok, "oldest run evicted")

@@ -35,7 +35,7 @@ func (e *Executor) replay(d *delivery, def Definition) *settlement {
 // steps bucket; nil when the step has no committed record.
 func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (*state.Step, error) {
 	if s, ok := e.cache.get(runKey, stepID); ok {
-		return &s, nil
+		return s, nil
 	}
 	v, rev, err := e.cfg.Assets.Steps.Get(ctx, stepID)
 	if errors.Is(err, jetstream.ErrNotFound) {
@@ -49,7 +49,7 @@ func (e *Executor) lookup(ctx context.Context, runKey, stepID string) (*state.St
 		return nil, err
 	}
 	s.Rev = rev
-	e.cache.put(runKey, s)
+	e.cache.put(runKey, &s)
 	return &s, nil
 }
 

@@ -165,7 +165,7 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
 		}
 	}
-	e.cache.put(d.runKey(), *rec)
+	e.cache.put(d.runKey(), rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
 		h(sc.id, won)
 	}
