@@ -216,7 +216,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 		index[ids[i]] = i
 	}
 	t := newTracker(runs)
-	stopWatch, err := watchCompletions(ctx, assets, index, t)
+	stopWatch, err := watchCompletions(ctx, assets, index, t, func(r state.Run) bool { return r.Status == state.StatusCompleted })
 	if err != nil {
 		return p, err
 	}
@@ -275,9 +275,9 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 }
 
 // watchCompletions marks run index[key] finished in t when its record in
-// the runs bucket turns terminal (completed counts as success). The
-// returned function stops the watch.
-func watchCompletions(ctx context.Context, assets *jetstream.Assets, index map[string]int, t *tracker) (func(), error) {
+// the runs bucket turns terminal, a success when ok says so of the record.
+// The returned function stops the watch.
+func watchCompletions(ctx context.Context, assets *jetstream.Assets, index map[string]int, t *tracker, ok func(state.Run) bool) (func(), error) {
 	wctx, cancel := context.WithCancel(ctx)
 	watcher, err := assets.Runs.Raw().WatchAll(wctx, natsjs.UpdatesOnly())
 	if err != nil {
@@ -300,12 +300,12 @@ func watchCompletions(ctx context.Context, assets *jetstream.Assets, index map[s
 			if ent == nil {
 				continue
 			}
-			i, ok := index[ent.Key()]
-			if !ok {
+			i, known := index[ent.Key()]
+			if !known {
 				continue
 			}
 			if r, err := state.DecodeRun(ent.Value()); err == nil && r.Status.Terminal() {
-				t.finished(i, r.Status == state.StatusCompleted)
+				t.finished(i, ok(r))
 			}
 		}
 	})

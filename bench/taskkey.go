@@ -6,11 +6,9 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
@@ -137,46 +135,18 @@ func engineTaskKey(ctx context.Context, e *env, cfg config, rep int) (f taskKeyF
 			index[ids[i]] = i
 		}
 		t := newTracker(n)
-		wctx, stop := context.WithCancel(ctx)
-		defer stop()
-		watcher, err := assets.Runs.Raw().WatchAll(wctx, natsjs.UpdatesOnly())
+		var wrong atomic.Int64
+		stop, err := watchCompletions(ctx, assets, index, t, func(r state.Run) bool {
+			good := r.Status == state.StatusCompleted && string(r.Output) == "6"
+			if !good {
+				wrong.Add(1)
+			}
+			return good
+		})
 		if err != nil {
 			return 0, err
 		}
-		defer func() { _ = watcher.Stop() }()
-		var wrong atomic.Int64
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				var ent natsjs.KeyValueEntry
-				select {
-				case e, ok := <-watcher.Updates():
-					if !ok {
-						return
-					}
-					ent = e
-				case <-wctx.Done():
-					return
-				}
-				if ent == nil {
-					continue
-				}
-				i, ok := index[ent.Key()]
-				if !ok {
-					continue
-				}
-				r, err := state.DecodeRun(ent.Value())
-				if err != nil || !r.Status.Terminal() {
-					continue
-				}
-				ok = r.Status == state.StatusCompleted && string(r.Output) == "6"
-				if !ok {
-					wrong.Add(1)
-				}
-				t.finished(i, ok)
-			}
-		})
-		defer func() { stop(); wg.Wait() }()
+		defer stop()
 		_, err = parallel(ctx, n, taskKeyStarters, func(ctx context.Context, i int) error {
 			t.started(i)
 			_, err := jetflow.Start(ctx, client, wf, 0, jetflow.WithRunID(ids[i]))
