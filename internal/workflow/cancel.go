@@ -87,9 +87,9 @@ func cancelledRun(d *delivery) bool {
 // ended or replaced since d's task was published. This is what keeps a
 // cancelled run from starting steps on a worker that missed the cancel
 // notice. A start task read the record when it was received and reads it
-// no more.
-func (e *Executor) stillRunning(d *delivery) *settlement {
-	if d.task.StepID == "" {
+// again only when recheck is set (it published other steps first).
+func (e *Executor) stillRunning(d *delivery, recheck bool) *settlement {
+	if d.task.StepID == "" && !recheck {
 		return nil
 	}
 	run, _, err := e.runs.Get(d.nctx, d.run.RunID)

@@ -72,8 +72,14 @@ func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
 	if err != nil {
 		return err
 	}
-	if parent.Status.Terminal() || parent.Token != p.Token || parent.Generation != p.Generation {
+	if parent.Token != p.Token || parent.Generation != p.Generation {
 		return nil
+	}
+	if parent.Status.Terminal() {
+		// The parent has ended: nothing to resume. Should it be a child
+		// whose own end was never told (a cancel that failed half-way),
+		// tell its parent now.
+		return n.Notify(ctx, parent)
 	}
 	t := state.StepTask(parent, rev, p.StepID)
 	t.Resume, t.Redispatched = true, true
@@ -131,7 +137,16 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	if parent.Status.Terminal() || parent.Token != d.run.Token {
+	if parent.Token != d.run.Token || parent.Generation != d.run.Generation {
+		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
+	}
+	if parent.Status.Terminal() {
+		// An earlier delivery may have admitted the child after the
+		// parent's cancel read its children, and died before it could
+		// cancel it: cancel it now.
+		if s := e.cancelChildOf(d, parent, spec); s != nil {
+			return nil, s
+		}
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ended before its child %s started", errNotThisTask, spec.RunID)}
 	}
 	if known, err := e.knownWorkflow(d.nctx, spec.Workflow); err != nil {
@@ -156,7 +171,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
 	child := res.Run
-	if child.Parent == nil || child.Parent.StepID != sc.id {
+	if p := child.Parent; p == nil || p.StepID != sc.id || p.Token != d.run.Token || p.Generation != d.run.Generation {
 		// The run ID holds a run that is not this step's child (started
 		// from outside, or by another parent): refuse it rather than wait
 		// for an end that would never resume this parent.
@@ -168,9 +183,13 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	if !spec.Detached {
 		// A cancel of the parent that read its children before the link
 		// was written has missed this child: cancel it here.
-		if p, _, err := e.runs.Get(d.nctx, d.run.RunID); err == nil && p.Status == state.StatusCancelled {
-			if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil {
-				return nil, &settlement{kind: settleRelease, err: err}
+		p, _, err := e.runs.Get(d.nctx, d.run.RunID)
+		if err != nil {
+			return nil, &settlement{kind: settleRelease, err: err}
+		}
+		if p.Status == state.StatusCancelled {
+			if s := e.cancelChildOf(d, p, spec); s != nil {
+				return nil, s
 			}
 			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run was cancelled while its child %s started", errNotThisTask, spec.RunID)}
 		}
@@ -192,6 +211,25 @@ func (e *Executor) knownWorkflow(ctx context.Context, workflow string) (bool, er
 	}
 	_, known, err := roster.Lookup(ctx, e.cfg.Assets.Workflows, workflow)
 	return known, err
+}
+
+// cancelChildOf cancels the attached child spec of parent, which was
+// cancelled, when parent's record links it; a child that was never
+// admitted is nothing to cancel. It returns a release settlement when the
+// cancel cannot be written.
+func (e *Executor) cancelChildOf(d *delivery, parent state.Run, spec *ChildSpec) *settlement {
+	if parent.Status != state.StatusCancelled || spec.Detached {
+		return nil
+	}
+	for _, c := range parent.Children {
+		if c.RunID != spec.RunID {
+			continue
+		}
+		if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
+			return &settlement{kind: settleRelease, err: err}
+		}
+	}
+	return nil
 }
 
 // refusedChild is the record of child step sc whose child could not be

@@ -46,6 +46,10 @@ type Context struct {
 	// ownEpoch.
 	executed bool
 	ownEpoch int
+	// mine is that step; settledEpoch the epoch opened by the await that
+	// returned it (-1 before).
+	mine         *Pending
+	settledEpoch int
 	// own is the start task's own step, to run at the first await
 	// (runOwn).
 	own *Pending

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -182,7 +183,7 @@ func (c *Context) begin(p *Pending) {
 // for a child that still runs); a step that is not to be committed now
 // (a retry, a release, a drop) parks the body.
 func (c *Context) execute(p *Pending) {
-	c.executed, c.ownEpoch = true, p.epoch
+	c.executed, c.ownEpoch, c.mine = true, p.epoch, p
 	var (
 		rec *state.Step
 		s   *settlement
@@ -212,6 +213,9 @@ func (c *Context) runOwn() {
 		}
 	}
 	if len(ids) > 0 {
+		// The run's record was read before the replay; with the others
+		// published first, read it again before the step starts.
+		own.call.recheck = true
 		if id, err := c.exec.dispatch(c.nctx, c.delivery, ids, true); err != nil {
 			c.park(&settlement{kind: settleRelease, err: fmt.Errorf("publish task of %s: %w", id, err)})
 		}
@@ -252,6 +256,9 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 		c.park(s)
 	}
 	c.epoch++
+	if c.mine != nil && slices.Contains(ps, c.mine) {
+		c.settledEpoch = c.epoch
+	}
 	return won, nil
 }
 
@@ -311,13 +318,16 @@ func (c *Context) awaitFirst(ps []*Pending) (int, *settlement) {
 	return won, nil
 }
 
-// find returns p's committed record, or nil. A step started after the
-// await that followed this task's own step is looked up in the cache only,
-// unless exact is set: this task is the one that reached it, so it is all
-// but certainly not committed, and taking it for not committed only
-// publishes its task again (absorbed).
+// find returns p's committed record, or nil. A step started right after
+// the await that returned this task's own step, just committed, is looked
+// up in the cache only, unless exact is set: any other task that reached
+// it passed that await after this commit, and the step's own task carries
+// the run on if it has committed, so taking it for not committed only
+// publishes its task again (absorbed). A step started later, or after an
+// await that did not wait for this task's step, is read: tasks parked at
+// an await this replay must pass may be waiting for it to see it.
 func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
-	if c.executed && p.epoch > c.ownEpoch && !exact {
+	if c.executed && p.epoch == c.settledEpoch && !exact {
 		if rec, ok := c.exec.cache.get(c.runKey(), p.id); ok {
 			return rec, nil
 		}

@@ -17,7 +17,7 @@ import (
 // a step it cannot go past in this task (see Context.park), and returns how
 // to settle the task.
 func (e *Executor) replay(d *delivery, def Definition) *settlement {
-	c := &Context{delivery: d, exec: e, occ: make(map[string]int), ownEpoch: -1, done: make(chan *settlement, 1)}
+	c := &Context{delivery: d, exec: e, occ: make(map[string]int), ownEpoch: -1, settledEpoch: -1, done: make(chan *settlement, 1)}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {

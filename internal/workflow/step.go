@@ -25,6 +25,9 @@ type stepCall struct {
 	// child is set for a child step (StartChild): executing it starts the
 	// child run.
 	child *ChildSpec
+	// recheck: a start task published other steps before this one ran,
+	// so the run's record is read again before it starts.
+	recheck bool
 }
 
 // stepAttempt is one attempt at a step call.
@@ -51,7 +54,7 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement)
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	if s := e.stillRunning(d); s != nil {
+	if s := e.stillRunning(d, sc.recheck); s != nil {
 		return nil, s
 	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
