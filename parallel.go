@@ -215,3 +215,24 @@ func Child[P, R any](ctx *Context, wf *Workflow[P, R], input P, opts ...ChildOpt
 	p, err := ctx.c.StartChild(wf.Name(), workflow.ChildSpec{Workflow: wf.Name(), Input: in, RunID: o.runID, Detached: o.detached})
 	return &Future[R]{p: p, err: err}
 }
+
+// GetAll waits for every one of fs, as AwaitAll does, and returns their
+// results in the order of fs, or the first failure in that order.
+func GetAll[T any](ctx *Context, fs []*Future[T]) ([]T, error) {
+	aw := make([]Awaitable, len(fs))
+	for i, f := range fs {
+		aw[i] = f
+	}
+	if err := AwaitAll(ctx, aw...); err != nil {
+		return nil, err
+	}
+	out := make([]T, len(fs))
+	for i, f := range fs {
+		v, err := f.Get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}

@@ -45,21 +45,16 @@ func recordIn(effects *faultcheck.Effects) effectReporter {
 func fanOutFault(report effectReporter) *Workflow[int, int] {
 	return NewWorkflow("fanout", func(ctx *Context, n int) (int, error) {
 		fs := make([]*Future[int], n)
-		aw := make([]Awaitable, n)
 		for i := range n {
 			fs[i] = Go(ctx, "branch", reportedStep(report, func() int { return i }),
 				WithBackoff(50*time.Millisecond, 100*time.Millisecond))
-			aw[i] = fs[i]
 		}
-		if err := AwaitAll(ctx, aw...); err != nil {
+		vs, err := GetAll(ctx, fs)
+		if err != nil {
 			return 0, err
 		}
 		sum := 0
-		for _, f := range fs {
-			v, err := f.Get(ctx)
-			if err != nil {
-				return 0, err
-			}
+		for _, v := range vs {
 			sum += v
 		}
 		return sum, nil

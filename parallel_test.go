@@ -29,19 +29,12 @@ func fanOut(name string, effects *counter) *Workflow[int, int] {
 				return i, nil
 			})
 		}
-		aw := make([]Awaitable, n)
-		for i, f := range fs {
-			aw[i] = f
-		}
-		if err := AwaitAll(ctx, aw...); err != nil {
+		vs, err := GetAll(ctx, fs)
+		if err != nil {
 			return 0, err
 		}
 		sum := 0
-		for _, f := range fs {
-			v, err := f.Get(ctx)
-			if err != nil {
-				return 0, err
-			}
+		for _, v := range vs {
 			sum += v
 		}
 		return sum, nil
