@@ -47,7 +47,7 @@ var (
 	// ErrDuplicateWorkflow: a registry already has a workflow of that name.
 	ErrDuplicateWorkflow = errors.New("jetflow: workflow registered twice")
 	// ErrRunNotFound: no run has that ID (or it has expired).
-	ErrRunNotFound = errors.New("jetflow: run not found")
+	ErrRunNotFound = workflow.ErrRunNotFound
 	// ErrRunFailed is matched by every *RunError.
 	ErrRunFailed = errors.New("jetflow: run did not complete")
 	// ErrStepFailed is matched by every *StepError.
@@ -88,7 +88,7 @@ var (
 	// repeat by a user with the rights finishes it.
 	ErrPermissionDenied = errors.New("jetflow: permission denied")
 	// ErrRunEnded: the run has already completed or failed.
-	ErrRunEnded = errors.New("jetflow: run already ended")
+	ErrRunEnded = workflow.ErrRunEnded
 	// ErrInvalidListOptions: a ListOptions field is out of range.
 	ErrInvalidListOptions = errors.New("jetflow: invalid list options")
 	// ErrInvalidKey: a task key option is not acceptable: an empty key, a

@@ -101,6 +101,7 @@ type workflowOptions struct {
 	policy       ConflictPolicy
 	retention    time.Duration
 	requireRunID bool
+	events       map[string]eventType
 }
 
 // RequireRunID makes the caller's run ID mandatory even where a generated

@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,9 +18,11 @@ import (
 
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/roster"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/workflow"
@@ -243,10 +246,19 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.Join(err, cancels.Unsubscribe(), stopPools(ctx))
 	}
 	consumers = append(consumers, startConsumers...)
-	stop, err := startproto.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	stopStarts, err := startproto.Serve(w.nc, admit, served, 10*time.Second, w.log)
 	if err != nil {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
+	events := &eventproto.Service{
+		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log,
+		Sender: workflow.Sender{Assets: assets, Runs: runs.New(assets), Now: time.Now},
+	}
+	stopEvents, err := events.Serve()
+	if err != nil {
+		return errors.Join(err, cancels.Unsubscribe(), stopStarts(), stopDurable(ctx), stopPools(ctx))
+	}
+	stop := func() error { return errors.Join(stopEvents(), stopStarts()) }
 	if w.cfg.ApplyAckWait {
 		// Consumers whose AckWait is longer are lowered all together, in
 		// one grace period (see LowerAckWait).
@@ -277,6 +289,23 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
+}
+
+// eventChecks are the event checks of the workflows w serves: each event
+// a workflow declares (WithEvent), with its payload type's check.
+func (w *Worker) eventChecks() map[string]eventproto.Check {
+	checks := make(map[string]eventproto.Check, len(w.ws.defs))
+	for name, wf := range w.ws.defs {
+		declared := wf.declaredEvents()
+		checks[name] = func(event string, payload json.RawMessage) error {
+			et, ok := declared[event]
+			if !ok {
+				return fmt.Errorf("%w: workflow %s declares no event %q", ErrUnknownEvent, name, event)
+			}
+			return et.check(payload)
+		}
+	}
+	return checks
 }
 
 // dueSlots is how many due timers a worker moves into the task stream at

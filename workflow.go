@@ -20,6 +20,7 @@ type Workflow[P, R any] struct {
 	policy       ConflictPolicy
 	retention    time.Duration
 	requireRunID bool
+	events       map[string]eventType
 }
 
 // NewWorkflow defines a workflow. name is its identity in stored runs and on
@@ -35,8 +36,11 @@ func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID}
+	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID, events: o.events}
 }
+
+// declaredEvents are the events the workflow declares (WithEvent).
+func (w *Workflow[P, R]) declaredEvents() map[string]eventType { return w.events }
 
 // ConflictPolicy is the workflow's default conflict policy.
 func (w *Workflow[P, R]) ConflictPolicy() ConflictPolicy { return w.policy }
@@ -52,7 +56,7 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 			if err != nil {
 				return nil, err
 			}
-			out, err := w.fn(&Context{c: c}, in)
+			out, err := w.fn(&Context{c: c, events: w.events}, in)
 			if err != nil {
 				return nil, err
 			}
@@ -95,7 +99,8 @@ func decodeInput[P any](raw json.RawMessage) (P, error) {
 // that Step needs. It is not a context.Context; Context() returns the one
 // for cancellation.
 type Context struct {
-	c *workflow.Context
+	c      *workflow.Context
+	events map[string]eventType
 }
 
 // RunID is the run's ID: the caller's idempotency key, or a generated one.
@@ -219,6 +224,7 @@ type Registrable interface {
 	Name() string
 	definition() workflow.Definition
 	served() (startproto.Served, error)
+	declaredEvents() map[string]eventType
 }
 
 // Registry is an explicit registry of the workflows a worker serves.
@@ -254,6 +260,11 @@ func (r *Registry) Register(wfs ...Registrable) error {
 		}
 		if _, err := wf.served(); err != nil {
 			return err
+		}
+		for name := range wf.declaredEvents() {
+			if err := state.ValidateName(name); err != nil {
+				return fmt.Errorf("workflow %s: event: %w", wf.Name(), err)
+			}
 		}
 		seen[wf.Name()] = true
 	}

@@ -35,6 +35,9 @@ const (
 	// them now (a record per worker and workflow, with a per-message TTL
 	// that the worker's heartbeat refreshes). See internal/roster.
 	WorkflowsBucket = "jetflow_workflows"
+	// HooksBucket maps hook tokens to the waits they resume (state.Hook),
+	// keyed by token; internal/events owns it.
+	HooksBucket = "jetflow_hooks"
 	// WorkflowsMarkerTTL is how long the marker of an expired or withdrawn
 	// liveness record stays in WorkflowsBucket (its LimitMarkerTTL): long
 	// enough for a watcher to see it, short enough that workers coming
@@ -166,6 +169,8 @@ type Assets struct {
 	Attempts *KV
 	// Workflows is WorkflowsBucket: known workflows and live workers.
 	Workflows *KV
+	// Hooks is HooksBucket: hook tokens.
+	Hooks *KV
 	// TaskKeys is the task-keys bucket, provisioned on first use.
 	TaskKeys *TaskKeys
 }
@@ -237,7 +242,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	}
 	timers, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TimersStream,
-		Description: "jetflow timers: tasks stored until they are due (retry backoffs), then published to " + dueSubjects,
+		Description: "jetflow timers: tasks stored until they are due (retry backoffs, sleeps, wait timeouts), then published to " + dueSubjects,
 		Subjects:    []string{timerSubjects, dueSubjects},
 		Retention:   natsjs.WorkQueuePolicy,
 		Storage:     storage,
@@ -265,6 +270,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps, 0},
 		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, 0},
 		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts, 0},
+		{HooksBucket, "jetflow hook tokens, keyed by token: the wait each resumes", &a.Hooks, 0},
 	} {
 		kv, err := p.ensureBucket(ctx, natsjs.KeyValueConfig{
 			Bucket:         b.name,

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Limits on identifiers and payloads. Run IDs and names become NATS subject
@@ -83,6 +85,75 @@ func ValidateName(name string) error {
 	return nil
 }
 
+// Step names of waits for events. The step that waits for the event
+// called name is named EventStepName(name) ("event=<name>") when senders
+// address it by run ID and event name, HookStepName(name) ("hook=<name>")
+// when they address it by a hook token. A name the body gives a step
+// never holds '=', so no sender can commit a step the body runs.
+const (
+	eventStepPrefix = "event="
+	hookStepPrefix  = "hook="
+)
+
+// EventStepName is the step name of a wait for the event called name,
+// addressed by run ID and name.
+func EventStepName(name string) string { return eventStepPrefix + name }
+
+// HookStepName is the step name of a wait for the event called name,
+// addressed by a hook token.
+func HookStepName(name string) string { return hookStepPrefix + name }
+
+// validateStepName accepts a name ValidateName accepts, or the step name
+// of a wait for an event (EventStepName, HookStepName).
+func validateStepName(name string) error {
+	if ev, ok := strings.CutPrefix(name, eventStepPrefix); ok {
+		return ValidateName(ev)
+	}
+	if ev, ok := strings.CutPrefix(name, hookStepPrefix); ok {
+		return ValidateName(ev)
+	}
+	return ValidateName(name)
+}
+
+// MaxEventIDLen bounds an event ID: a provider's (Stripe's evt_..., a
+// GitHub delivery GUID, a Standard Webhooks msg_...) or the caller's.
+const MaxEventIDLen = 256
+
+// ErrInvalidEventID: an event ID that is empty, too long or holds a
+// control character.
+var ErrInvalidEventID = errors.New("jetflow: invalid event ID")
+
+// ValidateEventID checks an event ID: 1..MaxEventIDLen bytes of UTF-8
+// without control characters.
+func ValidateEventID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidEventID)
+	case len(id) > MaxEventIDLen:
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidEventID, len(id), MaxEventIDLen)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not UTF-8", ErrInvalidEventID)
+	}
+	for i, r := range id {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: control character at %d", ErrInvalidEventID, i)
+		}
+	}
+	return nil
+}
+
+// ErrInvalidHookToken: a hook token outside the run-ID alphabet.
+var ErrInvalidHookToken = errors.New("jetflow: invalid hook token")
+
+// ValidateHookToken checks a hook token: like a run ID, 1..128 characters
+// of [A-Za-z0-9_=-] (it becomes a key and a subject token).
+func ValidateHookToken(token string) error {
+	if err := validateToken(token, MaxRunIDLen, true); err != nil {
+		return fmt.Errorf("%w %q: %s", ErrInvalidHookToken, clip(token), err)
+	}
+	return nil
+}
+
 // ValidateSource checks the source a start names (a client name for the
 // audit): at most MaxSourceLen bytes, empty allowed. A longer one is
 // ErrInputTooLarge.
@@ -104,7 +175,7 @@ func validateStepID(runID, stepID string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("step ID %q has no occurrence", clip(stepID))
 	}
-	if err := ValidateName(name); err != nil {
+	if err := validateStepName(name); err != nil {
 		return "", fmt.Errorf("step ID: %w", err)
 	}
 	n, err := strconv.Atoi(occ)

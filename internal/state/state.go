@@ -150,9 +150,69 @@ type Step struct {
 	Committed time.Time       `json:"committed_at"`
 	// Child is the run ID of the child run the step stands for.
 	Child string `json:"child,omitempty"`
+	// Kind is what the step waited for, when it ran no function: StepSleep,
+	// StepEvent or StepHook (a child step has Child set instead).
+	Kind string `json:"kind,omitempty"`
+	// WakeAt is a sleep's deadline, or a wait's timeout.
+	WakeAt time.Time `json:"wake_at,omitzero"`
+	// EventID is the ID of the event a wait's record holds (Output is its
+	// payload); HookToken the token a hook wait was addressed by.
+	EventID   string `json:"event_id,omitempty"`
+	HookToken string `json:"hook_token,omitempty"`
 	// Rev is the record's revision in the steps bucket (not stored): all
 	// steps share one stream, so it orders commits.
 	Rev uint64 `json:"-"`
+}
+
+// Kinds of steps that run no function (Step.Kind).
+const (
+	StepSleep = "sleep"
+	StepEvent = "event"
+	StepHook  = "hook"
+)
+
+// Hook is the record of a hook token, stored under the token in the hooks
+// bucket with create-if-absent when a run first waits on it: the one
+// wait (a run's step) that the token resumes. A token is single-use: its
+// record is never moved to another wait.
+type Hook struct {
+	V          int    `json:"v"`
+	Token      string `json:"token"`
+	RunID      string `json:"run_id"`
+	Workflow   string `json:"workflow"`
+	RunToken   string `json:"run_token"`
+	Generation int    `json:"generation,omitempty"`
+	// StepID is the waiting step; Event its event name.
+	StepID    string    `json:"step_id"`
+	Event     string    `json:"event"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// DecodeHook decodes and validates a hook record.
+func DecodeHook(b []byte) (Hook, error) {
+	var h Hook
+	if err := decode(b, &h); err != nil {
+		return Hook{}, err
+	}
+	if err := ValidateHookToken(h.Token); err != nil {
+		return Hook{}, fmt.Errorf("%w: hook record: %w", ErrCorrupt, err)
+	}
+	if err := ValidateRunID(h.RunID); err != nil {
+		return Hook{}, fmt.Errorf("%w: hook record: %w", ErrCorrupt, err)
+	}
+	if err := ValidateName(h.Workflow); err != nil {
+		return Hook{}, fmt.Errorf("%w: hook record: %w", ErrCorrupt, err)
+	}
+	if err := ValidateName(h.Event); err != nil {
+		return Hook{}, fmt.Errorf("%w: hook record: %w", ErrCorrupt, err)
+	}
+	if _, err := validateStepID(h.RunID, h.StepID); err != nil || h.Generation < 0 {
+		return Hook{}, fmt.Errorf("%w: hook record: step %q, generation %d", ErrCorrupt, clip(h.StepID), h.Generation)
+	}
+	if err := checkTimes("hook record", h.CreatedAt); err != nil {
+		return Hook{}, err
+	}
+	return h, nil
 }
 
 // AuditRecent is how many of the most recent duplicate attempts a run's
@@ -248,8 +308,12 @@ type Task struct {
 	// Parent is the run record's (a child run's tasks).
 	Parent *ParentLink `json:"parent,omitempty"`
 	// Resume marks a task published when a step was committed by someone
-	// other than a task of its own (a child run's end): it only replays.
+	// other than a task of its own (a child run's end, an event): it only
+	// replays.
 	Resume bool `json:"resume,omitempty"`
+	// WakeAt marks the task a sleep or a wait's timeout stored as a timer:
+	// its step is due at WakeAt, not before.
+	WakeAt time.Time `json:"wake_at,omitzero"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -360,7 +424,7 @@ func DecodeStep(b []byte) (Step, error) {
 	if s.Seq < 0 || s.Attempt < 0 {
 		return Step{}, fmt.Errorf("%w: step record %q: negative seq or attempt", ErrCorrupt, s.StepID)
 	}
-	if err := checkTimes("step record", s.Committed); err != nil {
+	if err := checkTimes("step record", s.Committed, s.WakeAt); err != nil {
 		return Step{}, err
 	}
 	return s, nil
@@ -432,7 +496,7 @@ func DecodeTask(b []byte) (Task, error) {
 	if err := t.Parent.validate(); err != nil {
 		return Task{}, fmt.Errorf("%w: task: %w", ErrCorrupt, err)
 	}
-	if err := checkTimes("task", t.CreatedAt); err != nil {
+	if err := checkTimes("task", t.CreatedAt, t.WakeAt); err != nil {
 		return Task{}, err
 	}
 	return t, nil

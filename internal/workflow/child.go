@@ -81,14 +81,7 @@ func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
 		// tell its parent now.
 		return n.Notify(ctx, parent)
 	}
-	t := state.StepTask(parent, rev, p.StepID)
-	t.Resume, t.Redispatched = true, true
-	tb, err := state.Encode(t)
-	if err != nil {
-		return err
-	}
-	_, err = jetstream.PublishTask(ctx, n.Assets.JS, jetstream.ResumeSubject(parent.Workflow, p.StepID), p.StepID+".resume", tb)
-	return err
+	return PublishResume(ctx, n.Assets, parent, rev, p.StepID)
 }
 
 // childStep is the record of the parent's step that stands for the ended

@@ -188,9 +188,12 @@ func (c *Context) execute(p *Pending) {
 		rec *state.Step
 		s   *settlement
 	)
-	if p.call.child != nil {
+	switch {
+	case p.call.child != nil:
 		rec, s = c.exec.startChild(c.delivery, p.call)
-	} else {
+	case p.call.wait != nil:
+		rec, s = c.exec.startWait(c.delivery, p.call)
+	default:
 		rec, s = c.exec.execute(c.delivery, p.call)
 	}
 	if s != nil {
@@ -340,7 +343,10 @@ func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
 // the task of every started step not known to be committed that only this
 // replay has reached (see Pending), then acknowledge.
 func (c *Context) frontier() *settlement {
-	s := &settlement{kind: settleDispatch, ranStep: c.executed}
+	// A run parked at the wait this task has just begun may wait for days:
+	// its history leaves the cache.
+	waiting := c.mine != nil && c.mine.call.wait != nil && c.mine.rec == nil
+	s := &settlement{kind: settleDispatch, ranStep: c.executed, forget: waiting}
 	for _, p := range c.started {
 		if p.rec != nil || p.dispatched || (c.executed && p.epoch <= c.ownEpoch) {
 			continue

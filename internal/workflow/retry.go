@@ -79,7 +79,7 @@ func (f *DueForwarder) Handle(ctx context.Context, msg natsjs.Msg) {
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	d, err := jetstream.PublishTask(pctx, f.JS, subject, retryMsgID(t), msg.Data())
+	d, err := jetstream.PublishTask(pctx, f.JS, subject, timerMsgID(t), msg.Data())
 	log := RunLogger(f.Log, t.Workflow, t.RunID)
 	if err != nil {
 		log.Warn().Err(err).Str("subject", subject).Msg("cannot publish a due task; retrying")

@@ -51,7 +51,10 @@ type settlement struct {
 	// hand-over to the next step); otherwise the task only found the
 	// frontier (a late redelivery, a duplicate's start task).
 	ranStep bool
-	delay   time.Duration
+	// forget: the run waits (a sleep, an event) and its history leaves
+	// the cache.
+	forget bool
+	delay  time.Duration
 	// attempt is the attempt that failed (retry).
 	attempt int
 	output  json.RawMessage
@@ -68,6 +71,9 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 			log.Warn().Err(err).Str("next_step_id", id).Msg("cannot publish next task; releasing")
 			settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
 			return
+		}
+		if s.forget {
+			e.cache.forget(d.runKey())
 		}
 		settleErr(log, msg.Ack(), "ack")
 	case settleRetry:

@@ -25,6 +25,9 @@ type stepCall struct {
 	// child is set for a child step (StartChild): executing it starts the
 	// child run.
 	child *ChildSpec
+	// wait is set for a wait (StartWait): executing it stores what ends
+	// the wait, or commits its end.
+	wait *WaitSpec
 	// recheck: a start task published other steps before this one ran,
 	// so the run's record is read again before it starts.
 	recheck bool

@@ -1,0 +1,143 @@
+package jetflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+type carrierUpdate struct {
+	Status string `json:"status"`
+}
+
+// deliveryFlow: a step, then the carrier's event or a timeout, then a
+// step that records what it saw.
+func deliveryFlow(name string, timeout time.Duration, effects *counter) *Workflow[string, string] {
+	return NewWorkflow(name, func(ctx *Context, order string) (string, error) {
+		if _, err := Step(ctx, "charge", func(sctx context.Context) (string, error) {
+			info, _ := StepDetailsFrom(sctx)
+			effects.inc(info.StepID)
+			return "ch", nil
+		}); err != nil {
+			return "", err
+		}
+		var opts []WaitOption
+		if timeout > 0 {
+			opts = append(opts, WithTimeout(timeout))
+		}
+		up, err := WaitEvent[carrierUpdate](ctx, "carrier", opts...)
+		seen := up.Status
+		if errors.Is(err, ErrEventTimeout) {
+			seen = "timeout"
+		} else if err != nil {
+			return "", err
+		}
+		return Step(ctx, "notify", func(sctx context.Context) (string, error) {
+			info, _ := StepDetailsFrom(sctx)
+			effects.inc(info.StepID)
+			return seen, nil
+		})
+	}, WithEvent[carrierUpdate]("carrier"))
+}
+
+func TestEventBeforeAndAfterWait(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := deliveryFlow("deliv", 0, effects)
+	env.worker(WorkerConfig{Concurrency: 4}, wf)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+
+	// Sent after the run waits.
+	h, err := Start(ctx, c, wf, "o1", WithRunID("d-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("d-1.charge.0") == 1 }, 10*time.Second, 10*time.Millisecond)
+	res, err := c.SendEvent(ctx, "d-1", "carrier", "evt-1", json.RawMessage(`{"status":"delivered"}`))
+	require.NoError(t, err)
+	require.Equal(t, EventDelivered, res.Outcome)
+	require.Equal(t, "d-1.event=carrier.0", res.StepID)
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "delivered", got)
+	res, err = c.SendEvent(ctx, "d-1", "carrier", "evt-1", json.RawMessage(`{"status": "delivered"}`))
+	require.ErrorIs(t, err, ErrRunEnded)
+
+	// Sent before the run starts waiting: kept.
+	h2, err := Start(ctx, c, wf, "o2", WithRunID("d-2"))
+	require.NoError(t, err)
+	res, err = c.SendEvent(ctx, "d-2", "carrier", "evt-2", json.RawMessage(`{"status":"early"}`))
+	require.NoError(t, err)
+	require.Equal(t, EventDelivered, res.Outcome)
+	got, err = h2.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "early", got)
+
+	_, err = c.SendEvent(ctx, "nope", "carrier", "evt-3", json.RawMessage(`{}`))
+	require.ErrorIs(t, err, ErrRunNotFound)
+}
+
+func TestEventTimeoutAndSleep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := deliveryFlow("deliv-to", time.Second, effects)
+	slept := NewWorkflow("sleeper", func(ctx *Context, d time.Duration) (time.Time, error) {
+		start, err := Step(ctx, "before", func(context.Context) (time.Time, error) { return time.Now(), nil })
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := Sleep(ctx, "nap", d); err != nil {
+			return time.Time{}, err
+		}
+		end, err := Step(ctx, "after", func(context.Context) (time.Time, error) { return time.Now(), nil })
+		if end.Sub(start) < d {
+			return end, errors.New("woke early")
+		}
+		return end, err
+	})
+	env.worker(WorkerConfig{Concurrency: 4}, wf, slept)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Start(ctx, c, wf, "o1", WithRunID("t-1"))
+	require.NoError(t, err)
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "timeout", got)
+
+	hs, err := Start(ctx, c, slept, 2*time.Second, WithRunID("s-1"))
+	require.NoError(t, err)
+	_, err = hs.Result(ctx)
+	require.NoError(t, err)
+}
+
+func TestHookResume(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("approve", func(ctx *Context, order string) (string, error) {
+		a, err := WaitEvent[carrierUpdate](ctx, "approval", WithHookToken(order+"-approval"))
+		return a.Status, err
+	}, WithEvent[carrierUpdate]("approval"))
+	env.worker(WorkerConfig{Concurrency: 4}, wf)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	_, err := c.Resume(ctx, "o9-approval", "e1", json.RawMessage(`{"status":"ok"}`))
+	require.ErrorIs(t, err, ErrHookNotFound)
+	h, err := Start(ctx, c, wf, "o9", WithRunID("h-1"))
+	require.NoError(t, err)
+	var res EventResult
+	require.Eventually(t, func() bool {
+		res, err = c.Resume(ctx, "o9-approval", "e1", json.RawMessage(`{"status":"ok"}`))
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, EventDelivered, res.Outcome)
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "ok", got)
+	_, err = c.Resume(ctx, "o9-approval", "e2", json.RawMessage(`{"status":"ok"}`))
+	require.ErrorIs(t, err, ErrRunEnded)
+}
