@@ -142,10 +142,11 @@ type Config struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
-	// AwaitsEvent is the hook for waited events (G16): it reports whether
-	// run is waiting for an event delivered to it, which makes it healthy
-	// without a task or a timer. Events do not exist yet: nil means no run
-	// ever waits for one.
+	// AwaitsEvent, when set, reports whether run is waiting for something
+	// outside the streams, which makes it healthy without a task or a
+	// timer. The engine leaves it nil: a run that waits for an event (or
+	// sleeps) always holds a timer of its wait (internal/workflow,
+	// WaitRecheck).
 	AwaitsEvent func(ctx context.Context, run Run) (bool, error)
 	// AfterPass, when set, is called with the report of every pass (tests).
 	AfterPass func(Pass)

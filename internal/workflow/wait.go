@@ -115,17 +115,20 @@ func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlemen
 	if deadline.IsZero() {
 		deadline = w.deadline(now)
 	}
-	switch {
-	case deadline.IsZero():
-		return nil, nil // no timeout: only an event ends it
-	case !deadline.After(now):
+	if !deadline.IsZero() && !deadline.After(now) {
 		return e.commitRecord(d, sc, expired(d, sc, deadline))
 	}
-	if err := e.scheduleWake(d, sc, deadline); err != nil {
+	if err := e.scheduleWake(d, sc, deadline, now); err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
 	return nil, nil
 }
+
+// WaitRecheck is how often a wait without a deadline (an event wait
+// without a timeout) has its task delivered again: the timer that does it
+// is what tells the sweeper the run is waiting, not stuck, and a replay
+// at each recheck resumes a run whose resume task was lost.
+const WaitRecheck = 24 * time.Hour
 
 // deadline is when the wait ends without an event, for a wait that starts
 // at now; zero for none.
@@ -162,11 +165,12 @@ func expired(d *delivery, sc *stepCall, deadline time.Time) *state.Step {
 	return rec
 }
 
-// scheduleWake stores the task of wait sc as a timer due at deadline. A
-// task that may not be the first to execute the wait (a redelivery, a
+// scheduleWake stores the task of wait sc as a timer due at deadline, or,
+// for a wait without one, as a recheck due WaitRecheck after now. A task
+// that may not be the first to execute the wait (a redelivery, a
 // redispatch, a resume) first looks for the timer an earlier one stored,
 // and keeps it: its deadline was counted from the wait's first start.
-func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline time.Time) error {
+func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Time) error {
 	subject := jetstream.TaskSubject(d.run.Workflow, d.run.RunID, sc.id)
 	if d.delivered > 1 || d.task.Redispatched || d.task.Resume || d.task.StepID != sc.id {
 		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, subject)
@@ -175,12 +179,17 @@ func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline time.Time) e
 		}
 	}
 	t := state.StepTask(d.run, d.rev, sc.id)
-	t.WakeAt = deadline.UTC()
+	at := deadline
+	if deadline.IsZero() {
+		at, t.Redispatched = now.Add(WaitRecheck), true
+	} else {
+		t.WakeAt = deadline.UTC()
+	}
 	b, err := state.Encode(t)
 	if err != nil {
 		return err
 	}
-	err = jetstream.ScheduleTask(d.nctx, e.cfg.Assets.JS, subject, timerMsgID(t), b, deadline)
+	err = jetstream.ScheduleTask(d.nctx, e.cfg.Assets.JS, subject, timerMsgID(t), b, at)
 	if errors.Is(err, jetstream.ErrTimerExists) {
 		return nil // stored by an earlier delivery within the broker's window
 	}
@@ -189,10 +198,14 @@ func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline time.Time) e
 
 // timerMsgID names the task message of a timer, which the timer and the
 // task it becomes share, so that a repeated store or forward within the
-// broker's window is absorbed: one per retry of a step, one per wait.
+// broker's window is absorbed: one per retry of a step, one per wait's
+// deadline, one per wait's recheck.
 func timerMsgID(t state.Task) string {
-	if !t.WakeAt.IsZero() {
+	switch {
+	case !t.WakeAt.IsZero():
 		return t.StepID + "#wake"
+	case t.Attempt == 0:
+		return t.StepID + "#recheck"
 	}
 	return retryMsgID(t)
 }
