@@ -626,6 +626,15 @@ type StepRecord struct {
 	TaskKey *StepTaskKey `json:"task_key,omitempty"`
 	// Child is the child run a child step (Child) stands for.
 	Child string `json:"child,omitempty"`
+	// Kind is "sleep" for a sleep, "event" or "hook" for a wait for an
+	// event, empty for a step that ran a function or a child.
+	Kind string `json:"kind,omitempty"`
+	// WakeAt is a sleep's deadline, or a wait's timeout.
+	WakeAt time.Time `json:"wake_at,omitzero"`
+	// EventID is the ID of the event a wait holds (its Output is the
+	// payload); HookToken the token of a hook wait.
+	EventID   string `json:"event_id,omitempty"`
+	HookToken string `json:"hook_token,omitempty"`
 }
 
 // StepTaskKey is the task idempotency key of a committed step.
@@ -668,7 +677,8 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		if err != nil {
 			return nil, err
 		}
-		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child}
+		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
+			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -140,4 +142,91 @@ func TestHookResume(t *testing.T) {
 	require.Equal(t, "ok", got)
 	_, err = c.Resume(ctx, "o9-approval", "e2", json.RawMessage(`{"status":"ok"}`))
 	require.ErrorIs(t, err, ErrRunEnded)
+}
+
+// TestWaitCallErrors: a wait for an undeclared event, or with another
+// type, fails in the body; a hook token taken by another run's wait fails
+// the second wait with ErrHookTaken; a sleep of zero returns at once.
+func TestWaitCallErrors(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("calls", func(ctx *Context, token string) ([]string, error) {
+		var out []string
+		if err := Sleep(ctx, "zero", 0); err != nil {
+			return nil, err
+		}
+		_, err := WaitEvent[int](ctx, "undeclared")
+		out = append(out, fmt.Sprint(errors.Is(err, ErrUnknownEvent)))
+		_, err = WaitEvent[string](ctx, "approval")
+		out = append(out, fmt.Sprint(errors.Is(err, ErrUnknownEvent)))
+		if token != "" {
+			_, err = WaitEvent[carrierUpdate](ctx, "approval", WithHookToken(token))
+			out = append(out, fmt.Sprint(errors.Is(err, ErrHookTaken)))
+		}
+		return out, nil
+	}, WithEvent[carrierUpdate]("approval"))
+	holder := NewWorkflow("holder", func(ctx *Context, token string) (string, error) {
+		a, err := WaitEvent[carrierUpdate](ctx, "approval", WithHookToken(token))
+		return a.Status, err
+	}, WithEvent[carrierUpdate]("approval"))
+	env.worker(WorkerConfig{Concurrency: 4}, wf, holder)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+
+	hh, err := Start(ctx, c, holder, "tok-1", WithRunID("holder-1"))
+	require.NoError(t, err)
+	// The holder's wait has registered the token once a resume finds it.
+	require.Eventually(t, func() bool {
+		_, err := c.Resume(ctx, "tok-1", "probe", json.RawMessage(`"not an object"`))
+		return errors.Is(err, ErrEventPayload)
+	}, 10*time.Second, 20*time.Millisecond)
+
+	h, err := Start(ctx, c, wf, "tok-1", WithRunID("calls-1"))
+	require.NoError(t, err)
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"true", "true", "true"}, got)
+
+	res, err := c.Resume(ctx, "tok-1", "e1", json.RawMessage(`{"status":"held"}`))
+	require.NoError(t, err)
+	require.Equal(t, "holder-1", res.RunID)
+	status, err := hh.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "held", status)
+}
+
+// TestEventAfterTimeoutGoesToNextWait: a wait that timed out holds no
+// event; the event sent after it fills the next wait for the same name.
+func TestEventAfterTimeoutGoesToNextWait(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("twice", func(ctx *Context, _ int) (string, error) {
+		_, err := WaitEvent[string](ctx, "ping", WithTimeout(time.Second))
+		if !errors.Is(err, ErrEventTimeout) {
+			return "", fmt.Errorf("first wait: want a timeout, got %v", err)
+		}
+		var se *StepError
+		if !errors.As(err, &se) || se.Code != "event_timeout" {
+			return "", fmt.Errorf("first wait: want a StepError with code event_timeout, got %v", err)
+		}
+		if _, err := Step(ctx, "between", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return "", err
+		}
+		return WaitEvent[string](ctx, "ping")
+	}, WithEvent[string]("ping"))
+	env.worker(WorkerConfig{Concurrency: 4}, wf)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	h, err := Start(ctx, c, wf, 0, WithRunID("tw-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		steps, err := c.Steps(ctx, "tw-1")
+		return err == nil && slices.ContainsFunc(steps, func(s StepRecord) bool { return s.StepID == "tw-1.between.0" })
+	}, 20*time.Second, 20*time.Millisecond)
+	res, err := c.SendEvent(ctx, "tw-1", "ping", "p1", json.RawMessage(`"pong"`))
+	require.NoError(t, err)
+	require.Equal(t, "tw-1.event=ping.1", res.StepID)
+	got, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "pong", got)
 }
