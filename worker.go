@@ -251,7 +251,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
 	events := &eventproto.Service{
-		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log,
+		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log, Metrics: w.cfg.Metrics.internal(),
 		Sender: workflow.Sender{Assets: assets, Runs: runs.New(assets), Now: time.Now},
 	}
 	stopEvents, err := events.Serve()

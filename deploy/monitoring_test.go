@@ -48,6 +48,7 @@ var metricLabels = map[string][]string{
 	"jetflow_runs_stuck_total":              {"workflow"},
 	"jetflow_unserved_start_envelopes":      {},
 	"jetflow_runs_running":                  {"workflow"},
+	"jetflow_events_total":                  {"workflow", "outcome"},
 	"jetflow_build_info":                    {"version", "goversion", "role"},
 	"jetflow_nats_connected":                {},
 	"jetflow_nats_reconnects_total":         {},

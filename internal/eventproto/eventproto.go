@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -183,6 +184,8 @@ type Service struct {
 	Served  map[string]Check
 	Timeout time.Duration
 	Log     zerolog.Logger
+	// Metrics counts the deliveries this worker answers (nil: none).
+	Metrics *metrics.Metrics
 }
 
 // maxConcurrent bounds the event requests a worker answers at once.
@@ -228,7 +231,10 @@ func (s *Service) Serve() (func() error, error) {
 func (s *Service) answer(m *nats.Msg, forwarded bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.Timeout)
 	defer cancel()
-	reply := s.handle(ctx, m.Data, forwarded)
+	reply, relayed := s.handle(ctx, m.Data, forwarded)
+	if !relayed { // the workers that answered a forward count it
+		s.Metrics.Event(reply.Workflow, outcomeOf(reply))
+	}
 	if reply.Error != nil {
 		ev := s.Log.Info()
 		if reply.Error.Code == CodeInternal {
@@ -246,57 +252,72 @@ func (s *Service) answer(m *nats.Msg, forwarded bool) {
 	}
 }
 
-// handle delivers the event in b, or forwards it to the workers of the
-// run's workflow when this worker does not serve it and returns their
-// reply.
-func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) *Reply {
+// handle delivers the event in b, or, when this worker does not serve the
+// run's workflow, forwards it to the workers that do and returns their
+// reply (relayed).
+func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) (_ *Reply, relayed bool) {
 	ev, err := Decode(b)
 	if err != nil {
-		return errorReply(ev, err)
+		return errorReply(ev, err), false
 	}
 	t, err := s.Sender.Resolve(ctx, ev)
 	if err != nil {
 		r := errorReply(ev, err)
 		r.RunID, r.Workflow, r.RunStatus = t.Run.RunID, t.Run.Workflow, t.Run.Status
-		return r
+		return r, false
 	}
 	check, ok := s.Served[t.Run.Workflow]
-	if !ok {
-		if forwarded {
-			return errorReply(ev, fmt.Errorf("jetflow: event forwarded to a worker that does not serve %s", t.Run.Workflow))
-		}
-		return s.forward(ctx, t.Run.Workflow, ev, b)
+	switch {
+	case !ok && forwarded:
+		return errorReply(ev, fmt.Errorf("jetflow: event forwarded to a worker that does not serve %s", t.Run.Workflow)), false
+	case !ok:
+		r, relayed := s.forward(ctx, t.Run.Workflow, ev, b)
+		return r, relayed
 	}
+	reply := &Reply{RunID: t.Run.RunID, Workflow: t.Run.Workflow, EventID: ev.ID}
 	if err := check(t.Name, ev.Payload); err != nil {
-		return errorReply(ev, err)
+		reply.Error = &ReplyError{Code: Code(err), Message: err.Error()}
+		return reply, false
 	}
 	d, err := s.Sender.Deliver(ctx, t, ev)
 	if err != nil {
-		return errorReply(ev, err)
+		reply.Error = &ReplyError{Code: Code(err), Message: err.Error()}
+		return reply, false
 	}
-	out := OutcomeDelivered
+	reply.Outcome, reply.StepID = OutcomeDelivered, d.StepID
 	if d.Duplicate {
-		out = OutcomeDuplicate
+		reply.Outcome = OutcomeDuplicate
 	}
-	return &Reply{Outcome: out, RunID: d.RunID, Workflow: d.Workflow, StepID: d.StepID, EventID: ev.ID}
+	return reply, false
 }
 
 // forward asks the workers of workflow to deliver the event and relays
-// their reply; with none running it answers CodeUnavailable.
-func (s *Service) forward(ctx context.Context, workflow string, ev workflow.Event, b []byte) *Reply {
+// their reply (relayed); with none running it answers CodeUnavailable.
+func (s *Service) forward(ctx context.Context, workflow string, ev workflow.Event, b []byte) (_ *Reply, relayed bool) {
 	m, err := s.NC.RequestWithContext(ctx, SendSubject+"."+workflow, b)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return &Reply{RunID: ev.RunID, Workflow: workflow, EventID: ev.ID,
-			Error: &ReplyError{Code: CodeUnavailable, Message: "no worker serves workflow " + workflow + " now"}}
+			Error: &ReplyError{Code: CodeUnavailable, Message: "no worker serves workflow " + workflow + " now"}}, false
 	}
 	if err != nil {
-		return errorReply(ev, fmt.Errorf("jetflow: forward event to workflow %s: %w", workflow, err))
+		return errorReply(ev, fmt.Errorf("jetflow: forward event to workflow %s: %w", workflow, err)), false
 	}
 	var r Reply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return errorReply(ev, fmt.Errorf("jetflow: forwarded event reply: %w", err))
+		return errorReply(ev, fmt.Errorf("jetflow: forwarded event reply: %w", err)), false
 	}
-	return &r
+	return &r, true
+}
+
+// outcomeOf is the metric outcome of reply.
+func outcomeOf(r *Reply) string {
+	switch {
+	case r.Error == nil:
+		return r.Outcome
+	case r.Error.Code == CodeUnavailable || r.Error.Code == CodeInternal:
+		return metrics.EventError
+	}
+	return metrics.EventRefused
 }
 
 func errorReply(ev workflow.Event, err error) *Reply {

@@ -14,6 +14,14 @@ const (
 	EntryChild Entry = "child"
 )
 
+// Outcomes of an event delivery (Metrics.Event).
+const (
+	EventDelivered = "delivered"
+	EventDuplicate = "duplicate"
+	EventRefused   = "refused"
+	EventError     = "error"
+)
+
 // Layer is the deduplication layer that stopped a duplicate, the layer
 // label of jetflow_duplicates_suppressed_total.
 type Layer string
@@ -23,6 +31,7 @@ const (
 	LayerBroker  Layer = "broker"   // JetStream's Nats-Msg-Id window
 	LayerKV      Layer = "kv"       // the run record's create-once key
 	LayerTaskKey Layer = "task_key" // a task key already claimed
+	LayerEvent   Layer = "event"    // an event ID already delivered
 )
 
 // StepResult is how a step attempt ended, the result label of
@@ -57,7 +66,9 @@ const (
 // Allowed values of the labels with fixed lists.
 var (
 	entries     = set(string(EntrySDK), string(EntryNATS), string(EntryHTTP), string(EntryWebhook), string(EntryChild))
-	layers      = set(string(LayerBroker), string(LayerKV), string(LayerTaskKey))
+	layers      = set(string(LayerBroker), string(LayerKV), string(LayerTaskKey), string(LayerEvent))
+	// eventOutcomes are the outcomes of an event delivery (Event).
+	eventOutcomes = set(EventDelivered, EventDuplicate, EventRefused, EventError)
 	stepResults = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
 	outcomes    = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeConflict, OutcomeRejected, OutcomeError)
 	finalStates = set("completed", "failed", "cancelled")

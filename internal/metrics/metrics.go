@@ -64,6 +64,7 @@ const (
 	NameRunsStuck           = "jetflow_runs_stuck_total"
 	NameUnservedStarts      = "jetflow_unserved_start_envelopes"
 	NameRunsRunning         = "jetflow_runs_running"
+	NameEvents              = "jetflow_events_total"
 	NameBuildInfo           = "jetflow_build_info"
 	NameNATSConnected       = "jetflow_nats_connected"
 	NameNATSReconnects      = "jetflow_nats_reconnects_total"
@@ -95,7 +96,7 @@ var families = []struct {
 	{NameMaxDeliveries, true}, {NameStepsInFlight, true}, {NameConsumerPending, true},
 	{NameConsumerAckPending, true}, {NameBacklogSampleErrors, true}, {NameHTTPRequests, false},
 	{NameHTTPDuration, false}, {NameRunsStuck, true}, {NameUnservedStarts, true},
-	{NameRunsRunning, true}, {NameBuildInfo, false}, {NameNATSConnected, false},
+	{NameRunsRunning, true}, {NameEvents, true}, {NameBuildInfo, false}, {NameNATSConnected, false},
 	{NameNATSReconnects, false},
 }
 
@@ -145,6 +146,7 @@ type Metrics struct {
 	runsStuck     *prometheus.CounterVec
 	unserved      prometheus.Gauge
 	runsRunning   *prometheus.GaugeVec
+	events        *prometheus.CounterVec
 	buildInfo     *prometheus.GaugeVec
 	conns         *connCollector
 
@@ -242,6 +244,10 @@ func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 			Name: NameRunsRunning,
 			Help: "Running runs of the workflow, as the worker's sweeper last read them from the runs bucket (every worker reports the same deployment-wide number: aggregate with max).",
 		}, []string{"workflow"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: NameEvents,
+			Help: "Event deliveries answered by this worker, by the run's workflow and outcome (delivered, duplicate, refused: a final error such as not found or conflict; error: a retryable failure).",
+		}, []string{"workflow", "outcome"}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: NameBuildInfo,
 			Help: "Always 1: the jetflow version, the Go version and the process's role (worker or client).",
@@ -254,7 +260,7 @@ func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
-		m.runsStuck, m.unserved, m.runsRunning, m.buildInfo, m.conns,
+		m.runsStuck, m.unserved, m.runsRunning, m.events, m.buildInfo, m.conns,
 	}
 	var registered []prometheus.Collector
 	for i, c := range collectors {
@@ -370,6 +376,20 @@ func (m *Metrics) Start(entry Entry, workflow, outcome, state string) {
 	e := bounded(string(entry), entries)
 	m.zeroStarts(workflow, e)
 	m.starts.WithLabelValues(workflow, e, bounded(outcome, outcomes), bounded(state, startStates)).Inc()
+}
+
+// Event counts one event delivery answered for a run of workflow ("" when
+// the run was not found) with outcome: delivered, duplicate, refused or
+// error (anything else counts as "other"). A duplicate also counts as
+// suppressed by LayerEvent.
+func (m *Metrics) Event(workflow, outcome string) {
+	if m == nil {
+		return
+	}
+	m.events.WithLabelValues(workflow, bounded(outcome, eventOutcomes)).Inc()
+	if outcome == EventDuplicate {
+		m.Suppressed(LayerEvent)
+	}
 }
 
 // Suppressed counts one duplicate stopped by layer, the first layer that

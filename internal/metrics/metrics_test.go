@@ -45,6 +45,8 @@ func record(t *testing.T, m *metrics.Metrics) {
 	m.Suppressed(metrics.LayerBroker)
 	m.Suppressed(metrics.LayerBroker)
 	m.Suppressed("firewall")
+	m.Event("order", metrics.EventDuplicate)
+	m.Event("order", "lost")
 
 	m.Step("order", "charge", metrics.StepCommitted, 250*time.Millisecond)
 	m.Step("order", "charge", metrics.StepRetried, 500*time.Millisecond)
@@ -127,6 +129,9 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "kv"}, value: 1},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "broker"}, value: 2},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "task_key"}, value: 0},
+		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "event"}, value: 1},
+		{family: metrics.NameEvents, labels: map[string]string{"workflow": "order", "outcome": "duplicate"}, value: 1},
+		{family: metrics.NameEvents, labels: map[string]string{"workflow": "order", "outcome": "other"}, value: 1},
 		{family: metrics.NameSuppressed, labels: map[string]string{"layer": "other"}, value: 1},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "committed"}, value: 1},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "charge", "result": "retried"}, value: 1},
@@ -360,7 +365,7 @@ func TestClientRoleExportsNoWorkerSeries(t *testing.T) {
 func TestNamesReturnsACopy(t *testing.T) {
 	t.Parallel()
 	names := metrics.Names()
-	require.Len(t, names, 20)
+	require.Len(t, names, 21)
 	names[0] = "changed"
 	require.Equal(t, metrics.NameStarts, metrics.Names()[0])
 }
