@@ -65,14 +65,14 @@ const (
 
 // Allowed values of the labels with fixed lists.
 var (
-	entries     = set(string(EntrySDK), string(EntryNATS), string(EntryHTTP), string(EntryWebhook), string(EntryChild))
-	layers      = set(string(LayerBroker), string(LayerKV), string(LayerTaskKey), string(LayerEvent))
+	entries = set(string(EntrySDK), string(EntryNATS), string(EntryHTTP), string(EntryWebhook), string(EntryChild))
+	layers  = set(string(LayerBroker), string(LayerKV), string(LayerTaskKey), string(LayerEvent))
 	// eventOutcomes are the outcomes of an event delivery (Event).
 	eventOutcomes = set(EventDelivered, EventDuplicate, EventRefused, EventError)
-	stepResults = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
-	outcomes    = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeConflict, OutcomeRejected, OutcomeError)
-	finalStates = set("completed", "failed", "cancelled")
-	startStates = set("running", "completed", "failed", "cancelled", stateNone)
+	stepResults   = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
+	outcomes      = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeConflict, OutcomeRejected, OutcomeError)
+	finalStates   = set("completed", "failed", "cancelled")
+	startStates   = set("running", "completed", "failed", "cancelled", stateNone)
 )
 
 func set(values ...string) map[string]struct{} {
