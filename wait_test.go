@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -229,4 +231,53 @@ func TestEventAfterTimeoutGoesToNextWait(t *testing.T) {
 	got, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "pong", got)
+}
+
+// TestEventForwardedToTheWorkflowsWorker: with one worker per workflow,
+// an event for a run of either reaches the worker that serves it (the
+// other forwards it), and each delivery is counted once, by the worker
+// that delivered it.
+func TestEventForwardedToTheWorkflowsWorker(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	mk := func(name string) *Workflow[int, string] {
+		return NewWorkflow(name, func(ctx *Context, _ int) (string, error) {
+			return WaitEvent[string](ctx, "go")
+		}, WithEvent[string]("go"))
+	}
+	wfA, wfB := mk("fwd-a"), mk("fwd-b")
+	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
+	mA, err := NewMetrics(regA)
+	require.NoError(t, err)
+	mB, err := NewMetrics(regB)
+	require.NoError(t, err)
+	env.worker(WorkerConfig{Concurrency: 2, Metrics: mA}, wfA)
+	env.worker(WorkerConfig{Concurrency: 2, Metrics: mB}, wfB)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	const runs = 6 // each worker answers some of the requests for the other's runs
+	for i := range runs {
+		for _, wf := range []*Workflow[int, string]{wfA, wfB} {
+			id := fmt.Sprintf("%s-%d", wf.Name(), i)
+			h, err := Start(ctx, c, wf, i, WithRunID(id))
+			require.NoError(t, err)
+			res, err := c.SendEvent(ctx, id, "go", "e-"+id, json.RawMessage(`"`+id+`"`))
+			require.NoError(t, err)
+			require.Equal(t, EventDelivered, res.Outcome)
+			require.Equal(t, wf.Name(), res.Workflow)
+			got, err := h.Result(ctx)
+			require.NoError(t, err)
+			require.Equal(t, id, got)
+		}
+	}
+	for reg, wf := range map[*prometheus.Registry]string{regA: "fwd-a", regB: "fwd-b"} {
+		fams, err := reg.Gather()
+		require.NoError(t, err)
+		byName := map[string]*dto.MetricFamily{}
+		for _, f := range fams {
+			byName[f.GetName()] = f
+		}
+		require.Equal(t, float64(runs), sample(byName, "jetflow_events_total", map[string]string{"workflow": wf, "outcome": "delivered"}), wf)
+		require.Zero(t, sample(byName, "jetflow_events_total", map[string]string{"outcome": "error"}), wf)
+	}
 }
