@@ -26,7 +26,8 @@ const (
 	// settleFinish: the workflow returned; record the run's end, then ack.
 	settleFinish
 	// settleRelease: leave the task to another attempt soon (shutdown,
-	// infrastructure error). Nothing was committed by this attempt.
+	// infrastructure error), after delay when set, ReleaseDelay otherwise.
+	// Nothing was committed by this attempt.
 	settleRelease
 	// settleDrop: the task is not the one to run its step (errNotThisTask):
 	// acknowledge it, doing nothing.
@@ -85,7 +86,11 @@ func (e *Executor) settle(ctx context.Context, log zerolog.Logger, msg natsjs.Ms
 		if s.err != nil {
 			log.Warn().Err(s.err).Msg("task released")
 		}
-		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		delay := e.cfg.ReleaseDelay
+		if s.delay > 0 {
+			delay = s.delay
+		}
+		settleErr(log, msg.NakWithDelay(delay), "nak")
 	case settleFinish:
 		run, err := e.finish(ctx, log, d.run, d.rev, s)
 		if err == nil {

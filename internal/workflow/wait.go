@@ -99,8 +99,14 @@ func (c *Context) StartWait(name string, spec WaitSpec) (*Pending, error) {
 // record another writer committed first is returned instead of this one's.
 func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlement) {
 	w, now := sc.wait, e.cfg.Now()
-	if d.task.StepID == sc.id && !d.task.WakeAt.IsZero() && !now.Before(d.task.WakeAt) {
-		return e.commitRecord(d, sc, expired(d, sc, d.task.WakeAt))
+	if due := d.task.WakeAt; d.task.StepID == sc.id && !due.IsZero() {
+		if now.Before(due) {
+			// The server's clock is ahead of this worker's: the wait is
+			// not over by this clock. Hold the task until it is.
+			return nil, &settlement{kind: settleRelease, delay: due.Sub(now),
+				err: fmt.Errorf("wait %s due at %s came early by this worker's clock", sc.id, due.Format(time.RFC3339Nano))}
+		}
+		return e.commitRecord(d, sc, expired(d, sc, due))
 	}
 	if w.Kind == state.StepHook {
 		taken, err := e.registerHook(d, sc)
@@ -111,10 +117,7 @@ func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlemen
 			return e.commitRecord(d, sc, taken)
 		}
 	}
-	deadline := d.task.WakeAt // a timer that came early by this worker's clock keeps its deadline
-	if deadline.IsZero() {
-		deadline = w.deadline(now)
-	}
+	deadline := w.deadline(now)
 	if !deadline.IsZero() && !deadline.After(now) {
 		return e.commitRecord(d, sc, expired(d, sc, deadline))
 	}
