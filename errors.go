@@ -209,8 +209,20 @@ type StepError struct {
 // Error is the engine's text of the failure (one wording for both forms).
 func (e *StepError) Error() string { return e.toInternal().Error() }
 
-// Is makes errors.Is(err, ErrStepFailed) true.
-func (e *StepError) Is(target error) bool { return target == ErrStepFailed }
+// Is makes errors.Is(err, ErrStepFailed) true, and, for a wait for an
+// event, errors.Is(err, ErrEventTimeout) or errors.Is(err, ErrHookTaken)
+// when that is how it ended.
+func (e *StepError) Is(target error) bool {
+	switch target {
+	case ErrStepFailed:
+		return true
+	case ErrEventTimeout:
+		return e.Code == workflow.CodeEventTimeout && isWaitStep(e.StepName)
+	case ErrHookTaken:
+		return e.Code == workflow.CodeHookTaken && isWaitStep(e.StepName)
+	}
+	return false
+}
 
 // Unwrap returns the committed failure as a *CodedError when it has a
 // code (nil otherwise), so that errors.As finds the code after a replay,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/state"
@@ -14,8 +15,8 @@ import (
 // Errors of sleeps, waits and event deliveries.
 var (
 	// ErrEventTimeout is matched by the error of a wait whose timeout
-	// passed before an event came (WithTimeout). It is also a *StepError
-	// with Code "event_timeout".
+	// passed before an event came (WithTimeout), from Get, AwaitAll and
+	// AwaitFirst alike. It is a *StepError with Code "event_timeout".
 	ErrEventTimeout = errors.New("jetflow: no event before the wait's timeout")
 	// ErrHookTaken is matched by the error of a wait whose hook token
 	// another wait had taken (tokens are single-use). It is also a
@@ -28,9 +29,10 @@ var (
 	// ErrEventPayload: an event's payload is not JSON, or does not decode
 	// into the event's declared type. Nothing is stored.
 	ErrEventPayload = workflow.ErrEventPayload
-	// ErrHookNotFound: no run waits on the hook token, or ever has (a
-	// token becomes resumable once its run reaches the wait). Nothing is
-	// stored.
+	// ErrHookNotFound: no running run waits on the hook token. A token
+	// becomes resumable once its run reaches the wait: a resume sent
+	// before that (the run was just started, or its tasks are backed up)
+	// gets this answer and may be sent again. Nothing is stored.
 	ErrHookNotFound = workflow.ErrHookNotFound
 	// ErrEventConflict: the event ID was delivered before with another
 	// payload, or the hook's wait has already ended (with another event, or
@@ -131,7 +133,7 @@ func OnEvent[T any](ctx *Context, name string, opts ...WaitOption) *Future[T] {
 		spec.Kind = state.StepHook
 	}
 	p, err := ctx.c.StartWait(name, spec)
-	return &Future[T]{p: p, err: err, wrap: waitErr}
+	return &Future[T]{p: p, err: err}
 }
 
 // declared checks that the workflow declares the event name with payload
@@ -147,21 +149,9 @@ func (c *Context) declared(name string, typ reflect.Type) error {
 	return nil
 }
 
-// waitErr turns the committed failure of a wait into the sentinel it
-// stands for, keeping the *StepError.
-func waitErr(err error) error {
-	var se *StepError
-	if !errors.As(err, &se) {
-		return err
-	}
-	switch se.Code {
-	case workflow.CodeEventTimeout:
-		return fmt.Errorf("%w: %w", ErrEventTimeout, se)
-	case workflow.CodeHookTaken:
-		return fmt.Errorf("%w: %w", ErrHookTaken, se)
-	}
-	return err
-}
+// isWaitStep reports whether name is the step name of a wait for an
+// event (a name the body gives a step never holds '=').
+func isWaitStep(name string) bool { return strings.Contains(name, "=") }
 
 // Sleep pauses the run for d, durably: the run holds no worker, goroutine
 // or timer while it sleeps. The wake-up is a message the NATS server

@@ -20,9 +20,6 @@ import (
 type Future[T any] struct {
 	p   *workflow.Pending
 	err error // an invalid call, reported by Get
-	// wrap, when set, turns a committed failure into what Get returns
-	// (a wait's timeout into ErrEventTimeout).
-	wrap func(error) error
 }
 
 // Awaitable is any *Future, for AwaitAll and AwaitFirst.
@@ -59,11 +56,7 @@ func (f *Future[T]) Get(ctx *Context) (T, error) {
 	}
 	raw, err := ctx.c.Result(p)
 	if err != nil {
-		err = publicStepErr(err)
-		if f.wrap != nil {
-			err = f.wrap(err)
-		}
-		return zero, err
+		return zero, publicStepErr(err)
 	}
 	var out T
 	if err := json.Unmarshal(raw, &out); err != nil {

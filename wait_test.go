@@ -68,7 +68,14 @@ func TestEventBeforeAndAfterWait(t *testing.T) {
 	got, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "delivered", got)
+	// After the run ended: the same event is still a duplicate (a
+	// provider's late redelivery), another is refused.
 	res, err = c.SendEvent(ctx, "d-1", "carrier", "evt-1", json.RawMessage(`{"status": "delivered"}`))
+	require.NoError(t, err)
+	require.Equal(t, EventDuplicate, res.Outcome)
+	_, err = c.SendEvent(ctx, "d-1", "carrier", "evt-1", json.RawMessage(`{"status":"lost"}`))
+	require.ErrorIs(t, err, ErrEventConflict)
+	_, err = c.SendEvent(ctx, "d-1", "carrier", "evt-9", json.RawMessage(`{"status":"late"}`))
 	require.ErrorIs(t, err, ErrRunEnded)
 
 	// Sent before the run starts waiting: kept.
@@ -142,8 +149,11 @@ func TestHookResume(t *testing.T) {
 	got, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "ok", got)
+	res, err = c.Resume(ctx, "o9-approval", "e1", json.RawMessage(`{"status":"ok"}`))
+	require.NoError(t, err)
+	require.Equal(t, EventDuplicate, res.Outcome)
 	_, err = c.Resume(ctx, "o9-approval", "e2", json.RawMessage(`{"status":"ok"}`))
-	require.ErrorIs(t, err, ErrRunEnded)
+	require.ErrorIs(t, err, ErrEventConflict)
 }
 
 // TestWaitCallErrors: a wait for an undeclared event, or with another

@@ -78,8 +78,11 @@ const (
 	OutcomeDuplicate = "duplicate"
 )
 
-// Error codes of a Reply. Every one but CodeUnavailable and CodeInternal
-// is final: the same request gets the same answer.
+// Error codes of a Reply. CodeUnavailable and CodeInternal are
+// retryable: the event may or may not have been delivered, and a retry
+// with the same event ID tells (duplicate). CodeRunNotFound and
+// CodeHookNotFound may change while a run is being admitted or has not
+// reached its hook wait yet; every other code is final.
 const (
 	CodeMalformed      = "malformed_request"
 	CodeInvalidRunID   = "invalid_run_id"
@@ -262,9 +265,7 @@ func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) (_ *Repl
 	}
 	t, err := s.Sender.Resolve(ctx, ev)
 	if err != nil {
-		r := errorReply(ev, err)
-		r.RunID, r.Workflow, r.RunStatus = t.Run.RunID, t.Run.Workflow, t.Run.Status
-		return r, false
+		return errorReply(ev, err), false
 	}
 	check, ok := s.Served[t.Run.Workflow]
 	switch {
@@ -282,6 +283,9 @@ func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) (_ *Repl
 	d, err := s.Sender.Deliver(ctx, t, ev)
 	if err != nil {
 		reply.Error = &ReplyError{Code: Code(err), Message: err.Error()}
+		if t.Run.Status.Terminal() {
+			reply.RunStatus = t.Run.Status
+		}
 		return reply, false
 	}
 	reply.Outcome, reply.StepID = OutcomeDelivered, d.StepID

@@ -61,14 +61,19 @@ func ScheduleTask(ctx context.Context, js natsjs.JetStream, taskSubject, msgID s
 var ErrTimerExists = errors.New("jetflow: timer already stored")
 
 // HasTimer reports whether the task on taskSubject has a timer waiting in
-// timers, stored or fired but not yet moved into the task stream. It costs
-// one stream-info request with a subject filter.
-func HasTimer(ctx context.Context, timers natsjs.Stream, taskSubject string) (bool, error) {
+// timers, stored or fired but not yet moved into the task stream; with
+// storedOnly, only one stored and not yet fired. It costs one stream-info
+// request with a subject filter.
+func HasTimer(ctx context.Context, timers natsjs.Stream, taskSubject string, storedOnly bool) (bool, error) {
 	rest, ok := strings.CutPrefix(taskSubject, taskPrefix)
 	if !ok {
 		return false, fmt.Errorf("jetflow: %q is not a task subject", taskSubject)
 	}
-	info, err := timers.Info(ctx, natsjs.WithSubjectFilter("jetflow.*."+rest))
+	filter := "jetflow.*." + rest
+	if storedOnly {
+		filter = timerPrefix + rest
+	}
+	info, err := timers.Info(ctx, natsjs.WithSubjectFilter(filter))
 	if err != nil {
 		return false, fmt.Errorf("jetflow: timers of %s: %w", taskSubject, err)
 	}

@@ -314,6 +314,9 @@ type Task struct {
 	// WakeAt marks the task a sleep or a wait's timeout stored as a timer:
 	// its step is due at WakeAt, not before.
 	WakeAt time.Time `json:"wake_at,omitzero"`
+	// Recheck marks the task a wait without a deadline stored as a timer
+	// to be delivered again (workflow.WaitRecheck).
+	Recheck bool `json:"recheck,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision

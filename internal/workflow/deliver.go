@@ -111,9 +111,9 @@ type Sender struct {
 	Now    func() time.Time
 }
 
-// Resolve finds the run and wait ev goes to. A run that has ended is
-// ErrRunEnded (the returned target still names it); an unknown run
-// ErrRunNotFound, an unknown token ErrHookNotFound.
+// Resolve finds the run and wait ev goes to (the run may have ended:
+// Deliver tells). An unknown run is ErrRunNotFound, an unknown token, or
+// one whose run ID holds another run now, ErrHookNotFound.
 func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 	var (
 		t    Target
@@ -139,9 +139,6 @@ func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 		return t, fmt.Errorf("%w: %s (the run ID %s holds another run now)", ErrHookNotFound, ev.Token, runID)
 	}
 	t.Run, t.Rev, t.Name = run, rev, name
-	if run.Status.Terminal() {
-		return t, fmt.Errorf("%w: run %s is %s", ErrRunEnded, runID, run.Status)
-	}
 	return t, nil
 }
 
@@ -150,9 +147,10 @@ func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 // run. A repeat of a delivered event (same ID and payload) is a
 // Duplicate and changes nothing but publishing the resume task again
 // (absorbed by the broker, or a replay that finds nothing to do), which
-// covers a sender that died between the commit and the publish. The same
-// ID with another payload, or a hook whose wait already ended, is
-// ErrEventConflict.
+// covers a sender that died between the commit and the publish; it is a
+// Duplicate after the run has ended too. The same ID with another
+// payload, or a hook whose wait already ended, is ErrEventConflict; any
+// other event for a run that has ended is ErrRunEnded.
 func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, error) {
 	payload, err := dedupe.Canonical(ev.Payload)
 	if err != nil {
@@ -160,6 +158,7 @@ func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, erro
 	}
 	d := Delivery{RunID: t.Run.RunID, Workflow: t.Run.Workflow}
 	identity := state.RunIdentity(t.Run.RunID, t.Run.Generation)
+	ended := t.Run.Status.Terminal()
 	for occ := 0; ; occ++ {
 		id := t.StepID
 		if id == "" {
@@ -172,16 +171,21 @@ func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, erro
 		if ev.Token != "" {
 			rec.Kind = state.StepHook
 		}
-		stored, err := s.commit(ctx, rec)
+		stored, err := s.commit(ctx, rec, !ended)
 		if err != nil {
 			return d, err
 		}
 		switch {
+		case stored == nil && ended:
+			return d, fmt.Errorf("%w: run %s is %s", ErrRunEnded, t.Run.RunID, t.Run.Status)
 		case stored == nil: // committed now
 			d.StepID = id
 			return d, s.resume(ctx, t, id)
 		case stored.EventID == ev.ID && bytes.Equal(stored.Output, payload):
 			d.StepID, d.Duplicate = id, true
+			if ended {
+				return d, nil
+			}
 			return d, s.resume(ctx, t, id)
 		case stored.EventID == ev.ID:
 			return d, fmt.Errorf("%w: event %s was delivered to %s with another payload", ErrEventConflict, ev.ID, id)
@@ -194,27 +198,37 @@ func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, erro
 	}
 }
 
-// commit writes rec with create-if-absent and returns nil, or the record
-// already stored under its step ID.
-func (s Sender) commit(ctx context.Context, rec state.Step) (*state.Step, error) {
-	b, err := state.Encode(rec)
-	if err != nil {
-		return nil, err
+// commit writes rec with create-if-absent (only reads, unless create)
+// and returns nil, or the record already stored under its step ID.
+func (s Sender) commit(ctx context.Context, rec state.Step, create bool) (*state.Step, error) {
+	var (
+		v   []byte
+		err error
+	)
+	if create {
+		if v, err = state.Encode(rec); err != nil {
+			return nil, err
+		}
+		_, err = s.Assets.Steps.Create(ctx, rec.StepID, v)
+		if err == nil {
+			return nil, nil
+		}
+		if !errors.Is(err, jetstream.ErrExists) {
+			return nil, fmt.Errorf("jetflow: deliver event to %s: %w", rec.StepID, err)
+		}
+		v, _, err = s.Assets.Steps.GetExisting(ctx, rec.StepID)
+	} else {
+		v, _, err = s.Assets.Steps.Get(ctx, rec.StepID)
+		if errors.Is(err, jetstream.ErrNotFound) {
+			return nil, nil
+		}
 	}
-	_, err = s.Assets.Steps.Create(ctx, rec.StepID, b)
-	if err == nil {
-		return nil, nil
-	}
-	if !errors.Is(err, jetstream.ErrExists) {
-		return nil, fmt.Errorf("jetflow: deliver event to %s: %w", rec.StepID, err)
-	}
-	v, _, err := s.Assets.Steps.GetExisting(ctx, rec.StepID)
 	if err != nil {
 		return nil, err
 	}
 	stored, err := state.DecodeStep(v)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("jetflow: stored step %s: %v", rec.StepID, err) // not the sender's malformed request
 	}
 	if stored.Error == nil && stored.EventID == "" {
 		stored.Error = &state.ErrorInfo{Message: "it holds no event"}
@@ -251,20 +265,33 @@ type HookTokens struct {
 
 // Register records h unless its token already has a record, and returns
 // the token's record: h, or the one stored first (a repeat call for the
-// same wait gets its own record back).
+// same wait gets its own record back). A record of an earlier run under
+// h's run ID (another generation or creating token: that run has ended,
+// as the caller, running under the ID now, has checked) is replaced by h
+// with compare-and-set.
 func (hs HookTokens) Register(ctx context.Context, h state.Hook) (state.Hook, error) {
 	b, err := state.Encode(h)
 	if err != nil {
 		return state.Hook{}, err
 	}
-	if _, err := hs.Assets.Hooks.Create(ctx, h.Token, b); !errors.Is(err, jetstream.ErrExists) {
-		return h, err
+	_, err = hs.Assets.Hooks.Create(ctx, h.Token, b)
+	for errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
+		v, rev, gerr := hs.Assets.Hooks.GetExisting(ctx, h.Token)
+		if gerr != nil {
+			return state.Hook{}, gerr
+		}
+		owner, derr := state.DecodeHook(v)
+		if derr != nil {
+			return state.Hook{}, fmt.Errorf("jetflow: stored hook %s: %v", h.Token, derr)
+		}
+		earlier := owner.RunID == h.RunID && (owner.RunToken != h.RunToken || owner.Generation != h.Generation) &&
+			owner.Generation <= h.Generation
+		if !earlier {
+			return owner, nil
+		}
+		_, err = hs.Assets.Hooks.Update(ctx, h.Token, b, rev)
 	}
-	v, _, err := hs.Assets.Hooks.GetExisting(ctx, h.Token)
-	if err != nil {
-		return state.Hook{}, err
-	}
-	return state.DecodeHook(v)
+	return h, err
 }
 
 // Get returns the record of token, or ErrHookNotFound.
@@ -276,5 +303,9 @@ func (hs HookTokens) Get(ctx context.Context, token string) (state.Hook, error) 
 	if err != nil {
 		return state.Hook{}, err
 	}
-	return state.DecodeHook(v)
+	h, err := state.DecodeHook(v)
+	if err != nil {
+		return state.Hook{}, fmt.Errorf("jetflow: stored hook %s: %v", token, err) // not the sender's malformed request
+	}
+	return h, nil
 }

@@ -237,7 +237,7 @@ func (e *Executor) beginAttempt(d *delivery) (int, error) {
 	if stray && d.delivered <= 1 {
 		// Published while no task of the step was pending: the step may
 		// be waiting for a retry timer, which owns its next attempt.
-		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, d.taskSubject())
+		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, d.taskSubject(), false)
 		if err != nil {
 			return 0, err
 		}

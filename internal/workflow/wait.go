@@ -56,6 +56,9 @@ func (s WaitSpec) validate(name string) (string, error) {
 		if s.For < 0 {
 			return "", fmt.Errorf("%w: negative sleep %s", ErrInput, s.For)
 		}
+		if _, err := s.Until.MarshalJSON(); err != nil {
+			return "", fmt.Errorf("%w: sleep until %s: %w", ErrInput, s.Until, err)
+		}
 		return name, state.ValidateName(name)
 	case state.StepEvent, state.StepHook:
 		if err := state.ValidateName(s.Event); err != nil {
@@ -98,6 +101,11 @@ func (c *Context) StartWait(name string, spec WaitSpec) (*Pending, error) {
 // returns a nil record: the wait goes on without holding anything. A
 // record another writer committed first is returned instead of this one's.
 func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlement) {
+	// A task of a run that has ended or been replaced (a recheck or a
+	// wake that outlived it) must neither store timers nor take tokens.
+	if s := e.stillRunning(d, true); s != nil {
+		return nil, s
+	}
 	w, now := sc.wait, e.cfg.Now()
 	if due := d.task.WakeAt; d.task.StepID == sc.id && !due.IsZero() {
 		if now.Before(due) {
@@ -156,11 +164,9 @@ func expired(d *delivery, sc *stepCall, deadline time.Time) *state.Step {
 		Kind: sc.wait.Kind, WakeAt: deadline.UTC(), HookToken: sc.wait.Token,
 	}
 	if sc.wait.Kind == state.StepSleep {
-		b, err := deadline.UTC().MarshalJSON()
-		if err != nil { // a deadline past year 9999: Until was validated as a time the body chose
-			b = []byte("null")
-		}
-		rec.Output = b
+		// Until was validated; a deadline counted from now with For is
+		// within 292 years of it.
+		rec.Output, _ = deadline.UTC().MarshalJSON()
 		return rec
 	}
 	rec.Error = &state.ErrorInfo{Kind: KindTimeout, Fatal: true, Code: CodeEventTimeout,
@@ -176,7 +182,9 @@ func expired(d *delivery, sc *stepCall, deadline time.Time) *state.Step {
 func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Time) error {
 	subject := jetstream.TaskSubject(d.run.Workflow, d.run.RunID, sc.id)
 	if d.delivered > 1 || d.task.Redispatched || d.task.Resume || d.task.StepID != sc.id {
-		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, subject)
+		// A recheck's own due message may still be in the timers stream
+		// (its forward's ack in flight): only a stored timer counts then.
+		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, subject, d.task.Recheck && d.task.StepID == sc.id)
 		if err != nil || waiting {
 			return err
 		}
@@ -184,7 +192,7 @@ func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Ti
 	t := state.StepTask(d.run, d.rev, sc.id)
 	at := deadline
 	if deadline.IsZero() {
-		at, t.Redispatched = now.Add(WaitRecheck), true
+		at, t.Redispatched, t.Recheck = now.Add(WaitRecheck), true, true
 	} else {
 		t.WakeAt = deadline.UTC()
 	}
@@ -207,7 +215,7 @@ func timerMsgID(t state.Task) string {
 	switch {
 	case !t.WakeAt.IsZero():
 		return t.StepID + "#wake"
-	case t.Attempt == 0:
+	case t.Recheck:
 		return t.StepID + "#recheck"
 	}
 	return retryMsgID(t)
@@ -216,7 +224,10 @@ func timerMsgID(t state.Task) string {
 // registerHook records that the token of hook wait sc resumes sc. It
 // returns nil when the token is sc's (now or already), or the record to
 // commit when another wait has taken it: a fatal failure of kind
-// KindHookTaken.
+// KindHookTaken. A token held by an earlier run under the same run ID
+// (a generation the conflict policy's StartNew replaced, or a run that
+// expired) is taken over: that run has ended, and this run derives the
+// same token from the same run ID.
 func (e *Executor) registerHook(d *delivery, sc *stepCall) (*state.Step, error) {
 	h := state.Hook{
 		V: state.Version, Token: sc.wait.Token, RunID: d.run.RunID, Workflow: d.run.Workflow, RunToken: d.run.Token,
