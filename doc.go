@@ -26,6 +26,27 @@
 // acknowledged: a committed step never runs again; a step whose worker died
 // before the commit runs again with the same step ID.
 //
+// Steps started with Go run at the same time, each as a task of its own;
+// AwaitAll, AwaitFirst and GetAll wait for them, and Child starts a run of
+// another workflow as a step. docs/workflows.md shows them.
+//
+// # Sleep, events and hooks
+//
+// A run can wait without holding anything: no worker slot, no goroutine,
+// no timer in memory. Sleep and SleepUntil pause it durably: the wake-up
+// is a message the NATS server stores and publishes when due, so it
+// survives worker and server restarts, wakes the run once and never
+// early. WaitEvent waits for an event the workflow declares (WithEvent[T])
+// and returns its typed payload; a client sends it to the run by run ID
+// and name (Client.SendEvent), with an event ID: a repeat is
+// EventDuplicate and changes nothing, and an event sent before the body
+// reaches its wait is kept. WithHookToken makes the wait a hook, resumed by
+// a token the workflow chooses (Client.Resume), single-use. WithTimeout
+// ends a wait with ErrEventTimeout; OnEvent and Timer are the futures to
+// race an event against a timer with AwaitFirst. The same events come in
+// over NATS (jetflow.events, docs/protocol.md), HTTP (docs/http.md) and
+// the producer CLI, with one vocabulary of outcomes.
+//
 // # Duplicates, conflicts and keys
 //
 // What a duplicate start gets depends on the run's state and the

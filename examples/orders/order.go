@@ -3,7 +3,12 @@
 // Idempotency-Key of the payment API. Once charged, the order's receipt
 // email and its shipping are two steps that run in parallel (jetflow.Go,
 // jetflow.AwaitAll), each passing its own step ID as the Idempotency-Key
-// of its provider.
+// of its provider. Then the order waits for the carrier's webhook event
+// (EventDelivered, sent to the run with Client.SendEvent, producer send or
+// POST /v1/runs/{id}/events/carrier-delivered) for DeliveryWait at most: if
+// it comes, a confirm-delivery step records it; if not, a send-reminder
+// step runs. While it waits the run holds no worker, goroutine or timer in
+// memory: the timeout is a message the NATS server keeps.
 //
 // Start a run with the order's own ID in the run ID ("order-o-1"): however
 // often the start is retried or re-delivered, there is one run, and the
@@ -45,11 +50,30 @@ const (
 	StepCharge  = "charge"
 	StepReceipt = "send-receipt"
 	StepShip    = "book-shipping"
+	// StepConfirm runs when the carrier's event came in time, StepRemind
+	// when it did not.
+	StepConfirm = "confirm-delivery"
+	StepRemind  = "send-reminder"
 )
 
-// StepCount is how many steps a completed order run has committed: one of
-// each above.
-const StepCount = 4
+// EventDelivered is the carrier's webhook event: the parcel arrived. Its
+// payload is a CarrierDelivered.
+const EventDelivered = "carrier-delivered"
+
+// DeliveryWait is how long an order waits for EventDelivered before it
+// sends a reminder. A real shop would wait days; the demo waits seconds.
+const DeliveryWait = 2 * time.Second
+
+// StepCount is how many steps a completed order run has committed: the
+// first four above, the wait for EventDelivered (step ID
+// "<run>.event=carrier-delivered.0", holding the event or the timeout),
+// and one of StepConfirm or StepRemind.
+const StepCount = 6
+
+// CarrierDelivered is the payload of the carrier's EventDelivered.
+type CarrierDelivered struct {
+	Carrier string `json:"carrier"`
+}
 
 // OrderInput is what the webhook handler passes to the workflow.
 type OrderInput struct {
@@ -68,6 +92,9 @@ type OrderResult struct {
 	// their providers answered.
 	ReceiptID  string `json:"receipt_id"`
 	ShipmentID string `json:"shipment_id"`
+	// Delivery is what became of the shipping: "delivered by <carrier>"
+	// (StepConfirm's result) or "reminder sent" (StepRemind's).
+	Delivery string `json:"delivery"`
 }
 
 // ChargeResult is the charge step's committed result.
@@ -158,11 +185,39 @@ func NewOrderWorkflow(pay *PaymentClient, opts OrderOptions) *jetflow.Workflow[O
 			return OrderResult{}, err
 		}
 
+		// Wait for the carrier's webhook, or DeliveryWait. An event sent
+		// before the body gets here is kept and returned at once; sending it
+		// again with the same event ID is a duplicate and changes nothing.
+		delivery, err := awaitDelivery(ctx, backoff)
+		if err != nil {
+			return OrderResult{}, err
+		}
+
 		return OrderResult{
 			OrderID: in.OrderID, ChargeID: charge.ChargeID, ReservationID: reservation,
-			ReceiptID: receiptID, ShipmentID: shipmentID,
+			ReceiptID: receiptID, ShipmentID: shipmentID, Delivery: delivery,
 		}, nil
-	}, jetflow.RequireRunID())
+	}, jetflow.RequireRunID(), jetflow.WithEvent[CarrierDelivered](EventDelivered))
+}
+
+// awaitDelivery waits for EventDelivered at most DeliveryWait, then runs
+// StepConfirm with the carrier's event, or StepRemind when the wait timed
+// out, and returns that step's result.
+func awaitDelivery(ctx *jetflow.Context, opts ...jetflow.StepOption) (string, error) {
+	ev, err := jetflow.WaitEvent[CarrierDelivered](ctx, EventDelivered, jetflow.WithTimeout(DeliveryWait))
+	switch {
+	case errors.Is(err, jetflow.ErrEventTimeout):
+		return jetflow.Step(ctx, StepRemind, func(context.Context) (string, error) {
+			// A real shop would email the customer here, with the step ID
+			// as the email provider's Idempotency-Key.
+			return "reminder sent", nil
+		}, opts...)
+	case err != nil:
+		return "", err
+	}
+	return jetflow.Step(ctx, StepConfirm, func(context.Context) (string, error) {
+		return "delivered by " + ev.Carrier, nil
+	}, opts...)
 }
 
 // validate is deterministic, so the workflow body may call it: a bad order

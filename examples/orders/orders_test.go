@@ -68,20 +68,82 @@ func TestOrderCompletes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, OrderResult{
 		OrderID: "o-42", ChargeID: "ch_1", ReservationID: "rsv_o-42",
-		ReceiptID: "msg_1", ShipmentID: "shp_1",
+		ReceiptID: "msg_1", ShipmentID: "shp_1", Delivery: "reminder sent",
 	}, out)
 	require.Equal(t, 1, b.pay.Charges())
 	require.Equal(t, 1, b.pay.Requests("order-o-1.charge.0"))
 	requireOnceEach(t, b.pay, "order-o-1")
 
-	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-1")
-	require.NoError(t, err)
-	require.Len(t, steps, StepCount)
-	for i, name := range []string{StepReserve, StepCharge, StepReceipt, StepShip} {
-		require.Equal(t, "order-o-1."+name+".0", steps[i].StepID)
+	steps := requireSteps(t, b.client, "order-o-1", StepRemind)
+	for i := range 4 {
 		require.Equal(t, 1, steps[i].Attempt)
 	}
 	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"order-o-1.charge.0","replayed":false}`, string(steps[1].Output))
+	require.Equal(t, "event", steps[4].Kind)
+	require.NotEmpty(t, steps[4].Error, "no carrier event came: the wait holds its timeout")
+	require.Empty(t, steps[4].EventID)
+}
+
+// requireSteps: the run committed StepCount steps, in this order: the
+// four of the order, the wait for the carrier's event, and last.
+func requireSteps(t *testing.T, c *jetflow.Client, runID, last string) []jetflow.StepRecord {
+	t.Helper()
+	steps, err := c.Steps(ctxT(t, 5*time.Second), runID)
+	require.NoError(t, err)
+	var ids []string
+	for _, s := range steps {
+		ids = append(ids, s.StepID)
+	}
+	want := []string{runID + "." + StepReserve + ".0", runID + "." + StepCharge + ".0", runID + "." + StepReceipt + ".0",
+		runID + "." + StepShip + ".0", runID + ".event=" + EventDelivered + ".0", runID + "." + last + ".0"}
+	require.Len(t, want, StepCount)
+	require.ElementsMatch(t, want, ids)
+	byID := make(map[string]jetflow.StepRecord, len(steps))
+	for _, s := range steps {
+		byID[s.StepID] = s
+	}
+	out := make([]jetflow.StepRecord, len(want))
+	for i, id := range want {
+		out[i] = byID[id]
+	}
+	return out
+}
+
+// TestCarrierEventConfirmsDelivery: the carrier's event, sent as soon as
+// the run exists (before the run reaches its wait, or while it waits), is
+// kept and confirms the delivery; no reminder is sent. The same event
+// again is a duplicate while the run is still going, and ErrRunEnded once
+// it has completed; either way nothing changes.
+func TestCarrierEventConfirmsDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, OrderOptions{})
+	ctx := ctxT(t, 20*time.Second)
+
+	h, err := jetflow.Start(ctx, b.client, b.wf, testOrder(), jetflow.WithRunID("order-o-5"))
+	require.NoError(t, err)
+	payload := json.RawMessage(`{"carrier":"ups"}`)
+	res, err := b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
+	require.NoError(t, err)
+	require.Equal(t, jetflow.EventDelivered, res.Outcome)
+	require.Equal(t, "order-o-5.event="+EventDelivered+".0", res.StepID)
+	res, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
+	if err != nil {
+		require.ErrorIs(t, err, jetflow.ErrRunEnded)
+	} else {
+		require.Equal(t, jetflow.EventDuplicate, res.Outcome)
+	}
+
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "delivered by ups", out.Delivery)
+	steps := requireSteps(t, b.client, "order-o-5", StepConfirm)
+	require.Equal(t, "event", steps[4].Kind)
+	require.Equal(t, "dlv-o-5", steps[4].EventID)
+	require.JSONEq(t, string(payload), string(steps[4].Output))
+	requireOnceEach(t, b.pay, "order-o-5")
+
+	_, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
+	require.ErrorIs(t, err, jetflow.ErrRunEnded)
 }
 
 // TestChargeRetriedAfterLostResponseChargesOnce: the first attempt of the
@@ -98,10 +160,7 @@ func TestChargeRetriedAfterLostResponseChargesOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ch_1", out.ChargeID)
 
-	steps, err := b.client.Steps(ctxT(t, 5*time.Second), "order-o-2")
-	require.NoError(t, err)
-	require.Len(t, steps, StepCount)
-	charge := steps[1]
+	charge := requireSteps(t, b.client, "order-o-2", StepRemind)[1]
 	require.Equal(t, "order-o-2.charge.0", charge.StepID)
 	require.Equal(t, 2, charge.Attempt, "the charge step ran twice")
 	require.JSONEq(t, `{"charge_id":"ch_1","idempotency_key":"order-o-2.charge.0","replayed":true}`, string(charge.Output))

@@ -69,4 +69,22 @@
 //     task of a run this worker saw cancelled: it is acknowledged, doing
 //     nothing. (A step task carries the run as it was when it was
 //     published, so it replays; its finish finds the run ended.)
+//
+// # Waits: sleeps, events and hooks
+//
+// A wait (wait.go, WaitSpec, Context.StartWait) is a step that runs no
+// function: a sleep, a wait for an event by run ID and name (step
+// <run>.event=<name>.<n>) or on a hook token (<run>.hook=<name>.<n>). In
+// stage 3 its task stores what will end it and acknowledges: a deadline
+// (a sleep's, a timeout's) as the wait's own task in a JetStream message
+// schedule (Task.WakeAt; jetstream.ScheduleTask), a hook's token in the
+// hooks bucket (HookTokens), and for a wait with no deadline a recheck
+// timer due after WaitRecheck, so a waiting run always has a message that
+// will advance it. The due task, forwarded into the task stream by the
+// DueForwarder, commits the sleep's end or the timeout once its deadline
+// has passed. An event is committed by a Sender (deliver.go) into the
+// first wait step of its name without a record (or the hook's step), and
+// the sender publishes the run's resume task (PublishResume). Every one of
+// these writes is create-if-absent on the wait's step record: the first
+// wins, a repeat of the same event is a duplicate, and a wait ends once.
 package workflow
