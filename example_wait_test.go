@@ -175,7 +175,7 @@ func ExampleWithHookToken() {
 	out, err := h.Result(ctx)
 	fmt.Println(out, err)
 	_, err = c.Resume(ctx, "o-42-refund-approval", "ticket-2", approve)
-	fmt.Println("after the run:", errors.Is(err, jetflow.ErrRunEnded))
+	fmt.Println("after the run:", errors.Is(err, jetflow.ErrEventConflict))
 	// Output:
 	// before the run: true
 	// delivered refund-o-42 refund-o-42.hook=approval.0
