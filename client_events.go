@@ -46,8 +46,11 @@ type EventResult struct {
 // Errors: ErrRunNotFound, ErrRunEnded, ErrUnknownEvent (the workflow
 // declares no such event), ErrEventPayload (it does not decode into the
 // declared type), ErrInvalidRunID, ErrInvalidName, ErrInvalidEventID,
-// ErrInputTooLarge, and ErrUnavailable when no worker answered (retry
-// with the same event ID). None of them stores anything.
+// ErrInputTooLarge: none of them stores anything. ErrRunNotFound may
+// change once a run started asynchronously is admitted. ErrUnavailable
+// (no worker answered, NATS failed, the answer was lost) may or may not
+// have delivered the event: send it again with the same event ID, which
+// answers EventDuplicate if it had.
 func (c *Client) SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (EventResult, error) {
 	return c.deliver(ctx, eventproto.Request{RunID: runID, Name: name, EventID: eventID, Payload: payload})
 }
