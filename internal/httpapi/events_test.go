@@ -147,7 +147,9 @@ func TestSendEventHTTP(t *testing.T) {
 func TestConcurrentSameEventDeliveredOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	require.Equal(t, http.StatusCreated, b.post("waiter", "conc-1", `{}`).code)
+	// The run holds after its wait until release, so that no sender
+	// finds it ended.
+	require.Equal(t, http.StatusCreated, b.post("waiter", "conc-1", `{"hold_after":true}`).code)
 
 	const senders = 10
 	answers := make([]response, senders)
@@ -170,6 +172,7 @@ func TestConcurrentSameEventDeliveredOnce(t *testing.T) {
 		outcomes[d.Outcome]++
 	}
 	require.Equal(t, map[jetflow.EventOutcome]int{jetflow.EventDelivered: 1, jetflow.EventDuplicate: senders - 1}, outcomes)
+	b.release()
 
 	var run jetflow.Run
 	b.waitDone("conc-1").json(t, &run)
