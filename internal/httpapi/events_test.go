@@ -163,8 +163,10 @@ func TestConcurrentSameEventDeliveredOnce(t *testing.T) {
 			answers[i] = b.event(sendPath("conc-1", "paid"), "pay-once", `{"ref":"once","cents":5}`)
 		}()
 	}
+	began := time.Now()
 	close(start)
 	wg.Wait()
+	t.Logf("%d concurrent sends of one event answered in %s", senders, time.Since(began))
 	outcomes := map[jetflow.EventOutcome]int{}
 	for _, a := range answers {
 		d := a.delivery(t)
@@ -228,8 +230,9 @@ func TestResumeHookHTTP(t *testing.T) {
 }
 
 // A payload that does not decode into the event's declared type is a 400
-// that stores nothing; the run waits on, and completes when a good event
-// follows.
+// that stores nothing, as are an oversized payload (413) and an invalid
+// event name, hook token or event ID (400); the run waits on, and
+// completes when a good event follows.
 func TestEventPayloadRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -241,6 +244,17 @@ func TestEventPayloadRefused(t *testing.T) {
 	require.Contains(t, bad.problem(t).Detail, "invalid event payload")
 	notJSON := b.event(sendPath("bad-1", "paid"), "pay-bad", `{"ref":`)
 	require.Equal(t, http.StatusBadRequest, notJSON.code, "body: %s", notJSON.body)
+	huge := b.event(sendPath("bad-1", "paid"), "pay-bad", `{"ref":"`+strings.Repeat("x", MaxBodyBytes)+`"}`)
+	require.Equal(t, http.StatusRequestEntityTooLarge, huge.code)
+	huge.problem(t)
+	for _, bad := range []struct{ path, key string }{
+		{sendPath("bad-1", "pa.id"), "pay-bad"},               // invalid event name
+		{"/v1/hooks/tok.en", "pay-bad"},                       // invalid hook token
+		{sendPath("bad-1", "paid"), strings.Repeat("k", 300)}, // invalid event ID
+	} {
+		res := b.event(bad.path, bad.key, `{"ref":"r"}`)
+		require.Equal(t, http.StatusBadRequest, res.code, "%s: %s", bad.path, res.body)
+	}
 	require.Equal(t, steps, b.bucketKeys(jetstream.StepsBucket), "a refused event stores nothing")
 
 	// The refused event's ID is free: the good event may reuse it.
