@@ -43,6 +43,9 @@ type cli struct {
 	cursor     string
 	scope      jetflow.KeyScope
 	runID      string
+	// send and resume (events.go): the event ID and the JSON payload.
+	eventID string
+	data    string
 }
 
 // serveConfig holds the settings of producer serve.
@@ -68,6 +71,8 @@ var arity = map[string]struct {
 	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
 	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
 	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
+	"send":   {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
+	"resume": {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
 	"serve":  {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
 }
 
@@ -84,6 +89,8 @@ var commandFlags = map[string][]string{
 	"cursor":          {"list"},
 	"scope":           {"reset"},
 	"run-id":          {"reset"},
+	"event-id":        {"send", "resume"},
+	"data":            {"send", "resume"},
 	"http-addr":       {"serve"},
 	"ops-addr":        {"serve"},
 	"api-token":       {"serve"},
@@ -95,7 +102,7 @@ var commandFlags = map[string][]string{
 
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
-var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "print-config"}
+var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "event-id", "data", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -127,6 +134,8 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.StringVar(&c.cursor, "cursor", "", "")
 	fs.StringVar(&scope, "scope", "", "")
 	fs.StringVar(&c.runID, "run-id", "", "")
+	fs.StringVar(&c.eventID, "event-id", "", "")
+	fs.StringVar(&c.data, "data", "", "")
 	fs.StringVar(&c.serve.httpAddr, "http-addr", "127.0.0.1:8080", "")
 	fs.StringVar(&c.serve.opsAddr, "ops-addr", "", "")
 	fs.StringVar(&tokens, "api-token", "", "")
@@ -159,7 +168,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	a, ok := arity[c.command]
 	switch {
 	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, cancel, list, reset or serve", c.command)
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, cancel, send, resume, list, reset or serve", c.command)
 	case len(c.args) != a.n:
 		return cli{}, errors.New(a.synopsis)
 	}
@@ -284,8 +293,11 @@ func (c *cli) invocation(scope string) error {
 	}, jetflow.RunStatus(c.status)):
 		return fmt.Errorf("invalid value %q for --status: want running, completed, failed or cancelled", c.status)
 	}
-	if c.command == "start" {
+	switch c.command {
+	case "start":
 		return c.checkStartID()
+	case "send", "resume":
+		return c.checkEventID()
 	}
 	if c.command != "reset" {
 		return nil

@@ -1,10 +1,12 @@
 // Command producer starts, reads, cancels, lists and resets jetflow runs
-// from the command line, and serves them over HTTP.
+// and sends them events from the command line, and serves them over HTTP.
 //
 //	producer start <workflow> <json-input> --id RUNID | --generate-id
 //	producer get <run-id>
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
+//	producer send <run-id> <event-name> --event-id ID [--data JSON]
+//	producer resume <token> --event-id ID [--data JSON]
 //	producer list [--workflow W] [--status S] [--limit N] [--cursor C]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
@@ -28,7 +30,13 @@
 // idempotent too: it cancels a running run and the child runs it started
 // attached, and a repeat says the run "was already cancelled" (exit code 0
 // both times); a run that had already completed or failed is an error
-// (exit code 1) that names the state it ended in.
+// (exit code 1) that names the state it ended in. send and resume deliver
+// an event (jetflow.Client.SendEvent, Resume) under --event-id, which is
+// required: the same event ID and payload again is a duplicate ("duplicate
+// ...", exit code 0) and changes nothing; the same ID with another payload,
+// or a second event to a hook whose wait has ended, is a conflict (exit
+// code 4); an event for a run that has ended is an error (exit code 1).
+// --data is the payload (JSON; absent: null).
 //
 // # Configuration
 //
@@ -36,7 +44,8 @@
 // (--nats-url from JETFLOW_NATS_URL), else from the YAML file named by
 // --config or JETFLOW_CONFIG (keys are flag names), else its default. The
 // flags of one invocation (--id, --generate-id, --timeout, --workflow,
-// --status, --limit, --cursor, --scope, --run-id, --print-config) are read
+// --status, --limit, --cursor, --scope, --run-id, --event-id, --data,
+// --print-config) are read
 // from the command line only. --print-config prints the effective
 // settings, secrets redacted, and exits.
 //
@@ -58,16 +67,19 @@
 // # Exit codes
 //
 //	0  success (start: the run was created or already existed)
-//	1  usage or other error; cancel: the run had already completed or failed
+//	1  usage or other error; cancel, send, resume: the run had already ended
 //	2  wait: the run failed or was cancelled
 //	3  not found: no run has that ID, or (start) no worker of the
-//	   deployment has ever served a workflow of that name
+//	   deployment has ever served a workflow of that name, or (resume) no
+//	   run waits on the hook token
 //	4  conflict: the run ID names a run with another input or workflow, or the
-//	   conflict policy rejected the duplicate
+//	   conflict policy rejected the duplicate; send, resume: the event ID was
+//	   delivered with another payload, or the hook's wait has ended
 //	5  unavailable: NATS cannot serve the command now (unreachable,
 //	   reconnecting, JetStream unavailable, no answer in time), or (start)
-//	   no worker is running for a known workflow; retry later,
-//	   start with the same run ID (jetflow.ErrUnavailable)
+//	   no worker is running for a known workflow (or, send and resume, none
+//	   answered); retry later, start with the same run ID, send with the
+//	   same event ID (jetflow.ErrUnavailable)
 package main
 
 import (
@@ -93,8 +105,8 @@ const (
 	exitOK        = 0
 	exitError     = 1 // usage and other errors
 	exitRunFailed = 2 // wait: the run failed or was cancelled
-	exitNotFound  = 3 // no run has that ID, or no workflow of that name
-	exitConflict  = 4 // idempotency conflict or a rejected duplicate
+	exitNotFound  = 3 // no run has that ID, no workflow of that name, no hook of that token
+	exitConflict  = 4 // idempotency conflict, a rejected duplicate, an event conflict
 	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
 	// retrying later is safe, a start with the same run ID.
 	exitUnavailable = 5
@@ -111,6 +123,10 @@ Commands:
         wait until a run ends and show its result
   cancel <run-id>
         cancel a running run and its child runs; a repeat says it was already cancelled
+  send <run-id> <event-name> --event-id ID [--data JSON]
+        deliver an event to a run's wait for it; a repeat says "duplicate"
+  resume <token> --event-id ID [--data JSON]
+        deliver an event to the wait on a hook token; a repeat says "duplicate"
   list [--workflow W] [--status S] [--limit N] [--cursor C]
         one page of runs in run ID order, and the cursor of the next
   reset <key> --scope global|workflow|run [--workflow W | --run-id R]
@@ -144,6 +160,9 @@ Flags (anywhere on the line):
           --cursor C             the page after run ID C (the previous page's next cursor)
   reset:  --scope S              global, workflow (with --workflow) or run (with --run-id)
           --workflow W, --run-id R
+  send, resume:
+          --event-id ID          the event's ID, the same on every retry (required)
+          --data JSON            the event's payload (default null)
   serve:  --http-addr ADDR       listen address (default 127.0.0.1:8080)
           --ops-addr ADDR        serve /metrics, /healthz, /readyz here instead of on
                                  --http-addr (keep them off a public webhook port)
@@ -156,18 +175,20 @@ Flags (anywhere on the line):
 Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
 (or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
---workflow, --status, --limit, --cursor, --scope, --run-id and --print-config
-are read from the command line only.
+--workflow, --status, --limit, --cursor, --scope, --run-id, --event-id, --data
+and --print-config are read from the command line only.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
-  1  usage or other error; cancel: the run had already completed or failed
+  1  usage or other error; cancel, send, resume: the run had already ended
   2  wait: the run failed or was cancelled
-  3  not found: no run has that ID, or no worker ever served that workflow
-  4  conflict: the run ID has another input or workflow, or the policy rejected the duplicate
+  3  not found: no run has that ID, no worker ever served that workflow, or no run
+     waits on the hook token
+  4  conflict: the run ID has another input or workflow, or the policy rejected the
+     duplicate; the event ID was delivered with another payload, or the hook's wait ended
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
      time), or no worker is running for a known workflow; retry later, start with the
-     same run ID
+     same run ID, send with the same event ID
 `
 
 func main() {
@@ -226,6 +247,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = wait(ctx, client, out, c.args[0], c.timeout)
 	case "cancel":
 		err = cancelRun(ctx, client, out, c.args[0])
+	case "send":
+		err = sendEvent(ctx, client, out, c.args[0], c.args[1], c.eventID, c.data)
+	case "resume":
+		err = resumeHook(ctx, client, out, c.args[0], c.eventID, c.data)
 	case "list":
 		err = list(ctx, client, out, c.listOptions())
 	case "reset":
@@ -251,11 +276,11 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, jetflow.ErrRunNotFound), errors.Is(err, jetflow.ErrUnknownWorkflow):
+	case errors.Is(err, jetflow.ErrRunNotFound), errors.Is(err, jetflow.ErrUnknownWorkflow), errors.Is(err, jetflow.ErrHookNotFound):
 		return exitNotFound
 	case errors.Is(err, jetflow.ErrRunFailed):
 		return exitRunFailed
-	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected):
+	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected), errors.Is(err, jetflow.ErrEventConflict):
 		return exitConflict
 	case jetstream.IsTransient(err):
 		return exitUnavailable

@@ -50,6 +50,30 @@ func hold(release <-chan struct{}) *jetflow.Workflow[greeting, string] {
 	})
 }
 
+// paid is the payload of inbox's event "paid".
+type paid struct {
+	Ref string `json:"ref"`
+}
+
+// inbox waits for the event "paid", by run and name, or on the hook token
+// its input names when not empty, then for the event "done" (so that the
+// run is still running when a test repeats its "paid"), and returns the
+// paid event's ref.
+func inbox() *jetflow.Workflow[string, string] {
+	return jetflow.NewWorkflow("inbox", func(ctx *jetflow.Context, token string) (string, error) {
+		var opts []jetflow.WaitOption
+		if token != "" {
+			opts = append(opts, jetflow.WithHookToken(token))
+		}
+		p, err := jetflow.WaitEvent[paid](ctx, "paid", opts...)
+		if err != nil {
+			return "", err
+		}
+		_, err = jetflow.WaitEvent[json.RawMessage](ctx, "done")
+		return p.Ref, err
+	}, jetflow.WithEvent[paid]("paid"), jetflow.WithEvent[json.RawMessage]("done"))
+}
+
 // lookupKey is the task key the lookup workflow's step uses: shared by
 // every run of the workflow for an hour.
 func lookupKey(name string) string { return "user/" + name }
@@ -60,7 +84,8 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 
 // testbed is one test's embedded server and a worker serving the test
 // workflows: greet, hold, exclusive (hold that rejects duplicates while
-// running) and lookup (a step cached under lookupKey in the workflow scope).
+// running), lookup (a step cached under lookupKey in the workflow scope)
+// and inbox (waits for an event).
 type testbed struct {
 	url string
 	// srv is the embedded server, for tests that stop and restart it.
@@ -92,7 +117,7 @@ func newTestbed(t *testing.T) *testbed {
 			return tb.lookups.Add(1), nil
 		}, jetflow.WithTaskKey(lookupKey(in.Name), time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
 	})
-	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup))
+	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup, inbox()))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
 	})
@@ -279,7 +304,7 @@ func TestErrors(t *testing.T) {
 		{"CancelTwoRunIDs", []string{"cancel", "evt_1", "evt_2"}, 1, "error: cancel takes one run ID"},
 		{"TimeoutOnCancel", []string{"cancel", "evt_1", "--timeout", "1s"}, 1, "error: --timeout is a flag of wait, not cancel"},
 		{"NoCommand", nil, 1, "error: no command given"},
-		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, wait, cancel, list, reset or serve`},
+		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, wait, cancel, send, resume, list, reset or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},

@@ -24,6 +24,8 @@ func TestNATSDownExitsUnavailable(t *testing.T) {
 		{"get", "down-1"},
 		{"wait", "down-1", "--timeout", "5s"},
 		{"cancel", "down-1"},
+		{"send", "down-1", "paid", "--event-id", "e-1"},
+		{"resume", "tok-1", "--event-id", "e-1"},
 		{"list"},
 		{"reset", "k", "--scope", "global"},
 	} {

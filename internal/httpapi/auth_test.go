@@ -33,6 +33,14 @@ func TestBearerAuth(t *testing.T) {
 		http.Header{"Authorization": {"bearer token-two"}, HeaderIdempotencyKey: {"auth-2"}}, `{"n":1}`)
 	require.Equal(t, http.StatusCreated, res.code, "the scheme is case-insensitive")
 
+	// Events need the token too: refused before anything is read.
+	for _, path := range []string{"/v1/runs/auth-2/events/paid", "/v1/hooks/tok-1"} {
+		res = b.do(http.MethodPost, path, http.Header{HeaderIdempotencyKey: {"e-1"}}, `{}`)
+		require.Equal(t, http.StatusUnauthorized, res.code, path)
+		res = b.do(http.MethodPost, path, http.Header{"Authorization": {"Bearer token-one"}, HeaderIdempotencyKey: {"e-1"}}, `{}`)
+		require.NotEqual(t, http.StatusUnauthorized, res.code, "%s: body: %s", path, res.body)
+	}
+
 	require.Equal(t, http.StatusOK, b.do(http.MethodGet, "/v1/openapi.yaml", nil, "").code)
 	// A webhook is authenticated by its signature: no token, and the
 	// answer is about the signature.

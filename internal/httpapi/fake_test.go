@@ -14,13 +14,21 @@ import (
 	"github.com/jetflow/jetflow"
 )
 
-// fakeBackend records StartByName calls and answers every call with err,
-// or with a created run when err is nil.
+// fakeBackend records StartByName, SendEvent and Resume calls and answers
+// every call with err, or when err is nil with a created run, a delivered
+// event.
 type fakeBackend struct {
 	err error
 
 	mu     sync.Mutex
 	starts []fakeStart
+	events []fakeEvent
+}
+
+// fakeEvent is one SendEvent (runID and name set) or Resume (token set).
+type fakeEvent struct {
+	runID, name, token, eventID string
+	payload                     json.RawMessage
 }
 
 type fakeStart struct {
@@ -60,6 +68,39 @@ func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, st
 
 func (f *fakeBackend) CancelRun(context.Context, string) (jetflow.CancelOutcome, error) {
 	return jetflow.CancelOutcome{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
+func (f *fakeBackend) SendEvent(_ context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
+	return f.event(fakeEvent{runID: runID, name: name, eventID: eventID, payload: payload})
+}
+
+func (f *fakeBackend) Resume(_ context.Context, token, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
+	return f.event(fakeEvent{token: token, eventID: eventID, payload: payload})
+}
+
+// event records ev and answers it: err, or delivered to the run it names
+// (fake-run for a hook).
+func (f *fakeBackend) event(ev fakeEvent) (jetflow.EventResult, error) {
+	ev.payload = append(json.RawMessage(nil), ev.payload...)
+	f.mu.Lock()
+	f.events = append(f.events, ev)
+	f.mu.Unlock()
+	runID, step := ev.runID, "event="+ev.name
+	if ev.token != "" {
+		runID, step = "fake-run", "hook=paid"
+	}
+	if f.err != nil {
+		// As the client's: the run the workers found, with the error.
+		return jetflow.EventResult{RunID: runID, EventID: ev.eventID}, f.err
+	}
+	return jetflow.EventResult{Outcome: jetflow.EventDelivered, RunID: runID, Workflow: "wf",
+		StepID: runID + "." + step + ".0", EventID: ev.eventID}, nil
+}
+
+func (f *fakeBackend) eventCalls() []fakeEvent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeEvent(nil), f.events...)
 }
 
 func (f *fakeBackend) errOr(def error) error {

@@ -30,6 +30,21 @@ type echoIn struct {
 	Block bool `json:"block,omitempty"`
 }
 
+// waiterIn is the input of the "waiter" workflow: a hook token to wait
+// on ("" waits by run and name), and whether to block before the wait.
+type waiterIn struct {
+	Token string `json:"token,omitempty"`
+	Block bool   `json:"block,omitempty"`
+	// HoldAfter blocks after the wait, until release.
+	HoldAfter bool `json:"hold_after,omitempty"`
+}
+
+// payment is the payload of the "paid" event.
+type payment struct {
+	Ref   string `json:"ref"`
+	Cents int    `json:"cents"`
+}
+
 // Webhook test sources: one per provider, each starting "hook".
 var (
 	standardSecret = "whsec_" + "dGVzdC1zZWNyZXQtc3RhbmRhcmQtMDEyMzQ1Njc4OQ=="
@@ -55,6 +70,8 @@ type bundle struct {
 	release func()
 	// sends counts the runs of the "mailer" step.
 	sends atomic.Int64
+	// afters counts the runs of the "waiter" step that follows its wait.
+	afters atomic.Int64
 	// observed collects what Config.Observe was told.
 	mu       sync.Mutex
 	observed []observation
@@ -75,8 +92,11 @@ type observation struct {
 // when Block), "reject" (as echo, but a duplicate while running is
 // rejected), "keyed" (as echo, requires an Idempotency-Key), "fails"
 // (fails at once), "hook" (any JSON, for webhooks; StartNew after it
-// ended) and "mailer" (a step
-// with the global task key given as input, counted in sends).
+// ended), "mailer" (a step with the global task key given as input,
+// counted in sends) and "waiter" (waits for the event "paid", a payment,
+// by run and name or on the hook token of its input, then returns the
+// payment's ref from a step counted in afters; with Block a step blocks
+// until release before the wait, with HoldAfter after it).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	requireContract(t) // loaded here, on the test's goroutine: observe reads it
@@ -99,6 +119,18 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 			return in.N * 2, nil
 		})
 	}
+	// hold is a step that runs until release.
+	hold := func(ctx *jetflow.Context, name string) error {
+		_, err := jetflow.Step(ctx, name, func(sctx context.Context) (bool, error) {
+			select {
+			case <-gate:
+				return true, nil
+			case <-sctx.Done():
+				return false, sctx.Err()
+			}
+		})
+		return err
+	}
 	ws := jetflow.NewWorkers()
 	require.NoError(t, ws.Add(
 		jetflow.NewWorkflow("echo", echo),
@@ -113,6 +145,27 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 			return jetflow.Step(ctx, "send", func(context.Context) (int64, error) { return b.sends.Add(1), nil },
 				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
 		}),
+		jetflow.NewWorkflow("waiter", func(ctx *jetflow.Context, in waiterIn) (string, error) {
+			if in.Block {
+				if err := hold(ctx, "hold"); err != nil {
+					return "", err
+				}
+			}
+			var opts []jetflow.WaitOption
+			if in.Token != "" {
+				opts = append(opts, jetflow.WithHookToken(in.Token))
+			}
+			p, err := jetflow.WaitEvent[payment](ctx, "paid", opts...)
+			if err != nil {
+				return "", err
+			}
+			if in.HoldAfter {
+				if err := hold(ctx, "hold-after"); err != nil {
+					return "", err
+				}
+			}
+			return jetflow.Step(ctx, "after", func(context.Context) (string, error) { b.afters.Add(1); return p.Ref, nil })
+		}, jetflow.WithEvent[payment]("paid")),
 	))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
 	require.NoError(t, err)

@@ -71,6 +71,8 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"GET /v1/runs/{id}":                 append([]int{200, 400, 404}, common...),
 		"GET /v1/runs/{id}/result":          append([]int{200, 202, 400, 404}, common...),
 		"POST /v1/runs/{id}/cancel":         append([]int{200, 400, 403, 404, 409}, common...),
+		"POST /v1/runs/{id}/events/{name}":  append([]int{200, 400, 404, 409, 413, 415, 422}, common...),
+		"POST /v1/hooks/{token}":            append([]int{200, 400, 404, 409, 413, 415, 422}, common...),
 		"DELETE /v1/task-keys/{key}":        append([]int{200, 400}, common...),
 		"DELETE /v1/idempotency-keys/{key}": append([]int{200, 400}, common...),
 		"POST /v1/webhooks/{source}":        {202, 400, 401, 404, 409, 413, 422, 500, 503},

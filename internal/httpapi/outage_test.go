@@ -16,8 +16,9 @@ import (
 )
 
 // outageRoutes are the requests the outage test keeps sending, by name:
-// a start under a fresh key each time, a read, a result and a list.
-var outageRoutes = []string{"start", "get", "result", "list"}
+// a start under a fresh key each time, a read, a result, a list and an
+// event (the same one each time: delivered once, then duplicates).
+var outageRoutes = []string{"start", "get", "result", "list", "event"}
 
 // outageTally counts the answers of one route, by phase.
 type outageTally struct {
@@ -33,6 +34,9 @@ func TestNATSOutageIs503WithRetryAfter(t *testing.T) {
 	b := setup(t, func(c *Config) { c.RequestTimeout = 2 * time.Second })
 	require.Equal(t, http.StatusCreated, b.post("echo", "before-1", `{"n":1}`).code)
 	b.waitDone("before-1")
+	// A run held before its wait: the event is kept, and every repeat of
+	// it is a duplicate (200), never "run ended".
+	require.Equal(t, http.StatusCreated, b.post("waiter", "wait-out", `{"block":true}`).code)
 
 	var (
 		phase   atomic.Int32 // 0 before the outage, 1 during, 2 after the restart
@@ -73,6 +77,8 @@ func TestNATSOutageIs503WithRetryAfter(t *testing.T) {
 					res = b.do(http.MethodGet, "/v1/runs/before-1/result", nil, "")
 				case "list":
 					res = b.do(http.MethodGet, "/v1/runs?limit=5", nil, "")
+				case "event":
+					res = b.event(sendPath("wait-out", "paid"), "pay-out", `{"ref":"out"}`)
 				}
 				tally := tallies[p][route]
 				switch {
@@ -126,6 +132,10 @@ func TestNATSOutageIs503WithRetryAfter(t *testing.T) {
 	require.ErrorIs(t, err, jetflow.ErrUnavailable)
 	_, err = b.client.Steps(cctx, "before-1")
 	require.ErrorIs(t, err, jetflow.ErrUnavailable)
+	_, err = b.client.SendEvent(cctx, "wait-out", "paid", "pay-out", json.RawMessage(`{"ref":"out"}`))
+	require.ErrorIs(t, err, jetflow.ErrUnavailable)
+	_, err = b.client.Resume(cctx, "some-token", "e-1", nil)
+	require.ErrorIs(t, err, jetflow.ErrUnavailable)
 
 	require.NoError(t, b.ns.Restart())
 	phase.Store(2)
@@ -141,4 +151,11 @@ func TestNATSOutageIs503WithRetryAfter(t *testing.T) {
 	res := b.post("echo", refused[0], `{"n":2}`)
 	require.Equal(t, http.StatusCreated, res.code, "body: %s", res.body)
 	b.waitDone(refused[0])
+	// The event, sent through the outage, was delivered once: the run
+	// completes with it.
+	b.release()
+	var run jetflow.Run
+	b.waitDone("wait-out").json(t, &run)
+	require.JSONEq(t, `"out"`, string(run.Output))
+	require.Equal(t, int64(1), b.afters.Load())
 }

@@ -86,6 +86,17 @@ var errorStatuses = []struct {
 	// retries instead of dropping the start.
 	{jetflow.ErrUnknownWorkflow, http.StatusNotFound},
 	{jetflow.ErrRunNotFound, http.StatusNotFound},
+	// Events (POST /v1/runs/{id}/events/{name}, /v1/hooks/{token}). A
+	// payload that does not decode into the event's type is a 400 as a
+	// start's undecodable input is; an event the run's workflow does not
+	// declare, a 422 as a key naming a run of another workflow is.
+	{jetflow.ErrHookNotFound, http.StatusNotFound},
+	{jetflow.ErrEventConflict, http.StatusConflict},
+	{jetflow.ErrRunEnded, http.StatusConflict},
+	{jetflow.ErrUnknownEvent, http.StatusUnprocessableEntity},
+	{jetflow.ErrEventPayload, http.StatusBadRequest},
+	{jetflow.ErrInvalidEventID, http.StatusBadRequest},
+	{jetflow.ErrInvalidHookToken, http.StatusBadRequest},
 	{jetflow.ErrInputTooLarge, http.StatusRequestEntityTooLarge},
 	{jetflow.ErrInvalidInput, http.StatusBadRequest},
 	{jetflow.ErrInvalidListOptions, http.StatusBadRequest},
@@ -138,6 +149,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 			p.Type = RunIDRequiredType
 			p.Title = "Idempotency-Key required"
 			w.Header().Set("Link", "<"+RunIDRequiredType+`>; rel="describedby"`)
+		}
+	case http.StatusConflict:
+		if errors.Is(err, jetflow.ErrEventConflict) {
+			p.Type, p.Title = EventConflictType, "Event conflict"
 		}
 	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")

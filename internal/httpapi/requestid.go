@@ -38,7 +38,8 @@ func RequestID(ctx context.Context) string {
 //     request_id, method, route (the pattern of the handler that answered,
 //     r.Pattern), path, status (499: the client went away first) and
 //     took (logging.Duration), plus the run's workflow and run_id when the
-//     request names them (the path, or the Idempotency-Key of a start).
+//     request names them (the path, or the Idempotency-Key of a start),
+//     and an event's name (event) and ID (event_id, its Idempotency-Key).
 //
 // It never logs query strings, headers other than those named, or bodies:
 // tokens and payloads stay out of the log.
@@ -56,12 +57,20 @@ func RequestLog(h http.Handler, log zerolog.Logger) http.Handler {
 
 		ev := log.Info().Str("request_id", id).Str("method", r.Method).Str("route", r.Pattern).
 			Str("path", r.URL.Path).Int("status", rec.status()).Str("took", logging.Duration(time.Since(begin)))
-		if wf := r.PathValue("name"); wf != "" {
-			ev = ev.Str("workflow", wf)
-		}
 		runID := r.PathValue("id")
-		if runID == "" && r.Method == http.MethodPost {
-			runID = r.Header.Get(HeaderIdempotencyKey)
+		switch r.Pattern {
+		case patternStart:
+			ev = ev.Str("workflow", r.PathValue("name"))
+			if runID == "" {
+				runID = r.Header.Get(HeaderIdempotencyKey)
+			}
+		case patternSendEvent, patternResumeHook:
+			if name := r.PathValue("name"); name != "" {
+				ev = ev.Str("event", clip(name))
+			}
+			if eventID := r.Header.Get(HeaderIdempotencyKey); eventID != "" {
+				ev = ev.Str("event_id", clip(eventID))
+			}
 		}
 		if runID != "" {
 			ev = ev.Str("run_id", clip(runID))

@@ -80,6 +80,20 @@ func TestRequestLog(t *testing.T) {
 	require.Equal(t, "evt-9", l["run_id"])
 	require.Equal(t, "order", l["workflow"])
 
+	// An event's name is no workflow, and its key no run ID.
+	code, id = do(http.MethodPost, "/v1/runs/run-8/events/paid", http.Header{HeaderIdempotencyKey: {"pay-1"}}, `{}`)
+	require.Equal(t, http.StatusOK, code)
+	l = lineWith(t, logs.Lines(t), "request", id)
+	require.Equal(t, "run-8", l["run_id"])
+	require.Equal(t, "paid", l["event"])
+	require.Equal(t, "pay-1", l["event_id"])
+	require.NotContains(t, l, "workflow")
+	code, id = do(http.MethodPost, "/v1/hooks/tok-1", http.Header{HeaderIdempotencyKey: {"pay-2"}}, `{}`)
+	require.Equal(t, http.StatusOK, code)
+	l = lineWith(t, logs.Lines(t), "request", id)
+	require.Equal(t, "pay-2", l["event_id"])
+	require.NotContains(t, l, "run_id", "the key of a hook's event is no run ID")
+
 	backend.err = errors.New("disk on fire")
 	code, id = do(http.MethodGet, "/v1/runs", http.Header{HeaderRequestID: {"req-500"}}, "")
 	require.Equal(t, http.StatusInternalServerError, code)

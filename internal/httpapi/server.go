@@ -1,7 +1,8 @@
 // Package httpapi is jetflow's HTTP API, served by `producer serve`: it
 // starts runs under an Idempotency-Key (the IETF httpapi draft's semantics,
 // with the key as the run ID), reads, waits for and lists runs, resets task
-// idempotency keys (DELETE /v1/task-keys/{key}) and takes webhook
+// idempotency keys (DELETE /v1/task-keys/{key}), delivers events to
+// runs and hooks (the event ID in the Idempotency-Key) and takes webhook
 // deliveries. docs/http.md describes it for users and openapi.yaml is its
 // contract; one route table (routes) registers the handlers and is checked
 // against that document.
@@ -34,6 +35,8 @@ type Backend interface {
 	ListRuns(ctx context.Context, opts jetflow.ListOptions) (jetflow.RunPage, error)
 	ResetTaskKey(ctx context.Context, key string, scope jetflow.KeyScope, scopeID string) (int, error)
 	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
+	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
+	Resume(ctx context.Context, token, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 }
 
 // Limits of the API.
@@ -110,11 +113,13 @@ func (rt route) pattern() string { return rt.method + " " + rt.path }
 // these, and the OpenAPI test requires openapi.yaml to document exactly
 // these.
 var routes = []route{
-	{method: http.MethodPost, path: "/v1/workflows/{name}/runs", handle: (*Server).start},
+	{method: http.MethodPost, path: pathStart, handle: (*Server).start},
 	{method: http.MethodGet, path: "/v1/runs", handle: (*Server).listRuns},
 	{method: http.MethodGet, path: "/v1/runs/{id}", handle: (*Server).getRun},
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
 	{method: http.MethodPost, path: "/v1/runs/{id}/cancel", handle: (*Server).cancelRun},
+	{method: http.MethodPost, path: pathSendEvent, handle: (*Server).sendEvent},
+	{method: http.MethodPost, path: pathResumeHook, handle: (*Server).resumeHook},
 	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
 	// The task-key reset's first name, before HTTP's Idempotency-Key (a
 	// run ID) and task keys had separate words.
@@ -122,6 +127,18 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/webhooks/{source}", public: true, handle: (*Server).webhook},
 	{method: http.MethodGet, path: "/v1/openapi.yaml", public: true, handle: (*Server).openapi},
 }
+
+// Paths and patterns of the routes the access log (RequestLog) reads
+// differently: a start's name is a workflow and its Idempotency-Key a run
+// ID; an event's name is an event and its Idempotency-Key an event ID.
+const (
+	pathStart         = "/v1/workflows/{name}/runs"
+	pathSendEvent     = "/v1/runs/{id}/events/{name}"
+	pathResumeHook    = "/v1/hooks/{token}"
+	patternStart      = http.MethodPost + " " + pathStart
+	patternSendEvent  = http.MethodPost + " " + pathSendEvent
+	patternResumeHook = http.MethodPost + " " + pathResumeHook
+)
 
 // unmatched is the route Observe gets for a request no route matches.
 const unmatched = "unmatched"

@@ -148,20 +148,9 @@ func parseGenerate(q url.Values) (bool, error) {
 // send it, a bare token (order-42); either way the key must be a valid run
 // ID. A repeated header is refused.
 func parseIdempotencyKey(h http.Header) (string, error) {
-	values := h.Values(HeaderIdempotencyKey)
-	switch len(values) {
-	case 0:
-		return "", nil
-	case 1:
-	default:
-		return "", fmt.Errorf("%w: %d Idempotency-Key headers, want one", errBadRequest, len(values))
-	}
-	v := strings.Trim(values[0], " \t")
-	if strings.HasPrefix(v, `"`) {
-		var err error
-		if v, err = parseSFString(v); err != nil {
-			return "", fmt.Errorf("%w: Idempotency-Key: %w", errBadRequest, err)
-		}
+	v, ok, err := keyHeader(h)
+	if err != nil || !ok {
+		return "", err
 	}
 	if err := state.ValidateRunID(v); err != nil {
 		return "", fmt.Errorf("header Idempotency-Key: %w", err)
