@@ -33,6 +33,8 @@ type EventResult struct {
 	// StepID is the wait step that holds the event.
 	StepID  string
 	EventID string
+	// RunStatus is the state the run ended in, with ErrRunEnded.
+	RunStatus RunStatus
 }
 
 // SendEvent delivers the event called name, with the ID eventID and the
@@ -94,7 +96,7 @@ func (c *Client) deliver(ctx context.Context, req eventproto.Request) (EventResu
 		return EventResult{}, fmt.Errorf("%w: event reply: %w", ErrMalformed, err)
 	}
 	res := EventResult{Outcome: EventOutcome(reply.Outcome), RunID: reply.RunID, Workflow: reply.Workflow,
-		StepID: reply.StepID, EventID: reply.EventID}
+		StepID: reply.StepID, EventID: reply.EventID, RunStatus: RunStatus(reply.RunStatus)}
 	if e := reply.Error; e != nil {
 		base := eventproto.ErrorOf(e.Code)
 		if base == nil {

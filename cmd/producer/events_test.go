@@ -79,7 +79,12 @@ func TestSendEvent(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "run in-1 completed: \"r1\"\n", out)
 
-	code, _, errOut = producer("send", "in-1", "paid", "--event-id", "e-1", "--data", `{"ref":"r1"}`)
+	// After the run ended: the event it took is still a duplicate, a new
+	// one is refused.
+	code, out, errOut = producer("send", "in-1", "paid", "--event-id", "e-1", "--data", `{"ref":"r1"}`)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "duplicate e-1")
+	code, _, errOut = producer("send", "in-1", "paid", "--event-id", "e-9", "--data", `{"ref":"r9"}`)
 	require.Equal(t, exitError, code, errOut)
 	require.Contains(t, errOut, "cannot deliver the event: jetflow: run already ended")
 	require.Contains(t, errOut, "completed")

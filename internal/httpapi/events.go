@@ -110,7 +110,7 @@ func (s *Server) deliverEvent(w http.ResponseWriter, r *http.Request, runID stri
 	}
 	switch {
 	case errors.Is(err, jetflow.ErrRunEnded):
-		s.eventRunEnded(ctx, w, runID, err)
+		eventRunEnded(w, runID, res.RunStatus, err)
 		return
 	case err != nil:
 		s.fail(w, r, runID, err)
@@ -123,16 +123,12 @@ func (s *Server) deliverEvent(w http.ResponseWriter, r *http.Request, runID stri
 }
 
 // eventRunEnded answers 409 to an event for a run that has ended, with the
-// state it ended in (read from the run, as the delivery's error does not
-// carry it) when that read succeeds.
-func (s *Server) eventRunEnded(ctx context.Context, w http.ResponseWriter, runID string, err error) {
+// state it ended in.
+func eventRunEnded(w http.ResponseWriter, runID string, status jetflow.RunStatus, err error) {
 	p := eventRunEndedProblem{Problem: Problem{Type: EventRunEndedType, Title: "Run already ended",
-		Status: http.StatusConflict, Detail: err.Error(), RunID: runID}}
-	if runID != "" {
-		if run, rerr := s.cfg.Backend.GetRun(ctx, runID); rerr == nil && run.Status.Terminal() {
-			p.RunStatus = run.Status
-			w.Header().Set(HeaderRunStatus, string(run.Status))
-		}
+		Status: http.StatusConflict, Detail: err.Error(), RunID: runID}, RunStatus: status}
+	if status != "" {
+		w.Header().Set(HeaderRunStatus, string(status))
 	}
 	writeJSON(w, p.Status, "application/problem+json", p)
 }

@@ -221,12 +221,14 @@ func TestResumeHookHTTP(t *testing.T) {
 	require.JSONEq(t, `"ok"`, string(run.Output))
 	require.Equal(t, int64(1), b.afters.Load())
 
-	for _, key := range []string{"appr-1", "appr-2"} {
-		late := b.event("/v1/hooks/order-9-approval", key, `{"ref":"ok"}`)
-		require.Equal(t, http.StatusConflict, late.code, "body: %s", late.body)
-		require.Equal(t, EventRunEndedType, late.problem(t).Type)
-		require.Equal(t, "completed", late.header.Get(HeaderRunStatus))
-	}
+	// After the run ended: the event it took is still a duplicate, another
+	// is a conflict (the hook's one wait has ended).
+	late := b.event("/v1/hooks/order-9-approval", "appr-1", `{"ref":"ok"}`)
+	require.Equal(t, http.StatusOK, late.code, "body: %s", late.body)
+	require.Contains(t, string(late.body), `"outcome":"duplicate"`)
+	late = b.event("/v1/hooks/order-9-approval", "appr-2", `{"ref":"ok"}`)
+	require.Equal(t, http.StatusConflict, late.code, "body: %s", late.body)
+	require.Equal(t, EventConflictType, late.problem(t).Type)
 }
 
 // A payload that does not decode into the event's declared type is a 400
@@ -332,23 +334,24 @@ func TestEventRequestReachesBackend(t *testing.T) {
 	}, fb.eventCalls())
 }
 
-// endedBackend answers every event with ErrRunEnded and reads its run as
-// status.
+// endedBackend answers every event with ErrRunEnded and the state the run
+// ended in (none when status is empty).
 type endedBackend struct {
 	fakeBackend
 	status jetflow.RunStatus
 }
 
-func (e *endedBackend) GetRun(_ context.Context, runID string) (jetflow.Run, error) {
-	if e.status == "" {
-		return jetflow.Run{}, jetflow.ErrUnavailable
-	}
-	return jetflow.Run{RunID: runID, Status: e.status}, nil
+func (e *endedBackend) SendEvent(_ context.Context, runID, _, _ string, _ json.RawMessage) (jetflow.EventResult, error) {
+	return jetflow.EventResult{RunID: runID, RunStatus: e.status}, e.err
+}
+
+func (e *endedBackend) Resume(_ context.Context, _, _ string, _ json.RawMessage) (jetflow.EventResult, error) {
+	return jetflow.EventResult{RunID: "r-1", RunStatus: e.status}, e.err
 }
 
 // Each error of a delivery gets its status and problem type, on both
-// routes; an ended run's problem names its state when the server can read
-// it, and is a 409 without it when it cannot.
+// routes; an ended run's problem names its state when the delivery said
+// it, and is a 409 without it when it did not.
 func TestEventErrorStatuses(t *testing.T) {
 	t.Parallel()
 	ended := fmt.Errorf("%w: run r-1 is failed", jetflow.ErrRunEnded)
