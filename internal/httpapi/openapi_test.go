@@ -73,7 +73,7 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"POST /v1/runs/{id}/cancel":         append([]int{200, 400, 403, 404, 409}, common...),
 		"DELETE /v1/task-keys/{key}":        append([]int{200, 400}, common...),
 		"DELETE /v1/idempotency-keys/{key}": append([]int{200, 400}, common...),
-		"POST /v1/webhooks/{source}":        {202, 400, 401, 404, 409, 413, 422, 500, 503},
+		"POST /v1/webhooks/{source}":        {200, 202, 400, 401, 404, 409, 413, 422, 500, 503},
 		"GET /v1/openapi.yaml":              {200},
 	}
 	got := documentedCodes(t)
