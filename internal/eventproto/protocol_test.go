@@ -21,8 +21,9 @@ type approval struct {
 }
 
 // rawEnv is a real embedded server with a worker serving "approve" (waits
-// on the hook <input>-approval) and "signal" (waits for the event "go"),
-// and a plain NATS connection that speaks the protocol by hand.
+// on the hook <input>-approval) and "signal" (waits for the event "go"
+// twice and returns both senders), and a plain NATS connection that speaks
+// the protocol by hand.
 type rawEnv struct {
 	t  *testing.T
 	nc *nats.Conn
@@ -42,7 +43,11 @@ func newRawEnv(t *testing.T) *rawEnv {
 		}, jetflow.WithEvent[approval]("approval")),
 		jetflow.NewWorkflow("signal", func(ctx *jetflow.Context, _ int) (string, error) {
 			a, err := jetflow.WaitEvent[approval](ctx, "go")
-			return a.By, err
+			if err != nil {
+				return "", err
+			}
+			b, err := jetflow.WaitEvent[approval](ctx, "go")
+			return a.By + "+" + b.By, err
 		}, jetflow.WithEvent[approval]("go")),
 	))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
@@ -102,9 +107,9 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 // The event protocol with a plain NATS connection and hand-written JSON:
-// an event by run ID and name is delivered (also before the run reaches
-// its wait); ten concurrent requests with one event ID are one delivery
-// and nine duplicates; the same ID with another payload is a conflict; a
+// an event by run ID and name is delivered; ten concurrent requests with
+// one event ID are one delivery and nine duplicates; the same ID with
+// another payload is a conflict, and another ID goes to the next wait; a
 // hook resumes once its run waits, and before that, or for a token nobody
 // waits on, is hook_not_found; malformed envelopes, unknown fields,
 // undeclared events, bad payloads and unknown runs get their codes. Every
@@ -136,25 +141,20 @@ func TestEventProtocolRawNATS(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{eventproto.OutcomeDelivered: 1, eventproto.OutcomeDuplicate: copies - 1}, outcomes)
 	require.Equal(t, "sig-1.event=go.0", stepID)
-	rec := e.waitEnded("sig-1")
-	require.Equal(t, "completed", rec["status"])
-	require.Equal(t, "ada", rec["output"])
 
-	// The same event ID with another payload: a conflict, or (the run has
-	// ended) run_ended; nothing changes either way.
+	// The same event ID with another payload: a conflict, while the run
+	// waits for its second "go"; nothing changes.
 	r := e.request(`{"run_id":"sig-1","name":"go","event_id":"evt-1","payload":{"by":"eve"}}`)
 	require.NotNil(t, r.Error)
-	require.Equal(t, eventproto.CodeRunEnded, r.Error.Code)
-	require.Equal(t, "completed", string(r.RunStatus))
-
-	e.start("signal", "sig-2", "0")
-	r = e.request(`{"run_id":"sig-2","name":"go","event_id":"evt-2","payload":{"by":"bob"}}`)
-	require.Nil(t, r.Error)
-	r = e.request(`{"run_id":"sig-2","name":"go","event_id":"evt-2","payload":{"by":"eve"}}`)
-	if r.Error.Code != eventproto.CodeRunEnded { // the run may have completed already
-		require.Equal(t, eventproto.CodeConflict, r.Error.Code, "%+v", r.Error)
-	}
-	require.Equal(t, "bob", e.waitEnded("sig-2")["output"])
+	require.Equal(t, eventproto.CodeConflict, r.Error.Code, r.Error.Message)
+	// Another event ID goes to the next wait.
+	r = e.request(`{"run_id":"sig-1","name":"go","event_id":"evt-2","payload":{"by":"bob"}}`)
+	require.Nil(t, r.Error, "%+v", r.Error)
+	require.Equal(t, eventproto.OutcomeDelivered, r.Outcome)
+	require.Equal(t, "sig-1.event=go.1", r.StepID)
+	rec := e.waitEnded("sig-1")
+	require.Equal(t, "completed", rec["status"])
+	require.Equal(t, "ada+bob", rec["output"])
 
 	// A hook: not found until the run waits on it, then delivered once.
 	r = e.request(`{"token":"o-1-approval","event_id":"h-1","payload":{"by":"ada"}}`)
@@ -200,5 +200,5 @@ func TestEventProtocolRawNATS(t *testing.T) {
 	r = e.request(`{"run_id":"sig-3","name":"go","event_id":"e","payload":{"by":"cy"}}`)
 	require.Nil(t, r.Error, "the refusals stored nothing: the event ID is still free")
 	require.Equal(t, eventproto.OutcomeDelivered, r.Outcome)
-	require.Equal(t, "cy", e.waitEnded("sig-3")["output"])
+	require.Equal(t, "sig-3.event=go.0", r.StepID)
 }
