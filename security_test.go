@@ -115,10 +115,18 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	parent := NewWorkflow("secure-parent", func(ctx *Context, n int) (int, error) {
 		return Child(ctx, kid, n).Get(ctx)
 	})
+	// secure-hook waits on the hook <input>-approval, secure-signal for the
+	// event "go" by run ID: the events a producer sends.
+	hookWF := NewWorkflow("secure-hook", func(ctx *Context, in string) (string, error) {
+		return WaitEvent[string](ctx, "approval", WithHookToken(in+"-approval"))
+	}, WithEvent[string]("approval"))
+	signalWF := NewWorkflow("secure-signal", func(ctx *Context, _ int) (string, error) {
+		return WaitEvent[string](ctx, "go")
+	}, WithEvent[string]("go"))
 	// The sweeper makes a pass every 20ms, so that its reads are
 	// exercised under the worker's permissions too.
 	sweeps := &passLog{}
-	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed, kid, parent)
+	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed, kid, parent, hookWF, signalWF)
 	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
@@ -236,6 +244,45 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		producerPerms.requireNone(t)
 	})
 
+	// Events: Client.Resume and Client.SendEvent, and a raw request on
+	// jetflow.events, answered by the worker (which reads and writes
+	// jetflow_hooks and jetflow_steps, and subscribes to jetflow.events and
+	// jetflow.events.<workflow>).
+	t.Run("producer sends an event and resumes a hook", func(t *testing.T) {
+		_, err = pc.StartByName(ctx, "secure-hook", json.RawMessage(`"sec-o1"`), WithRunID("sec-hook"))
+		require.NoError(t, err)
+		// Until the run's wait has registered the token, a resume is
+		// ErrHookNotFound and stores nothing.
+		var res EventResult
+		require.Eventually(t, func() bool {
+			res, err = pc.Resume(ctx, "sec-o1-approval", "sec-e1", json.RawMessage(`"approved"`))
+			return !errors.Is(err, ErrHookNotFound)
+		}, 20*time.Second, 5*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, EventDelivered, res.Outcome)
+		run, err := pc.WaitRun(ctx, "sec-hook")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `"approved"`, string(run.Output))
+
+		// By run ID and name; sent before or after the body reaches its
+		// wait, it is kept.
+		_, err = pc.StartByName(ctx, "secure-signal", json.RawMessage(`0`), WithRunID("sec-signal"))
+		require.NoError(t, err)
+		res, err = pc.SendEvent(ctx, "sec-signal", "go", "sec-e2", json.RawMessage(`"now"`))
+		require.NoError(t, err)
+		require.Equal(t, EventDelivered, res.Outcome)
+		run, err = pc.WaitRun(ctx, "sec-signal")
+		require.NoError(t, err)
+		require.JSONEq(t, `"now"`, string(run.Output))
+
+		// Any NATS client with the producer's rights: a plain request.
+		reply, err := pnc.RequestWithContext(ctx, "jetflow.events", []byte(`{"token":"sec-nobody","event_id":"e","payload":1}`))
+		require.NoError(t, err)
+		require.Equal(t, "hook_not_found", errCode(t, reply.Data))
+		producerPerms.requireNone(t)
+	})
+
 	wjs, err := natsjs.New(wnc)
 	require.NoError(t, err)
 
@@ -325,6 +372,34 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, committed.Revision(), now.Revision())
 		require.Equal(t, committed.Value(), now.Value())
+	})
+
+	t.Run("producer cannot write the hooks or steps bucket", func(t *testing.T) {
+		hooks, err := pjs.KeyValue(ctx, "jetflow_hooks") // a lookup: allowed
+		require.NoError(t, err)
+		_, err = hooks.Create(ctxT(t, 2*time.Second), "sec-forged-approval", []byte(`{"forged":true}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, `$KV.jetflow_hooks.sec-forged-approval`)
+		steps, err := pjs.KeyValue(ctx, "jetflow_steps")
+		require.NoError(t, err)
+		_, err = steps.Put(ctxT(t, 2*time.Second), "sec-hook.hook=approval.0", []byte(`{"forged":true}`))
+		require.Error(t, err)
+		producerPerms.requireDenied(t, `$KV.jetflow_steps.sec-hook.hook=approval.0`)
+		// Nor may it bypass the workers' check of a payload by sending to
+		// the subject they forward on.
+		require.NoError(t, pnc.Publish("jetflow.events.secure-hook", []byte(`{}`)))
+		producerPerms.requireDenied(t, "jetflow.events.secure-hook")
+
+		// Nothing landed: read back through the worker's connection.
+		wh, err := wjs.KeyValue(ctx, "jetflow_hooks")
+		require.NoError(t, err)
+		_, err = wh.Get(ctx, "sec-forged-approval")
+		require.ErrorIs(t, err, natsjs.ErrKeyNotFound)
+		steps, err = wjs.KeyValue(ctx, "jetflow_steps")
+		require.NoError(t, err)
+		e, err := steps.Get(ctx, "sec-hook.hook=approval.0")
+		require.NoError(t, err)
+		require.NotContains(t, string(e.Value()), "forged")
 	})
 
 	t.Run("producer cannot publish a task", func(t *testing.T) {
@@ -615,6 +690,23 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	// including its drain.
 	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))
 	workerPerms.requireNone(t)
+}
+
+// errCode is the error code of an event reply, which must have no outcome
+// and a message.
+func errCode(t *testing.T, reply []byte) string {
+	t.Helper()
+	var r struct {
+		Outcome string `json:"outcome"`
+		Error   struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(reply, &r), string(reply))
+	require.Empty(t, r.Outcome, string(reply))
+	require.NotEmpty(t, r.Error.Message, string(reply))
+	return r.Error.Code
 }
 
 func runIDs(runs []Run) []string {

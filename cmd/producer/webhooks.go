@@ -39,7 +39,10 @@ func webhooksFileError(path string, line int, source string, err error) error {
 }
 
 // sourceFields are the keys of one source in a --webhooks file.
-var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secrets", "tolerance"}
+var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secrets", "tolerance", "resume"}
+
+// resumeFields are the keys of one item of a source's resume list.
+var resumeFields = []string{"type", "token"}
 
 // loadWebhooks reads the --webhooks file at path: a YAML list of sources
 // (see the package documentation), decoded strictly. Secrets come inline
@@ -161,6 +164,11 @@ func decodeSource(item *yaml.Node, getenv func(string) string) (webhook.Source, 
 			secretEnv, err = scalars(v, true)
 		case "secrets":
 			src.Secrets, err = scalars(v, true)
+		case "resume":
+			var lerr *lineError
+			if src.Resume, lerr = decodeResume(v); lerr != nil {
+				return src, lerr
+			}
 		default:
 			return src, &lineError{k.Line, fmt.Errorf("%w %q (want one of %s)", errUnknownField, field, strings.Join(sourceFields, ", "))}
 		}
@@ -189,6 +197,54 @@ func decodeSource(item *yaml.Node, getenv func(string) string) (webhook.Source, 
 		src.Secrets = append(src.Secrets, secret)
 	}
 	return src, nil
+}
+
+// decodeResume decodes a source's resume field: a non-empty list of
+// {type, token} maps, each token a template webhook.ParseTokenTemplate
+// accepts (a template that cannot give a valid hook token fails here, at
+// load, not at the first delivery).
+func decodeResume(v *yaml.Node) ([]webhook.Resume, *lineError) {
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		return nil, &lineError{v.Line, fmt.Errorf("field resume: %w: want a non-empty list of {type, token}", errWebhooksMalformed)}
+	}
+	out := make([]webhook.Resume, 0, len(v.Content))
+	for i, item := range v.Content {
+		bad := func(line int, err error) *lineError {
+			return &lineError{line, fmt.Errorf("field resume, item %d: %w", i, err)}
+		}
+		if item.Kind != yaml.MappingNode {
+			return nil, bad(item.Line, fmt.Errorf("%w: want a map with type and token", errWebhooksMalformed))
+		}
+		var r webhook.Resume
+		seen := make(map[string]bool)
+		for j := 0; j+1 < len(item.Content); j += 2 {
+			k, val := item.Content[j], item.Content[j+1]
+			if seen[k.Value] {
+				return nil, bad(k.Line, fmt.Errorf("%w: %s given twice", errWebhooksMalformed, k.Value))
+			}
+			seen[k.Value] = true
+			s, err := scalars(val, false)
+			switch {
+			case k.Value != "type" && k.Value != "token":
+				return nil, bad(k.Line, fmt.Errorf("%w %q (want one of %s)", errUnknownField, k.Value, strings.Join(resumeFields, ", ")))
+			case err != nil:
+				return nil, bad(k.Line, fmt.Errorf("%s: %w", k.Value, err))
+			case k.Value == "type":
+				r.Type = s[0]
+			default:
+				if r.Token, err = webhook.ParseTokenTemplate(s[0]); err != nil {
+					return nil, bad(val.Line, err)
+				}
+			}
+		}
+		for _, f := range resumeFields {
+			if !seen[f] {
+				return nil, bad(item.Line, fmt.Errorf("%w: %s is required", webhook.ErrInvalidSource, f))
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // scalars returns the value of a field: one scalar, or with list a scalar

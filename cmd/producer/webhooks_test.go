@@ -88,6 +88,20 @@ func TestLoadWebhooksErrors(t *testing.T) {
 		{"TwoDocuments", "- name: a\n---\n- name: b\n", errWebhooksMalformed, []string{"want one YAML document"}, false},
 		{"NotYAML", "- name: [\n", errWebhooksMalformed, nil, false},
 		{"Missing", "", nil, []string{"no such file"}, true},
+		{"ResumeBadTemplate", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - type: payment_intent.succeeded\n      token: order.{data.id}\n",
+			webhook.ErrInvalidSource, []string{`line 7: source "s": field resume, item 0`, `'.' cannot be part of a hook token`}, false},
+		{"ResumeNoPlaceholder", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: t, token: order-1}\n",
+			webhook.ErrInvalidSource, []string{"line 6", "no {field} placeholder"}, false},
+		{"ResumeNoToken", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - type: t\n",
+			webhook.ErrInvalidSource, []string{"field resume, item 0", "token is required"}, false},
+		{"ResumeUnknownKey", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: t, token: 'x-{id}', path: y}\n",
+			errUnknownField, []string{`unknown field "path" (want one of type, token)`}, false},
+		{"ResumeNotAList", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume: {type: t}\n",
+			errWebhooksMalformed, []string{"field resume", "want a non-empty list"}, false},
+		{"ResumeGitHub", "- name: s\n  provider: github\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: push, token: 'x-{id}'}\n",
+			webhook.ErrInvalidSource, []string{"GitHub does not sign the event type"}, false},
+		{"ResumeTypeTwice", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: t, token: 'x-{id}'}\n    - {type: t, token: 'y-{id}'}\n",
+			webhook.ErrInvalidSource, []string{`event type "t" is given twice`}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -142,4 +156,14 @@ func TestLoadWebhooksExample(t *testing.T) {
 		require.Equal(t, "order", s.Workflow, "the example worker serves order")
 	}
 	require.Equal(t, []string{githubSecret, githubSecret + "-old"}, sources[1].Secrets)
+
+	// Stripe's payment_intent.succeeded resumes the order's payment hook.
+	require.Len(t, sources[0].Resume, 1)
+	rule, ok := sources[0].ResumeFor(webhook.Event{ID: "evt_1", Type: "payment_intent.succeeded"})
+	require.True(t, ok)
+	token, err := rule.Token.Token([]byte(`{"id":"evt_1","type":"payment_intent.succeeded","data":{"object":{"metadata":{"order_id":"o-42"}}}}`))
+	require.NoError(t, err)
+	require.Equal(t, "order-o-42-payment", token)
+	_, ok = sources[0].ResumeFor(webhook.Event{ID: "evt_2", Type: "charge.refunded"})
+	require.False(t, ok, "other types start the workflow")
 }

@@ -25,7 +25,8 @@ type WebhookAccepted struct {
 }
 
 // webhook is POST /v1/webhooks/{source}: a delivery is verified with the
-// source's scheme and secrets, then starts the source's workflow under the
+// source's scheme and secrets; an event whose type has a resume rule
+// resumes a hook (resumeHook), any other starts the source's workflow under the
 // event's run ID (webhook.Source.RunID: "<source>-<event id>", or a hash of
 // an event ID that cannot be part of a run ID) with the raw body as input
 // and the event ID in the run's source (webhook.Source.RunSource). Nothing
@@ -44,6 +45,10 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	ev, err := src.Verify(r.Header, body, s.cfg.Now())
 	if err != nil {
 		s.fail(w, r, "", err)
+		return
+	}
+	if rule, ok := src.ResumeFor(ev); ok {
+		s.resumeFromWebhook(w, r, rule, ev, body)
 		return
 	}
 	runID, err := src.RunID(ev)
@@ -108,4 +113,84 @@ func (s *Server) checkWebhookRun(r *http.Request, src webhook.Source, runID stri
 		return fmt.Errorf("%w: %w: run %s was started by %q, not by webhook source %s: the event is not processed", jetflow.ErrDuplicateRejected, errTakenRunID, runID, run.Source, src.Name)
 	}
 	return nil
+}
+
+// WebhookResumed is the body of a webhook delivery that resumed a hook:
+// this delivery recorded the event (delivered), or an earlier delivery of
+// it did (duplicate).
+type WebhookResumed struct {
+	// Outcome is delivered or duplicate.
+	Outcome string `json:"outcome"`
+	// Token is the hook token the source's template derived from the
+	// event.
+	Token string `json:"token"`
+	// RunID, Workflow and StepID name the run and its wait that hold the
+	// event.
+	RunID    string `json:"run_id"`
+	Workflow string `json:"workflow"`
+	StepID   string `json:"step_id"`
+	// EventID is the provider's event ID, the event's ID in the run.
+	EventID string `json:"event_id"`
+}
+
+// resumeStatuses map the errors of a resume to the answer a provider gets,
+// first match wins; any other error is answered by fail (503 for
+// ErrUnavailable, so that the provider retries).
+var resumeStatuses = []struct {
+	err    error
+	status int
+}{
+	// No run waits on the token yet (the event came before the run
+	// reached its wait), or none ever will: nothing is stored, and the
+	// provider retries a non-2xx answer on its schedule, which delivers
+	// the event once the run waits. Not a 5xx: the server is fine.
+	{jetflow.ErrHookNotFound, http.StatusNotFound},
+	// The hook's wait already ended (another event, a timeout), or its
+	// run did: final, the event is not processed.
+	{jetflow.ErrEventConflict, http.StatusConflict},
+	{jetflow.ErrRunEnded, http.StatusConflict},
+	{webhook.ErrNoToken, http.StatusUnprocessableEntity},
+	{jetflow.ErrInvalidHookToken, http.StatusUnprocessableEntity},
+	{jetflow.ErrUnknownEvent, http.StatusUnprocessableEntity},
+	{jetflow.ErrEventPayload, http.StatusUnprocessableEntity},
+	{jetflow.ErrInvalidEventID, http.StatusBadRequest},
+	{jetflow.ErrInputTooLarge, http.StatusRequestEntityTooLarge},
+}
+
+// resumeFromWebhook delivers a verified event to the hook whose token rule
+// derives from body, with the provider's event ID and the body as payload.
+// A redelivery of the event is a duplicate (200 again); see resumeStatuses
+// for the rest.
+func (s *Server) resumeFromWebhook(w http.ResponseWriter, r *http.Request, rule webhook.Resume, ev webhook.Event, body []byte) {
+	out, token, err := s.resume(r, rule, ev, body)
+	if err == nil {
+		writeJSON(w, http.StatusOK, "application/json", WebhookResumed{Outcome: string(out.Outcome), Token: token,
+			RunID: out.RunID, Workflow: out.Workflow, StepID: out.StepID, EventID: out.EventID})
+		return
+	}
+	for _, e := range resumeStatuses {
+		if errors.Is(err, e.err) {
+			if e.status == http.StatusConflict || e.status == http.StatusUnprocessableEntity {
+				s.log.Warn().Str("route", r.Pattern).Int("status", e.status).Str("event_type", ev.Type).Err(err).
+					Msg("httpapi: a webhook event cannot resume its hook; the event is not processed")
+			}
+			writeProblem(w, Problem{Status: e.status, Detail: err.Error(), RunID: out.RunID})
+			return
+		}
+	}
+	s.fail(w, r, out.RunID, err)
+}
+
+// resume derives the token of ev from body and resumes its hook.
+func (s *Server) resume(r *http.Request, rule webhook.Resume, ev webhook.Event, body []byte) (jetflow.EventResult, string, error) {
+	token, err := rule.Token.Token(body)
+	if err != nil {
+		return jetflow.EventResult{}, "", err
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	// A redelivery of an event the run took is a duplicate, even after the
+	// run ended (the engine looks for it before refusing an ended run).
+	out, err := s.cfg.Backend.Resume(ctx, token, ev.ID, body)
+	return out, token, err
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	stripewebhook "github.com/stripe/stripe-go/v84/webhook"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/state"
@@ -244,4 +246,150 @@ func TestWebhookOfficialLibraries(t *testing.T) {
 	page, err := b.client.ListRuns(ctxT(t, 10*time.Second), jetflow.ListOptions{Workflow: "hook", Limit: jetflow.MaxListLimit})
 	require.NoError(t, err)
 	require.Len(t, page.Runs, accepted, "one run per accepted event, none for a refused one")
+}
+
+// paidEvent is what the payment workflow reads of a Stripe event.
+type paidEvent struct {
+	ID   string `json:"id"`
+	Data struct {
+		Object struct {
+			Amount int `json:"amount"`
+		} `json:"object"`
+	} `json:"data"`
+}
+
+// paySource resumes the hook order-<order id>-payment for Stripe's
+// payment_intent.succeeded; other event types start "hook".
+func paySource(t *testing.T) webhook.Source {
+	t.Helper()
+	tpl, err := webhook.ParseTokenTemplate("order-{data.object.metadata.order_id}-payment")
+	require.NoError(t, err)
+	return webhook.Source{Name: "pay", Provider: webhook.Stripe, Workflow: "hook", Secrets: []string{webhooktest.StripeSecret},
+		Resume: []webhook.Resume{{Type: "payment_intent.succeeded", Token: tpl}}}
+}
+
+// stripeDelivery is a Stripe event of type typ about order, signed at ts
+// by stripe-go with webhooktest.StripeSecret.
+func stripeDelivery(id, typ, order string, ts time.Time) delivery {
+	body := `{"id":"` + id + `","object":"event","type":"` + typ + `","data":{"object":{"object":"payment_intent","amount":1999,"metadata":{"order_id":"` + order + `"}}}}`
+	p := stripewebhook.GenerateTestSignedPayload(&stripewebhook.UnsignedPayload{Payload: []byte(body), Secret: webhooktest.StripeSecret, Timestamp: ts})
+	return delivery{header: http.Header{"Stripe-Signature": {p.Header}, "Content-Type": {"application/json"}}, body: body}
+}
+
+// servePayments starts a second worker on b's server, serving "payorder":
+// it waits on the hook order-<input>-payment and returns the event's ID
+// and amount.
+func (b *bundle) servePayments() {
+	b.t.Helper()
+	ws := jetflow.NewWorkers()
+	require.NoError(b.t, ws.Add(jetflow.NewWorkflow("payorder", func(ctx *jetflow.Context, order string) (string, error) {
+		ev, err := jetflow.WaitEvent[paidEvent](ctx, "paid", jetflow.WithHookToken("order-"+order+"-payment"))
+		return fmt.Sprintf("%s:%d", ev.ID, ev.Data.Object.Amount), err
+	}, jetflow.WithEvent[paidEvent]("paid"))))
+	w, err := jetflow.NewWorker(testenv.Conn(b.t, b.ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(b.t)})
+	require.NoError(b.t, err)
+	require.NoError(b.t, w.Start(ctxT(b.t, 30*time.Second)))
+	b.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(b.t, w.Stop(ctx))
+	})
+}
+
+// A configured resume rule: a Stripe payment_intent.succeeded event
+// resumes the hook its body names (template
+// order-{data.object.metadata.order_id}-payment), once. Before the run
+// waits, and for a token no run waits on, the provider gets 404 and
+// nothing is stored (its retry delivers the event later); ten concurrent
+// redeliveries are duplicates; another event for the ended wait is 409; a
+// body without the field is 422; an event of another type starts the
+// source's workflow as before.
+func TestWebhookResumesHook(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.Sources = append(append([]webhook.Source{}, testSources...), paySource(t)) })
+	b.servePayments()
+	ctx := ctxT(t, 60*time.Second)
+	const typ = "payment_intent.succeeded"
+
+	// The event arrives before the run waits: 404, nothing stored.
+	first := stripeDelivery("evt_pay_1", typ, "o-1", testNow)
+	res := b.deliver("pay", first)
+	require.Equal(t, http.StatusNotFound, res.code, "body: %s", res.body)
+	require.Contains(t, res.problem(t).Detail, "order-o-1-payment")
+	b.requireNoRun("pay-evt_pay_1")
+
+	_, err := b.client.StartByName(ctx, "payorder", json.RawMessage(`"o-1"`), jetflow.WithRunID("payrun-1"))
+	require.NoError(t, err)
+	b.waitHook("order-o-1-payment")
+
+	// The provider's retry: delivered into the run's wait.
+	res = b.deliver("pay", first)
+	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+	var got WebhookResumed
+	res.json(t, &got)
+	require.Equal(t, "delivered", got.Outcome)
+	require.Equal(t, "order-o-1-payment", got.Token)
+	require.Equal(t, "payrun-1", got.RunID)
+	require.Equal(t, "payorder", got.Workflow)
+	require.Equal(t, "evt_pay_1", got.EventID)
+	require.Contains(t, got.StepID, "payrun-1.hook=paid.")
+	run, err := b.client.WaitRun(ctx, "payrun-1")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	require.JSONEq(t, `"evt_pay_1:1999"`, string(run.Output))
+
+	// Ten redeliveries at once, signed anew: duplicates, nothing changes.
+	const copies = 10
+	replies := make(chan response, copies)
+	for range copies {
+		go func() { replies <- b.deliver("pay", stripeDelivery("evt_pay_1", typ, "o-1", testNow.Add(time.Minute))) }()
+	}
+	for range copies {
+		res := <-replies
+		require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
+		var dup WebhookResumed
+		res.json(t, &dup)
+		require.Equal(t, WebhookResumed{Outcome: "duplicate", Token: got.Token, RunID: got.RunID, Workflow: got.Workflow, StepID: got.StepID, EventID: got.EventID}, dup)
+	}
+	again, err := b.client.GetRun(ctx, "payrun-1")
+	require.NoError(t, err)
+	require.Equal(t, run.Output, again.Output)
+
+	// Another payment event for the same order: the hook was used.
+	res = b.deliver("pay", stripeDelivery("evt_pay_2", typ, "o-1", testNow))
+	require.Equal(t, http.StatusConflict, res.code, "body: %s", res.body)
+	res.problem(t)
+
+	// A token no run ever waits on: 404, no run.
+	res = b.deliver("pay", stripeDelivery("evt_pay_3", typ, "o-none", testNow))
+	require.Equal(t, http.StatusNotFound, res.code, "body: %s", res.body)
+	b.requireNoRun("pay-evt_pay_3")
+
+	// A body that gives no token: 422.
+	res = b.deliver("pay", stripeDelivery("evt_pay_4", typ, "o.4", testNow))
+	require.Equal(t, http.StatusUnprocessableEntity, res.code, "body: %s", res.body)
+	require.Contains(t, res.problem(t).Detail, "data.object.metadata.order_id")
+
+	// An event of another type starts the workflow, as without rules.
+	res = b.deliver("pay", stripeDelivery("evt_pay_5", "payment_intent.created", "o-1", testNow))
+	require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+	var acc WebhookAccepted
+	res.json(t, &acc)
+	require.Equal(t, WebhookAccepted{RunID: "pay-evt_pay_5", EventID: "evt_pay_5", Outcome: "created"}, acc)
+
+	// A tampered delivery resumes nothing: 401 before any token is read.
+	tampered := stripeDelivery("evt_pay_6", typ, "o-1", testNow)
+	tampered.body = strings.Replace(tampered.body, "1999", "1", 1)
+	res = b.deliver("pay", tampered)
+	require.Equal(t, http.StatusUnauthorized, res.code, "body: %s", res.body)
+}
+
+// Every status a resume can answer is documented for the webhook route.
+func TestWebhookResumeStatusesDocumented(t *testing.T) {
+	t.Parallel()
+	codes := documentedCodes(t)["POST /v1/webhooks/{source}"]
+	require.True(t, codes["200"], "a resumed hook")
+	for _, e := range resumeStatuses {
+		require.True(t, codes[fmt.Sprint(e.status)], "status %d (for %v) is not documented for webhooks", e.status, e.err)
+	}
 }

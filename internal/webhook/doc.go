@@ -71,6 +71,15 @@
 // is "webhook:<source>:<event id>" (Source.RunSource), and the HTTP reply
 // carries it as event_id.
 //
+// # Hooks
+//
+// A Source may instead resume a hook for some event types (Source.Resume,
+// Source.ResumeFor): the token is a TokenTemplate applied to the verified
+// body, such as order-{data.object.metadata.order_id}-payment, parsed once
+// (ParseTokenTemplate refuses a template that can never give a valid
+// token); a body that gives none is ErrNoToken. GitHub sources cannot
+// resume hooks: the event type is not signed.
+//
 // # Errors and secrets
 //
 // Errors match ErrMissingHeader, ErrMalformed, ErrBadSignature,

@@ -38,7 +38,7 @@ const DefaultTolerance = 5 * time.Minute
 const standardPrefix = "whsec_"
 
 // Source is one configured webhook source: deliveries to
-// /v1/webhooks/<Name> start Workflow.
+// /v1/webhooks/<Name> start Workflow, or resume a hook (Resume).
 //
 // Formatting a Source with any fmt verb, String, GoString or MarshalJSON
 // shows how many secrets it has, never what they are.
@@ -58,6 +58,10 @@ type Source struct {
 	// (Standard, Stripe), DefaultTolerance when zero. GitHub has no
 	// timestamp.
 	Tolerance time.Duration
+	// Resume lists the event types that resume a hook instead of starting
+	// Workflow (see Resume); events of other types start Workflow. Not for
+	// GitHub, which does not sign the event type.
+	Resume []Resume
 }
 
 // Validate reports the first bad field as ErrInvalidSource, naming the
@@ -84,7 +88,7 @@ func (s Source) Validate() error {
 	if s.Tolerance < 0 {
 		return fmt.Errorf("%w: Tolerance %v is negative", ErrInvalidSource, s.Tolerance)
 	}
-	return nil
+	return s.validateResume()
 }
 
 // RunID is the run ID a delivery of ev starts, the same for the same
