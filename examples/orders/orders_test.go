@@ -127,11 +127,8 @@ func TestCarrierEventConfirmsDelivery(t *testing.T) {
 	require.Equal(t, jetflow.EventDelivered, res.Outcome)
 	require.Equal(t, "order-o-5.event="+EventDelivered+".0", res.StepID)
 	res, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
-	if err != nil {
-		require.ErrorIs(t, err, jetflow.ErrRunEnded)
-	} else {
-		require.Equal(t, jetflow.EventDuplicate, res.Outcome)
-	}
+	require.NoError(t, err)
+	require.Equal(t, jetflow.EventDuplicate, res.Outcome)
 
 	out, err := h.Result(ctx)
 	require.NoError(t, err)
@@ -142,7 +139,12 @@ func TestCarrierEventConfirmsDelivery(t *testing.T) {
 	require.JSONEq(t, string(payload), string(steps[4].Output))
 	requireOnceEach(t, b.pay, "order-o-5")
 
-	_, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
+	// After the run ended: the carrier's redelivery is still a duplicate,
+	// a new event is refused.
+	res, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5", payload)
+	require.NoError(t, err)
+	require.Equal(t, jetflow.EventDuplicate, res.Outcome)
+	_, err = b.client.SendEvent(ctx, "order-o-5", EventDelivered, "dlv-o-5-late", payload)
 	require.ErrorIs(t, err, jetflow.ErrRunEnded)
 }
 
