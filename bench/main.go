@@ -53,6 +53,9 @@ type config struct {
 	wakeLead     time.Duration
 	events       int
 	waitWindow   time.Duration
+	// workerHeapProfile: where the sleepers phase's worker process
+	// writes its heap profile while every run sleeps.
+	workerHeapProfile string
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
@@ -98,6 +101,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.wakeLead, "wake-lead", 0, "wakeups phase: the due time is this long after the first start (0: 5s + 2ms a run)")
 	fs.IntVar(&c.events, "events", 10000, "events phase: runs waiting for an event (--dup-frac of the events are sent twice)")
 	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
+	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
 	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,7 +148,11 @@ func runWaitsWorker(ctx context.Context, url string) error {
 		return err
 	}
 	sub, err := nc.Subscribe(waitsStatsSubject, func(m *nats.Msg) {
-		b, err := json.Marshal(readProcStats())
+		s := readProcStats()
+		if path := string(m.Data); path != "" {
+			s.ProfileErr = writeHeapProfile(path)
+		}
+		b, err := json.Marshal(s)
 		if err != nil {
 			b = []byte(`{}`)
 		}
@@ -172,6 +178,25 @@ type procStats struct {
 	RSS        uint64        `json:"rss"`        // after a GC that returned freed memory to the OS
 	PeakRSS    uint64        `json:"peak_rss"`   // the process's highest RSS so far
 	CPU        time.Duration `json:"cpu"`        // user+system since the process started, read before the GC
+	// ProfileErr is why a heap profile asked for could not be written.
+	ProfileErr string `json:"profile_err,omitempty"`
+}
+
+// writeHeapProfile writes the process's heap profile (as of the last GC)
+// to path; "" when it did.
+func writeHeapProfile(path string) string {
+	f, err := os.Create(path)
+	if err != nil {
+		return err.Error()
+	}
+	err = pprof.Lookup("heap").WriteTo(f, 0)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 // readProcStats reads this process's procStats. It collects garbage and
@@ -242,7 +267,7 @@ func spawnWaitsWorker(ctx context.Context, e *env, cfg config, name string) (*wa
 	go func() { w.done <- w.cmd.Wait() }()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		if _, err := w.stats(ctx); err == nil {
+		if _, err := w.stats(ctx, ""); err == nil {
 			return w, nil
 		} else if time.Now().After(deadline) || ctx.Err() != nil {
 			_ = w.stop()
@@ -256,16 +281,23 @@ func spawnWaitsWorker(ctx context.Context, e *env, cfg config, name string) (*wa
 	}
 }
 
-// stats asks the worker process for its procStats.
-func (w *waitsWorker) stats(ctx context.Context) (procStats, error) {
+// stats asks the worker process for its procStats, and to write its heap
+// profile to profile unless that is "".
+func (w *waitsWorker) stats(ctx context.Context, profile string) (procStats, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var s procStats
-	m, err := w.nc.RequestWithContext(rctx, waitsStatsSubject, nil)
+	m, err := w.nc.RequestWithContext(rctx, waitsStatsSubject, []byte(profile))
 	if err != nil {
 		return s, err
 	}
-	return s, json.Unmarshal(m.Data, &s)
+	if err := json.Unmarshal(m.Data, &s); err != nil {
+		return s, err
+	}
+	if s.ProfileErr != "" {
+		return s, fmt.Errorf("worker heap profile: %s", s.ProfileErr)
+	}
+	return s, nil
 }
 
 // stop ends the worker process (SIGTERM: it stops its worker) and waits
@@ -386,17 +418,18 @@ func pause(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// windowStats measures the worker over cfg.waitWindow: its stats at the
-// end, and the CPU it spent in the window.
-func windowStats(ctx context.Context, w *waitsWorker, window time.Duration) (procStats, time.Duration, error) {
-	s0, err := w.stats(ctx)
+// windowStats measures the worker over window: its stats at the end (and
+// its heap profile, written to profile unless that is ""), and the CPU it
+// spent in the window.
+func windowStats(ctx context.Context, w *waitsWorker, window time.Duration, profile string) (procStats, time.Duration, error) {
+	s0, err := w.stats(ctx, "")
 	if err != nil {
 		return s0, 0, err
 	}
 	if err := pause(ctx, window); err != nil {
 		return s0, 0, err
 	}
-	s1, err := w.stats(ctx)
+	s1, err := w.stats(ctx, profile)
 	return s1, s1.CPU - s0.CPU, err
 }
 
@@ -451,7 +484,7 @@ func engineSleepers(ctx context.Context, e *env, cfg config, rep int) (f sleepFi
 	if err := pause(ctx, f.window); err != nil {
 		return f, err
 	}
-	if f.idle, f.idleCPU, err = windowStats(ctx, w, f.window); err != nil {
+	if f.idle, f.idleCPU, err = windowStats(ctx, w, f.window, ""); err != nil {
 		return f, err
 	}
 	before, err := streamBytes(ctx, assets.JS)
@@ -489,7 +522,13 @@ func engineSleepers(ctx context.Context, e *env, cfg config, rep int) (f sleepFi
 	if err := pause(ctx, f.window); err != nil {
 		return f, err
 	}
-	if f.sleeping, f.sleepCPU, err = windowStats(ctx, w, f.window); err != nil {
+	profile := ""
+	if cfg.workerHeapProfile != "" {
+		if profile, err = filepath.Abs(cfg.workerHeapProfile); err != nil {
+			return f, err
+		}
+	}
+	if f.sleeping, f.sleepCPU, err = windowStats(ctx, w, f.window, profile); err != nil {
 		return f, err
 	}
 	if grown := f.sleeping.Goroutines - f.idle.Goroutines; grown > goroutineSlack(n) {
