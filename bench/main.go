@@ -56,6 +56,9 @@ type config struct {
 	// workerHeapProfile: where the sleepers phase's worker process
 	// writes its heap profile while every run sleeps.
 	workerHeapProfile string
+	// workerStuckAfter: the waits phases' worker's StuckAfter (0: the
+	// default), to see the sweeper's checks of long-waiting runs.
+	workerStuckAfter time.Duration
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
@@ -102,6 +105,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.events, "events", 10000, "events phase: runs waiting for an event (--dup-frac of the events are sent twice)")
 	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
 	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
+	fs.DurationVar(&c.workerStuckAfter, "worker-stuck-after", 0, "sleepers, wakeups, events: the worker process's StuckAfter (0: the default, 5m); the sweeper checks every waiting run once per StuckAfter")
 	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -59,6 +59,9 @@ const (
 	waitsWorkerEnv = "JETFLOW_BENCH_WAITS_WORKER"
 	// waitsConcurrencyEnv is the worker process's concurrency.
 	waitsConcurrencyEnv = "JETFLOW_BENCH_WAITS_CONCURRENCY"
+	// waitsStuckAfterEnv is the worker process's WorkerConfig.StuckAfter
+	// (a Go duration; empty: the default).
+	waitsStuckAfterEnv = "JETFLOW_BENCH_WAITS_STUCK_AFTER"
 	// waitsStatsSubject is where the worker process answers with its
 	// procStats.
 	waitsStatsSubject = "bench.waits.stats"
@@ -128,6 +131,12 @@ func runWaitsWorker(ctx context.Context, url string) error {
 	if err != nil || concurrency < 1 {
 		return fmt.Errorf("%s=%q: want a positive count", waitsConcurrencyEnv, os.Getenv(waitsConcurrencyEnv))
 	}
+	var stuckAfter time.Duration
+	if v := os.Getenv(waitsStuckAfterEnv); v != "" {
+		if stuckAfter, err = time.ParseDuration(v); err != nil {
+			return fmt.Errorf("%s: %w", waitsStuckAfterEnv, err)
+		}
+	}
 	nc, err := jetstream.Connect(url, "bench-waits-worker")
 	if err != nil {
 		return err
@@ -138,7 +147,7 @@ func runWaitsWorker(ctx context.Context, url string) error {
 		return err
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
-		Name: "bench-waits-worker", Concurrency: concurrency,
+		Name: "bench-waits-worker", Concurrency: concurrency, StuckAfter: stuckAfter,
 		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	})
 	if err != nil {
@@ -260,6 +269,9 @@ func spawnWaitsWorker(ctx context.Context, e *env, cfg config, name string) (*wa
 	w := &waitsWorker{nc: nc, logs: &logCounter{}, done: make(chan error, 1)}
 	w.cmd = exec.Command(exe)
 	w.cmd.Env = append(os.Environ(), waitsWorkerEnv+"="+e.srv.ClientURL(), waitsConcurrencyEnv+"="+strconv.Itoa(cfg.concurrency))
+	if cfg.workerStuckAfter > 0 {
+		w.cmd.Env = append(w.cmd.Env, waitsStuckAfterEnv+"="+cfg.workerStuckAfter.String())
+	}
 	w.cmd.Stderr = &lineWriter{w: w.logs}
 	if err := w.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start waits worker process: %w", err)
@@ -419,18 +431,21 @@ func pause(ctx context.Context, d time.Duration) error {
 }
 
 // windowStats measures the worker over window: its stats at the end (and
-// its heap profile, written to profile unless that is ""), and the CPU it
-// spent in the window.
-func windowStats(ctx context.Context, w *waitsWorker, window time.Duration, profile string) (procStats, time.Duration, error) {
+// its heap profile, written to profile unless that is ""), the CPU it
+// spent in the window, and the CPU this process (the embedded server, the
+// client idle) spent in it.
+func windowStats(ctx context.Context, w *waitsWorker, window time.Duration, profile string) (procStats, time.Duration, time.Duration, error) {
 	s0, err := w.stats(ctx, "")
 	if err != nil {
-		return s0, 0, err
+		return s0, 0, 0, err
 	}
+	b0 := processCPU()
 	if err := pause(ctx, window); err != nil {
-		return s0, 0, err
+		return s0, 0, 0, err
 	}
+	b1 := processCPU()
 	s1, err := w.stats(ctx, profile)
-	return s1, s1.CPU - s0.CPU, err
+	return s1, s1.CPU - s0.CPU, b1 - b0, err
 }
 
 // sleepFigures is one repetition of the sleepers phase.
@@ -439,10 +454,12 @@ type sleepFigures struct {
 	toSleep           time.Duration // first start call -> every run's wake-up timer stored
 	idle, sleeping    procStats     // the worker process at the end of each window
 	idleCPU, sleepCPU time.Duration // CPU the worker spent in each window
-	window            time.Duration
-	added             map[string]int64 // bytes each stream gained while the runs went to sleep
-	raw               rawSchedFigures
-	logs              []string
+	// CPU the bench process (the embedded server) spent in each window.
+	brokerIdleCPU, brokerSleepCPU time.Duration
+	window                        time.Duration
+	added                         map[string]int64 // bytes each stream gained while the runs went to sleep
+	raw                           rawSchedFigures
+	logs                          []string
 }
 
 func (f sleepFigures) bytesPerRun() float64 {
@@ -484,7 +501,7 @@ func engineSleepers(ctx context.Context, e *env, cfg config, rep int) (f sleepFi
 	if err := pause(ctx, f.window); err != nil {
 		return f, err
 	}
-	if f.idle, f.idleCPU, err = windowStats(ctx, w, f.window, ""); err != nil {
+	if f.idle, f.idleCPU, f.brokerIdleCPU, err = windowStats(ctx, w, f.window, ""); err != nil {
 		return f, err
 	}
 	before, err := streamBytes(ctx, assets.JS)
@@ -528,7 +545,7 @@ func engineSleepers(ctx context.Context, e *env, cfg config, rep int) (f sleepFi
 			return f, err
 		}
 	}
-	if f.sleeping, f.sleepCPU, err = windowStats(ctx, w, f.window, profile); err != nil {
+	if f.sleeping, f.sleepCPU, f.brokerSleepCPU, err = windowStats(ctx, w, f.window, profile); err != nil {
 		return f, err
 	}
 	if grown := f.sleeping.Goroutines - f.idle.Goroutines; grown > goroutineSlack(n) {
@@ -1000,8 +1017,12 @@ func printWaitsReport(out io.Writer, r *results) {
 	header := [4]string{"metric", "jetflow", "raw reference", "ratio"}
 	if l := sleepResults; len(l) > 0 {
 		m := func(f func(sleepFigures) float64) float64 { return medianWaits(l, f) }
-		fmt.Fprintf(out, "sleepers: %s runs of 1 step + Sleep(%s), %d starters, 1 worker process of concurrency %d; worker measured over %s idle (before any run) and %s while every run sleeps (after a %s settle)\n",
-			num(float64(c.sleepers)), c.sleep, c.starters, c.concurrency, c.waitWindow, c.waitWindow, c.waitWindow)
+		stuck := "default StuckAfter"
+		if c.workerStuckAfter > 0 {
+			stuck = "StuckAfter " + c.workerStuckAfter.String()
+		}
+		fmt.Fprintf(out, "sleepers: %s runs of 1 step + Sleep(%s), %d starters, 1 worker process of concurrency %d (%s); worker measured over %s idle (before any run) and %s while every run sleeps (after a %s settle)\n",
+			num(float64(c.sleepers)), c.sleep, c.starters, c.concurrency, stuck, c.waitWindow, c.waitWindow, c.waitWindow)
 		rate := m(func(f sleepFigures) float64 { return float64(f.n) / f.toSleep.Seconds() })
 		raw := m(func(f sleepFigures) float64 { return f.raw.publishRate })
 		bpr := m(sleepFigures.bytesPerRun)
@@ -1011,6 +1032,8 @@ func printWaitsReport(out io.Writer, r *results) {
 		gr, grIdle := m(func(f sleepFigures) float64 { return float64(f.sleeping.Goroutines) }), m(func(f sleepFigures) float64 { return float64(f.idle.Goroutines) })
 		cpu := m(func(f sleepFigures) float64 { return cpuShare(f.sleepCPU, f.window) })
 		cpuIdle := m(func(f sleepFigures) float64 { return cpuShare(f.idleCPU, f.window) })
+		bcpu := m(func(f sleepFigures) float64 { return cpuShare(f.brokerSleepCPU, f.window) })
+		bcpuIdle := m(func(f sleepFigures) float64 { return cpuShare(f.brokerIdleCPU, f.window) })
 		rows := [][4]string{
 			{"runs reaching their sleep /s (start -> timer stored)", num(rate), "scheduled msgs published/s " + num(raw), ratio(rate, raw)},
 			{"broker bytes per sleeping run (all streams)", num(bpr), "bytes per scheduled msg " + num(rawB), ratio(bpr, rawB)},
@@ -1030,6 +1053,7 @@ func printWaitsReport(out io.Writer, r *results) {
 			[4]string{"worker heap bytes per sleeping run", dec2((heap - heapIdle) / float64(c.sleepers)), "", ""},
 			[4]string{"worker goroutines while sleeping", num(gr), "idle " + num(grIdle), ratio(gr, grIdle)},
 			[4]string{"worker CPU while sleeping (share of a core)", percent(cpu), "idle " + percent(cpuIdle), ratio(cpu, cpuIdle)},
+			[4]string{"server CPU while sleeping (bench process)", percent(bcpu), "idle " + percent(bcpuIdle), ratio(bcpu, bcpuIdle)},
 			[4]string{"worker peak RSS (the start burst)", mib(m(func(f sleepFigures) float64 { return float64(f.sleeping.PeakRSS) })), "", ""},
 		)
 		printTable(out, header, rows)
