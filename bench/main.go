@@ -47,13 +47,25 @@ type config struct {
 	deepRuns     int
 	deepSteps    int
 	shapeWorkers int
+	sleepers     int
+	sleep        time.Duration
+	wakeups      int
+	wakeLead     time.Duration
+	events       int
+	waitWindow   time.Duration
+	// workerHeapProfile: where the sleepers phase's worker process
+	// writes its heap profile while every run sleeps.
+	workerHeapProfile string
+	// workerStuckAfter: the waits phases' worker's StuckAfter (0: the
+	// default), to see the sweeper's checks of long-waiting runs.
+	workerStuckAfter time.Duration
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
 // shapes, which take longer and are asked for by name.
 var (
 	defaultPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
-	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep")
+	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep", "sleepers", "wakeups", "events")
 )
 
 // parseFlags parses the command line's arguments (without the program
@@ -86,6 +98,14 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.deepRuns, "deep-runs", 64, "deep phase: concurrent runs of --deep-steps sequential steps")
 	fs.IntVar(&c.deepSteps, "deep-steps", 200, "deep phase: sequential steps per run")
 	fs.IntVar(&c.shapeWorkers, "shape-workers", 1, "fanout and deep phases: workers (each with --concurrency slots, on its own connection)")
+	fs.IntVar(&c.sleepers, "sleepers", 10000, "sleepers phase: runs that sleep (1 step, then Sleep --sleep)")
+	fs.DurationVar(&c.sleep, "sleep", time.Hour, "sleepers phase: how long each run sleeps (whole seconds)")
+	fs.IntVar(&c.wakeups, "wakeups", 10000, "wakeups phase: runs that sleep until one common due time")
+	fs.DurationVar(&c.wakeLead, "wake-lead", 0, "wakeups phase: the due time is this long after the first start (0: 5s + 2ms a run)")
+	fs.IntVar(&c.events, "events", 10000, "events phase: runs waiting for an event (--dup-frac of the events are sent twice)")
+	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
+	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
+	fs.DurationVar(&c.workerStuckAfter, "worker-stuck-after", 0, "sleepers, wakeups, events: the worker process's StuckAfter (0: the default, 5m); the sweeper checks every waiting run once per StuckAfter")
 	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -94,7 +114,7 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if c.quick {
-		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns} {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns, &c.sleepers, &c.wakeups, &c.events} {
 			*p = max(1, *p/10)
 		}
 	}
@@ -115,8 +135,11 @@ func parseFlags(args []string) (config, error) {
 	}
 	switch {
 	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
-		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1:
+		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1 ||
+		c.sleepers < 1 || c.wakeups < 1 || c.events < 1:
 		return c, errors.New("counts must be at least 1")
+	case c.sleep < time.Second || c.waitWindow <= 0 || c.wakeLead < 0:
+		return c, errors.New("--sleep must be at least 1s, --wait-window positive, --wake-lead not negative")
 	case c.startRate < 0:
 		return c, errors.New("--start-rate must not be negative")
 	case c.dupFrac < 0 || c.dupFrac > 1:
@@ -152,6 +175,9 @@ func (e *env) close(keep bool) {
 }
 
 func main() {
+	if child, code := waitsWorkerMain(); child {
+		os.Exit(code)
+	}
 	if len(os.Args) > 1 && (os.Args[1] == "soak" || os.Args[1] == "soak-worker") {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
@@ -297,6 +323,27 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(f.shape.stepsPerSec()) + " deep steps/s, " + num(f.ref.stepsPerSec()) + " 3-step steps/s", err
 		})
+		step("sleepers", rep, func() (string, error) {
+			f, err := engineSleepers(ctx, e, cfg, rep)
+			if err == nil {
+				sleepResults = append(sleepResults, f)
+			}
+			return num(float64(f.n)) + " sleeping, " + num(f.bytesPerRun()) + " broker bytes/run, worker RSS " + mib(float64(f.idle.RSS)) + " idle -> " + mib(float64(f.sleeping.RSS)), err
+		})
+		step("wakeups", rep, func() (string, error) {
+			f, err := engineWakeups(ctx, e, cfg, rep)
+			if err == nil {
+				wakeResults = append(wakeResults, f)
+			}
+			return num(f.engine.rate()) + " wake-ups/s, raw " + num(f.raw.wake.rate()) + " msgs/s", err
+		})
+		step("events", rep, func() (string, error) {
+			f, err := engineEvents(ctx, e, cfg, rep)
+			if err == nil {
+				eventResults = append(eventResults, f)
+			}
+			return num(f.sendRate) + " sends/s, raw " + num(f.rawRate) + " req/s", err
+		})
 	}
 	fmt.Println()
 
@@ -304,6 +351,7 @@ func run(ctx context.Context, cfg config) error {
 	printTaskKeyReport(os.Stdout, res)
 	printHTTPReport(os.Stdout, res)
 	printShapeReports(os.Stdout, res)
+	printWaitsReport(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}
