@@ -33,16 +33,28 @@ func (s *Sweeper) bindTimers(ctx context.Context) natsjs.Stream {
 	return st
 }
 
-// busy reports whether run has something that will advance it: a task in
-// JETFLOW_TASKS (its start subject, then its step subjects: a start task is
-// replaced by step tasks, never the other way round, so this order cannot
-// miss a task moving between them), a timer, or an awaited event.
-func (s *Sweeper) busy(ctx context.Context, run Run, timers natsjs.Stream) (bool, error) {
+// holder is what a check found will advance a run.
+type holder int
+
+const (
+	heldByNothing holder = iota
+	heldByTask
+	// heldByTimer: a timer (a retry's backoff, a sleep, a wait's timeout
+	// or recheck) that the server publishes when due.
+	heldByTimer
+	heldByEvent
+)
+
+// busy reports what run has that will advance it: a task in JETFLOW_TASKS
+// (its start subject, then its step subjects: a start task is replaced by
+// step tasks, never the other way round, so this order cannot miss a task
+// moving between them), a timer, or an awaited event.
+func (s *Sweeper) busy(ctx context.Context, run Run, timers natsjs.Stream) (holder, error) {
 	identity := run.Identity()
 	start := jetstream.TaskSubject(run.Workflow, identity, "")
 	for _, f := range []string{start, start + ".>"} {
 		if has, err := hasMessages(ctx, s.cfg.Assets.Tasks, f); has || err != nil {
-			return has, err
+			return heldByTask, err
 		}
 	}
 	if timers != nil {
@@ -56,14 +68,16 @@ func (s *Sweeper) busy(ctx context.Context, run Run, timers natsjs.Stream) (bool
 				break
 			}
 			if has || err != nil {
-				return has, err
+				return heldByTimer, err
 			}
 		}
 	}
 	if s.cfg.AwaitsEvent != nil {
-		return s.cfg.AwaitsEvent(ctx, run)
+		if waits, err := s.cfg.AwaitsEvent(ctx, run); waits || err != nil {
+			return heldByEvent, err
+		}
 	}
-	return false, nil
+	return heldByNothing, nil
 }
 
 // hasMessages asks a stream how many messages it holds on the subjects

@@ -20,7 +20,9 @@
 //     reads every record). Keep, in memory, the running runs of the
 //     workflows this worker serves; forget the others.
 //  2. For each kept run that is due for a check (StuckAfter after its
-//     creation, then StuckAfter after every healthy check), ask the streams
+//     creation, then StuckAfter after every healthy check; a run held by a
+//     timer, asleep or waiting for an event, twice as long after each
+//     check that finds it so, up to MaxTimerBackoff), ask the streams
 //     whether it has a task (JETFLOW_TASKS, its start subject and its step
 //     subjects), a timer (JETFLOW_TIMERS, when that stream exists) or an
 //     awaited event (the AwaitsEvent hook).
@@ -189,6 +191,9 @@ type tracked struct {
 	// suspect: found without a task, timer or awaited event at its last
 	// check.
 	suspect bool
+	// timerChecks counts the checks in a row that found the run held by a
+	// timer only (timerBackoff).
+	timerChecks int
 }
 
 // Sweeper finds stuck runs. Its passes run one at a time (Start's loop, or
@@ -285,14 +290,20 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 			continue
 		}
 		p.Checked = append(p.Checked, id)
-		busy, err := s.busy(ctx, t.Run, timers)
+		held, err := s.busy(ctx, t.Run, timers)
 		if err != nil {
 			p.Err = firstErr(p.Err, err)
 			continue // checked again at the next pass
 		}
 		switch {
-		case busy:
-			t.suspect, t.next = false, now.Add(s.cfg.StuckAfter)
+		case held == heldByTimer:
+			// A sleeping or waiting run holds a timer for as long as it
+			// sleeps: look again later each time, so that runs asleep
+			// for days cost the sweeper next to nothing.
+			t.timerChecks++
+			t.suspect, t.next = false, now.Add(s.timerBackoff(t.timerChecks))
+		case held != heldByNothing:
+			t.suspect, t.timerChecks, t.next = false, 0, now.Add(s.cfg.StuckAfter)
 		case !t.suspect:
 			t.suspect = true // look again at the next pass
 			p.Suspected = append(p.Suspected, id)
@@ -313,6 +324,21 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 	}
 	p.Tracked = len(s.runs)
 	return p
+}
+
+// MaxTimerBackoff bounds how long a run found held by a timer is left
+// alone before its next check (timerBackoff).
+const MaxTimerBackoff = time.Hour
+
+// timerBackoff is how long a run found held by a timer on n checks in a
+// row is left alone: StuckAfter doubled n-1 times, at most
+// max(StuckAfter, MaxTimerBackoff).
+func (s *Sweeper) timerBackoff(n int) time.Duration {
+	d := s.cfg.StuckAfter
+	for i := 1; i < n && d < MaxTimerBackoff; i++ {
+		d *= 2
+	}
+	return min(d, max(s.cfg.StuckAfter, MaxTimerBackoff))
 }
 
 // countRunning sets the running-runs gauge of every served workflow from

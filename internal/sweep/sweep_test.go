@@ -351,3 +351,36 @@ func countStuck(t *testing.T, reg *prometheus.Registry, wf string) float64 {
 	}
 	return 0
 }
+
+// TestTimerHeldRunsAreCheckedLessOften: a run held by a timer (asleep, or
+// waiting for an event) is checked StuckAfter after each check at first,
+// then twice as long after each check that finds it held by a timer; a
+// check that finds a task instead goes back to StuckAfter.
+func TestTimerHeldRunsAreCheckedLessOften(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeper.nap.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	b.run("sleeper", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
+	s := b.sweeper()
+	checkedAt := func(after time.Duration) bool {
+		b.now = b.now.Add(after)
+		p := s.Pass(ctx(t))
+		require.NoError(t, p.Err)
+		require.Empty(t, p.Suspected)
+		return slices.Contains(p.Checked, "sleeper")
+	}
+	require.True(t, checkedAt(0))
+	// Checks 1, 2, 3 and 4 found the timer: the next waits 1, 2, 4, 8 × StuckAfter.
+	for _, wait := range []int{1, 2, 4, 8} {
+		require.False(t, checkedAt(time.Duration(wait)*stuckAfter-interval), "checked before %d × StuckAfter", wait)
+		require.True(t, checkedAt(interval), "not checked at %d × StuckAfter", wait)
+	}
+	// The timer fired: a task holds the run now, and checks come every
+	// StuckAfter again (after the one already due).
+	require.NoError(t, b.assets.Timers.Purge(ctx(t)))
+	b.task("jetflow.task.w.sleeper.after.0")
+	require.True(t, checkedAt(16*stuckAfter))
+	require.False(t, checkedAt(stuckAfter-interval))
+	require.True(t, checkedAt(interval))
+}
