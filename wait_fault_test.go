@@ -1,0 +1,148 @@
+package jetflow
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/faultcheck"
+)
+
+// sleepRunsEnv sets how many runs TestFaultSleepAcrossServerRestartAndWorkerKill
+// starts; make stress sets it to 1,000.
+const sleepRunsEnv = "JETFLOW_SLEEP_RUNS"
+
+// effectsServer serves a faultcheck.Effects to worker processes.
+func effectsServer(t *testing.T) (*faultcheck.Effects, string) {
+	effects := faultcheck.NewEffects()
+	srv := httptest.NewServer(effects)
+	t.Cleanup(srv.Close)
+	return effects, srv.URL
+}
+
+// Runs each sleeping 2 s while the NATS server is restarted and one of
+// the two worker processes is SIGKILLed (then replaced), both while most
+// runs sleep. Every run wakes once and completes; none wakes before its
+// deadline, nor before 2 s after its step before the sleep committed; the
+// sleep's end and every step are committed once, and every step's side
+// effect happened once at its committed attempt (an earlier attempt only
+// when a fault cut it short before its commit). It logs how late the
+// wake-ups were.
+func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
+	t.Parallel()
+	const nap = 2 * time.Second
+	n := envCount(t, sleepRunsEnv, 200)
+	env := newEnv(t, Topology{})
+	effects, url := effectsServer(t)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+
+	victim := startChild(t, env, "", url)
+	startChild(t, env, "", url)
+	wf := napFlow(nil) // the definition to start by; the processes run it
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; i < n; i += 4 {
+				ids[i] = fmt.Sprintf("nap-%d", i)
+				if _, err := Start(ctxT(t, 10*time.Second), c, wf, nap, WithRunID(ids[i])); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	// Most runs have started their sleep (their step before it ran) and
+	// none has woken yet, or only a few: the faults hit sleeping runs.
+	asleep := func() (before, after int) {
+		for _, id := range ids {
+			before += len(effects.Attempts(id + ".before.0"))
+			after += len(effects.Attempts(id + ".after.0"))
+		}
+		return before, after
+	}
+	// The deadlines of the test follow the sleep and the workers'
+	// AckWait: a run's steps wait at most about one AckWait per fault
+	// for a redelivery; a run's share of the machine's work is a fiftieth
+	// of an AckWait.
+	perRun := childAckWait / 50
+	require.Eventually(t, func() bool { b, _ := asleep(); return b >= n/2 }, 30*childAckWait+time.Duration(n)*perRun, childAckWait/50)
+	b, a := asleep()
+	require.NoError(t, victim.Process.Signal(syscall.SIGKILL))
+	_ = victim.Wait()
+	require.NoError(t, env.srv.Restart())
+	faulted := time.Now()
+	startChild(t, env, "", url)
+	t.Logf("faults with %d of %d runs past their step before the sleep, %d after it", b, n, a)
+
+	for _, id := range ids {
+		run, err := waitRunRetrying(ctxT(t, nap+60*childAckWait+time.Duration(n)*perRun), c, id)
+		require.NoError(t, err, id)
+		require.Equal(t, StatusCompleted, run.Status, "%s: %+v", id, run.Error)
+	}
+	t.Logf("all %d runs completed %s after the faults", n, time.Since(faulted).Round(time.Millisecond))
+
+	var late, lateAfter []time.Duration
+	reruns := 0
+	for _, id := range ids {
+		steps, err := stepsByName(ctxT(t, 5*time.Second), c, id)
+		require.NoError(t, err)
+		require.Len(t, steps, 3, id)
+		before, sleep, after := steps["before"], steps["nap"], steps["after"]
+		require.Equal(t, "sleep", sleep.Kind, id)
+		var ranAt time.Time
+		require.NoError(t, json.Unmarshal(after.Output, &ranAt), id)
+		require.False(t, sleep.CommittedAt.Before(sleep.WakeAt), "%s woke at %s, before its deadline %s", id, sleep.CommittedAt, sleep.WakeAt)
+		require.GreaterOrEqual(t, sleep.WakeAt.Sub(before.CommittedAt), nap, "%s: deadline counted from before the sleep began", id)
+		require.GreaterOrEqual(t, ranAt.Sub(before.CommittedAt), nap, "%s: the step after the sleep ran too early", id)
+		late = append(late, sleep.CommittedAt.Sub(sleep.WakeAt))
+		lateAfter = append(lateAfter, ranAt.Sub(sleep.WakeAt))
+		for _, s := range []StepRecord{before, after} {
+			got := effects.Attempts(s.StepID)
+			require.Contains(t, got, s.Attempt, "%s: no side effect at the committed attempt", s.StepID)
+			for _, at := range got {
+				// An attempt other than the committed one is one a
+				// fault cut short before its commit: it must be earlier.
+				require.LessOrEqual(t, at, s.Attempt, "%s ran again after its commit: %v", s.StepID, got)
+			}
+			require.Len(t, got, len(uniq(got)), "%s: an attempt ran twice: %v", s.StepID, got)
+			reruns += len(got) - 1
+		}
+	}
+	noRewrites(t, c, writes)
+	p50, p90, p99, maxL := quantiles(late)
+	t.Logf("%d runs, sleep %s: wake (sleep's end committed) - deadline: p50=%s p90=%s p99=%s max=%s",
+		n, nap, p50.Round(time.Millisecond), p90.Round(time.Millisecond), p99.Round(time.Millisecond), maxL.Round(time.Millisecond))
+	p50, p90, p99, maxL = quantiles(lateAfter)
+	t.Logf("step after the sleep ran - deadline: p50=%s p90=%s p99=%s max=%s; steps re-run after a fault cut them short: %d",
+		p50.Round(time.Millisecond), p90.Round(time.Millisecond), p99.Round(time.Millisecond), maxL.Round(time.Millisecond), reruns)
+}
+
+// uniq is xs without repeats.
+func uniq(xs []int) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
