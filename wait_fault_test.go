@@ -146,3 +146,54 @@ func uniq(xs []int) []int {
 	}
 	return out
 }
+
+// A worker process dies (SIGKILL) in the step after an event wait, after
+// the event was consumed and the step's side effect happened, before the
+// step's commit. A new worker runs the step again, with the same step ID
+// and the next attempt, and with the same event payload; the event is
+// committed once and the run completes with it.
+func TestFaultWorkerKilledBetweenEventAndNextCommit(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects, url := effectsServer(t)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+
+	crasher := startChild(t, env, "mid-use", url)
+	h, err := Start(ctxT(t, 10*time.Second), c, eventUseFlow(nil, nil), 0, WithRunID("evk-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(effects.Attempts("evk-1.prep.0")) == 1 }, 30*childAckWait, childAckWait/50)
+	// A worker runs steps before it answers events (its Start returns).
+	require.NoError(t, waitReady(crasher, 30*childAckWait))
+	res, err := c.SendEvent(ctxT(t, 10*time.Second), "evk-1", "paid", "pay-1", json.RawMessage(`{"ref":"A-17","amount":5}`))
+	require.NoError(t, err)
+	require.Equal(t, EventDelivered, res.Outcome)
+	require.Equal(t, "evk-1.event=paid.0", res.StepID)
+	waitKilled(t, crasher, 30*childAckWait)
+
+	// The event is committed, the step after it ran once and is not.
+	steps, err := stepsByName(ctxT(t, 5*time.Second), c, "evk-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 2, "prep and the event committed before the kill")
+	require.Equal(t, "pay-1", steps["event=paid"].EventID)
+	require.Equal(t, []int{1}, effects.Attempts("evk-1.use.0"))
+
+	startChild(t, env, "", url)
+	out, err := h.Result(ctxT(t, 30*childAckWait))
+	require.NoError(t, err)
+	require.Equal(t, "A-17", out)
+	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0"), "the step after the event ran again under its step ID, next attempt")
+	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0|A-17"), "both attempts saw the event's payload")
+	require.Equal(t, []int{1}, effects.Attempts("evk-1.prep.0"))
+	steps, err = stepsByName(ctxT(t, 5*time.Second), c, "evk-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 3)
+	require.Equal(t, 2, steps["use"].Attempt)
+	require.Equal(t, "pay-1", steps["event=paid"].EventID)
+	noRewrites(t, c, writes)
+
+	// The sender's repeat once the run has ended changes nothing.
+	_, err = c.SendEvent(ctxT(t, 10*time.Second), "evk-1", "paid", "pay-1", json.RawMessage(`{"ref":"A-17","amount":5}`))
+	require.ErrorIs(t, err, ErrRunEnded)
+}
