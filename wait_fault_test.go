@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/faultcheck"
 )
 
@@ -196,4 +197,74 @@ func TestFaultWorkerKilledBetweenEventAndNextCommit(t *testing.T) {
 	// The sender's repeat once the run has ended changes nothing.
 	_, err = c.SendEvent(ctxT(t, 10*time.Second), "evk-1", "paid", "pay-1", json.RawMessage(`{"ref":"A-17","amount":5}`))
 	require.ErrorIs(t, err, ErrRunEnded)
+}
+
+// The same event (one event ID, one payload in two spellings) is sent ten
+// times at once, five times with Client.SendEvent and five times as raw
+// NATS requests, to two workers: exactly one send is told delivered, nine
+// duplicate, all for the same wait; the step after the wait runs once. Half
+// the runs get the event before the body reaches its wait, half while it
+// waits.
+func TestFaultEventSentTenTimesConcurrently(t *testing.T) {
+	t.Parallel()
+	const runs, senders = 6, 10
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	wf := eventUseFlow(recordIn(effects), nil)
+	env.worker(WorkerConfig{Concurrency: 4, AckWait: childAckWait}, wf)
+	env.worker(WorkerConfig{Concurrency: 4, AckWait: childAckWait}, wf)
+	c := env.client()
+	raw := env.conn()
+	ctx := ctxT(t, 60*childAckWait)
+	for r := range runs {
+		id := fmt.Sprintf("evc-%d", r)
+		h, err := Start(ctx, c, wf, r, WithRunID(id))
+		require.NoError(t, err)
+		if r%2 == 1 {
+			require.Eventually(t, func() bool { return len(effects.Attempts(id+".prep.0")) == 1 }, 30*childAckWait, childAckWait/50)
+		}
+		ref := "R-" + id
+		type answer struct {
+			outcome, stepID string
+			err             error
+		}
+		answers := make(chan answer, senders)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for s := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				if s%2 == 0 {
+					res, err := c.SendEvent(ctx, id, "paid", "pay-"+id, json.RawMessage(`{"ref":"`+ref+`","amount":1}`))
+					answers <- answer{string(res.Outcome), res.StepID, err}
+					return
+				}
+				reply, err := rawEvent(ctx, raw, eventproto.Request{RunID: id, Name: "paid", EventID: "pay-" + id,
+					Payload: json.RawMessage(`{ "amount": 1, "ref": "` + ref + `" }`)})
+				if err == nil && reply.Error != nil {
+					err = fmt.Errorf("%s: %s", reply.Error.Code, reply.Error.Message)
+				}
+				answers <- answer{reply.Outcome, reply.StepID, err}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		close(answers)
+		outcomes := map[string]int{}
+		for a := range answers {
+			require.NoError(t, a.err, id)
+			require.Equal(t, id+".event=paid.0", a.stepID)
+			outcomes[a.outcome]++
+		}
+		require.Equal(t, map[string]int{"delivered": 1, "duplicate": senders - 1}, outcomes, id)
+		out, err := h.Result(ctx)
+		require.NoError(t, err)
+		require.Equal(t, ref, out)
+		require.Equal(t, []int{1}, effects.Attempts(id+".use.0"), "the step after the wait ran once")
+		steps, err := stepsByName(ctx, c, id)
+		require.NoError(t, err)
+		require.Len(t, steps, 3, "prep, the event, use: no other wait took the event")
+	}
 }
