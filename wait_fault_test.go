@@ -102,10 +102,10 @@ func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
 	var late, lateAfter []time.Duration
 	reruns := 0
 	for _, id := range ids {
-		steps, err := stepsByName(ctxT(t, 5*time.Second), c, id)
+		steps, err := stepsOf(ctxT(t, 5*time.Second), c, id)
 		require.NoError(t, err)
 		require.Len(t, steps, 3, id)
-		before, sleep, after := steps["before"], steps["nap"], steps["after"]
+		before, sleep, after := steps["before.0"], steps["nap.0"], steps["after.0"]
 		require.Equal(t, "sleep", sleep.Kind, id)
 		var ranAt time.Time
 		require.NoError(t, json.Unmarshal(after.Output, &ranAt), id)
@@ -174,10 +174,10 @@ func TestFaultWorkerKilledBetweenEventAndNextCommit(t *testing.T) {
 	waitKilled(t, crasher, 30*childAckWait)
 
 	// The event is committed, the step after it ran once and is not.
-	steps, err := stepsByName(ctxT(t, 5*time.Second), c, "evk-1")
+	steps, err := stepsOf(ctxT(t, 5*time.Second), c, "evk-1")
 	require.NoError(t, err)
 	require.Len(t, steps, 2, "prep and the event committed before the kill")
-	require.Equal(t, "pay-1", steps["event=paid"].EventID)
+	require.Equal(t, "pay-1", steps["event=paid.0"].EventID)
 	require.Equal(t, []int{1}, effects.Attempts("evk-1.use.0"))
 
 	startChild(t, env, "", url)
@@ -187,11 +187,11 @@ func TestFaultWorkerKilledBetweenEventAndNextCommit(t *testing.T) {
 	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0"), "the step after the event ran again under its step ID, next attempt")
 	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0|A-17"), "both attempts saw the event's payload")
 	require.Equal(t, []int{1}, effects.Attempts("evk-1.prep.0"))
-	steps, err = stepsByName(ctxT(t, 5*time.Second), c, "evk-1")
+	steps, err = stepsOf(ctxT(t, 5*time.Second), c, "evk-1")
 	require.NoError(t, err)
 	require.Len(t, steps, 3)
-	require.Equal(t, 2, steps["use"].Attempt)
-	require.Equal(t, "pay-1", steps["event=paid"].EventID)
+	require.Equal(t, 2, steps["use.0"].Attempt)
+	require.Equal(t, "pay-1", steps["event=paid.0"].EventID)
 	noRewrites(t, c, writes)
 
 	// The sender's repeat once the run has ended changes nothing.
@@ -263,8 +263,148 @@ func TestFaultEventSentTenTimesConcurrently(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, ref, out)
 		require.Equal(t, []int{1}, effects.Attempts(id+".use.0"), "the step after the wait ran once")
-		steps, err := stepsByName(ctx, c, id)
+		steps, err := stepsOf(ctx, c, id)
 		require.NoError(t, err)
 		require.Len(t, steps, 3, "prep, the event, use: no other wait took the event")
 	}
+}
+
+// An event sent at about the moment its wait times out (WithTimeout):
+// exactly one of the two ends the wait. The sender is told delivered into
+// that wait when the event won, and into the next wait for the event when
+// the timeout won; the worker is then SIGKILLed and the new one's replay
+// decides the race the same way (the workflow fails otherwise).
+func TestFaultEventRacingWaitTimeoutReplayed(t *testing.T) {
+	t.Parallel()
+	raceReplayedAfterKill(t, timeoutRaceFlow(nil), func(t *testing.T, id string, sent EventResult, winner string, steps map[string]StepRecord) {
+		wait := steps["event=ping.0"]
+		switch sent.StepID {
+		case id + ".event=ping.0":
+			require.Equal(t, "ev-"+id, winner, "%s: the sender was told its event ended the wait", id)
+			require.Equal(t, "ping-"+id, wait.EventID)
+		case id + ".event=ping.1":
+			require.Equal(t, raceTimedOut, winner, "%s: the event went to the next wait", id)
+			require.Empty(t, wait.EventID)
+			require.Contains(t, wait.Error, "no event ping within")
+			require.Equal(t, "ping-"+id, steps["event=ping.1"].EventID)
+		default:
+			t.Fatalf("%s: the event went to %s", id, sent.StepID)
+		}
+	})
+}
+
+// OnEvent raced against Timer with AwaitFirst, the event sent at about the
+// timer's deadline: the workflow records the winner in a step, the worker
+// is SIGKILLed, and the new worker's replay picks the same winner. The
+// event goes to the one wait, won or lost.
+func TestFaultAwaitFirstEventOrTimerReplayed(t *testing.T) {
+	t.Parallel()
+	raceReplayedAfterKill(t, firstRaceFlow(nil), func(t *testing.T, id string, sent EventResult, winner string, steps map[string]StepRecord) {
+		require.Equal(t, id+".event=ping.0", sent.StepID)
+		require.Equal(t, "ping-"+id, steps["event=ping.0"].EventID)
+		if winner == raceTimedOut {
+			require.Equal(t, "sleep", steps["alarm.0"].Kind, "%s: the timer won without its record", id)
+		} else {
+			require.Equal(t, "ev-"+id, winner)
+		}
+	})
+}
+
+// raceReplayedAfterKill runs races of wf (a raceFlow whose race lasts one
+// AckWait) on a worker process: for each run it sends the event "ping" at
+// moments spread around the race's deadline, waits until every run has
+// recorded its winner and waits for "fin", SIGKILLs the worker, and lets a
+// new one replay every run to its end. check gets each run's answer to the
+// send, the winner its final replay computed, and its steps by name.
+func raceReplayedAfterKill(t *testing.T, wf *Workflow[time.Duration, string], check func(t *testing.T, id string, sent EventResult, winner string, steps map[string]StepRecord)) {
+	const runs = 12
+	race := childAckWait // the timeout, or the timer
+	env := newEnv(t, Topology{})
+	effects, url := effectsServer(t)
+	c := env.client()
+	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
+	require.NoError(t, err)
+	victim := startChild(t, env, "", url)
+	require.NoError(t, waitReady(victim, 30*childAckWait))
+	ctx := ctxT(t, 60*childAckWait)
+
+	sent := make([]EventResult, runs)
+	sentAt := make([]time.Duration, runs) // after "armed" committed
+	errs := make([]error, runs)
+	var wg sync.WaitGroup
+	for i := range runs {
+		id := fmt.Sprintf("%s-%d", wf.Name(), i)
+		_, err := Start(ctx, c, wf, race, WithRunID(id))
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var armed time.Time
+			for armed.IsZero() && ctx.Err() == nil {
+				steps, err := stepsOf(ctx, c, id)
+				if err == nil {
+					armed = steps["armed.0"].CommittedAt
+				}
+				if armed.IsZero() {
+					select {
+					case <-ctx.Done():
+					case <-time.After(childAckWait / 50):
+					}
+				}
+			}
+			// The race starts just after "armed" commits, and its
+			// deadline fires up to a second after it is due (the NATS
+			// server runs message schedules on whole seconds): the
+			// sends are spread from a tenth of the race before the
+			// deadline to two races after it.
+			at := armed.Add(race*9/10 + (race*21/10)*time.Duration(i)/(runs-1))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Until(at)):
+			}
+			sentAt[i] = time.Now().Sub(armed)
+			sent[i], errs[i] = c.SendEvent(ctx, id, "ping", "ping-"+id, json.RawMessage(`"ev-`+id+`"`))
+		}()
+	}
+	wg.Wait()
+	for i := range runs {
+		require.NoError(t, errs[i], "send %d", i)
+		require.Equal(t, EventDelivered, sent[i].Outcome)
+	}
+	// Every race is decided and recorded; then the worker dies.
+	require.Eventually(t, func() bool {
+		for i := range runs {
+			if len(effects.Attempts(fmt.Sprintf("%s-%d.saw.0", wf.Name(), i))) == 0 {
+				return false
+			}
+		}
+		return true
+	}, 30*childAckWait, childAckWait/50)
+	require.NoError(t, victim.Process.Signal(syscall.SIGKILL))
+	_ = victim.Wait()
+	next := startChild(t, env, "", url)
+	require.NoError(t, waitReady(next, 30*childAckWait))
+
+	won := map[string]int{}
+	for i := range runs {
+		id := fmt.Sprintf("%s-%d", wf.Name(), i)
+		_, err := c.SendEvent(ctx, id, "fin", "fin-"+id, json.RawMessage(`"done"`))
+		require.NoError(t, err)
+		run, err := c.WaitRun(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status, "%s: %+v", id, run.Error)
+		var winner string
+		require.NoError(t, json.Unmarshal(run.Output, &winner))
+		steps, err := stepsOf(ctx, c, id)
+		require.NoError(t, err)
+		check(t, id, sent[i], winner, steps)
+		t.Logf("%s: event sent %s after the race began, won by %s", id, sentAt[i].Round(time.Millisecond), winner)
+		if winner == raceTimedOut {
+			won["timeout"]++
+		} else {
+			won["event"]++
+		}
+	}
+	noRewrites(t, c, writes)
+	t.Logf("%d races, replayed after a SIGKILL: won by %v", runs, won)
 }

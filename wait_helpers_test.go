@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -233,15 +234,16 @@ func noRewrites(t *testing.T, c *Client, writes *faultcheck.Writes) {
 	require.True(t, v.OK(), v.String())
 }
 
-// stepsByName reads run's committed steps, by step name.
-func stepsByName(ctx context.Context, c *Client, runID string) (map[string]StepRecord, error) {
+// stepsOf reads run's committed steps, by step ID without the run ID:
+// "before.0", "event=ping.1".
+func stepsOf(ctx context.Context, c *Client, runID string) (map[string]StepRecord, error) {
 	steps, err := c.Steps(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[string]StepRecord, len(steps))
 	for _, s := range steps {
-		out[s.Name] = s
+		out[strings.TrimPrefix(s.StepID, runID+".")] = s
 	}
 	return out, nil
 }
