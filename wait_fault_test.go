@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/faultcheck"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 // sleepRunsEnv sets how many runs TestFaultSleepAcrossServerRestartAndWorkerKill
@@ -407,4 +410,156 @@ func raceReplayedAfterKill(t *testing.T, wf *Workflow[time.Duration, string], ch
 	}
 	noRewrites(t, c, writes)
 	t.Logf("%d races, replayed after a SIGKILL: won by %v", runs, won)
+}
+
+// A run is cancelled (Client.CancelRun) while it sleeps: its wake-up, when
+// the timer fires, does not run the step after the sleep, and an event
+// sent to it is refused with ErrRunEnded (run_ended, with the run's
+// status, over NATS). A run sleeping one AckWait longer next to it, not
+// cancelled, wakes and completes: by then the cancelled run's timer has
+// fired, and once the step tasks are all settled its wake-up has been
+// handled.
+func TestFaultCancelDuringSleep(t *testing.T) {
+	t.Parallel()
+	const ackWait = childAckWait
+	nap := 2 * ackWait
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	wf := napFlow(recordIn(effects))
+	env.worker(WorkerConfig{Concurrency: 4, AckWait: ackWait}, wf)
+	c := env.client()
+	ctx := ctxT(t, nap+30*ackWait)
+
+	_, err := Start(ctx, c, wf, nap, WithRunID("cn-1"))
+	require.NoError(t, err)
+	control, err := Start(ctx, c, wf, nap+ackWait, WithRunID("cn-ctl"))
+	require.NoError(t, err)
+	sleeping := func() bool {
+		ok, err := jetstream.HasTimer(ctx, c.assets.Timers, jetstream.TaskSubject(wf.Name(), "cn-1", "cn-1.nap.0"))
+		require.NoError(t, err)
+		return ok
+	}
+	require.Eventually(t, sleeping, 10*ackWait, ackWait/50, "the sleep's timer was never stored")
+	out, err := c.CancelRun(ctx, "cn-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCancelled, out.Status)
+
+	_, err = control.Result(ctx)
+	require.NoError(t, err)
+	require.False(t, sleeping(), "the cancelled run's timer has not fired before the later one's")
+	// Every task delivered so far, the cancelled run's wake-up among
+	// them, has been settled.
+	cons, err := c.assets.JS.Consumer(ctx, jetstream.TasksStream, jetstream.ConsumerName(wf.Name(), jetstream.StepTasks))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	}, 10*ackWait, ackWait/50, "the step tasks were not settled")
+	run, err := c.GetRun(ctx, "cn-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCancelled, run.Status)
+	require.Equal(t, []int{1}, effects.Attempts("cn-1.before.0"))
+	require.Empty(t, effects.Attempts("cn-1.after.0"), "the wake-up of a cancelled run ran its next step")
+	steps, err := stepsOf(ctx, c, "cn-1")
+	require.NoError(t, err)
+	require.NotContains(t, steps, "after.0")
+	t.Logf("cancelled run's steps after its wake-up: %d (the sleep's end committed: %t)", len(steps), steps["nap.0"].StepID != "")
+
+	_, err = c.SendEvent(ctx, "cn-1", "poke", "poke-1", json.RawMessage(`"hello"`))
+	require.ErrorIs(t, err, ErrRunEnded)
+	reply, err := rawEvent(ctx, env.conn(), eventproto.Request{RunID: "cn-1", Name: "poke", EventID: "poke-2", Payload: json.RawMessage(`"hello"`)})
+	require.NoError(t, err)
+	require.NotNil(t, reply.Error)
+	require.Equal(t, eventproto.CodeRunEnded, reply.Error.Code)
+	require.Equal(t, StatusCancelled, RunStatus(reply.RunStatus))
+	steps, err = stepsOf(ctx, c, "cn-1")
+	require.NoError(t, err)
+	require.NotContains(t, steps, "event=poke.0", "an event to an ended run was stored")
+}
+
+// Bad events for a waiting run, over the Go client and raw NATS: too
+// large, an invalid hook token, event name, event ID or run ID, a payload
+// that is not JSON or does not decode into the declared type, an
+// undeclared event name, an unknown request field. Each gets its typed
+// error (its code over NATS), stores nothing, and leaves the run waiting:
+// a good event afterwards, under the event ID a bad payload used, is
+// delivered, and the run completes with it.
+func TestFaultBadEventsLeaveTheRunWaiting(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := faultcheck.NewEffects()
+	wf := eventUseFlow(recordIn(effects), nil)
+	env.worker(WorkerConfig{Concurrency: 4, AckWait: childAckWait}, wf)
+	c := env.client()
+	raw := env.conn()
+	ctx := ctxT(t, 60*childAckWait)
+	h, err := Start(ctx, c, wf, 0, WithRunID("bad-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(effects.Attempts("bad-1.prep.0")) == 1 }, 30*childAckWait, childAckWait/50)
+
+	good := json.RawMessage(`{"ref":"G-1","amount":3}`)
+	huge := json.RawMessage(`"` + strings.Repeat("x", state.MaxInputBytes) + `"`)
+	for _, tc := range []struct {
+		name    string
+		send    func() (EventResult, error)
+		want    error
+		req     any // the same over NATS
+		rawCode string
+	}{
+		{"too large", func() (EventResult, error) { return c.SendEvent(ctx, "bad-1", "paid", "pay-1", huge) }, ErrInputTooLarge,
+			eventproto.Request{RunID: "bad-1", Name: "paid", EventID: "pay-1", Payload: huge}, eventproto.CodeTooLarge},
+		{"invalid token", func() (EventResult, error) { return c.Resume(ctx, "no spaces", "pay-1", good) }, ErrInvalidHookToken,
+			eventproto.Request{Token: "no spaces", EventID: "pay-1", Payload: good}, eventproto.CodeInvalidToken},
+		{"invalid name", func() (EventResult, error) { return c.SendEvent(ctx, "bad-1", "pa.id", "pay-1", good) }, ErrInvalidName,
+			eventproto.Request{RunID: "bad-1", Name: "pa.id", EventID: "pay-1", Payload: good}, eventproto.CodeInvalidName},
+		{"empty event ID", func() (EventResult, error) { return c.SendEvent(ctx, "bad-1", "paid", "", good) }, ErrInvalidEventID,
+			eventproto.Request{RunID: "bad-1", Name: "paid", EventID: "", Payload: good}, eventproto.CodeInvalidEventID},
+		{"control character in event ID", func() (EventResult, error) { return c.SendEvent(ctx, "bad-1", "paid", "pay\x01", good) }, ErrInvalidEventID,
+			eventproto.Request{RunID: "bad-1", Name: "paid", EventID: "pay\x01", Payload: good}, eventproto.CodeInvalidEventID},
+		{"invalid run ID", func() (EventResult, error) { return c.SendEvent(ctx, "bad 1", "paid", "pay-1", good) }, ErrInvalidRunID,
+			eventproto.Request{RunID: "bad 1", Name: "paid", EventID: "pay-1", Payload: good}, eventproto.CodeInvalidRunID},
+		{"payload of another type", func() (EventResult, error) {
+			return c.SendEvent(ctx, "bad-1", "paid", "pay-1", json.RawMessage(`{"ref":5}`))
+		}, ErrEventPayload,
+			eventproto.Request{RunID: "bad-1", Name: "paid", EventID: "pay-1", Payload: json.RawMessage(`["G-1"]`)}, eventproto.CodeInvalidPayload},
+		{"payload not JSON; over NATS, an unknown field", func() (EventResult, error) {
+			return c.SendEvent(ctx, "bad-1", "paid", "pay-1", json.RawMessage(`{"ref":`))
+		}, ErrEventPayload,
+			map[string]any{"run_id": "bad-1", "name": "paid", "event_id": "pay-1", "payload": json.RawMessage(`"G-1"`), "extra": 1}, eventproto.CodeMalformed},
+		{"undeclared event", func() (EventResult, error) { return c.SendEvent(ctx, "bad-1", "shipped", "pay-1", good) }, ErrUnknownEvent,
+			eventproto.Request{RunID: "bad-1", Name: "shipped", EventID: "pay-1", Payload: good}, eventproto.CodeUnknownEvent},
+	} {
+		res, err := tc.send()
+		require.ErrorIs(t, err, tc.want, tc.name)
+		require.Empty(t, res.Outcome, tc.name)
+		reply, err := rawEvent(ctx, raw, tc.req)
+		require.NoError(t, err, tc.name)
+		require.NotNil(t, reply.Error, tc.name)
+		require.Equal(t, tc.rawCode, reply.Error.Code, "%s: %s", tc.name, reply.Error.Message)
+		require.NotEmpty(t, reply.Error.Message, tc.name)
+		require.Empty(t, reply.Outcome, tc.name)
+	}
+	// A request body that is not JSON at all.
+	msg, err := raw.RequestWithContext(ctx, eventproto.SendSubject, []byte(`{"run_id":`))
+	require.NoError(t, err)
+	var reply eventproto.Reply
+	require.NoError(t, json.Unmarshal(msg.Data, &reply))
+	require.NotNil(t, reply.Error)
+	require.Equal(t, eventproto.CodeMalformed, reply.Error.Code)
+
+	steps, err := stepsOf(ctx, c, "bad-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "a refused event stored something: %v", steps)
+	run, err := c.GetRun(ctx, "bad-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, run.Status)
+
+	res, err := c.SendEvent(ctx, "bad-1", "paid", "pay-1", good)
+	require.NoError(t, err)
+	require.Equal(t, EventDelivered, res.Outcome)
+	require.Equal(t, "bad-1.event=paid.0", res.StepID)
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "G-1", out)
+	require.Equal(t, []int{1}, effects.Attempts("bad-1.use.0"))
 }
