@@ -19,7 +19,8 @@ import (
 )
 
 // sleepRunsEnv sets how many runs TestFaultSleepAcrossServerRestartAndWorkerKill
-// starts; make stress sets it to 1,000.
+// starts: 200 by default, 1,000 with JETFLOW_FAULT_FULL=1 and in make
+// stress.
 const sleepRunsEnv = "JETFLOW_SLEEP_RUNS"
 
 // effectsServer serves a faultcheck.Effects to worker processes.
@@ -41,7 +42,7 @@ func effectsServer(t *testing.T) (*faultcheck.Effects, string) {
 func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
 	t.Parallel()
 	const nap = 2 * time.Second
-	n := envCount(t, sleepRunsEnv, 200)
+	n := envCount(t, sleepRunsEnv, faultScale(200, 1000))
 	env := newEnv(t, Topology{})
 	effects, url := effectsServer(t)
 	c := env.client()
