@@ -49,8 +49,6 @@ func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	victim := startChild(t, env, "", url)
-	startChild(t, env, "", url)
 	wf := napFlow(nil) // the definition to start by; the processes run it
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -73,8 +71,12 @@ func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// Most runs have started their sleep (their step before it ran) and
-	// none has woken yet, or only a few: the faults hit sleeping runs.
+	// The runs wait in the task stream; the workers start, and the faults
+	// come once half the runs have started their sleep (their step before
+	// it ran) or the first wakes, whichever is first: they hit sleeping
+	// runs.
+	victim := startChild(t, env, "", url)
+	startChild(t, env, "", url)
 	asleep := func() (before, after int) {
 		for _, id := range ids {
 			before += len(effects.Attempts(id + ".before.0"))
@@ -87,14 +89,15 @@ func TestFaultSleepAcrossServerRestartAndWorkerKill(t *testing.T) {
 	// for a redelivery; a run's share of the machine's work is a fiftieth
 	// of an AckWait.
 	perRun := childAckWait / 50
-	require.Eventually(t, func() bool { b, _ := asleep(); return b >= n/2 }, 30*childAckWait+time.Duration(n)*perRun, childAckWait/50)
+	require.Eventually(t, func() bool { b, a := asleep(); return b >= n/2 || a > 0 }, 30*childAckWait+time.Duration(n)*perRun, childAckWait/50)
 	b, a := asleep()
+	require.Greater(t, b, a, "no run was asleep when the faults came")
 	require.NoError(t, victim.Process.Signal(syscall.SIGKILL))
 	_ = victim.Wait()
 	require.NoError(t, env.srv.Restart())
 	faulted := time.Now()
 	startChild(t, env, "", url)
-	t.Logf("faults with %d of %d runs past their step before the sleep, %d after it", b, n, a)
+	t.Logf("faults with %d of %d runs past their step before the sleep, %d of them past the sleep", b, n, a)
 
 	for _, id := range ids {
 		run, err := waitRunRetrying(ctxT(t, nap+60*childAckWait+time.Duration(n)*perRun), c, id)
