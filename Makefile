@@ -37,5 +37,8 @@ run:
 
 # The fault and cluster tests, 5 rounds with the race detector while a CPU
 # hog keeps both cores busy (scripts/stress.sh; JETFLOW_STRESS_RUNS=n).
+# The durable-sleep fault test runs its full 1,000 sleeping runs here
+# (JETFLOW_SLEEP_RUNS; 200 by default, in CI).
+stress: export JETFLOW_SLEEP_RUNS ?= 1000
 stress:
 	./scripts/stress.sh

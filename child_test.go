@@ -144,15 +144,20 @@ func runChildWorker() int {
 		}
 		return nil
 	}
+	cfg := WorkerConfig{
+		AckWait: childAckWait, LivenessTTL: childLivenessTTL, hooks: hooks,
+		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
+	}
+	wfs := []Registrable{crashWorkflow(effects, beforeReturn), fanOutFault(report), parentFault(report), kidFault(report)}
+	for _, extra := range childExtras {
+		wfs = append(wfs, extra(crash, effects, &cfg)...)
+	}
 	ws := NewRegistry()
-	if err := ws.Register(crashWorkflow(effects, beforeReturn), fanOutFault(report), parentFault(report), kidFault(report)); err != nil {
+	if err := ws.Register(wfs...); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	w, err := NewWorker(nc, ws, WorkerConfig{
-		AckWait: childAckWait, LivenessTTL: childLivenessTTL, hooks: hooks,
-		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
-	})
+	w, err := NewWorker(nc, ws, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -247,6 +252,11 @@ func spawnChild(t *testing.T, env *testEnv, crash, effectsURL string) (*exec.Cmd
 	})
 	return cmd, nil
 }
+
+// childExtras are more workflows for every child worker, added by other
+// test files' init functions (wait_helpers_test.go): each gets the child's
+// crash mode and effects URL and may set crash points in cfg's hooks.
+var childExtras []func(crash, effectsURL string, cfg *WorkerConfig) []Registrable
 
 // childrenReady maps a child's *exec.Cmd to a channel closed once its
 // worker has started.

@@ -237,6 +237,7 @@ type Verdict struct {
 	Completed      int
 	CommittedSteps int
 	ChildSteps     int // committed steps that stand for a child run (no side effect of their own)
+	WaitSteps      int // committed ends of sleeps and waits for events (no side effect of their own)
 	SideEffects    int // attempts logged by the effect server
 	Reruns         int // attempts other than the committed one that began before the commit (crashes, overlaps)
 	Lost           int // accepted run without a run record, not final, or a committed step without its effect
@@ -248,8 +249,8 @@ type Verdict struct {
 func (v Verdict) OK() bool { return v.Lost == 0 && v.Doubled == 0 && len(v.Problems) == 0 }
 
 func (v Verdict) String() string {
-	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d child_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
-		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.ChildSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
+	s := fmt.Sprintf("starts=%d (failed %d) duplicates=%d runs=%d completed=%d committed_steps=%d child_steps=%d wait_steps=%d side_effects=%d reruns=%d lost=%d doubled=%d",
+		v.Starts, v.FailedStarts, v.Duplicates, v.Runs, v.Completed, v.CommittedSteps, v.ChildSteps, v.WaitSteps, v.SideEffects, v.Reruns, v.Lost, v.Doubled)
 	return s + ProblemList(v.Problems)
 }
 
@@ -325,6 +326,12 @@ func Check(ctx context.Context, assets *jetstream.Assets, l *Ledger, e *Effects,
 				// Its effect is the child run, checked as a run of its
 				// own when the ledger expects it.
 				v.ChildSteps++
+				continue
+			}
+			if s.Kind != "" {
+				// A sleep's end, an event or a timeout: the record is
+				// all there is (a rewrite shows in the writes).
+				v.WaitSteps++
 				continue
 			}
 			attempts := e.effects(s.StepID)
