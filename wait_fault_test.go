@@ -427,7 +427,7 @@ func TestFaultCancelDuringSleep(t *testing.T) {
 	control, err := Start(ctx, c, wf, nap+ackWait, WithRunID("cn-ctl"))
 	require.NoError(t, err)
 	sleeping := func() bool {
-		ok, err := jetstream.HasTimer(ctx, c.assets.Timers, jetstream.TaskSubject(wf.Name(), "cn-1", "cn-1.nap.0"))
+		ok, err := jetstream.HasTimer(ctx, c.assets.Timers, jetstream.TaskSubject(wf.Name(), "cn-1", "cn-1.nap.0"), false)
 		require.NoError(t, err)
 		return ok
 	}
