@@ -486,6 +486,11 @@ func classify(subject string) (kind, bucket string) {
 	if _, ok := cut("_INBOX."); ok {
 		return "", ""
 	}
+	if _, ok := cut("$JS.EVENT."); ok {
+		// The server's own advisories (an API call's audit, a consumer
+		// created), which may arrive after the pass that caused them.
+		return "", ""
+	}
 	if subject == tapMarker {
 		return tapMarker, ""
 	}

@@ -232,7 +232,7 @@ func TestCreateOrUpdateUpdatesOnlyWhatDiffers(t *testing.T) {
 	a, err := Provision(ctx(t), nc, Topology{DuplicateWindow: 7 * time.Second, Retention: 48 * time.Hour}, CreateOrUpdate)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{TasksStream, StartsStream, TimersStream,
-		"KV_" + RunsBucket, "KV_" + StepsBucket, "KV_" + AuditBucket, "KV_" + AttemptsBucket}, updated())
+		"KV_" + RunsBucket, "KV_" + StepsBucket, "KV_" + AuditBucket, "KV_" + AttemptsBucket, "KV_" + HooksBucket}, updated())
 	info, err := a.Tasks.Info(ctx(t))
 	require.NoError(t, err)
 	require.Equal(t, 7*time.Second, info.Config.Duplicates)
