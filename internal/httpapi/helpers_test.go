@@ -282,10 +282,13 @@ func (b *bundle) post(workflow, key, input string) response {
 	return b.do(http.MethodPost, "/v1/workflows/"+workflow+"/runs", h, input)
 }
 
-// waitDone waits until the run has ended, through the API.
+// waitDone waits until the run has ended, through the API: one long poll
+// of the API's longest wait (a run resumed after a NATS restart, on a
+// loaded machine, can take its workers' reconnection and backoff first).
 func (b *bundle) waitDone(runID string) response {
 	b.t.Helper()
-	res := b.do(http.MethodGet, "/v1/runs/"+runID+"/result?wait=20s", nil, "")
+	res := doCtx(b.t, ctxT(b.t, MaxWait+10*time.Second), b.srv, http.MethodGet,
+		"/v1/runs/"+runID+"/result?wait="+MaxWait.String(), nil, "")
 	require.Equal(b.t, http.StatusOK, res.code, "body: %s", res.body)
 	return res
 }
