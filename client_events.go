@@ -68,7 +68,12 @@ func (c *Client) Resume(ctx context.Context, token, eventID string, payload json
 
 // deliver sends an event request to the workers (eventproto) and decodes
 // their reply.
-func (c *Client) deliver(ctx context.Context, req eventproto.Request) (EventResult, error) {
+func (c *Client) deliver(ctx context.Context, req eventproto.Request) (_ EventResult, err error) {
+	ctx, stop := c.denials.watch(ctx, c.nc, eventproto.SendSubject)
+	defer stop()
+	defer func() {
+		err = deniedErr(ctx, err, "sending events needs a NATS user that may request "+eventproto.SendSubject+" (deploy/nats/accounts.conf)")
+	}()
 	if len(req.Payload) == 0 {
 		req.Payload = json.RawMessage("null")
 	}

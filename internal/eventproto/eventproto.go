@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/reqreply"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -194,47 +195,22 @@ type Service struct {
 // maxConcurrent bounds the event requests a worker answers at once.
 const maxConcurrent = 64
 
-// Serve subscribes to SendSubject and to SendSubject.<workflow> for each
-// served workflow. The returned function stops serving.
+// Serve answers on SendSubject and on SendSubject.<workflow> for each
+// served workflow (reqreply.Serve: a request whose reply subject is not an
+// inbox is not answered). The returned function stops serving.
 func (s *Service) Serve() (func() error, error) {
-	var subs []*nats.Subscription
-	stop := func() error {
-		var errs []error
-		for _, sub := range subs {
-			errs = append(errs, sub.Drain())
-		}
-		return errors.Join(errs...)
-	}
-	slots := make(chan struct{}, maxConcurrent)
 	subjects := []string{SendSubject}
 	for wf := range s.Served {
 		subjects = append(subjects, SendSubject+"."+wf)
 	}
-	for _, subject := range subjects {
-		forwarded := subject != SendSubject
-		sub, err := s.NC.QueueSubscribe(subject, "jetflow_events", func(m *nats.Msg) {
-			slots <- struct{}{}
-			go func() {
-				defer func() { <-slots }()
-				s.answer(m, forwarded)
-			}()
-		})
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("jetflow: serve events: %w", err), stop())
-		}
-		subs = append(subs, sub)
-	}
-	if err := s.NC.Flush(); err != nil {
-		return nil, errors.Join(fmt.Errorf("jetflow: serve events: %w", err), stop())
-	}
-	return stop, nil
+	return reqreply.Serve(s.NC, "jetflow_events", subjects, maxConcurrent, s.Log, s.answer)
 }
 
-// answer handles one request and responds.
-func (s *Service) answer(m *nats.Msg, forwarded bool) {
+// answer handles one request and returns the reply.
+func (s *Service) answer(m *nats.Msg) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), s.Timeout)
 	defer cancel()
-	reply, relayed := s.handle(ctx, m.Data, forwarded)
+	reply, relayed := s.handle(ctx, m.Data, m.Subject != SendSubject)
 	if !relayed { // the workers that answered a forward count it
 		s.Metrics.Event(reply.Workflow, outcomeOf(reply))
 	}
@@ -246,13 +222,10 @@ func (s *Service) answer(m *nats.Msg, forwarded bool) {
 		ev.Str("run_id", reply.RunID).Str("code", reply.Error.Code).Str("reason", reply.Error.Message).Msg("event refused")
 	}
 	b, err := json.Marshal(reply)
-	if err == nil {
-		err = m.Respond(b)
+	if err != nil { // a reply is plain data: never happens
+		b = []byte(`{"error":{"code":"internal","message":"cannot encode the reply"}}`)
 	}
-	if err != nil {
-		// The sender times out and retries: a delivery is idempotent.
-		s.Log.Warn().Err(err).Msg("cannot answer event request")
-	}
+	return b
 }
 
 // handle delivers the event in b, or, when this worker does not serve the

@@ -370,6 +370,7 @@ func TestEventErrorStatuses(t *testing.T) {
 		{&fakeBackend{err: jetflow.ErrEventPayload}, 400, "about:blank", ""},
 		{&fakeBackend{err: jetflow.ErrInvalidEventID}, 400, "about:blank", ""},
 		{&fakeBackend{err: jetflow.ErrInputTooLarge}, 413, "about:blank", ""},
+		{&fakeBackend{err: fmt.Errorf("%w: publish to jetflow.events", jetflow.ErrPermissionDenied)}, 403, "about:blank", ""},
 		{&fakeBackend{err: fmt.Errorf("%w: no worker is running to deliver the event", jetflow.ErrUnavailable)}, 503, "about:blank", ""},
 		{&fakeBackend{err: errors.New("boom")}, 500, "about:blank", ""},
 	} {

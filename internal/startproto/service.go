@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/reqreply"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -215,47 +217,24 @@ type Served struct {
 // the workflow cannot decode is answered with a typed error and stores
 // nothing. The returned function stops serving.
 func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout time.Duration, log zerolog.Logger) (func() error, error) {
-	var subs []*nats.Subscription
-	stop := func() error {
-		var errs []error
-		for _, s := range subs {
-			errs = append(errs, s.Drain())
-		}
-		return errors.Join(errs...)
+	subjects := make([]string, 0, len(served))
+	for name := range served {
+		subjects = append(subjects, AdmitSubjectPrefix+name)
 	}
 	// Requests are answered concurrently (a slow admission must not hold up
 	// the others), at most maxConcurrentStarts at a time per worker.
-	slots := make(chan struct{}, maxConcurrentStarts)
-	for name, wf := range served {
-		s, err := nc.QueueSubscribe(AdmitSubjectPrefix+name, "jetflow_admit", func(m *nats.Msg) {
-			slots <- struct{}{}
-			go func() {
-				defer func() { <-slots }()
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				defer cancel()
-				reply := handleStart(ctx, a, name, wf, m.Data, entryOf(m.Header))
-				logRefusal(log, name, reply)
-				b, err := json.Marshal(reply)
-				if err == nil {
-					err = m.Respond(b)
-				}
-				if err != nil {
-					// The caller times out and may retry: the start is idempotent.
-					log.Warn().Err(err).Str("workflow", name).Msg("cannot answer start request")
-				}
-			}()
-		})
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("jetflow: serve starts of %s: %w", name, err), stop())
+	return reqreply.Serve(nc, "jetflow_admit", subjects, maxConcurrentStarts, log, func(m *nats.Msg) []byte {
+		name := strings.TrimPrefix(m.Subject, AdmitSubjectPrefix)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		reply := handleStart(ctx, a, name, served[name], m.Data, entryOf(m.Header))
+		logRefusal(log, name, reply)
+		b, err := json.Marshal(reply)
+		if err != nil { // a reply is plain data: never happens
+			b = []byte(`{"error":{"code":"internal","message":"cannot encode the reply"}}`)
 		}
-		subs = append(subs, s)
-	}
-	// Return only once the server has the subscriptions: a start sent right
-	// after must find a responder.
-	if err := nc.Flush(); err != nil {
-		return nil, errors.Join(fmt.Errorf("jetflow: serve starts: %w", err), stop())
-	}
-	return stop, nil
+		return b
+	})
 }
 
 // logRefusal logs a start request that was answered with an error (an

@@ -133,6 +133,8 @@ func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 		return t, fmt.Errorf("%w: %s (its run %s is gone)", ErrHookNotFound, ev.Token, runID)
 	case errors.Is(err, runs.ErrNotFound):
 		return t, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	case errors.Is(err, state.ErrCorrupt):
+		return t, fmt.Errorf("jetflow: stored run %s: %v", runID, err) // not the sender's malformed request
 	case err != nil:
 		return t, err
 	case ev.Token != "" && (run.Token != hook.RunToken || run.Generation != hook.Generation):
