@@ -352,6 +352,30 @@ func (l *lineWriter) Write(p []byte) (int, error) {
 }
 
 // waitsClient opens a client connection with the engine's assets.
+// openWaitsPhase opens what each waits phase runs on: a client (with the
+// engine's assets) and a worker process of its own, both named after
+// phase. The caller defers the worker's close.
+func openWaitsPhase(ctx context.Context, e *env, cfg config, phase string) (*jetflow.Client, *jetstream.Assets, *waitsWorker, error) {
+	client, assets, err := waitsClient(ctx, e, phase+"-client")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w, err := spawnWaitsWorker(ctx, e, cfg, phase+"-worker")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return client, assets, w, nil
+}
+
+// close stops the worker process, setting *err when it fails and *err
+// is nil, and keeps its log summary in *logs.
+func (w *waitsWorker) close(err *error, logs *[]string) {
+	if serr := w.stop(); serr != nil && *err == nil {
+		*err = fmt.Errorf("stop worker process: %w", serr)
+	}
+	*logs = w.logs.summary()
+}
+
 func waitsClient(ctx context.Context, e *env, name string) (*jetflow.Client, *jetstream.Assets, error) {
 	nc, err := e.conn(name)
 	if err != nil {
@@ -483,20 +507,11 @@ func engineSleepers(ctx context.Context, e *env, cfg config, rep int) (f sleepFi
 	if f.raw, err = rawSchedules(ctx, e, cfg, n, time.Now().Add(cfg.sleep), false); err != nil {
 		return f, fmt.Errorf("raw: %w", err)
 	}
-	client, assets, err := waitsClient(ctx, e, "sleep-client")
+	client, assets, w, err := openWaitsPhase(ctx, e, cfg, "sleep")
 	if err != nil {
 		return f, err
 	}
-	w, err := spawnWaitsWorker(ctx, e, cfg, "sleep-worker")
-	if err != nil {
-		return f, err
-	}
-	defer func() {
-		if serr := w.stop(); serr != nil && err == nil {
-			err = fmt.Errorf("stop worker process: %w", serr)
-		}
-		f.logs = w.logs.summary()
-	}()
+	defer w.close(&err, &f.logs)
 	// Idle: the worker has started; one window to settle, one measured.
 	if err := pause(ctx, f.window); err != nil {
 		return f, err
@@ -734,20 +749,11 @@ func engineWakeups(ctx context.Context, e *env, cfg config, rep int) (f wakeFigu
 	if f.raw, err = rawSchedules(ctx, e, cfg, n, time.Now().Add(2*time.Second+time.Duration(n)*50*time.Microsecond), true); err != nil {
 		return f, fmt.Errorf("raw: %w", err)
 	}
-	client, assets, err := waitsClient(ctx, e, "wake-client")
+	client, assets, w, err := openWaitsPhase(ctx, e, cfg, "wake")
 	if err != nil {
 		return f, err
 	}
-	w, err := spawnWaitsWorker(ctx, e, cfg, "wake-worker")
-	if err != nil {
-		return f, err
-	}
-	defer func() {
-		if serr := w.stop(); serr != nil && err == nil {
-			err = fmt.Errorf("stop worker process: %w", serr)
-		}
-		f.logs = w.logs.summary()
-	}()
+	defer w.close(&err, &f.logs)
 	prefix := "wake" + strconv.Itoa(rep) + "-"
 	ids := make([]string, n)
 	index := make(map[string]int, n)
@@ -816,20 +822,11 @@ func engineEvents(ctx context.Context, e *env, cfg config, rep int) (f eventFigu
 	if f.rawRate, err = rawEvents(ctx, e, cfg, plan); err != nil {
 		return f, fmt.Errorf("raw: %w", err)
 	}
-	client, assets, err := waitsClient(ctx, e, "event-client")
+	client, assets, w, err := openWaitsPhase(ctx, e, cfg, "event")
 	if err != nil {
 		return f, err
 	}
-	w, err := spawnWaitsWorker(ctx, e, cfg, "event-worker")
-	if err != nil {
-		return f, err
-	}
-	defer func() {
-		if serr := w.stop(); serr != nil && err == nil {
-			err = fmt.Errorf("stop worker process: %w", serr)
-		}
-		f.logs = w.logs.summary()
-	}()
+	defer w.close(&err, &f.logs)
 	t := newTracker(n)
 	stopWatch, err := watchEventSteps(ctx, assets, plan.index, t)
 	if err != nil {
