@@ -246,6 +246,16 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		counts, err := pc.CountRuns(ctx, "")
 		require.NoError(t, err)
 		require.Equal(t, RunCounts{Completed: 4}, counts)
+		open, err := pc.OpenSteps(ctx, "sec-flaky")
+		require.NoError(t, err, "a producer reads the attempt logs")
+		require.Empty(t, open)
+		steps, err := pc.Steps(ctx, "sec-flaky")
+		require.NoError(t, err)
+		retried := 0
+		for _, s := range steps {
+			retried += len(s.Attempts)
+		}
+		require.Equal(t, 1, retried, "the failed attempt is in the committed step's record")
 
 		// What producer serve's /readyz asks.
 		require.NoError(t, pc.Ready(ctx))
