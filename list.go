@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/runs"
@@ -82,17 +84,29 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	if page.Next != 0 {
 		out.Next = runindex.EncodeCursor(page.Next)
 	}
-	for _, e := range page.Entries {
-		run, ok, err := c.listed(ctx, e)
-		if err != nil {
-			return RunPage{}, err
-		}
-		if ok {
+	listed := make([]Run, len(page.Entries))
+	kept := make([]bool, len(page.Entries))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(listReaders)
+	for i, e := range page.Entries {
+		g.Go(func() (err error) {
+			listed[i], kept[i], err = c.listed(gctx, e)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return RunPage{}, err
+	}
+	for i, run := range listed {
+		if kept[i] {
 			out.Runs = append(out.Runs, run)
 		}
 	}
 	return out, nil
 }
+
+// listReaders is how many runs of a page ListRuns reads at once.
+const listReaders = 16
 
 // listed reads the run of index entry e; ok is false when the entry no
 // longer stands for the run's record (the record changed or expired), in
