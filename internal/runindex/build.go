@@ -12,6 +12,9 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
+// rebuildWindow is how many entry writes a rebuild has in flight.
+const rebuildWindow = 256
+
 // Record is a run record and the expiry of its entry (as Put takes it).
 type Record struct {
 	Run state.Run
@@ -43,7 +46,36 @@ func (x *Index) Ensure(ctx context.Context, src Source) (rebuilt bool, err error
 	if err != nil || built {
 		return false, err
 	}
-	if err := src(ctx, func(r Record) error { return x.putIfAbsent(ctx, r.Run, r.TTL) }); err != nil {
+	var pending []natsjs.PubAckFuture
+	settle := func() error {
+		for _, f := range pending {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				if !jetstream.IsWrongLastSequence(err) { // a live writer came first
+					return err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	err = src(ctx, func(r Record) error {
+		f, err := x.putIfAbsent(r.Run, r.TTL)
+		if err != nil {
+			return err
+		}
+		if pending = append(pending, f); len(pending) == rebuildWindow {
+			return settle()
+		}
+		return nil
+	})
+	if err == nil {
+		err = settle()
+	}
+	if err != nil {
 		return false, fmt.Errorf("jetflow: rebuild run index: %w", err)
 	}
 	msg := &nats.Msg{Subject: builtSubject, Data: []byte(time.Now().UTC().Format(time.RFC3339)), Header: nats.Header{}}

@@ -103,23 +103,21 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration, purge
 	return nil
 }
 
-// putIfAbsent publishes run's entry unless its subject holds one: the
-// rebuild's write, which never replaces an entry a live writer made.
-func (x *Index) putIfAbsent(ctx context.Context, run state.Run, ttl time.Duration) error {
+// putIfAbsent publishes run's entry unless its subject holds one, without
+// waiting for the answer: the rebuild's write, which never replaces an
+// entry a live writer made (the answer is then a wrong-last-sequence
+// error).
+func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFuture, error) {
 	b, err := json.Marshal(EntryOf(run))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
 	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream), natsjs.WithExpectLastSequencePerSubject(0)}
 	if ttl > 0 && ttl != jetstream.TTLNever {
 		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
 	}
-	_, err = x.js.PublishMsg(ctx, msg, opts...)
-	if jetstream.IsWrongLastSequence(err) {
-		return nil // a live writer came first
-	}
-	return err
+	return x.js.PublishMsgAsync(msg, opts...)
 }
 
 // Remove deletes every entry of runID: a reader found no record for it.
