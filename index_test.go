@@ -184,9 +184,11 @@ func TestRunIndexRepairsStaleEntries(t *testing.T) {
 
 	// A running entry left behind, and one for a run that has no record.
 	stale := state.Run{RunID: "rep-1", Workflow: "repaired", Status: state.StatusRunning, CreatedAt: run.CreatedAt, UpdatedAt: run.CreatedAt}
-	require.NoError(t, c.runs.Index().Put(ctx, stale, jetstream.TTLNever, false))
+	_, err = c.runs.Index().Put(ctx, stale, jetstream.TTLNever)
+	require.NoError(t, err)
 	ghost := state.Run{RunID: "rep-ghost", Workflow: "repaired", Status: state.StatusFailed, CreatedAt: run.CreatedAt, UpdatedAt: run.CreatedAt}
-	require.NoError(t, c.runs.Index().Put(ctx, ghost, time.Hour, false))
+	_, err = c.runs.Index().Put(ctx, ghost, time.Hour)
+	require.NoError(t, err)
 	counts, err := c.CountRuns(ctx, "repaired")
 	require.NoError(t, err)
 	require.Equal(t, RunCounts{Running: 1, Completed: 1, Failed: 1}, counts, "the index holds the stale entries")

@@ -116,7 +116,7 @@ const listReaders = 16
 func (c *Client) listed(ctx context.Context, e runindex.Entry) (Run, bool, error) {
 	r, _, err := c.runs.Get(ctx, e.RunID)
 	if errors.Is(err, runs.ErrNotFound) {
-		if err := c.runs.Index().Remove(ctx, e.RunID); err != nil {
+		if err := c.runs.Unindex(ctx, e.RunID); err != nil {
 			c.runs.IndexFailed(e.RunID, err)
 		}
 		return Run{}, false, nil

@@ -75,30 +75,50 @@ func New(assets *jetstream.Assets) *Index {
 	return &Index{stream: assets.Index, js: assets.JS, nc: assets.JS.Conn()}
 }
 
-// Put makes run's entry the one the index holds for its run ID: it
-// publishes the entry with ttl (jetstream.TTLNever or 0: none; else the
-// record's expiry), then, when purgeOlder, removes the run's earlier
-// entries (another status, an earlier generation). A repeat call
-// publishes the entry again; the stream keeps one per subject.
-func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration, purgeOlder bool) error {
+// Put publishes run's entry with ttl (jetstream.TTLNever or 0: none; else
+// the record's expiry) and returns its sequence. Earlier entries of the
+// run under other subjects stay: the caller removes them (RemoveState,
+// RemoveOlder). A repeat call publishes the entry again; the stream keeps
+// one per subject.
+func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
 	b, err := json.Marshal(EntryOf(run))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
-	var opts []natsjs.PublishOpt
+	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream)}
 	if ttl > 0 && ttl != jetstream.TTLNever {
 		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
 	}
-	ack, err := x.js.PublishMsg(ctx, msg, append(opts, natsjs.WithExpectStream(jetstream.IndexStream))...)
+	ack, err := x.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
-		return fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
+		return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
 	}
-	if !purgeOlder {
-		return nil
+	return ack.Sequence, nil
+}
+
+// RemoveState removes runID's entry for status and workflow, if there is
+// one: after a status change, the entry of the state the run left. It
+// names one subject, so the server touches only the block that holds it.
+func (x *Index) RemoveState(ctx context.Context, status state.Status, workflow, runID string) error {
+	if err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(status, workflow, runID))); err != nil {
+		return fmt.Errorf("jetflow: index run %s: remove %s entry: %w", runID, status, err)
 	}
-	if err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(runFilter(run.RunID)), natsjs.WithPurgeSequence(ack.Sequence)); err != nil {
-		return fmt.Errorf("jetflow: index run %s: remove older entries: %w", run.RunID, err)
+	return nil
+}
+
+// RemoveOlder removes every entry of runID stored before sequence before
+// (0: every entry), whatever its status and workflow: the repair of a
+// stale entry, and the clean-up of a new generation. Its filter is a
+// wildcard, so the server visits every block between the run's oldest
+// entry and its newest: not for the path of every run.
+func (x *Index) RemoveOlder(ctx context.Context, runID string, before uint64) error {
+	opts := []natsjs.StreamPurgeOpt{natsjs.WithPurgeSubject(runFilter(runID))}
+	if before > 0 {
+		opts = append(opts, natsjs.WithPurgeSequence(before))
+	}
+	if err := x.stream.Purge(ctx, opts...); err != nil {
+		return fmt.Errorf("jetflow: index: remove entries of run %s: %w", runID, err)
 	}
 	return nil
 }
@@ -118,14 +138,6 @@ func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFutu
 		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
 	}
 	return x.js.PublishMsgAsync(msg, opts...)
-}
-
-// Remove deletes every entry of runID: a reader found no record for it.
-func (x *Index) Remove(ctx context.Context, runID string) error {
-	if err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(runFilter(runID))); err != nil {
-		return fmt.Errorf("jetflow: index: remove run %s: %w", runID, err)
-	}
-	return nil
 }
 
 // ErrMissing: the index stream does not exist (deleted by hand, or not

@@ -138,7 +138,9 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	}
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
 	if err == nil {
-		s.indexRun(ctx, run, false)
+		if _, err := s.index.Put(ctx, run, s.ttl(run)); err != nil {
+			s.IndexFailed(run.RunID, err)
+		}
 	}
 	return rev, err
 }
@@ -149,7 +151,7 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 func (s *Store) Replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
 	newRev, err := s.replace(ctx, run, rev)
 	if err == nil {
-		s.indexRun(ctx, run, true)
+		s.indexRun(ctx, run, "", "")
 	}
 	return newRev, err
 }
@@ -163,18 +165,38 @@ func (s *Store) replace(ctx context.Context, run state.Run, rev uint64) (uint64,
 	return s.runs.UpdateTTL(ctx, run.RunID, b, rev, s.ttl(run))
 }
 
-// indexRun writes run's index entry after its record; purgeOlder removes
-// the entries of its earlier states. A failure goes to IndexFailed.
-func (s *Store) indexRun(ctx context.Context, run state.Run, purgeOlder bool) {
-	if err := s.index.Put(ctx, run, s.ttl(run), purgeOlder); err != nil {
+// indexRun writes run's index entry after its record, then removes the
+// entry of the state it left: left is that status (literal, cheap), or ""
+// for any older entry (a new generation, whose former state and workflow
+// the caller does not know). A failure goes to IndexFailed.
+func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, prevWorkflow string) {
+	seq, err := s.index.Put(ctx, run, s.ttl(run))
+	switch {
+	case err != nil:
+	case left != "":
+		err = s.index.RemoveState(ctx, left, prevWorkflow, run.RunID)
+	default:
+		err = s.index.RemoveOlder(ctx, run.RunID, seq)
+	}
+	if err != nil {
 		s.IndexFailed(run.RunID, err)
 	}
 }
 
-// Reindex writes run's index entry as its record stands, removing stale
-// ones: a reader's repair of an entry that no longer matches the record.
+// Reindex writes run's index entry as its record stands and removes every
+// other entry of it: a reader's repair of an entry that no longer matches
+// the record.
 func (s *Store) Reindex(ctx context.Context, run state.Run) error {
-	return s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)), true)
+	seq, err := s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)))
+	if err != nil {
+		return err
+	}
+	return s.index.RemoveOlder(ctx, run.RunID, seq)
+}
+
+// Unindex removes every entry of runID: a reader found no record for it.
+func (s *Store) Unindex(ctx context.Context, runID string) error {
+	return s.index.RemoveOlder(ctx, runID, 0)
 }
 
 // entryTTL is what is left of run's record's expiry: none while it runs,
@@ -213,7 +235,7 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 				return state.Run{}, false, err
 			}
 		}
-		before := run.Status
+		before, workflow := run.Status, run.Workflow
 		write, err := change(&run)
 		if err != nil || !write {
 			return run, false, err
@@ -227,7 +249,7 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 			return run, false, err
 		}
 		if run.Status != before {
-			s.indexRun(ctx, run, true)
+			s.indexRun(ctx, run, before, workflow)
 		}
 		return run, true, nil
 	}
