@@ -29,7 +29,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -351,32 +350,6 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 		}
 		if r.Status.Terminal() {
 			return r, nil
-		}
-	}
-}
-
-// Keys lists the run IDs whose records are kept (deleted and expired ones
-// excluded), sorted and without repeats.
-func (s *Store) Keys(ctx context.Context) (keys []string, err error) {
-	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes(), natsjs.MetaOnly())
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: list runs: %w", err)
-	}
-	defer func() {
-		if serr := w.Stop(); serr != nil && err == nil {
-			err = fmt.Errorf("jetflow: list runs: %w", serr)
-		}
-	}()
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil { // every current key has been delivered
-				slices.Sort(keys)
-				return slices.Compact(keys), nil
-			}
-			keys = append(keys, e.Key())
-		case <-ctx.Done():
-			return nil, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
 		}
 	}
 }
