@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -25,10 +26,11 @@ type OpenStep struct {
 	Attempts []StepAttempt `json:"attempts,omitempty"`
 }
 
-// OpenSteps lists the steps of runID's current generation that have an
-// attempt log but no committed result, in step ID order. It reads the
-// run's attempt logs (one key listing) and checks each against the steps
-// bucket, so it is an operator's read, like Steps.
+// OpenSteps lists the steps of runID's current generation that have
+// failed at least once, or started more than once, and have no committed
+// result, in step ID order. It reads the run's attempt logs (one key
+// listing) and checks each against the steps bucket, so it is an
+// operator's read, like Steps.
 func (c *Client) OpenSteps(ctx context.Context, runID string) (_ []OpenStep, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
@@ -41,16 +43,6 @@ func (c *Client) OpenSteps(ctx context.Context, runID string) (_ []OpenStep, err
 	}
 	out := []OpenStep{}
 	for key := range lister.Keys() {
-		if strings.TrimPrefix(key, identity+".") == "start" {
-			continue // the start task's deliveries, not a step
-		}
-		_, _, err := c.assets.Steps.Get(ctx, key)
-		if err == nil {
-			continue // committed: Steps shows it
-		}
-		if !errors.Is(err, jetstream.ErrNotFound) {
-			return nil, err
-		}
 		v, _, err := c.assets.Attempts.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrNotFound) {
 			continue // gone since the listing
@@ -60,10 +52,43 @@ func (c *Client) OpenSteps(ctx context.Context, runID string) (_ []OpenStep, err
 		}
 		l, err := state.DecodeAttemptLog(v)
 		if err != nil {
-			return nil, fmt.Errorf("step %s: %w", key, err)
+			return nil, fmt.Errorf("attempt log %s: %w", key, err)
 		}
-		out = append(out, OpenStep{StepID: key, Name: state.StepName(key), Attempt: l.Started, Attempts: toAttempts(l.Failures)})
+		for _, o := range openIn(key, strings.TrimPrefix(key, identity+".") == "start", l) {
+			_, _, err := c.assets.Steps.Get(ctx, o.StepID)
+			if err == nil {
+				continue // committed: Steps shows it
+			}
+			if !errors.Is(err, jetstream.ErrNotFound) {
+				return nil, err
+			}
+			out = append(out, o)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StepID < out[j].StepID })
 	return out, nil
+}
+
+// openIn is what the attempt log l under key says of steps: the log of a
+// step's own task (key is its step ID) stands for that step; the log of a
+// run's start task (start) for the steps it ran itself, named by their
+// failures.
+func openIn(key string, start bool, l state.AttemptLog) []OpenStep {
+	if !start {
+		return []OpenStep{{StepID: key, Name: state.StepName(key), Attempt: l.Started, Attempts: toAttempts(l.Failures)}}
+	}
+	var out []OpenStep
+	for _, f := range l.Failures {
+		if f.StepID == "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(o OpenStep) bool { return o.StepID == f.StepID })
+		if i < 0 {
+			out = append(out, OpenStep{StepID: f.StepID, Name: state.StepName(f.StepID)})
+			i = len(out) - 1
+		}
+		out[i].Attempts = append(out[i].Attempts, toAttempts([]state.AttemptFailure{f})...)
+		out[i].Attempt = max(out[i].Attempt, f.Attempt, l.Started)
+	}
+	return out
 }

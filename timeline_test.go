@@ -48,22 +48,31 @@ func TestTimelineRecordsAttempts(t *testing.T) {
 	require.NoError(t, err)
 
 	// The slow step failed once and waits for its retry (a timer): open.
-	var open []OpenStep
-	for len(open) == 0 || len(open[0].Attempts) == 0 {
-		open, err = c.OpenSteps(ctx, "tl-1")
+	// (The flaky step may show as open while it is retried, too.)
+	var slowStep *OpenStep
+	for slowStep == nil {
+		open, err := c.OpenSteps(ctx, "tl-1")
 		require.NoError(t, err)
+		for i, o := range open {
+			if o.StepID == "tl-1.slow.0" {
+				slowStep = &open[i]
+			}
+		}
 		select {
 		case <-ctx.Done():
 			t.Fatal("the slow step never showed as open")
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	require.Len(t, open, 1)
+	require.Equal(t, "slow", slowStep.Name)
+	require.Len(t, slowStep.Attempts, 1)
+	require.Equal(t, 1, slowStep.Attempts[0].Attempt)
+	require.Equal(t, "not yet", slowStep.Attempts[0].Error)
+	require.Equal(t, "w-timeline", slowStep.Attempts[0].Worker)
+	open, err := c.OpenSteps(ctx, "tl-1")
+	require.NoError(t, err)
+	require.Len(t, open, 1, "the flaky step committed before the slow one ran")
 	require.Equal(t, "tl-1.slow.0", open[0].StepID)
-	require.Equal(t, "slow", open[0].Name)
-	require.Equal(t, 1, open[0].Attempts[0].Attempt)
-	require.Equal(t, "not yet", open[0].Attempts[0].Error)
-	require.Equal(t, "w-timeline", open[0].Attempts[0].Worker)
 	close(release)
 
 	run, err := c.WaitRun(ctx, "tl-1")
@@ -97,3 +106,53 @@ func TestTimelineRecordsAttempts(t *testing.T) {
 
 // timerMinDelayForTest is a backoff long enough to wait as a timer.
 const timerMinDelayForTest = 2 * time.Second
+
+// TestOpenStepRunByTheStartTask: a run's first step runs inside its start
+// task, whose attempt log is the run's own (<run>.start); a failure there
+// still shows the step as open until it commits.
+func TestOpenStepRunByTheStartTask(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	var calls atomic.Int32
+	release := make(chan struct{})
+	wf := NewWorkflow("first-fails", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "first", func(context.Context) (int, error) {
+			if calls.Add(1) == 1 {
+				return 0, errors.New("first try fails")
+			}
+			<-release
+			return in, nil
+		}, WithBackoff(timerMinDelayForTest, timerMinDelayForTest))
+	})
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	_, err := c.StartByName(ctx, "first-fails", json.RawMessage(`3`), WithRunID("tl-first"))
+	require.NoError(t, err)
+	var open []OpenStep
+	for len(open) == 0 {
+		open, err = c.OpenSteps(ctx, "tl-first")
+		require.NoError(t, err)
+		select {
+		case <-ctx.Done():
+			t.Fatal("the failed first step never showed as open")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.Len(t, open, 1)
+	require.Equal(t, "tl-first.first.0", open[0].StepID)
+	require.Equal(t, "first", open[0].Name)
+	require.Len(t, open[0].Attempts, 1)
+	require.Equal(t, "first try fails", open[0].Attempts[0].Error)
+	close(release)
+	_, err = c.WaitRun(ctx, "tl-first")
+	require.NoError(t, err)
+	open, err = c.OpenSteps(ctx, "tl-first")
+	require.NoError(t, err)
+	require.Empty(t, open)
+	steps, err := c.Steps(ctx, "tl-first")
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Len(t, steps[0].Attempts, 1)
+	require.Equal(t, "first try fails", steps[0].Attempts[0].Error)
+}

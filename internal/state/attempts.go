@@ -21,6 +21,9 @@ type AttemptLog struct {
 
 // AttemptFailure is one failed attempt of a step that was retried.
 type AttemptFailure struct {
+	// StepID is the step that failed: the log's key names the task, and a
+	// run's start task runs its first step itself.
+	StepID    string    `json:"step_id,omitempty"`
 	Attempt   int       `json:"attempt"`
 	StartedAt time.Time `json:"started_at"`
 	EndedAt   time.Time `json:"ended_at"`

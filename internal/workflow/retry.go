@@ -109,7 +109,7 @@ func (f *DueForwarder) settle(err error) {
 // key, which also raises the log's started count to it: a task
 // redispatched meanwhile counts on from there.
 func (e *Executor) recordFailure(ctx context.Context, key string, s *settlement) error {
-	f := state.AttemptFailure{Attempt: s.attempt, StartedAt: s.started.UTC(), EndedAt: e.cfg.Now().UTC(), Worker: e.cfg.WorkerID}
+	f := state.AttemptFailure{StepID: s.stepID, Attempt: s.attempt, StartedAt: s.started.UTC(), EndedAt: e.cfg.Now().UTC(), Worker: e.cfg.WorkerID}
 	if s.err != nil {
 		f.Error = s.err.Error()
 	}

@@ -56,8 +56,10 @@ type settlement struct {
 	// the cache.
 	forget bool
 	delay  time.Duration
-	// started is when a retried attempt started (settleRetry).
+	// started is when a retried attempt started, stepID its step
+	// (settleRetry).
 	started time.Time
+	stepID  string
 	// attempt is the attempt that failed (retry).
 	attempt int
 	output  json.RawMessage

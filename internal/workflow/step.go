@@ -120,7 +120,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 		d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
 			Str("retry_in", logging.Duration(delay)).Err(err).Msg("step failed; retrying")
 		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
-		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err, started: a.start}
+		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err, started: a.start, stepID: sc.id}
 	default:
 		rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
 		return rec, metrics.StepFailed, nil
@@ -323,7 +323,7 @@ func (e *Executor) attemptFailures(d *delivery, a *stepAttempt) []state.AttemptF
 	}
 	var out []state.AttemptFailure
 	for _, f := range l.Failures {
-		if f.Attempt < a.attempt {
+		if f.Attempt < a.attempt && (f.StepID == "" || f.StepID == a.id) {
 			out = append(out, f)
 		}
 	}
