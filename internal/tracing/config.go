@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -48,23 +51,27 @@ func Endpoint(getenv func(string) string) (string, error) {
 	return u.String(), nil
 }
 
+// ShutdownTimeout bounds the flush of the spans not yet exported when a
+// command stops.
+const ShutdownTimeout = 5 * time.Second
+
 // Setup builds the TracerProvider the environment configures: an OTLP/HTTP
 // exporter (protobuf) to Endpoint's URL behind a batching processor, the
 // service named by OTEL_SERVICE_NAME (service when unset), and IDGenerator.
-// Without an endpoint it returns a nil provider (tracing off) and a
-// shutdown that does nothing. shutdown flushes the spans not yet exported;
-// call it before the process exits. The exporter's other settings
+// Without an endpoint it returns a nil provider (tracing off, no exporter)
+// and a stop that does nothing. stop flushes the spans not yet exported
+// (within ShutdownTimeout, a failure logged on log) and shuts the provider
+// down; call it before the process exits. The exporter's other settings
 // (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, ...) are read by the exporter
 // itself.
-func Setup(ctx context.Context, getenv func(string) string, service string) (tp trace.TracerProvider, shutdown func(context.Context) error, err error) {
-	noShutdown := func(context.Context) error { return nil }
+func Setup(ctx context.Context, getenv func(string) string, service string, log zerolog.Logger) (tp trace.TracerProvider, stop func(), err error) {
 	endpoint, err := Endpoint(getenv)
 	if err != nil || endpoint == "" {
-		return nil, noShutdown, err
+		return nil, func() {}, err
 	}
 	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(endpoint))
 	if err != nil {
-		return nil, noShutdown, fmt.Errorf("jetflow: OTLP trace exporter: %w", err)
+		return nil, func() {}, fmt.Errorf("jetflow: OTLP trace exporter: %w", err)
 	}
 	if name := strings.TrimSpace(getenv(EnvServiceName)); name != "" {
 		service = name
@@ -74,5 +81,12 @@ func Setup(ctx context.Context, getenv func(string) string, service string) (tp 
 		sdktrace.WithIDGenerator(IDGenerator()),
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", service))),
 	)
-	return p, p.Shutdown, nil
+	log.Info().Str("endpoint", endpoint).Str("service", service).Msg("tracing: exporting spans over OTLP/HTTP")
+	return p, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			log.Warn().Err(err).Msg("tracing: cannot flush the last spans")
+		}
+	}, nil
 }

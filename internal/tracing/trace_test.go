@@ -1,0 +1,431 @@
+package tracing_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/startproto"
+	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/tracing"
+)
+
+func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
+
+// The known trace context the tests start with.
+const (
+	knownTrace  = "4bf92f3577b34da6a3ce929d0e0e4736"
+	knownParent = "00f067aa0ba902b7"
+	knownHeader = "00-" + knownTrace + "-" + knownParent + "-01"
+)
+
+// recorder is the in-memory exporter, with a signal when a jetflow.run
+// span has been exported: a run's spans are complete then (its steps end
+// before the run's end is recorded).
+type recorder struct {
+	*tracetest.InMemoryExporter
+	mu   sync.Mutex
+	runs map[string]chan struct{} // run ID -> closed once its run span is exported
+}
+
+func newRecorder() *recorder {
+	return &recorder{InMemoryExporter: tracetest.NewInMemoryExporter(), runs: map[string]chan struct{}{}}
+}
+
+func (r *recorder) done(runID string) chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch, ok := r.runs[runID]
+	if !ok {
+		ch = make(chan struct{})
+		r.runs[runID] = ch
+	}
+	return ch
+}
+
+func (r *recorder) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	err := r.InMemoryExporter.ExportSpans(ctx, spans)
+	for _, s := range spans {
+		if s.Name() == tracing.SpanRun {
+			close(r.done(attr(s.Attributes(), tracing.AttrRunID)))
+		}
+	}
+	return err
+}
+
+// wait returns the spans of the trace of runID once its run span is
+// exported, or fails at the deadline.
+func (r *recorder) wait(t *testing.T, runID string, d time.Duration) tracetest.SpanStubs {
+	t.Helper()
+	select {
+	case <-r.done(runID):
+	case <-time.After(d):
+		t.Fatalf("no %s span for run %s within %s; spans: %v", tracing.SpanRun, runID, d, names(r.GetSpans()))
+	}
+	var out tracetest.SpanStubs
+	for _, s := range r.GetSpans() {
+		if attr(s.Attributes, tracing.AttrRunID) == runID {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// attr is the value of key among kvs, as a string ("" when absent).
+func attr(kvs []attribute.KeyValue, key attribute.Key) string {
+	for _, kv := range kvs {
+		if kv.Key == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+func names(spans tracetest.SpanStubs) []string {
+	out := make([]string, len(spans))
+	for i, s := range spans {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// env is a worker serving the "three" workflow (steps a, b, c; b fails its
+// first attempt and is retried once) with tracing into rec, a client, and
+// the HTTP API over it.
+type env struct {
+	nc     *nats.Conn
+	client *jetflow.Client
+	api    *httptest.Server
+	rec    *recorder
+	// wait bounds a run: the step retry's backoff is milliseconds, the
+	// rest is NATS round trips.
+	wait time.Duration
+}
+
+// ackWait is the workers' AckWait; waits in the tests derive from it.
+const ackWait = 5 * time.Second
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	rec := newRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(rec), sdktrace.WithIDGenerator(jetflow.TraceIDGenerator()))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	ns := testenv.Server(t)
+	var failed sync.Map // run ID -> b failed once
+	three := jetflow.NewWorkflow("three", func(ctx *jetflow.Context, in int) (int, error) {
+		info := func(name string, fn func(runID string) (int, error)) (int, error) {
+			return jetflow.Step(ctx, name, func(sctx context.Context) (int, error) {
+				d, _ := jetflow.StepDetailsFrom(sctx)
+				return fn(d.RunID)
+			}, jetflow.WithBackoff(time.Millisecond, 10*time.Millisecond))
+		}
+		a, err := info("a", func(string) (int, error) { return in + 1, nil })
+		if err != nil {
+			return 0, err
+		}
+		b, err := info("b", func(runID string) (int, error) {
+			if _, again := failed.LoadOrStore(runID, true); !again {
+				return 0, errors.New("b fails its first attempt")
+			}
+			return a * 2, nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		return info("c", func(string) (int, error) { return b + 1, nil })
+	})
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(three))
+	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{
+		Logger: testenv.Logger(t), AckWait: ackWait, Tracing: jetflow.WithTracerProvider(tp),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*ackWait)
+	defer cancel()
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*ackWait)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	nc := testenv.Conn(t, ns)
+	// The client does not trace: the trace context reaches the worker
+	// through the start request's headers.
+	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	api, err := httpapi.New(httpapi.Config{Backend: client, Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait}
+}
+
+// postStart starts run runID of "three" over HTTP with the given
+// traceparent header ("" for none) and checks it was created.
+func (e *env) postStart(t *testing.T, runID, traceparent string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.api.URL+"/v1/workflows/three/runs", strings.NewReader("1"))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", runID)
+	if traceparent != "" {
+		req.Header.Set("traceparent", traceparent)
+		req.Header.Set("tracestate", "vendor=x")
+	}
+	resp, err := e.api.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+}
+
+// checkTrace checks the spans of a completed run of "three": all in one
+// trace; one jetflow.start span, a child of parent (invalid: a root); one
+// jetflow.run span, its child; four jetflow.step spans (b twice), children
+// of the run span, b's first attempt retried with an error status. It
+// returns the trace ID.
+func checkTrace(t *testing.T, spans tracetest.SpanStubs, parent trace.SpanContext) trace.TraceID {
+	t.Helper()
+	byName := map[string]tracetest.SpanStubs{}
+	for _, s := range spans {
+		byName[s.Name] = append(byName[s.Name], s)
+	}
+	require.Len(t, byName[tracing.SpanStart], 1, "spans: %v", names(spans))
+	require.Len(t, byName[tracing.SpanRun], 1, "spans: %v", names(spans))
+	require.Len(t, byName[tracing.SpanStep], 4, "spans: %v", names(spans))
+	start, run := byName[tracing.SpanStart][0], byName[tracing.SpanRun][0]
+	tid := start.SpanContext.TraceID()
+	if parent.IsValid() {
+		require.Equal(t, parent.TraceID(), tid)
+		require.Equal(t, parent.SpanID(), start.Parent.SpanID(), "the start span is the caller's span's child")
+	} else {
+		require.False(t, start.Parent.IsValid(), "a start without (valid) trace context begins a trace")
+	}
+	for _, s := range spans {
+		require.Equal(t, tid, s.SpanContext.TraceID(), "span %s in another trace", s.Name)
+	}
+	require.Equal(t, "created", attr(start.Attributes, tracing.AttrOutcome))
+	require.Equal(t, start.SpanContext.SpanID(), run.Parent.SpanID(), "the run span is the start span's child")
+	require.Equal(t, "completed", attr(run.Attributes, tracing.AttrStatus))
+	require.Equal(t, codes.Unset, run.Status.Code)
+	require.False(t, run.StartTime.After(start.EndTime), "the run span starts when the run was created")
+
+	attempts := map[string][]string{} // step -> outcomes by attempt
+	for _, s := range byName[tracing.SpanStep] {
+		require.Equal(t, run.SpanContext.SpanID(), s.Parent.SpanID(), "step span %s is the run span's child", attr(s.Attributes, tracing.AttrStepID))
+		require.NotEmpty(t, attr(s.Attributes, tracing.AttrWorker))
+		require.Equal(t, "false", attr(s.Attributes, tracing.AttrTaskKeyHit))
+		name, n := attr(s.Attributes, tracing.AttrStep), attr(s.Attributes, tracing.AttrAttempt)
+		outcome := attr(s.Attributes, tracing.AttrOutcome)
+		attempts[name] = append(attempts[name], n+":"+outcome)
+		if outcome == tracing.StepRetried {
+			require.Equal(t, codes.Error, s.Status.Code)
+			require.Contains(t, s.Status.Description, "first attempt")
+		} else {
+			require.Equal(t, codes.Unset, s.Status.Code)
+		}
+	}
+	require.Equal(t, []string{"1:committed"}, attempts["a"])
+	require.ElementsMatch(t, []string{"1:retried", "2:committed"}, attempts["b"])
+	require.Equal(t, []string{"1:committed"}, attempts["c"])
+	return tid
+}
+
+func knownParentContext(t *testing.T) trace.SpanContext {
+	sc, ok := tracing.Parse(knownHeader)
+	require.True(t, ok)
+	return sc
+}
+
+// An HTTP start with a traceparent header: the run's spans are one trace,
+// the caller's, with the start, run and step spans in that order of
+// parents, the retried attempt's span too.
+func TestHTTPStartTraceparentIsTheRunsTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.postStart(t, "http-traced", knownHeader)
+	spans := e.rec.wait(t, "http-traced", e.wait)
+	checkTrace(t, spans, knownParentContext(t))
+}
+
+// A malformed traceparent is ignored: the start is created and its run is
+// traced in a new trace.
+func TestMalformedTraceparentStartsANewTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.postStart(t, "http-malformed", "00-zz-nonsense-01")
+	spans := e.rec.wait(t, "http-malformed", e.wait)
+	tid := checkTrace(t, spans, trace.SpanContext{})
+	require.NotEqual(t, knownTrace, tid.String())
+}
+
+// NATS starts with a traceparent header, request-reply and durable
+// envelope, and the Go client's StartByName with a span in its context:
+// the run's spans are in the caller's trace. The raw requests send the
+// header in lower case, as NATS does not canonicalize header names.
+func TestNATSStartTraceparentIsTheRunsTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	send := map[string]func(runID string){
+		"request": func(runID string) {
+			msg := nats.NewMsg(startproto.AdmitSubjectPrefix + "three")
+			msg.Header["traceparent"] = []string{knownHeader}
+			msg.Data = []byte(`{"run_id":"` + runID + `","input":1}`)
+			ctx, cancel := context.WithTimeout(context.Background(), e.wait)
+			defer cancel()
+			reply, err := e.nc.RequestMsgWithContext(ctx, msg)
+			require.NoError(t, err)
+			var r startproto.StartReply
+			require.NoError(t, json.Unmarshal(reply.Data, &r))
+			require.Nil(t, r.Error)
+			require.Equal(t, "created", r.Outcome)
+		},
+		"envelope": func(runID string) {
+			msg := nats.NewMsg(startproto.StartSubjectPrefix + "three")
+			msg.Header["traceparent"] = []string{knownHeader}
+			msg.Header.Set(nats.MsgIdHdr, runID)
+			msg.Data = []byte(`{"run_id":"` + runID + `","input":1}`)
+			js, err := e.nc.JetStream()
+			require.NoError(t, err)
+			_, err = js.PublishMsg(msg)
+			require.NoError(t, err)
+		},
+		"client": func(runID string) {
+			ctx, cancel := context.WithTimeout(context.Background(), e.wait)
+			defer cancel()
+			ctx = trace.ContextWithRemoteSpanContext(ctx, knownParentContext(t))
+			res, err := e.client.StartByName(ctx, "three", json.RawMessage("1"), jetflow.WithRunID(runID))
+			require.NoError(t, err)
+			require.Equal(t, jetflow.OutcomeCreated, res.Outcome)
+		},
+	}
+	for how, start := range send {
+		runID := "nats-" + how
+		start(runID)
+		spans := e.rec.wait(t, runID, e.wait)
+		checkTrace(t, spans, knownParentContext(t))
+	}
+}
+
+// Without an endpoint in the environment, Setup builds no exporter and
+// no provider: tracing is off.
+func TestNoEndpointNoExporter(t *testing.T) {
+	t.Parallel()
+	getenv := mapEnv{tracing.EnvServiceName: "svc"}.get
+	endpoint, err := tracing.Endpoint(getenv)
+	require.NoError(t, err)
+	require.Empty(t, endpoint)
+	tp, stop, err := tracing.Setup(context.Background(), getenv, "jetflow-test", testenv.Logger(t))
+	require.NoError(t, err)
+	require.Nil(t, tp)
+	stop()
+	require.Nil(t, tracing.New(tp), "no provider: no tracer")
+}
+
+// The endpoint variables: the traces endpoint as it is, else the base
+// endpoint with /v1/traces; anything but an http(s) URL is an error.
+func TestEndpointFromEnvironment(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		env  mapEnv
+		want string
+		err  bool
+	}{
+		{env: mapEnv{tracing.EnvEndpoint: "http://collector:4318"}, want: "http://collector:4318/v1/traces"},
+		{env: mapEnv{tracing.EnvEndpoint: "https://collector:4318/otlp/"}, want: "https://collector:4318/otlp/v1/traces"},
+		{env: mapEnv{tracing.EnvTracesEndpoint: "http://c:4318/custom", tracing.EnvEndpoint: "http://other:1"}, want: "http://c:4318/custom"},
+		{env: mapEnv{tracing.EnvEndpoint: "collector:4318"}, err: true},
+		{env: mapEnv{tracing.EnvTracesEndpoint: "grpc://c:4317"}, err: true},
+	} {
+		got, err := tracing.Endpoint(c.env.get)
+		if c.err {
+			require.ErrorIs(t, err, tracing.ErrInvalidEndpoint, "%v", c.env)
+			_, _, err = tracing.Setup(context.Background(), c.env.get, "x", testenv.Logger(t))
+			require.ErrorIs(t, err, tracing.ErrInvalidEndpoint)
+			continue
+		}
+		require.NoError(t, err, "%v", c.env)
+		require.Equal(t, c.want, got, "%v", c.env)
+	}
+}
+
+type mapEnv map[string]string
+
+func (m mapEnv) get(k string) string { return m[k] }
+
+// The provider Setup builds from the environment really exports: a run
+// traced through it reaches an OTLP/HTTP receiver as a protobuf request on
+// /v1/traces, at the latest when the provider is stopped (flushed).
+func TestOTLPExporterSendsSpans(t *testing.T) {
+	t.Parallel()
+	var (
+		requests atomic.Int64
+		mu       sync.Mutex
+		got      []string
+	)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := make([]byte, 0, 1024)
+		buf := make([]byte, 1024)
+		for {
+			n, err := r.Body.Read(buf)
+			body = append(body, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" "+r.Header.Get("Content-Type"))
+		mu.Unlock()
+		if len(body) > 0 {
+			requests.Add(1)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(collector.Close)
+	tp, stop, err := tracing.Setup(context.Background(), mapEnv{tracing.EnvEndpoint: collector.URL}.get, "jetflow-test", testenv.Logger(t))
+	require.NoError(t, err)
+	require.NotNil(t, tp)
+
+	ns := testenv.Server(t)
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(jetflow.NewWorkflow("one", func(ctx *jetflow.Context, in int) (int, error) {
+		return jetflow.Step(ctx, "a", func(context.Context) (int, error) { return in + 1, nil })
+	})))
+	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{
+		Logger: testenv.Logger(t), AckWait: ackWait, Tracing: jetflow.WithTracerProvider(tp),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*ackWait)
+	defer cancel()
+	require.NoError(t, w.Start(ctx))
+	client, err := jetflow.NewClient(ctx, testenv.Conn(t, ns), jetflow.ClientConfig{})
+	require.NoError(t, err)
+	res, err := client.StartByName(ctx, "one", json.RawMessage("1"), jetflow.WithRunID("otlp-1"))
+	require.NoError(t, err)
+	run, err := client.WaitRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	require.NoError(t, w.Stop(ctx)) // the run's last span is emitted before its task is acknowledged
+	stop()                          // flushes: the batch is sent now
+	require.Positive(t, requests.Load(), "no OTLP request with a body arrived")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, got, "POST /v1/traces application/x-protobuf")
+}
