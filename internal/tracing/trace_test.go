@@ -22,6 +22,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
 	"github.com/jetflow/jetflow/internal/startproto"
+	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/tracing/otlptest"
@@ -151,8 +152,12 @@ func newEnv(t *testing.T) *env {
 		}
 		return info("c", func(string) (int, error) { return b + 1, nil })
 	})
+	// parent runs "three" as a child run with its input.
+	parent := jetflow.NewWorkflow("parent", func(ctx *jetflow.Context, in int) (int, error) {
+		return jetflow.Child(ctx, three, in, jetflow.WithChildRunID("child-of-"+ctx.RunID())).Get(ctx)
+	})
 	ws := jetflow.NewRegistry()
-	require.NoError(t, ws.Register(three))
+	require.NoError(t, ws.Register(three, parent))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t), AckWait: ackWait, Tracing: jetflow.WithTracerProvider(tp),
 	})
@@ -177,11 +182,11 @@ func newEnv(t *testing.T) *env {
 	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait}
 }
 
-// postStart starts run runID of "three" over HTTP with the given
+// postStart starts run runID of workflow over HTTP with the given
 // traceparent header ("" for none) and checks it was created.
-func (e *env) postStart(t *testing.T, runID, traceparent string) {
+func (e *env) postStart(t *testing.T, workflow, runID, traceparent string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.api.URL+"/v1/workflows/three/runs", strings.NewReader("1"))
+	req, err := http.NewRequest(http.MethodPost, e.api.URL+"/v1/workflows/"+workflow+"/runs", strings.NewReader("1"))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", runID)
@@ -259,7 +264,7 @@ func knownParentContext(t *testing.T) trace.SpanContext {
 func TestHTTPStartTraceparentIsTheRunsTrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.postStart(t, "http-traced", knownHeader)
+	e.postStart(t, "three", "http-traced", knownHeader)
 	spans := e.rec.wait(t, "http-traced", e.wait)
 	checkTrace(t, spans, knownParentContext(t))
 }
@@ -269,10 +274,29 @@ func TestHTTPStartTraceparentIsTheRunsTrace(t *testing.T) {
 func TestMalformedTraceparentStartsANewTrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.postStart(t, "http-malformed", "00-zz-nonsense-01")
+	e.postStart(t, "three", "http-malformed", "00-zz-nonsense-01")
 	spans := e.rec.wait(t, "http-malformed", e.wait)
 	tid := checkTrace(t, spans, trace.SpanContext{})
 	require.NotEqual(t, knownTrace, tid.String())
+}
+
+// A child run joins its parent's trace: its jetflow.start span is a child
+// of the parent's run span, and its own spans follow as for any run.
+func TestChildRunJoinsTheParentsTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.postStart(t, "parent", "family", knownHeader)
+	parentSpans := e.rec.wait(t, "family", e.wait)
+	childSpans := e.rec.wait(t, "child-of-family", e.wait)
+	var parentRun trace.SpanContext
+	for _, s := range parentSpans {
+		require.Equal(t, knownTrace, s.SpanContext.TraceID().String(), "span %s", s.Name)
+		if s.Name == tracing.SpanRun {
+			parentRun = s.SpanContext
+		}
+	}
+	require.True(t, parentRun.IsValid(), "the parent's run span: %v", names(parentSpans))
+	checkTrace(t, childSpans, parentRun)
 }
 
 // NATS starts with a traceparent header, request-reply and durable
@@ -403,4 +427,41 @@ func TestOTLPExporterSendsSpans(t *testing.T) {
 	traces := collector.Traces()
 	require.NotEmpty(t, traces, "no OTLP protobuf request with a body on /v1/traces")
 	require.Contains(t, string(traces[0].Body), "otlp-1", "the run's ID is in the exported spans")
+}
+
+// Tracing off (a nil *Tracer): the hooks on the hot path allocate nothing.
+// Not parallel: testing.AllocsPerRun refuses parallel tests.
+func TestTracingOffAllocatesNothing(t *testing.T) {
+	var off *tracing.Tracer
+	require.Nil(t, tracing.New(nil))
+	run := &state.Run{RunID: "r", Workflow: "w", Token: "tok", TraceParent: knownHeader}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		sctx, span := off.StartAdmission(ctx, "r", "w", "http")
+		_ = tracing.TraceParent(sctx)
+		span.End("created", nil)
+		step := off.StartStep(run, tracing.StepAttempt{StepID: "r.a.0", Name: "a", Attempt: 1})
+		step.TaskKeyHit(false)
+		step.End(tracing.StepCommitted, nil)
+		off.EndRun(*run)
+	})
+	require.Zero(t, allocs)
+}
+
+// BenchmarkStepSpan is the cost of one step attempt's span: tracing off
+// (a nil Tracer), and on with an SDK provider that drops what it records.
+func BenchmarkStepSpan(b *testing.B) {
+	run := &state.Run{RunID: "r", Workflow: "w", Token: "tok", TraceParent: knownHeader}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithIDGenerator(tracing.IDGenerator()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	for name, tr := range map[string]*tracing.Tracer{"off": nil, "on": tracing.New(tp)} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				span := tr.StartStep(run, tracing.StepAttempt{StepID: "r.a.0", Name: "a", Attempt: 1, Worker: "w1"})
+				span.TaskKeyHit(false)
+				span.End(tracing.StepCommitted, nil)
+			}
+		})
+	}
 }

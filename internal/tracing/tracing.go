@@ -158,6 +158,17 @@ func (s Span) TaskKeyHit(hit bool) {
 	}
 }
 
+// RunContext returns ctx with run's jetflow.run span as its remote parent,
+// for what the run starts (its child runs, whose spans join its trace).
+// A run without a trace context, when tracing is off, leaves ctx as it is.
+func (t *Tracer) RunContext(ctx context.Context, run *state.Run) context.Context {
+	if t == nil && run.TraceParent == "" {
+		return ctx
+	}
+	_, self := runSpan(run)
+	return trace.ContextWithRemoteSpanContext(ctx, self)
+}
+
 // EndRun emits the jetflow.run span of run, which has just ended: from its
 // creation to its last update, with the span ID RunSpanID derives, so that
 // its step spans are its children. A failed run's span has an error status.
