@@ -63,8 +63,9 @@ type ClientConfig struct {
 	// none). StartByName starts are counted by the worker that admits them.
 	Metrics *Metrics
 	// Tracing emits the jetflow.start span of the starts this client
-	// admits itself (nil: none); see WithTracerProvider. Every start
-	// carries the trace context of its ctx into the run, traced or not.
+	// admits itself, and the jetflow.run span of the runs it cancels (nil:
+	// none); see WithTracerProvider. Every start carries the trace context
+	// of its ctx into the run, traced or not.
 	Tracing *Tracing
 	// StartByRequest makes Start ask a worker that serves the workflow to
 	// admit the start (request-reply on jetflow.admit.<workflow>, as
@@ -760,6 +761,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	}
 	if cancelled {
 		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+		c.cfg.Tracing.internal().EndRun(run) // the run ends here, not in a worker
 	}
 	// Again on a repeat: the call that cancelled the run may have failed
 	// to tell the workers or the parent (both are safe to repeat).

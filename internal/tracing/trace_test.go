@@ -44,10 +44,12 @@ type recorder struct {
 	*tracetest.InMemoryExporter
 	mu   sync.Mutex
 	runs map[string]chan struct{} // run ID -> closed once its run span is exported
+	// exported gets a value (if none waits in it) after every export.
+	exported chan struct{}
 }
 
 func newRecorder() *recorder {
-	return &recorder{InMemoryExporter: tracetest.NewInMemoryExporter(), runs: map[string]chan struct{}{}}
+	return &recorder{InMemoryExporter: tracetest.NewInMemoryExporter(), runs: map[string]chan struct{}{}, exported: make(chan struct{}, 1)}
 }
 
 func (r *recorder) done(runID string) chan struct{} {
@@ -67,6 +69,10 @@ func (r *recorder) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpa
 		if s.Name() == tracing.SpanRun {
 			close(r.done(attr(s.Attributes(), tracing.AttrRunID)))
 		}
+	}
+	select {
+	case r.exported <- struct{}{}:
+	default:
 	}
 	return err
 }
@@ -118,6 +124,9 @@ type env struct {
 	// wait bounds a run: the step retry's backoff is milliseconds, the
 	// rest is NATS round trips.
 	wait time.Duration
+	tp   *sdktrace.TracerProvider
+	// started gets the run ID of a blocker run once its step runs.
+	started chan string
 }
 
 // ackWait is the workers' AckWait; waits in the tests derive from it.
@@ -156,8 +165,17 @@ func newEnv(t *testing.T) *env {
 	parent := jetflow.NewWorkflow("parent", func(ctx *jetflow.Context, in int) (int, error) {
 		return jetflow.Child(ctx, three, in, jetflow.WithChildRunID("child-of-"+ctx.RunID())).Get(ctx)
 	})
+	// blocker's step runs until its run is cancelled; started tells when.
+	started := make(chan string, 1)
+	blocker := jetflow.NewWorkflow("blocker", func(ctx *jetflow.Context, in int) (int, error) {
+		return jetflow.Step(ctx, "wait", func(sctx context.Context) (int, error) {
+			started <- ctx.RunID()
+			<-sctx.Done()
+			return 0, sctx.Err()
+		})
+	})
 	ws := jetflow.NewRegistry()
-	require.NoError(t, ws.Register(three, parent))
+	require.NoError(t, ws.Register(three, parent, blocker))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t), AckWait: ackWait, Tracing: jetflow.WithTracerProvider(tp),
 	})
@@ -179,7 +197,7 @@ func newEnv(t *testing.T) *env {
 	require.NoError(t, err)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
-	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait}
+	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait, tp: tp, started: started}
 }
 
 // postStart starts run runID of workflow over HTTP with the given
@@ -297,6 +315,52 @@ func TestChildRunJoinsTheParentsTrace(t *testing.T) {
 	}
 	require.True(t, parentRun.IsValid(), "the parent's run span: %v", names(parentSpans))
 	checkTrace(t, childSpans, parentRun)
+}
+
+// A run cancelled by a client that traces: the client, which records
+// the run's end, emits its run span (status cancelled), the parent of the
+// step span cut short.
+func TestCancelledRunSpanFromTheClient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), e.wait)
+	defer cancel()
+	client, err := jetflow.NewClient(ctx, e.nc, jetflow.ClientConfig{Tracing: jetflow.WithTracerProvider(e.tp)})
+	require.NoError(t, err)
+	e.postStart(t, "blocker", "cancelled-1", knownHeader)
+	select {
+	case <-e.started:
+	case <-ctx.Done():
+		t.Fatal("the blocker's step never started")
+	}
+	_, err = client.CancelRun(ctx, "cancelled-1")
+	require.NoError(t, err)
+	spans := e.rec.wait(t, "cancelled-1", e.wait)
+	var run tracetest.SpanStub
+	for _, s := range spans {
+		require.Equal(t, knownTrace, s.SpanContext.TraceID().String(), "span %s", s.Name)
+		if s.Name == tracing.SpanRun {
+			run = s
+		}
+	}
+	require.Equal(t, "cancelled", attr(run.Attributes, tracing.AttrStatus))
+	// The step span ends when the worker sees the cancel: after the run
+	// span, so it is waited for separately.
+	deadline := time.After(e.wait)
+	for {
+		for _, s := range e.rec.GetSpans() {
+			if s.Name == tracing.SpanStep && attr(s.Attributes, tracing.AttrRunID) == "cancelled-1" {
+				require.Equal(t, run.SpanContext.SpanID(), s.Parent.SpanID())
+				require.Equal(t, tracing.StepDropped, attr(s.Attributes, tracing.AttrOutcome))
+				return
+			}
+		}
+		select {
+		case <-deadline:
+			t.Fatal("no step span for the cancelled run")
+		case <-e.rec.exported:
+		}
+	}
 }
 
 // NATS starts with a traceparent header, request-reply and durable
