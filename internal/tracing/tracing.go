@@ -7,8 +7,9 @@
 //     it, a child of the span the start came with (an HTTP or NATS
 //     traceparent header, or the Go client's context).
 //   - jetflow.run: the run, from its creation to its end. It begins in one
-//     process and ends in another, so it is emitted once, by the worker that
-//     records the run's end, with the run's creation time as its start. Its
+//     process and ends in another, so it is emitted once, by the process
+//     that records the run's end (a worker, or the client that cancels it),
+//     with the run's creation time as its start. Its
 //     span ID is derived from the run's identity (RunSpanID), so that step
 //     spans, exported long before it, name it as their parent.
 //   - jetflow.step: one attempt of a step, a child of the run span.
@@ -122,6 +123,9 @@ func (s Span) End(outcome string, err error) {
 func (t *Tracer) StartAdmission(ctx context.Context, runID, workflow, entry string) (context.Context, Span) {
 	if t == nil {
 		return ctx, Span{}
+	}
+	if entry == "" {
+		entry = "sdk" // as the starts metric counts it
 	}
 	ctx, s := t.t.Start(ctx, SpanStart, trace.WithAttributes(
 		AttrRunID.String(runID), AttrWorkflow.String(workflow), AttrEntry.String(entry)))
