@@ -95,6 +95,17 @@ func (r *recorder) wait(t *testing.T, runID string, d time.Duration) tracetest.S
 	return out
 }
 
+// named returns the spans of spans called name.
+func named(spans tracetest.SpanStubs, name string) tracetest.SpanStubs {
+	var out tracetest.SpanStubs
+	for _, s := range spans {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // attr is the value of key among kvs, as a string ("" when absent).
 func attr(kvs []attribute.KeyValue, key attribute.Key) string {
 	for _, kv := range kvs {
@@ -127,6 +138,7 @@ type env struct {
 	tp   *sdktrace.TracerProvider
 	// started gets the run ID of a blocker run once its step runs.
 	started chan string
+	three   *jetflow.Workflow[int, int]
 }
 
 // ackWait is the workers' AckWait; waits in the tests derive from it.
@@ -197,7 +209,7 @@ func newEnv(t *testing.T) *env {
 	require.NoError(t, err)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
-	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait, tp: tp, started: started}
+	return &env{nc: nc, client: client, api: srv, rec: rec, wait: 6 * ackWait, tp: tp, started: started, three: three}
 }
 
 // postStart starts run runID of workflow over HTTP with the given
@@ -296,6 +308,31 @@ func TestMalformedTraceparentStartsANewTrace(t *testing.T) {
 	spans := e.rec.wait(t, "http-malformed", e.wait)
 	tid := checkTrace(t, spans, trace.SpanContext{})
 	require.NotEqual(t, knownTrace, tid.String())
+}
+
+// A start admitted by a process that does not trace (a client without
+// Tracing) still carries the caller's trace context into the run: the
+// worker's run span is the caller's span's child, its steps the run's.
+func TestUntracedAdmissionCarriesTheTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), e.wait)
+	defer cancel()
+	ctx = trace.ContextWithRemoteSpanContext(ctx, knownParentContext(t))
+	_, err := jetflow.Start(ctx, e.client, e.three, 1, jetflow.WithRunID("untraced-admission"))
+	require.NoError(t, err)
+	spans := e.rec.wait(t, "untraced-admission", e.wait)
+	require.Equal(t, []string{tracing.SpanRun}, names(named(spans, tracing.SpanRun)))
+	require.Empty(t, named(spans, tracing.SpanStart), "the client does not trace")
+	run := named(spans, tracing.SpanRun)[0]
+	require.Equal(t, knownTrace, run.SpanContext.TraceID().String())
+	require.Equal(t, knownParent, run.Parent.SpanID().String())
+	steps := named(spans, tracing.SpanStep)
+	require.Len(t, steps, 4)
+	for _, s := range steps {
+		require.Equal(t, run.SpanContext.SpanID(), s.Parent.SpanID())
+		require.Equal(t, knownTrace, s.SpanContext.TraceID().String())
+	}
 }
 
 // A child run joins its parent's trace: its jetflow.start span is a child
@@ -401,6 +438,18 @@ func TestNATSStartTraceparentIsTheRunsTrace(t *testing.T) {
 			res, err := e.client.StartByName(ctx, "three", json.RawMessage("1"), jetflow.WithRunID(runID))
 			require.NoError(t, err)
 			require.Equal(t, jetflow.OutcomeCreated, res.Outcome)
+		},
+		// Start admits in the client's process: a client that traces
+		// emits the start span.
+		"start": func(runID string) {
+			ctx, cancel := context.WithTimeout(context.Background(), e.wait)
+			defer cancel()
+			traced, err := jetflow.NewClient(ctx, e.nc, jetflow.ClientConfig{Tracing: jetflow.WithTracerProvider(e.tp)})
+			require.NoError(t, err)
+			ctx = trace.ContextWithRemoteSpanContext(ctx, knownParentContext(t))
+			h, err := jetflow.Start(ctx, traced, e.three, 1, jetflow.WithRunID(runID))
+			require.NoError(t, err)
+			require.Equal(t, jetflow.OutcomeCreated, h.Outcome)
 		},
 	}
 	for how, start := range send {
