@@ -22,6 +22,8 @@ const (
 	EnvEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	EnvTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 	EnvServiceName    = "OTEL_SERVICE_NAME"
+	// EnvSDKDisabled "true" turns tracing off whatever the endpoint.
+	EnvSDKDisabled = "OTEL_SDK_DISABLED"
 )
 
 // ErrInvalidEndpoint: an OTLP endpoint variable that is not an http or
@@ -58,13 +60,16 @@ const ShutdownTimeout = 5 * time.Second
 // Setup builds the TracerProvider the environment configures: an OTLP/HTTP
 // exporter (protobuf) to Endpoint's URL behind a batching processor, the
 // service named by OTEL_SERVICE_NAME (service when unset), and IDGenerator.
-// Without an endpoint it returns a nil provider (tracing off, no exporter)
-// and a stop that does nothing. stop flushes the spans not yet exported
+// Without an endpoint, or with OTEL_SDK_DISABLED=true, it returns a nil
+// provider (tracing off, no exporter) and a stop that does nothing. stop flushes the spans not yet exported
 // (within ShutdownTimeout, a failure logged on log) and shuts the provider
 // down; call it before the process exits. The exporter's other settings
 // (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, ...) are read by the exporter
 // itself.
 func Setup(ctx context.Context, getenv func(string) string, service string, log zerolog.Logger) (tp trace.TracerProvider, stop func(), err error) {
+	if strings.EqualFold(strings.TrimSpace(getenv(EnvSDKDisabled)), "true") {
+		return nil, func() {}, nil
+	}
 	endpoint, err := Endpoint(getenv)
 	if err != nil || endpoint == "" {
 		return nil, func() {}, err

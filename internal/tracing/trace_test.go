@@ -473,6 +473,12 @@ func TestNoEndpointNoExporter(t *testing.T) {
 	require.Nil(t, tp)
 	stop()
 	require.Nil(t, tracing.New(tp), "no provider: no tracer")
+
+	disabled := mapEnv{tracing.EnvEndpoint: "http://127.0.0.1:4318", tracing.EnvSDKDisabled: "true"}.get
+	tp, stop, err = tracing.Setup(context.Background(), disabled, "jetflow-test", testenv.Logger(t))
+	require.NoError(t, err)
+	require.Nil(t, tp, "OTEL_SDK_DISABLED=true: no provider")
+	stop()
 }
 
 // The endpoint variables: the traces endpoint as it is, else the base
