@@ -193,7 +193,7 @@ func Validate(req Request) error {
 func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err error) {
 	defer func() { a.observe(req.Entry, req.Workflow, res, err) }()
 	ctx, span := a.tracer.StartAdmission(ctx, req.RunID, req.Workflow, req.Entry)
-	defer func() { span.End(spanOutcome(res, err), err) }()
+	defer func() { span.End(outcomeName(res, err), err) }()
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}

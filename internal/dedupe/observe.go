@@ -17,7 +17,7 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 	if entry == "" {
 		entry = string(metrics.EntrySDK)
 	}
-	outcome := spanOutcome(res, err)
+	outcome := outcomeName(res, err)
 	st := string(res.Run.Status)
 	if st == "" {
 		st = "none"
@@ -33,9 +33,9 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 	}
 }
 
-// spanOutcome names what a start did, for its metric and its span:
+// outcomeName names what a start did, for its metric and its span:
 // created, existing, restarted, conflict, rejected or error.
-func spanOutcome(res Result, err error) string {
+func outcomeName(res Result, err error) string {
 	switch {
 	case err == nil:
 		return res.Outcome.String()

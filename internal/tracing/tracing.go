@@ -101,6 +101,9 @@ type Span struct {
 	s trace.Span
 }
 
+// Active reports whether the span records (tracing is on).
+func (s Span) Active() bool { return s.s != nil }
+
 // End ends the span with outcome as its AttrOutcome, and err, when not nil,
 // as its error status.
 func (s Span) End(outcome string, err error) {

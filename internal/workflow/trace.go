@@ -19,6 +19,9 @@ func (e *Executor) startStepSpan(d *delivery, a *stepAttempt) tracing.Span {
 // committed record rec, or the settlement s of an attempt that committed
 // nothing.
 func endStepSpan(span tracing.Span, a *stepAttempt, rec *state.Step, s *settlement) {
+	if !span.Active() {
+		return // tracing off: nothing to build
+	}
 	span.TaskKeyHit(a.key.served())
 	switch {
 	case s != nil && s.kind == settleRetry:
