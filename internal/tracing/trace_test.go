@@ -116,6 +116,7 @@ func attr(kvs []attribute.KeyValue, key attribute.Key) string {
 	return ""
 }
 
+// names are the names of spans, for failure messages.
 func names(spans tracetest.SpanStubs) []string {
 	out := make([]string, len(spans))
 	for i, s := range spans {
@@ -141,8 +142,10 @@ type env struct {
 	three   *jetflow.Workflow[int, int]
 }
 
-// ackWait is the workers' AckWait; waits in the tests derive from it.
-const ackWait = 5 * time.Second
+// ackWait is the workers' AckWait; waits in the tests derive from it. A
+// step redelivered after a stall would add a step span: running steps
+// extend their deadline every third of it, so a stall must outlast it.
+const ackWait = 10 * time.Second
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
@@ -237,14 +240,10 @@ func (e *env) postStart(t *testing.T, workflow, runID, traceparent string) {
 // returns the trace ID.
 func checkTrace(t *testing.T, spans tracetest.SpanStubs, parent trace.SpanContext) trace.TraceID {
 	t.Helper()
-	byName := map[string]tracetest.SpanStubs{}
-	for _, s := range spans {
-		byName[s.Name] = append(byName[s.Name], s)
-	}
-	require.Len(t, byName[tracing.SpanStart], 1, "spans: %v", names(spans))
-	require.Len(t, byName[tracing.SpanRun], 1, "spans: %v", names(spans))
-	require.Len(t, byName[tracing.SpanStep], 4, "spans: %v", names(spans))
-	start, run := byName[tracing.SpanStart][0], byName[tracing.SpanRun][0]
+	require.Len(t, named(spans, tracing.SpanStart), 1, "spans: %v", names(spans))
+	require.Len(t, named(spans, tracing.SpanRun), 1, "spans: %v", names(spans))
+	require.Len(t, named(spans, tracing.SpanStep), 4, "spans: %v", names(spans))
+	start, run := named(spans, tracing.SpanStart)[0], named(spans, tracing.SpanRun)[0]
 	tid := start.SpanContext.TraceID()
 	if parent.IsValid() {
 		require.Equal(t, parent.TraceID(), tid)
@@ -262,7 +261,7 @@ func checkTrace(t *testing.T, spans tracetest.SpanStubs, parent trace.SpanContex
 	require.False(t, run.StartTime.After(start.EndTime), "the run span starts when the run was created")
 
 	attempts := map[string][]string{} // step -> outcomes by attempt
-	for _, s := range byName[tracing.SpanStep] {
+	for _, s := range named(spans, tracing.SpanStep) {
 		require.Equal(t, run.SpanContext.SpanID(), s.Parent.SpanID(), "step span %s is the run span's child", attr(s.Attributes, tracing.AttrStepID))
 		require.NotEmpty(t, attr(s.Attributes, tracing.AttrWorker))
 		require.Equal(t, "false", attr(s.Attributes, tracing.AttrTaskKeyHit))
