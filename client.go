@@ -18,6 +18,7 @@ import (
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -61,6 +62,11 @@ type ClientConfig struct {
 	// Metrics counts the starts this client admits itself (Start; nil:
 	// none). StartByName starts are counted by the worker that admits them.
 	Metrics *Metrics
+	// Tracing emits the jetflow.start span of the starts this client
+	// admits itself, and the jetflow.run span of the runs it cancels (nil:
+	// none); see WithTracerProvider. Every start carries the trace context
+	// of its ctx into the run, traced or not.
+	Tracing *Tracing
 	// StartByRequest makes Start ask a worker that serves the workflow to
 	// admit the start (request-reply on jetflow.admit.<workflow>, as
 	// StartByName does) instead of admitting it in this process. It is for
@@ -119,8 +125,10 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	}
 	cfg.Metrics.watch(nc)
 	store := runs.New(assets)
+	admit := dedupe.New(assets, nil, cfg.Metrics.internal())
+	admit.SetTracer(cfg.Tracing.internal())
 	return &Client{
-		nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: store,
+		nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store,
 		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now},
 	}, nil
 }
@@ -398,6 +406,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	if o.entry != "" {
 		req.Header.Set(startproto.EntryHeader, string(o.entry))
 	}
+	tracing.InjectNATS(ctx, req.Header)
 	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return StartResult{}, c.unanswered(ctx, name)
@@ -782,6 +791,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	}
 	if cancelled {
 		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+		c.cfg.Tracing.internal().EndRun(run) // the run ends here, not in a worker
 	}
 	// Again on a repeat: the call that cancelled the run may have failed
 	// to tell the workers or the parent (both are safe to repeat).

@@ -59,6 +59,9 @@ type WorkerConfig struct {
 	Logger zerolog.Logger
 	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
 	Metrics *Metrics
+	// Tracing emits spans of starts, runs and steps (nil: none); see
+	// WithTracerProvider.
+	Tracing *Tracing
 	// BacklogInterval is how often the worker samples its consumers'
 	// backlogs for Metrics, and the start stream for envelopes of workflows
 	// no worker serves (default 15s).
@@ -192,6 +195,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
+	admit.SetTracer(w.cfg.Tracing.internal())
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
@@ -205,6 +209,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
+		Tracer: w.cfg.Tracing.internal(),
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,

@@ -14,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // Definition is a registered workflow with its types erased.
@@ -58,6 +59,8 @@ type Config struct {
 	Hooks     Hooks
 	// Metrics counts steps, runs and redeliveries (nil: none).
 	Metrics *metrics.Metrics
+	// Tracer emits step and run spans (nil: none).
+	Tracer *tracing.Tracer
 }
 
 // Executor handles task messages. It is safe for concurrent use.

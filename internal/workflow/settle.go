@@ -179,6 +179,7 @@ func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run
 	took := run.UpdatedAt.Sub(run.CreatedAt)
 	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), took)
 	logRunEnd(log, run, took)
+	e.cfg.Tracer.EndRun(run)
 	return run, nil
 }
 

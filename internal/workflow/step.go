@@ -44,7 +44,7 @@ type stepAttempt struct {
 // the committed record, which is the one another worker committed first if
 // this one lost the race; or, when this attempt commits nothing, how to
 // settle the task instead (a retry, a release, a drop).
-func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement) {
+func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settlement) {
 	key, err := e.keyCall(d, sc)
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
@@ -60,6 +60,8 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement)
 		return nil, s
 	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	span := e.startStepSpan(d, a)
+	defer func() { endStepSpan(span, a, rec, s) }()
 	// Its series exist at 0 from here: its first failure is an increase.
 	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
 	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
