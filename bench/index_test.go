@@ -35,8 +35,10 @@ func TestIndexPhaseRuns(t *testing.T) {
 	require.Positive(t, f.rawRecords)
 	require.EqualValues(t, n, f.indexMsgs, "one index entry a run")
 	require.Equal(t, indexDeepPages, f.deepDepth)
-	require.Positive(t, f.directGet.p50)
-	require.Positive(t, f.batchGet.p50)
+	for _, g := range []directRefs{f.indexGets, f.plainGets} {
+		require.Positive(t, g.single.p50)
+		require.Positive(t, g.batch.p50)
+	}
 
 	plan := newIndexPlan(n)
 	byName := map[string]pageFigure{}
@@ -65,7 +67,7 @@ func TestIndexPhaseRuns(t *testing.T) {
 
 	var out bytes.Buffer
 	printIndexReport(&out, &results{cfg: cfg})
-	for _, want := range []string{"populate runs/s", "raw KV create/s", "raw batch direct get, 50 msgs", "newest first (50 runs)",
+	for _, want := range []string{"populate runs/s", "raw KV create/s", "raw batch direct get, 50 msgs, index stream", "plain stream", "newest first (50 runs)",
 		"deep: page 20 of newest first", "CountRuns (all workflows)", "where newest first's time goes", "target"} {
 		require.Contains(t, out.String(), want)
 	}
