@@ -37,7 +37,9 @@ func TestIndexPhaseRuns(t *testing.T) {
 	require.Equal(t, indexDeepPages, f.deepDepth)
 	for _, g := range []directRefs{f.indexGets, f.plainGets} {
 		require.Positive(t, g.single.p50)
-		require.Positive(t, g.batch.p50)
+		require.Positive(t, g.newest.p50)
+		require.Positive(t, g.random.p50)
+		require.Positive(t, g.unfiltered.p50)
 	}
 
 	plan := newIndexPlan(n)
@@ -67,7 +69,7 @@ func TestIndexPhaseRuns(t *testing.T) {
 
 	var out bytes.Buffer
 	printIndexReport(&out, &results{cfg: cfg})
-	for _, want := range []string{"populate runs/s", "raw KV create/s", "raw batch direct get, 50 msgs, index stream", "plain stream", "newest first (50 runs)",
+	for _, want := range []string{"populate runs/s", "raw KV create/s", "raw batch direct get, 50 newest msgs, index stream", "from a random place", "without a subject filter", "plain stream", "newest first (50 runs)",
 		"deep: page 20 of newest first", "CountRuns (all workflows)", "where newest first's time goes", "target"} {
 		require.Contains(t, out.String(), want)
 	}
