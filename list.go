@@ -110,7 +110,7 @@ const listReaders = 16
 
 // listed reads the run of index entry e; ok is false when the entry no
 // longer stands for the run's record (the record changed or expired), in
-// which case listed repairs the index. A repair that fails (a producer
+// which case listed repairs the index (runs.Store.Repair). A repair that fails (a producer
 // may not write the index) goes to the store's IndexFailed: the page is
 // right either way.
 func (c *Client) listed(ctx context.Context, e runindex.Entry) (Run, bool, error) {
@@ -128,7 +128,7 @@ func (c *Client) listed(ctx context.Context, e runindex.Entry) (Run, bool, error
 		return Run{}, false, err
 	}
 	if !e.Matches(r) {
-		if err := c.runs.Reindex(ctx, r); err != nil {
+		if err := c.runs.Repair(ctx, e, r); err != nil {
 			c.runs.IndexFailed(e.RunID, err)
 		}
 		return Run{}, false, nil

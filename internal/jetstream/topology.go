@@ -325,9 +325,12 @@ func indexStreamConfig(topo Topology, storage natsjs.StorageType) natsjs.StreamC
 		Subjects:    []string{IndexSubjects},
 		Storage:     storage,
 		Replicas:    topo.Replicas,
-		// One entry per subject (a run's status, workflow and ID); an
-		// entry expires with its run record (per-message TTL).
-		MaxMsgsPerSubject: 1,
+		// A run has one entry (the writer removes the one it replaces),
+		// which expires with its run record (per-message TTL). No
+		// per-subject limit: with one, the server counts pending
+		// messages subject by subject, and every batched read walks all
+		// the index's subjects (bench/RESULTS.md, the index phase).
+		MaxMsgsPerSubject: -1,
 		AllowMsgTTL:       true,
 		AllowDirect:       true,
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
@@ -44,8 +45,7 @@ type Page struct {
 // request, answered from the subject index), which it does whenever at
 // most multiLastMax entries match.
 const (
-	minWindow    = 512
-	batchSize    = 256
+	minWindow    = 128
 	scanBudget   = 32 * 1024
 	multiLastMax = 1024
 )
@@ -102,6 +102,7 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		scanned += hi - from
 		hi, window = from, min(2*window, 1<<20)
 	}
+	got = newestPerRun(got)
 	page := Page{Entries: got}
 	if len(got) > q.Limit {
 		page.Entries = got[:q.Limit]
@@ -110,6 +111,21 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		page.Next = page.Entries[len(page.Entries)-1].Seq
 	}
 	return page, nil
+}
+
+// newestPerRun drops, from entries newest first, every entry of a run
+// shown already: a run has one entry but for a moment after a write (the
+// new entry is written before the old one is removed).
+func newestPerRun(entries []Entry) []Entry {
+	seen := make(map[string]bool, len(entries))
+	out := entries[:0]
+	for _, e := range entries {
+		if !seen[e.RunID] {
+			seen[e.RunID] = true
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func satSub(a, b uint64) uint64 {
@@ -142,31 +158,54 @@ func (x *Index) seqAt(ctx context.Context, t time.Time, last uint64) (uint64, er
 }
 
 // rangeEntries reads the entries matching filter with sequences in
-// [from, to), oldest first.
+// [from, to), oldest first. It walks the range with single direct gets
+// (each the next entry matching filter from a sequence), in rangeWalkers
+// parts at once: a batched get would make the server count every entry
+// matching filter from its start to the stream's end first, which costs
+// as much as the stream holds beyond the range.
 func (x *Index) rangeEntries(ctx context.Context, filter string, from, to uint64) ([]Entry, error) {
+	parts := min(uint64(rangeWalkers), max(1, (to-from)/minPart))
+	size := (to - from + parts - 1) / parts
+	found := make([][]Entry, parts)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range parts {
+		lo, hi := from+i*size, min(to, from+(i+1)*size)
+		g.Go(func() (err error) {
+			found[i], err = x.walk(gctx, filter, lo, hi)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return slices.Concat(found...), nil
+}
+
+// Walking parameters: at most rangeWalkers parts of a range at once, each
+// of at least minPart sequences.
+const (
+	rangeWalkers = 8
+	minPart      = 64
+)
+
+// walk reads the entries matching filter in [from, to), oldest first, one
+// direct get each.
+func (x *Index) walk(ctx context.Context, filter string, from, to uint64) ([]Entry, error) {
 	var out []Entry
 	for from < to {
-		msgs, _, err := x.direct(ctx, directRequest{Seq: from, NextFor: filter, Batch: batchSize})
+		msgs, _, err := x.direct(ctx, directRequest{Seq: from, NextFor: filter})
+		if err != nil || len(msgs) == 0 {
+			return out, err
+		}
+		e, err := decodeEntry(msgs[0])
 		if err != nil {
 			return nil, err
 		}
-		if len(msgs) == 0 {
+		if e.Seq >= to {
 			return out, nil
 		}
-		for _, m := range msgs {
-			e, err := decodeEntry(m)
-			if err != nil {
-				return nil, err
-			}
-			if e.Seq >= to {
-				return out, nil
-			}
-			out = append(out, e)
-			from = e.Seq + 1
-		}
-		if len(msgs) < batchSize {
-			return out, nil
-		}
+		out = append(out, e)
+		from = e.Seq + 1
 	}
 	return out, nil
 }
@@ -280,37 +319,69 @@ func (x *Index) direct(ctx context.Context, req directRequest) (msgs []*nats.Msg
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
+	single := req.Batch == 0 && len(req.MultiLastFor) == 0
+	if single {
+		m, err := x.nc.RequestWithContext(ctx, directSubject, b)
+		if err != nil {
+			return nil, "", x.requestErr(err)
+		}
+		return answer(m, nil, true)
+	}
 	inbox := x.nc.NewRespInbox()
 	sub, err := x.nc.SubscribeSync(inbox)
 	if err != nil {
 		return nil, "", jetstream.Unavailable(fmt.Errorf("jetflow: run index: %w", err))
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := x.nc.PublishRequest("$JS.API.DIRECT.GET."+jetstream.IndexStream, inbox, b); err != nil {
+	if err := x.nc.PublishRequest(directSubject, inbox, b); err != nil {
 		return nil, "", jetstream.Unavailable(fmt.Errorf("jetflow: run index: %w", err))
 	}
-	single := req.Batch == 0 && len(req.MultiLastFor) == 0
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
-		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, "", missing(fmt.Errorf("jetflow: run index: %w", err))
-		}
 		if err != nil {
-			return nil, "", jetstream.Unavailable(fmt.Errorf("jetflow: run index read: %w", err))
+			return nil, "", x.requestErr(err)
 		}
-		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-			return nil, "", missing(fmt.Errorf("jetflow: run index: %w", nats.ErrNoResponders))
-		}
-		if code := m.Header.Get("Status"); code != "" {
-			switch code {
-			case "204", "404", "413":
-				return msgs, code, nil
-			}
-			return nil, code, fmt.Errorf("jetflow: run index read: %s %s", code, m.Header.Get("Description"))
-		}
-		msgs = append(msgs, m)
-		if single {
-			return msgs, "", nil
+		var done bool
+		if msgs, status, done, err = answerPart(m, msgs); done || err != nil {
+			return msgs, status, err
 		}
 	}
+}
+
+// directSubject is where the index stream's direct gets are asked.
+const directSubject = "$JS.API.DIRECT.GET." + jetstream.IndexStream
+
+// requestErr is the error of a direct get that got no answer: a missing
+// stream (no responders) or a transient condition.
+func (x *Index) requestErr(err error) error {
+	if errors.Is(err, nats.ErrNoResponders) {
+		return missing(fmt.Errorf("jetflow: run index: %w", err))
+	}
+	return jetstream.Unavailable(fmt.Errorf("jetflow: run index read: %w", err))
+}
+
+// answer is the answer of a single direct get: its message, or none (404).
+func answer(m *nats.Msg, msgs []*nats.Msg, _ bool) ([]*nats.Msg, string, error) {
+	msgs, status, done, err := answerPart(m, msgs)
+	if !done && err == nil {
+		return msgs, "", nil
+	}
+	return msgs, status, err
+}
+
+// answerPart adds m, one message of a direct get's answer, to msgs; done
+// is true when m is the status message that ends the answer (204 end of
+// batch, 404 nothing found, 413 too many: not errors), whose code status
+// is.
+func answerPart(m *nats.Msg, msgs []*nats.Msg) (_ []*nats.Msg, status string, done bool, _ error) {
+	code := m.Header.Get("Status")
+	switch code {
+	case "":
+		return append(msgs, m), "", false, nil
+	case "204", "404", "413":
+		return msgs, code, true, nil
+	case "503":
+		return nil, code, true, missing(fmt.Errorf("jetflow: run index: %w", nats.ErrNoResponders))
+	}
+	return nil, code, true, fmt.Errorf("jetflow: run index read: %s %s", code, m.Header.Get("Description"))
 }

@@ -140,6 +140,31 @@ func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFutu
 	return x.js.PublishMsgAsync(msg, opts...)
 }
 
+// RemoveEntry removes entry e, and only it: the messages of its subject
+// up to its sequence. A newer entry on the same subject (a new generation
+// in the same state) stays.
+func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
+	err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(e.Status, e.Workflow, e.RunID)), natsjs.WithPurgeSequence(e.Seq+1))
+	if err != nil {
+		return fmt.Errorf("jetflow: index run %s: remove stale %s entry: %w", e.RunID, e.Status, err)
+	}
+	return nil
+}
+
+// Has reports whether the index holds an entry for run in its current
+// state (status, workflow, generation).
+func (x *Index) Has(ctx context.Context, run state.Run) (bool, error) {
+	msgs, _, err := x.direct(ctx, directRequest{LastFor: entrySubject(run.Status, run.Workflow, run.RunID)})
+	if err != nil || len(msgs) == 0 {
+		return false, err
+	}
+	e, err := decodeEntry(msgs[0])
+	if err != nil {
+		return false, err
+	}
+	return e.Matches(run), nil
+}
+
 // ErrMissing: the index stream does not exist (deleted by hand, or not
 // provisioned yet). Ensure makes it again.
 var ErrMissing = errors.New("jetflow: run index missing")

@@ -78,27 +78,6 @@ func orAny(token string) string {
 	return token
 }
 
-// parseSubject reads the status, workflow and run ID from an entry's
-// subject.
-func parseSubject(subject string) (status state.Status, workflow, runID string, err error) {
-	rest, ok := strings.CutPrefix(subject, entryPrefix)
-	if !ok {
-		return "", "", "", fmt.Errorf("%w: index subject %q", state.ErrCorrupt, subject)
-	}
-	toks := strings.Split(rest, ".")
-	if len(toks) < 4 || toks[len(toks)-1] != idEnd {
-		return "", "", "", fmt.Errorf("%w: index subject %q", state.ErrCorrupt, subject)
-	}
-	var id strings.Builder
-	for _, c := range toks[2 : len(toks)-1] {
-		if len(c) != 1 {
-			return "", "", "", fmt.Errorf("%w: index subject %q", state.ErrCorrupt, subject)
-		}
-		id.WriteString(c)
-	}
-	return state.Status(toks[0]), toks[1], id.String(), nil
-}
-
 // EncodeCursor and ParseCursor: a page's Next is the stream sequence of its last
 // entry, written "c" + decimal; the next page holds older entries. It is
 // opaque to callers, and checked when read back.
@@ -111,7 +90,7 @@ func ParseCursor(s string) (uint64, error) {
 	}
 	digits, ok := strings.CutPrefix(s, "c")
 	seq, err := strconv.ParseUint(digits, 10, 64)
-	if !ok || err != nil || seq == 0 {
+	if !ok || err != nil || seq == 0 || EncodeCursor(seq) != s {
 		return 0, fmt.Errorf("cursor %q: not one a page returned", clip(s))
 	}
 	return seq, nil

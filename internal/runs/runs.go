@@ -182,16 +182,31 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 	}
 }
 
-// Reindex writes run's index entry as its record stands and removes every
-// other entry of it: a reader's repair of an entry that no longer matches
-// the record.
-func (s *Store) Reindex(ctx context.Context, run state.Run) error {
-	seq, err := s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)))
-	if err != nil {
+// Repair handles index entry e, which does not stand for run, the record
+// of its run ID: it removes e alone. The run's own entry is written by
+// the writer of its record right after the record; only when it is
+// missing although the record was written over RepairGrace ago (that
+// writer died in between) does Repair write it. An entry met while its
+// writer is between its two writes is thus left to that writer, and a
+// run does not move to the top of the list because a reader came by.
+func (s *Store) Repair(ctx context.Context, e runindex.Entry, run state.Run) error {
+	if err := s.index.RemoveEntry(ctx, e); err != nil {
 		return err
 	}
-	return s.index.RemoveOlder(ctx, run.RunID, seq)
+	if s.now().Sub(run.UpdatedAt) < RepairGrace {
+		return nil
+	}
+	has, err := s.index.Has(ctx, run)
+	if err != nil || has {
+		return err
+	}
+	_, err = s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)))
+	return err
 }
+
+// RepairGrace is how long after a run record's write its index entry may
+// still be missing because its writer is about to write it.
+const RepairGrace = 30 * time.Second
 
 // Unindex removes every entry of runID: a reader found no record for it.
 func (s *Store) Unindex(ctx context.Context, runID string) error {

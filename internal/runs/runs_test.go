@@ -260,3 +260,45 @@ func indexed(t *testing.T, s *Store, status state.Status) []string {
 	}
 	return ids
 }
+
+// Repair removes a stale entry alone; it writes the run's own entry only
+// when that is missing although the record was written over RepairGrace
+// ago (its writer died between the record and the index).
+func TestRepairStaleIndexEntry(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	_, err := s.Create(ctx(t), running("r-1", "a"))
+	require.NoError(t, err)
+	done, _, err := s.Finish(ctx(t), running("r-1", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	page, err := s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	current := page.Entries[0]
+
+	// A writer died after the record: the running entry is still there,
+	// the completed one is not.
+	stale := running("r-1", "a")
+	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
+	require.NoError(t, err)
+	require.NoError(t, s.Index().RemoveEntry(ctx(t), current))
+	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	require.Equal(t, state.StatusRunning, page.Entries[0].Status)
+
+	// Within the grace: the stale entry goes, nothing is written for the
+	// record (its writer may be about to).
+	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
+	require.Empty(t, indexed(t, s, ""))
+
+	// After the grace: the missing entry is written.
+	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
+	require.NoError(t, err)
+	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	s.now = func() time.Time { return time.Now().Add(RepairGrace + time.Second) }
+	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
+	require.Equal(t, []string{"r-1"}, indexed(t, s, state.StatusCompleted))
+	require.Empty(t, indexed(t, s, state.StatusRunning))
+}
