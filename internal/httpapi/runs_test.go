@@ -269,8 +269,8 @@ func TestResultWaitEndsWhenServerStops(t *testing.T) {
 }
 
 // The bodies built around the public records (RunWithSteps, RunList):
-// "steps" and "runs" are lists, empty rather than absent or null, and a
-// run's steps follow its fields. (These were internal/view's tests; the
+// "steps", "open_steps" and "runs" are lists, empty rather than absent or
+// null, and a run's steps follow its fields, then its open steps. (These were internal/view's tests; the
 // records' own encodings are tested in the root package, json_test.go.)
 func TestRunBodiesJSON(t *testing.T) {
 	t.Parallel()
@@ -282,15 +282,17 @@ func TestRunBodiesJSON(t *testing.T) {
 		return rec.Body.String()
 	}
 	require.Equal(t, `{"run_id":"order-1","workflow":"ship","status":"running","created_at":"2025-01-02T03:04:05Z",`+
-		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[]}`+"\n",
-		encode(NewRunWithSteps(run, nil)), "asked for and none: an empty list")
+		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[],"open_steps":[]}`+"\n",
+		encode(NewRunWithSteps(run, nil, nil)), "asked for and none: an empty list")
 
 	steps := []jetflow.StepRecord{{StepID: "order-1.pack.0", Name: "pack", Attempt: 2, Output: json.RawMessage(`3`), Worker: "w1", CommittedAt: at}}
-	b := encode(NewRunWithSteps(run, steps))
-	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}]}`+"\n"), b)
+	open := []jetflow.OpenStep{{StepID: "order-1.ship.0", Name: "ship", Attempt: 1}}
+	b := encode(NewRunWithSteps(run, steps, open))
+	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}],`+
+		`"open_steps":[{"step_id":"order-1.ship.0","name":"ship","attempt":1}]}`+"\n"), b)
 	var back RunWithSteps
 	require.NoError(t, json.Unmarshal([]byte(b), &back))
-	require.Equal(t, NewRunWithSteps(run, steps), back)
+	require.Equal(t, NewRunWithSteps(run, steps, open), back)
 
 	require.Equal(t, `{"runs":[]}`+"\n", encode(RunList(jetflow.RunPage{})))
 	var page jetflow.RunPage
