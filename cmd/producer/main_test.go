@@ -84,8 +84,9 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 
 // testbed is one test's embedded server and a worker serving the test
 // workflows: greet, hold, exclusive (hold that rejects duplicates while
-// running), lookup (a step cached under lookupKey in the workflow scope)
-// and inbox (waits for an event).
+// running), lookup (a step cached under lookupKey in the workflow scope),
+// inbox (waits for an event) and flaky (its step "charge" fails its first
+// two attempts with "declined: " and the name, then returns the name).
 type testbed struct {
 	url string
 	// srv is the embedded server, for tests that stop and restart it.
@@ -117,7 +118,15 @@ func newTestbed(t *testing.T) *testbed {
 			return tb.lookups.Add(1), nil
 		}, jetflow.WithTaskKey(lookupKey(in.Name), time.Hour), jetflow.WithKeyScope(jetflow.ScopeWorkflow))
 	})
-	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup, inbox()))
+	flaky := jetflow.NewWorkflow("flaky", func(ctx *jetflow.Context, in greeting) (string, error) {
+		return jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
+			if d, _ := jetflow.StepDetailsFrom(sctx); d.Attempt < 3 {
+				return "", errors.New("declined: " + in.Name)
+			}
+			return in.Name, nil
+		}, jetflow.WithBackoff(10*time.Millisecond, 10*time.Millisecond))
+	})
+	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup, inbox(), flaky))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
 	})
@@ -191,7 +200,7 @@ func TestStartGetWait(t *testing.T) {
 	require.Contains(t, out, "duplicates:  1\n")
 	require.Contains(t, out, `input:       {"name":"ada"}`)
 	require.Contains(t, out, `output:      "hello, ada"`)
-	require.Regexp(t, `evt_1\.say-hello\.0\s+1\s+"hello, ada"`, out)
+	require.Regexp(t, `\+\S+\s+\S+\s+say-hello\s+evt_1\.say-hello\.0\s+1\s+\S+\s+-\n`, out)
 
 	code, out, errOut = producer("start", "greet", `{"name":"ada"}`, "--id", "evt_1", "--output", "json")
 	require.Equal(t, 0, code, errOut)

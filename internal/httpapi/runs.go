@@ -172,9 +172,8 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, "application/json", RunList(page))
 }
 
-// ParseListQuery reads the list parameters of GET /v1/runs (the producer's
-// list reads its flags with it too): workflow, status, prefix, since and
-// until (RFC 3339), cursor and limit. An error matches errBadRequest (400)
+// ParseListQuery reads the list parameters of GET /v1/runs: workflow,
+// status, prefix, since and until (RFC 3339), cursor and limit. An error matches errBadRequest (400)
 // and names the parameter; the cursor, opaque here, is checked by ListRuns.
 func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
 	opts := jetflow.ListOptions{Workflow: q.Get("workflow"), Status: jetflow.RunStatus(q.Get("status")),
