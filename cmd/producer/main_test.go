@@ -288,7 +288,7 @@ func TestWaitFailedRun(t *testing.T) {
 	code, out, _ = producer("get", "evt_2")
 	require.Equal(t, 0, code, "get succeeds on a failed run")
 	require.Contains(t, out, "error:       workflow: cannot greet nobody")
-	require.Contains(t, out, "steps: none committed")
+	require.Contains(t, out, "steps: none\n")
 }
 
 func TestErrors(t *testing.T) {
@@ -313,7 +313,7 @@ func TestErrors(t *testing.T) {
 		{"CancelTwoRunIDs", []string{"cancel", "evt_1", "evt_2"}, 1, "error: cancel takes one run ID"},
 		{"TimeoutOnCancel", []string{"cancel", "evt_1", "--timeout", "1s"}, 1, "error: --timeout is a flag of wait, not cancel"},
 		{"NoCommand", nil, 1, "error: no command given"},
-		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, wait, cancel, send, resume, list, reset or serve`},
+		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, send, resume, list, reset or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},

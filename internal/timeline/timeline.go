@@ -90,9 +90,12 @@ func (f *Follower) Update(w io.Writer, tl Timeline) error {
 		f.started = true
 		f.status = tl.Run.Status
 		writeHeader(&b, tl.Run, f.opts)
-		if len(rows) == 0 {
+		switch {
+		case len(rows) == 0 && tl.Run.Status.Terminal():
+			b.WriteString("steps: none\n")
+		case len(rows) == 0:
 			b.WriteString("steps: none yet\n")
-		} else {
+		default:
 			b.WriteString("steps:\n")
 			f.line(&b, columns)
 		}

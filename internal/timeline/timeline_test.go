@@ -203,3 +203,14 @@ func TestFollowerPrintsChanges(t *testing.T) {
 	require.NoError(t, f.Update(&b, tl))
 	golden(t, "follow-2", b.String())
 }
+
+// A run without steps says so: "none yet" while it runs, "none" once
+// ended; a step that commits later brings the column titles with it.
+func TestNoSteps(t *testing.T) {
+	t.Parallel()
+	tl := Timeline{Run: jetflow.Run{RunID: "n-1", Workflow: "wf", Status: jetflow.StatusRunning, CreatedAt: t0, UpdatedAt: t0}}
+	require.True(t, strings.HasSuffix(render(t, tl, Options{}), "duplicates:  0\nsteps: none yet\n"))
+	ended := tl
+	ended.Run.Status = jetflow.StatusFailed
+	require.True(t, strings.HasSuffix(render(t, ended, Options{}), "duplicates:  0\nsteps: none\n"))
+}
