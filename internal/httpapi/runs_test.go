@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -171,22 +172,23 @@ func TestResultWaitStopsWhenClientLeaves(t *testing.T) {
 	}
 }
 
-// GET /v1/runs pages through runs with a cursor.
+// GET /v1/runs pages through runs with a cursor, newest first.
 func TestListRunsPaging(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var want []string
 	for i := range 5 {
 		id := fmt.Sprintf("list-%d", i)
-		want = append(want, id)
+		want = append([]string{id}, want...)
 		require.Equal(t, http.StatusCreated, b.post("echo", id, fmt.Sprintf(`{"n":%d}`, i)).code)
+		b.waitDone(id) // each ends after the one before: a fixed order
 	}
 	require.Equal(t, http.StatusCreated, b.post("fails", "other-1", `{}`).code)
 
 	var got []string
 	cursor, pages := "", 0
 	for {
-		res := b.do(http.MethodGet, "/v1/runs?workflow=echo&limit=2&cursor="+cursor, nil, "")
+		res := b.do(http.MethodGet, "/v1/runs?workflow=echo&limit=2&cursor="+url.QueryEscape(cursor), nil, "")
 		require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
 		var page jetflow.RunPage
 		res.json(t, &page)
