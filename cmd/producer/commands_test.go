@@ -70,9 +70,10 @@ func TestList(t *testing.T) {
 		}
 		all = append(all, runIDs(page)...)
 		if page.Next == "" {
-			require.Equal(t, 3, pages)
+			require.GreaterOrEqual(t, pages, 3)
 			break
 		}
+		require.Less(t, pages, 10)
 		cursor = page.Next
 	}
 	require.Equal(t, []string{"g-4", "g-3", "g-2", "g-1", "g-0"}, all)
