@@ -620,6 +620,12 @@ type StepRecord struct {
 	// <key>, result of <step ID>)"; read TaskKey rather than this text.
 	Worker      string    `json:"worker,omitempty"`
 	CommittedAt time.Time `json:"committed_at"`
+	// StartedAt is when the committed attempt started (zero for a step
+	// that ran no function, and for records written before it was kept).
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// Attempts are the earlier attempts of the step that failed and were
+	// retried, oldest first (the last ten).
+	Attempts []StepAttempt `json:"attempts,omitempty"`
 	// TaskKey is set for a step called with a task idempotency key
 	// (WithTaskKey): the key, and whether the result was served
 	// from its cache and from which step. Nil for a step without a key.
@@ -635,6 +641,24 @@ type StepRecord struct {
 	// payload); HookToken the token of a hook wait.
 	EventID   string `json:"event_id,omitempty"`
 	HookToken string `json:"hook_token,omitempty"`
+}
+
+// StepAttempt is one failed attempt of a step, which was retried.
+type StepAttempt struct {
+	Attempt   int       `json:"attempt"`
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at"`
+	// Worker names the worker that ran the attempt.
+	Worker string `json:"worker,omitempty"`
+	Error  string `json:"error"`
+}
+
+func toAttempts(fs []state.AttemptFailure) []StepAttempt {
+	var out []StepAttempt
+	for _, f := range fs {
+		out = append(out, StepAttempt{Attempt: f.Attempt, StartedAt: f.StartedAt, EndedAt: f.EndedAt, Worker: f.Worker, Error: f.Error})
+	}
+	return out
 }
 
 // StepTaskKey is the task idempotency key of a committed step.
@@ -659,10 +683,7 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	identity := runID
-	if r, _, err := c.runs.Get(ctx, runID); err == nil {
-		identity = state.RunIdentity(runID, r.Generation)
-	}
+	identity := c.identity(ctx, runID)
 	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
@@ -678,7 +699,7 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 			return nil, err
 		}
 		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
-			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken}
+			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
 		}
@@ -689,6 +710,15 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out, nil
+}
+
+// identity is the key prefix of the current generation of runID's
+// records (the run ID itself when it has no record).
+func (c *Client) identity(ctx context.Context, runID string) string {
+	if r, _, err := c.runs.Get(ctx, runID); err == nil {
+		return state.RunIdentity(runID, r.Generation)
+	}
+	return runID
 }
 
 // CancelOutcome says what a cancel did.

@@ -179,6 +179,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	assets.IndexFailed = func(runID string, err error) {
+		w.log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
+	}
+	if rebuilt, err := runs.New(assets).EnsureIndex(ctx); err != nil {
+		return err
+	} else if rebuilt {
+		w.log.Info().Msg("run index built from the run records")
+	}
 	sweeper, err := w.newSweeper(assets)
 	if err != nil {
 		return err

@@ -17,6 +17,12 @@
 // revision the writer read (Replace, Update, Finish, Cancel); Update is
 // the one loop that reads again and retries when another writer came
 // first.
+//
+// Every write that changes a run's status (or starts a new generation)
+// also writes the run's entry in the run index (internal/runindex) after
+// the record; the index is derived data, so a failure to write it is
+// reported (Store.IndexFailed) but does not fail the record's write, and
+// readers of the index repair what such a failure left.
 package runs
 
 import (
@@ -28,7 +34,10 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/rs/zerolog/log"
+
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -47,11 +56,19 @@ type Store struct {
 	// replace them.
 	watchKey func(ctx context.Context, key string) (natsjs.KeyWatcher, error)
 	recheck  time.Duration
+	index    *runindex.Index
+	// IndexFailed is told of a run index write that failed after its
+	// record was written (default: a warning on zerolog's global logger).
+	IndexFailed func(runID string, err error)
 }
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
-	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck}
+	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck,
+		index: runindex.New(assets), IndexFailed: assets.IndexFailed}
+	if s.IndexFailed == nil {
+		s.IndexFailed = logIndexFailure
+	}
 	s.watchKey = func(ctx context.Context, key string) (natsjs.KeyWatcher, error) {
 		return s.runs.Raw().Watch(ctx, key)
 	}
@@ -119,18 +136,58 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+	if err == nil {
+		s.indexRun(ctx, run, false)
+	}
+	return rev, err
 }
 
 // Replace writes run over the record or marker at revision rev
 // (compare-and-set) and returns the new revision, or an error matching
 // jetstream.ErrRevisionMismatch when another write came first.
 func (s *Store) Replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
+	newRev, err := s.replace(ctx, run, rev)
+	if err == nil {
+		s.indexRun(ctx, run, true)
+	}
+	return newRev, err
+}
+
+// replace is Replace without the index write.
+func (s *Store) replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
 	return s.runs.UpdateTTL(ctx, run.RunID, b, rev, s.ttl(run))
+}
+
+// indexRun writes run's index entry after its record; purgeOlder removes
+// the entries of its earlier states. A failure goes to IndexFailed.
+func (s *Store) indexRun(ctx context.Context, run state.Run, purgeOlder bool) {
+	if err := s.index.Put(ctx, run, s.ttl(run), purgeOlder); err != nil {
+		s.IndexFailed(run.RunID, err)
+	}
+}
+
+// Reindex writes run's index entry as its record stands, removing stale
+// ones: a reader's repair of an entry that no longer matches the record.
+func (s *Store) Reindex(ctx context.Context, run state.Run) error {
+	return s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)), true)
+}
+
+// entryTTL is what is left of run's record's expiry: none while it runs,
+// the retention after its last write once it ended.
+func (s *Store) entryTTL(run state.Run) time.Duration {
+	if !run.Status.Terminal() {
+		return jetstream.TTLNever
+	}
+	return s.Retention(run) - s.now().Sub(run.UpdatedAt)
+}
+
+func logIndexFailure(runID string, err error) {
+	log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
 }
 
 // Change edits a run record in place and says whether to write it: false
@@ -156,17 +213,21 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 				return state.Run{}, false, err
 			}
 		}
+		before := run.Status
 		write, err := change(&run)
 		if err != nil || !write {
 			return run, false, err
 		}
-		_, err = s.Replace(ctx, run, rev)
+		_, err = s.replace(ctx, run, rev)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
 			rev = 0
 			continue
 		}
 		if err != nil {
 			return run, false, err
+		}
+		if run.Status != before {
+			s.indexRun(ctx, run, true)
 		}
 		return run, true, nil
 	}
@@ -384,3 +445,48 @@ func (s *Store) Bucket(ctx context.Context) (BucketState, error) {
 
 // Name is the runs bucket's name, for messages.
 func (s *Store) Name() string { return s.runs.Bucket() }
+
+// EnsureIndex makes sure the run index holds an entry for every kept run:
+// when no build of it has completed (see runindex.Index.Ensure) it writes
+// the entries from the run records. It reports whether it rebuilt.
+func (s *Store) EnsureIndex(ctx context.Context) (bool, error) {
+	return s.index.Ensure(ctx, s.each)
+}
+
+// Index is the run index the store writes.
+func (s *Store) Index() *runindex.Index { return s.index }
+
+// each calls yield with every kept run record and what is left of its
+// expiry, skipping records about to expire.
+func (s *Store) each(ctx context.Context, yield func(runindex.Record) error) (err error) {
+	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("jetflow: list runs: %w", err)
+	}
+	defer func() {
+		if serr := w.Stop(); serr != nil && err == nil {
+			err = fmt.Errorf("jetflow: list runs: %w", serr)
+		}
+	}()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current record has been delivered
+				return nil
+			}
+			run, err := state.DecodeRun(e.Value())
+			if err != nil {
+				return fmt.Errorf("run %s: %w", e.Key(), err)
+			}
+			ttl := s.entryTTL(run)
+			if run.Status.Terminal() && ttl <= time.Second {
+				continue
+			}
+			if err := yield(runindex.Record{Run: run, TTL: ttl}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("jetflow: list runs: %w", ctx.Err())
+		}
+	}
+}

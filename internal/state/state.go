@@ -148,6 +148,11 @@ type Step struct {
 	Error     *ErrorInfo      `json:"error,omitempty"`
 	Worker    string          `json:"worker,omitempty"`
 	Committed time.Time       `json:"committed_at"`
+	// StartedAt is when the committed attempt started; Failures the
+	// earlier attempts that failed and were retried (from the step's
+	// AttemptLog at commit, oldest first).
+	StartedAt time.Time        `json:"started_at,omitzero"`
+	Failures  []AttemptFailure `json:"failures,omitempty"`
 	// Child is the run ID of the child run the step stands for.
 	Child string `json:"child,omitempty"`
 	// Kind is what the step waited for, when it ran no function: StepSleep,

@@ -56,6 +56,8 @@ type settlement struct {
 	// the cache.
 	forget bool
 	delay  time.Duration
+	// started is when a retried attempt started (settleRetry).
+	started time.Time
 	// attempt is the attempt that failed (retry).
 	attempt int
 	output  json.RawMessage
