@@ -98,7 +98,9 @@ type observation struct {
 // payment's ref from a step counted in afters; with Block a step blocks
 // until release before the wait, with HoldAfter after it), "flaky" (its
 // step "charge" fails its first two attempts with "declined: " and the
-// input string, then returns the input; retried after 10ms).
+// input string, then returns the input; retried after 10ms; with the
+// input "hold" a step "prepare" comes first, so that "charge" runs as a
+// task of its own, and its third attempt blocks until release).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	requireContract(t) // loaded here, on the test's goroutine: observe reads it
@@ -148,9 +150,21 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
 		}),
 		jetflow.NewWorkflow("flaky", func(ctx *jetflow.Context, msg string) (string, error) {
+			if msg == "hold" {
+				if _, err := jetflow.Step(ctx, "prepare", func(context.Context) (bool, error) { return true, nil }); err != nil {
+					return "", err
+				}
+			}
 			return jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
 				if d, _ := jetflow.StepDetailsFrom(sctx); d.Attempt < 3 {
 					return "", errors.New("declined: " + msg)
+				}
+				if msg == "hold" {
+					select {
+					case <-gate:
+					case <-sctx.Done():
+						return "", sctx.Err()
+					}
 				}
 				return msg, nil
 			}, jetflow.WithBackoff(10*time.Millisecond, 10*time.Millisecond))

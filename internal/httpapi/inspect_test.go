@@ -106,7 +106,8 @@ func TestCountsRoute(t *testing.T) {
 
 // Against a real server: a step that failed twice and then committed
 // shows its two failed attempts and when the committed one started; a
-// run waiting on a step shows it as open; the lists are never null.
+// step that failed twice and runs its third attempt is open, with its
+// failed attempts; the lists are never null.
 func TestGetRunTimeline(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -131,13 +132,21 @@ func TestGetRunTimeline(t *testing.T) {
 		require.False(t, a.EndedAt.After(step.StartedAt))
 	}
 
-	require.Equal(t, http.StatusCreated, b.post("echo", "tl-2", `{"n":1,"block":true}`).code)
+	require.Equal(t, http.StatusCreated, b.post("flaky", "tl-2", `"hold"`).code)
 	require.Eventually(t, func() bool {
 		res := b.do(http.MethodGet, "/v1/runs/tl-2", nil, "")
 		var run RunWithSteps
 		res.json(t, &run)
-		return len(run.OpenSteps) == 1 && run.OpenSteps[0].StepID == "tl-2.double.0" && run.OpenSteps[0].Attempt == 1
-	}, 30*time.Second, 20*time.Millisecond, "the blocked step is listed as open")
+		return len(run.OpenSteps) == 1 && run.OpenSteps[0].Attempt == 3
+	}, 30*time.Second, 20*time.Millisecond, "the step blocked in its third attempt is listed as open")
+	res = b.do(http.MethodGet, "/v1/runs/tl-2", nil, "")
+	res.json(t, &run)
+	require.Len(t, run.Steps, 1, "prepare")
+	open := run.OpenSteps[0]
+	require.Equal(t, "tl-2.charge.0", open.StepID)
+	require.Equal(t, "charge", open.Name)
+	require.Len(t, open.Attempts, 2)
+	require.Equal(t, "declined: hold", open.Attempts[1].Error)
 	b.release()
 	b.waitDone("tl-2")
 }
