@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,12 @@ func TestList(t *testing.T) {
 	}
 	code, _, errOut = producer("start", "hold", `{"name":"h"}`, "--id", "h-1")
 	require.Equal(t, 0, code, errOut)
+
+	// The run index is written after each record, so a listing right after
+	// wait can miss the last change: wait until one page shows them all.
+	require.Eventually(t, func() bool {
+		return slices.Equal([]string{"h-1", "g-4", "g-3", "g-2", "g-1", "g-0"}, runIDs(listJSON(t, producer)))
+	}, 10*time.Second, 10*time.Millisecond)
 
 	// Paging through greet, two at a time, flags before the command too:
 	// newest first (each run ended after the one before), each once.

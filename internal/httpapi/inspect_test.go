@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
@@ -168,6 +170,7 @@ func TestListRunsFiltersAndPages(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.post("fails", "lp-b-1", `{}`).code)
 	b.waitDone("lp-b-1")
 
+	b.waitListed("prefix=lp-", []string{"lp-b-1", "lp-a-4", "lp-a-3", "lp-a-2", "lp-a-1", "lp-a-0"})
 	list := func(query string) jetflow.RunPage {
 		t.Helper()
 		res := b.do(http.MethodGet, "/v1/runs?"+query, nil, "")
@@ -213,4 +216,24 @@ func TestListRunsFiltersAndPages(t *testing.T) {
 	res = b.do(http.MethodGet, "/v1/runs?cursor="+url.QueryEscape("not a cursor!"), nil, "")
 	require.Equal(t, http.StatusBadRequest, res.code, "%s", res.body)
 	require.True(t, strings.Contains(res.problem(t).Detail, "cursor"))
+}
+
+// waitListed waits until GET /v1/runs?query lists exactly want, in this
+// order: the run index is written after each run record, so a listing
+// right after a run ended can miss its last change for a moment.
+func (b *bundle) waitListed(query string, want []string) {
+	b.t.Helper()
+	list := func() []string {
+		res := b.do(http.MethodGet, "/v1/runs?"+query, nil, "")
+		var page jetflow.RunPage
+		res.json(b.t, &page)
+		var got []string
+		for _, r := range page.Runs {
+			got = append(got, r.RunID)
+		}
+		return got
+	}
+	if !assert.Eventually(b.t, func() bool { return slices.Equal(want, list()) }, 10*time.Second, 10*time.Millisecond) {
+		require.Equal(b.t, want, list(), query)
+	}
 }

@@ -184,6 +184,7 @@ func TestListRunsPaging(t *testing.T) {
 		b.waitDone(id) // each ends after the one before: a fixed order
 	}
 	require.Equal(t, http.StatusCreated, b.post("fails", "other-1", `{}`).code)
+	b.waitListed("workflow=echo&limit=500", want)
 
 	var got []string
 	cursor, pages := "", 0
