@@ -184,7 +184,8 @@ Flags (anywhere on the line):
   list:   --workflow W           only runs of workflow W
           --status S             only runs in state S: running, completed, failed, cancelled
           --prefix P             only run IDs starting with P
-          --since T, --until T   only runs whose last status change is in [T, T) (RFC 3339)
+          --since T, --until T   only runs whose last status change is at or after --since
+                                 and before --until (RFC 3339 times)
           --limit N              runs per page, 1..500 (default 50)
           --cursor C             the next page (the previous page's next cursor)
           --counts               instead, the number of runs in each state (with --workflow)

@@ -182,4 +182,14 @@ func TestWatchExitCodes(t *testing.T) {
 
 	code, _, errOut = producer("watch", "nope-1")
 	require.Equal(t, exitNotFound, code, errOut)
+
+	// --output json: the run's body, one line per change; an ended run
+	// prints once.
+	code, out, errOut := producer("watch", "w-2", "--output", "json")
+	require.Equal(t, exitRunFailed, code, errOut)
+	require.Equal(t, 1, strings.Count(out, "\n"), out)
+	var run httpapi.RunWithSteps
+	require.NoError(t, json.Unmarshal([]byte(out), &run))
+	require.Equal(t, "cancelled", string(run.Status))
+	require.NotNil(t, run.OpenSteps)
 }
