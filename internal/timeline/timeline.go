@@ -333,11 +333,18 @@ func span(begin, end time.Time) string {
 	return round(end.Sub(begin))
 }
 
+// round is d to the millisecond, or to the microsecond below one (a
+// step that took 300µs does not show as 0s).
 func round(d time.Duration) string {
-	if d < 0 {
+	switch {
+	case d < 0:
 		d = 0
+	case d < time.Millisecond:
+		d = d.Round(time.Microsecond)
+	default:
+		d = d.Round(time.Millisecond)
 	}
-	return d.Round(time.Millisecond).String()
+	return d.String()
 }
 
 // runDuration is how long an ended run ran.

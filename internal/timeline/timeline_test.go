@@ -154,6 +154,16 @@ func TestColor(t *testing.T) {
 	require.Equal(t, 2, strings.Count(out, "\x1b"))
 }
 
+func TestRound(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		-time.Second: "0s", 0: "0s", 412345 * time.Nanosecond: "412µs",
+		1234567 * time.Nanosecond: "1ms", 61500 * time.Millisecond: "1m1.5s",
+	} {
+		require.Equal(t, want, round(d), "%d", d)
+	}
+}
+
 func TestClean(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
