@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -49,9 +50,11 @@ func TestGetTimeline(t *testing.T) {
 	for i, l := range lines[2:] {
 		require.Regexp(t, `^  \+\S+\s+\S+\s+failed\s+`+string(rune('1'+i))+`\s+\S+\s+error: declined: visa$`, l)
 	}
-	col := strings.Index(lines[0], "ATTEMPT")
-	require.Equal(t, "3", lines[1][col:col+1], "aligned")
-	require.Equal(t, "1", lines[2][col:col+1], "aligned")
+	// Aligned on screen: the same number of characters (not bytes: "µs")
+	// before each line's attempt.
+	col := utf8.RuneCountInString(lines[0][:strings.Index(lines[0], "ATTEMPT")])
+	require.Equal(t, '3', []rune(lines[1])[col], "aligned")
+	require.Equal(t, '1', []rune(lines[2])[col], "aligned")
 
 	code, out, errOut = producer("get", "tl-1", "--output", "json")
 	require.Equal(t, 0, code, errOut)

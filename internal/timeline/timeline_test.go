@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -40,7 +41,7 @@ func completed() Timeline {
 					{Attempt: 2, StartedAt: at(115 * time.Millisecond), EndedAt: at(116 * time.Millisecond), Worker: "w-2", Error: "timeout"},
 				}},
 			{StepID: "order-1.email.0", Name: "email", Attempt: 1, Worker: "w-2 (served from task key w.order.ab.email, result of order-0.email.0)",
-				StartedAt: at(400 * time.Millisecond), CommittedAt: at(401 * time.Millisecond),
+				StartedAt: at(400 * time.Millisecond), CommittedAt: at(400*time.Millisecond + 300*time.Microsecond),
 				TaskKey: &jetflow.StepTaskKey{Key: "w.order.ab.email", Served: true, From: "order-0.email.0"}},
 			{StepID: "order-1.nap.0", Name: "nap", Attempt: 1, Kind: "sleep", WakeAt: at(1400 * time.Millisecond),
 				StartedAt: at(410 * time.Millisecond), CommittedAt: at(1402 * time.Millisecond)},
@@ -114,19 +115,26 @@ func TestStepColumnsAligned(t *testing.T) {
 	out := render(t, completed(), Options{})
 	_, table, ok := strings.Cut(out, "steps:\n")
 	require.True(t, ok)
-	lines := strings.Split(strings.TrimSuffix(table, "\n"), "\n")
+	var lines [][]rune // on screen a character is a column, not a byte ("µs")
+	for _, l := range strings.Split(strings.TrimSuffix(table, "\n"), "\n") {
+		lines = append(lines, []rune(l))
+	}
 	require.Len(t, lines, 8) // title, 5 steps, 2 failed attempts
-	col := strings.Index(lines[0], "STEP ID")
+	column := func(title string) int {
+		return utf8.RuneCountInString(string(lines[0])[:strings.Index(string(lines[0]), title)])
+	}
+	col := column("STEP ID")
 	for _, l := range lines[1:] {
-		if strings.Contains(l, "failed") {
+		if strings.Contains(string(l), "failed") {
 			continue // no step ID on an attempt's line
 		}
-		require.Equal(t, "order-1.", l[col:col+len("order-1.")], "line %q", l)
+		require.Equal(t, "order-1.", string(l[col:col+len("order-1.")]), "line %q", string(l))
 	}
-	attempt := strings.Index(lines[0], "ATTEMPT")
-	require.Equal(t, "3", lines[1][attempt:attempt+1])
-	require.Equal(t, "1", lines[2][attempt:attempt+1])
-	require.Equal(t, "2", lines[3][attempt:attempt+1])
+	require.Contains(t, string(lines[4]), "300µs")
+	attempt := column("ATTEMPT")
+	for i, want := range []rune{'3', '1', '2', '1'} {
+		require.Equal(t, want, lines[i+1][attempt], "line %q", string(lines[i+1]))
+	}
 }
 
 // Stored text cannot put an escape character or a line break on the
