@@ -40,10 +40,10 @@ type Page struct {
 // Scanning parameters. A page reads the stream backwards in windows of
 // sequences, each twice the last, until it holds Limit entries. A filter
 // that matches few entries among many would make that a long walk; once a
-// walk has covered scanBudget sequences, the page asks the server for the
-// last entry of every matching subject below the window instead (one
-// request, answered from the subject index), which it does whenever at
-// most multiLastMax entries match.
+// walk has covered scanBudget sequences (at once for a run ID prefix), the
+// page asks the server once for the last entry of every matching subject
+// below the window instead (one request, answered from the subject
+// index), which it gets whenever at most multiLastMax entries match.
 const (
 	minWindow    = 128
 	scanBudget   = 32 * 1024
@@ -81,8 +81,12 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	filter := q.filter()
 	var got []Entry // newest first
 	window, scanned := uint64(max(minWindow, 4*q.Limit)), uint64(0)
+	// A prefix selects few runs as a rule, scattered over the whole
+	// index: ask for them at once first.
+	askedAll := false
 	for hi > lo && len(got) <= q.Limit {
-		if scanned >= scanBudget {
+		if !askedAll && (scanned >= scanBudget || q.Prefix != "") {
+			askedAll = true
 			older, ok, err := x.lastPerSubject(ctx, filter, lo, hi)
 			if err != nil {
 				return Page{}, err
