@@ -148,3 +148,11 @@ func (b *browser) screenshot(name string) string {
 
 // jsString quotes s as a JavaScript string literal.
 func jsString(s string) string { return fmt.Sprintf("%q", s) }
+
+// hidden reports whether the element matching sel has the hidden attribute.
+func (b *browser) hidden(sel string) bool {
+	b.t.Helper()
+	var h bool
+	b.eval(`document.querySelector(`+jsString(sel)+`).hidden`, &h)
+	return h
+}
