@@ -23,9 +23,13 @@ import (
 // parallel, and each browser is a handful of processes.
 var browsers = make(chan struct{}, 3)
 
-// browserTimeout bounds each browser test: page loads, API round trips
-// and the page's refresh (3s) on a busy machine.
-const browserTimeout = 90 * time.Second
+// browserTimeout bounds each browser test, and waitTimeout each wait for
+// the page (page loads, API round trips and the page's 3s refresh on a
+// busy machine), leaving time to record a failed wait's page.
+const (
+	browserTimeout = 180 * time.Second
+	waitTimeout    = 45 * time.Second
+)
 
 func chromiumPath(t *testing.T) string {
 	t.Helper()
@@ -112,7 +116,7 @@ func (b *browser) eval(expr string, out any) {
 // the test waits on the DOM, never on a sleep.
 func (b *browser) waitFor(what, cond string) {
 	b.t.Helper()
-	err := chromedp.Run(b.ctx, chromedp.Poll(cond, nil, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(browserTimeout)))
+	err := chromedp.Run(b.ctx, chromedp.Poll(cond, nil, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(waitTimeout)))
 	if err != nil {
 		var state string
 		_ = chromedp.Run(b.ctx, chromedp.Evaluate(`location.href + "\n" + document.body.innerText`, &state))

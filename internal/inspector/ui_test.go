@@ -49,6 +49,17 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 		"refund-77": "failed", "order-1042": "completed", "shipment-9": "running"}, got)
 	b.screenshot("inspector-runs")
 
+	// The live refresh updates the rows in place: the same elements, one
+	// fixed height.
+	b.eval(`window.__row = document.querySelector("#runs-body tr"); window.__stamp = document.querySelector("#live").textContent`, nil)
+	b.waitFor("a refresh", `document.querySelector("#live").textContent !== window.__stamp`)
+	var same bool
+	b.eval(`document.querySelector("#runs-body tr") === window.__row`, &same)
+	require.True(t, same, "a refresh keeps the row elements")
+	var heights []float64
+	b.eval(`[...new Set([...document.querySelectorAll("#runs-body tr")].map(r => r.getBoundingClientRect().height))]`, &heights)
+	require.Len(t, heights, 1, "every row has one height: %v", heights)
+
 	// Filter by status: the failed run only.
 	b.run("filter failed", chromedp.SetValue("#f-status", "failed", chromedp.ByQuery),
 		chromedp.Evaluate(`document.querySelector("#f-status").dispatchEvent(new Event("change"))`, nil))
@@ -63,7 +74,10 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	var focused string
 	b.eval(`document.activeElement.id`, &focused)
 	require.Equal(t, "search", focused, "/ focuses the search box")
-	b.run("type the run ID", chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
+	// The protocol sends "/" as a key press and a separate character,
+	// which (unlike a real key press) the page's preventDefault does not
+	// suppress: clear what it may have typed.
+	b.run("type the run ID", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
 	b.waitFor("the exact match", `document.querySelector("#exact-link")?.textContent === "order-1042"`)
 
 	// The run page, against the SDK's view of the run.

@@ -403,9 +403,12 @@ function runView(id) {
     if (!force && key === last && r.data.status !== "running") return;
     last = key;
     run = r.data;
+    // A refresh keeps the scroll position and the focused control.
     const y = window.scrollY;
+    const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.id : "";
     body.replaceChildren(...renderRun(run, { cancel, startAgain, resetKey }));
     window.scrollTo(0, y);
+    if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
   }
 
   return {
