@@ -71,9 +71,7 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.run("clear filters", chromedp.Navigate(e.srv.URL+"/ui/#/"))
 	b.waitFor("the list", `document.querySelectorAll("#runs-body tr").length === 6`)
 	b.run("search", chromedp.KeyEvent("/"))
-	var focused string
-	b.eval(`document.activeElement.id`, &focused)
-	require.Equal(t, "search", focused, "/ focuses the search box")
+	b.waitFor("/ to focus the search box", `document.activeElement.id === "search"`)
 	// The protocol sends "/" as a key press and a separate character,
 	// which (unlike a real key press) the page's preventDefault does not
 	// suppress: clear what it may have typed.
@@ -114,6 +112,18 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	require.Contains(t, b.text("#run-input"), `"order_id": "o-1042"`)
 	require.Contains(t, b.text("#timeline"), "task key")
 	b.screenshot("inspector-run")
+
+	// Reset the receipt step's task key: the dialog asks for the key the
+	// step was called with (the stored one is a hash), in the stored key's
+	// scope (the run).
+	b.run("reset the key", chromedp.Click("#timeline .reset-key", chromedp.ByQuery))
+	b.waitFor("the dialog", `document.querySelector("#confirm").open && document.querySelector("#confirm-input")`)
+	b.run("type the key", chromedp.SendKeys("#confirm-input", "receipt-ch_1", chromedp.ByQuery), chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.waitFor("the answer", `document.querySelector("#action-result")?.textContent.includes("removed")`)
+	require.Equal(t, "Task key reset (scope run): 1 stored result(s) removed.", b.text("#action-result"))
+	n, err := e.client.ResetTaskKey(ctxT(t, 10*time.Second), "receipt-ch_1", jetflow.ScopeRun, "order-1042")
+	require.NoError(t, err)
+	require.Zero(t, n, "the page's reset removed the key")
 
 	// The running run: its wait is an open step, and it has a cancel button.
 	b.run("open the running run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/shipment-9"))

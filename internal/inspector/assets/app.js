@@ -573,7 +573,11 @@ document.addEventListener("keydown", (e) => {
   const t = e.target;
   if (t instanceof HTMLInputElement || t instanceof HTMLTextAreaElement || t instanceof HTMLSelectElement || $("#confirm").open) return;
   e.preventDefault();
-  if (!$("#search")) location.hash = "#/";
+  if ($("#search")) {
+    $("#search").focus();
+    return;
+  }
+  location.hash = "#/"; // the list, then its search box
   requestAnimationFrame(() => $("#search") && $("#search").focus());
 });
 
