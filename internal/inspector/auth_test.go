@@ -145,6 +145,7 @@ func TestBrowserAuth(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, http.StatusUnauthorized, resp.Status)
 	require.Equal(t, "That token is not valid.", b.text("#login-error"))
+	b.screenshot("inspector-login")
 
 	resp, err = chromedp.RunResponse(b.ctx, chromedp.SendKeys("#token", testToken, chromedp.ByQuery), chromedp.Submit("#token", chromedp.ByQuery))
 	require.NoError(t, err)

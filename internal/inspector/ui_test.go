@@ -129,6 +129,7 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.run("open the running run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/shipment-9"))
 	b.waitFor("the running run", `document.querySelector("#run-id")?.textContent === "shipment-9" && document.querySelector("#cancel-run")`)
 	require.Equal(t, "running", b.text("#run-status"))
+	b.screenshot("inspector-run-running")
 	require.True(t, strings.Contains(b.text("#run-input"), `"carrier": "ups"`))
 }
 
