@@ -16,7 +16,7 @@ import (
 func TestInspectorCookieNeedsUIHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *Config) { c.Tokens = []string{"token-one"} })
-	cookie := func(v string) string { return token.CookieName + "=" + v }
+	cookie := func(v string) string { return token.CookieName + "=" + token.CookieValue(v) }
 
 	cases := []struct {
 		name   string

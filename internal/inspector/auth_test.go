@@ -52,7 +52,7 @@ var form = http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
 func TestLoginAndCookie(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testToken)
-	cookie := func(v string) string { return token.CookieName + "=" + v }
+	cookie := func(v string) string { return token.CookieName + "=" + token.CookieValue(v) }
 
 	res := e.send(http.MethodGet, "/ui/", nil, "")
 	require.Equal(t, http.StatusUnauthorized, res.code)
@@ -117,6 +117,8 @@ func TestOpenInspectorAndStartAgainRefusals(t *testing.T) {
 	res = e.send(http.MethodGet, "/ui/", nil, "")
 	require.Equal(t, http.StatusOK, res.code)
 	require.Contains(t, res.header.Get("Content-Security-Policy"), "script-src 'self'")
+	require.Equal(t, http.StatusNotFound, e.send(http.MethodGet, "/ui/assets/", nil, "").code, "no directory listing")
+	require.Equal(t, http.StatusNotFound, e.send(http.MethodGet, "/ui/nothing", nil, "").code)
 
 	e.start("echo", "done-1", map[string]any{"n": 1})
 	require.Equal(t, jetflow.StatusCompleted, e.wait("done-1").Status)
@@ -169,7 +171,7 @@ func TestBrowserAuth(t *testing.T) {
 	u, err := url.Parse(e.srv.URL)
 	require.NoError(t, err)
 	b.run("spoil the cookie", chromedp.ActionFunc(func(ctx context.Context) error {
-		return network.SetCookie(token.CookieName, "rotated").WithDomain(u.Hostname()).WithPath("/").WithHTTPOnly(true).Do(ctx)
+		return network.SetCookie(token.CookieName, token.CookieValue("rotated")).WithDomain(u.Hostname()).WithPath("/").WithHTTPOnly(true).Do(ctx)
 	}))
 	b.run("cancel", chromedp.Click("#cancel-run", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)

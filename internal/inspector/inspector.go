@@ -21,6 +21,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -112,18 +113,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // page serves the single page, or the login form (401) to a browser
 // without a valid token.
 func (h *Handler) page(w http.ResponseWriter, r *http.Request) {
-	switch res := h.tokens.Cookie(r); {
-	case res.OK():
-		w.Header().Set("Cache-Control", "no-store")
-		http.ServeFileFS(w, r, assets, "assets/index.html")
-	default:
+	if res := h.tokens.Cookie(r); !res.OK() {
 		h.loginPage(w, http.StatusUnauthorized, res == token.Invalid)
+		return
 	}
+	w.Header().Set("Cache-Control", "no-store")
+	http.ServeFileFS(w, r, assets, "assets/index.html")
 }
 
 // asset serves the page's script, style sheet and icon: public, they
 // hold nothing but code.
 func (h *Handler) asset(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(r.URL.Path, "/") {
+		http.NotFound(w, r) // no directory listings
+		return
+	}
 	w.Header().Set("Cache-Control", "no-cache")
 	h.static.ServeHTTP(w, r)
 }
@@ -156,7 +160,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.loginPage(w, http.StatusUnauthorized, true)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: token.CookieName, Value: tok, Path: "/",
+	http.SetCookie(w, &http.Cookie{Name: token.CookieName, Value: token.CookieValue(tok), Path: "/",
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
 }

@@ -9,14 +9,21 @@ package token
 
 import (
 	"crypto/sha256"
+	"encoding/base64"
 	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"strings"
 )
 
-// CookieName is the inspector's cookie; it holds a token.
+// CookieName is the inspector's cookie; it holds a token (CookieValue).
 const CookieName = "jetflow_token"
+
+// CookieValue is the cookie's value for tok: base64url, since a token may
+// hold bytes a cookie value may not (quotes, semicolons, spaces).
+func CookieValue(tok string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strings.TrimSpace(tok)))
+}
 
 // HeaderUI is the header the inspector's requests carry, with the value "1",
 // for the cookie to count.
@@ -100,7 +107,11 @@ func (s *Set) Cookie(r *http.Request) Result {
 	if err != nil {
 		return Missing
 	}
-	return s.result(c.Value)
+	tok, err := base64.RawURLEncoding.DecodeString(c.Value)
+	if err != nil {
+		return Invalid
+	}
+	return s.result(string(tok))
 }
 
 // Request checks an API request: its bearer token, or else its cookie if
