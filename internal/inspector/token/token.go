@@ -9,8 +9,8 @@ package token
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"crypto/subtle"
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"strings"
