@@ -516,7 +516,13 @@ function renderTimeline(run, actions) {
     const atts = (o.attempts || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed" }));
     const prevEnd = atts.length ? atts[atts.length - 1].end : null;
     atts.forEach((a) => span(a.start, a.end));
-    if (run.status === "running") atts.push({ n: o.attempt, start: prevEnd, end: now, cls: "open", running: true });
+    if (run.status === "running") {
+      // The latest attempt started either failed (the step waits for its
+      // retry: the next attempt is pending) or runs now.
+      const lastFailed = atts.length ? atts[atts.length - 1].n : 0;
+      const pending = lastFailed >= o.attempt;
+      atts.push({ n: pending ? lastFailed + 1 : o.attempt, start: prevEnd, end: now, cls: "open", note: pending ? "retry pending" : "running" });
+    }
     items.push({ s: o, atts, open: true });
   }
   const total = Math.max(tEnd - tStart, 1);
@@ -542,7 +548,7 @@ function renderTimeline(run, actions) {
         bar.style.left = pct(start) + "%";
         bar.style.width = Math.max(pct(a.end) - pct(start), 0.3) + "%";
       }
-      const label = `attempt ${a.n}` + (a.running ? " · running" : a.cls === "failed" && !a.committed ? " · failed" : "") + (a.worker ? " · " + a.worker : "");
+      const label = `attempt ${a.n}` + (a.note ? " · " + a.note : a.cls === "failed" && !a.committed ? " · failed" : "") + (a.worker ? " · " + a.worker : "");
       return el("div", { class: "tl-row attempt" + (a.cls === "failed" ? " attempt-failed" : ""), "data-step-id": s.step_id, "data-attempt": String(a.n) },
         el("span", { class: "tl-label", title: label, text: label }),
         el("div", { class: "tl-track" }, bar),
