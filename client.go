@@ -18,6 +18,7 @@ import (
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -61,6 +62,11 @@ type ClientConfig struct {
 	// Metrics counts the starts this client admits itself (Start; nil:
 	// none). StartByName starts are counted by the worker that admits them.
 	Metrics *Metrics
+	// Tracing emits the jetflow.start span of the starts this client
+	// admits itself, and the jetflow.run span of the runs it cancels (nil:
+	// none); see WithTracerProvider. Every start carries the trace context
+	// of its ctx into the run, traced or not.
+	Tracing *Tracing
 	// StartByRequest makes Start ask a worker that serves the workflow to
 	// admit the start (request-reply on jetflow.admit.<workflow>, as
 	// StartByName does) instead of admitting it in this process. It is for
@@ -119,8 +125,10 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	}
 	cfg.Metrics.watch(nc)
 	store := runs.New(assets)
+	admit := dedupe.New(assets, nil, cfg.Metrics.internal())
+	admit.SetTracer(cfg.Tracing.internal())
 	return &Client{
-		nc: nc, cfg: cfg, assets: assets, admit: dedupe.New(assets, nil, cfg.Metrics.internal()), runs: store,
+		nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store,
 		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now},
 	}, nil
 }
@@ -398,6 +406,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	if o.entry != "" {
 		req.Header.Set(startproto.EntryHeader, string(o.entry))
 	}
+	tracing.InjectNATS(ctx, req.Header)
 	msg, err := c.nc.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return StartResult{}, c.unanswered(ctx, name)
@@ -620,6 +629,12 @@ type StepRecord struct {
 	// <key>, result of <step ID>)"; read TaskKey rather than this text.
 	Worker      string    `json:"worker,omitempty"`
 	CommittedAt time.Time `json:"committed_at"`
+	// StartedAt is when the committed attempt started (zero for a step
+	// that ran no function, and for records written before it was kept).
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// Attempts are the earlier attempts of the step that failed and were
+	// retried, oldest first (the last ten).
+	Attempts []StepAttempt `json:"attempts,omitempty"`
 	// TaskKey is set for a step called with a task idempotency key
 	// (WithTaskKey): the key, and whether the result was served
 	// from its cache and from which step. Nil for a step without a key.
@@ -635,6 +650,24 @@ type StepRecord struct {
 	// payload); HookToken the token of a hook wait.
 	EventID   string `json:"event_id,omitempty"`
 	HookToken string `json:"hook_token,omitempty"`
+}
+
+// StepAttempt is one failed attempt of a step, which was retried.
+type StepAttempt struct {
+	Attempt   int       `json:"attempt"`
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at"`
+	// Worker names the worker that ran the attempt.
+	Worker string `json:"worker,omitempty"`
+	Error  string `json:"error"`
+}
+
+func toAttempts(fs []state.AttemptFailure) []StepAttempt {
+	var out []StepAttempt
+	for _, f := range fs {
+		out = append(out, StepAttempt{Attempt: f.Attempt, StartedAt: f.StartedAt, EndedAt: f.EndedAt, Worker: f.Worker, Error: f.Error})
+	}
+	return out
 }
 
 // StepTaskKey is the task idempotency key of a committed step.
@@ -659,10 +692,7 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	identity := runID
-	if r, _, err := c.runs.Get(ctx, runID); err == nil {
-		identity = state.RunIdentity(runID, r.Generation)
-	}
+	identity := c.identity(ctx, runID)
 	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
@@ -678,7 +708,7 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 			return nil, err
 		}
 		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
-			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken}
+			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
 		if s.Error != nil {
 			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
 		}
@@ -689,6 +719,15 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
 	return out, nil
+}
+
+// identity is the key prefix of the current generation of runID's
+// records (the run ID itself when it has no record).
+func (c *Client) identity(ctx context.Context, runID string) string {
+	if r, _, err := c.runs.Get(ctx, runID); err == nil {
+		return state.RunIdentity(runID, r.Generation)
+	}
+	return runID
 }
 
 // CancelOutcome says what a cancel did.
@@ -752,6 +791,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	}
 	if cancelled {
 		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
+		c.cfg.Tracing.internal().EndRun(run) // the run ends here, not in a worker
 	}
 	// Again on a repeat: the call that cancelled the run may have failed
 	// to tell the workers or the parent (both are safe to repeat).

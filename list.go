@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -17,8 +20,14 @@ type ListOptions struct {
 	Workflow string
 	// Status keeps only runs in this state ("" for all).
 	Status RunStatus
-	// After is the cursor: the page starts after this run ID (RunPage.Next
-	// of the previous page; "" for the first page).
+	// RunIDPrefix keeps only runs whose ID starts with it ("" for all); a
+	// whole run ID finds that run.
+	RunIDPrefix string
+	// Since and Until keep only runs whose last status change (start,
+	// start again, end) is in [Since, Until); zero for open.
+	Since, Until time.Time
+	// After is the cursor: RunPage.Next of the previous page ("" for the
+	// first page). It is opaque.
 	After string
 	// Limit is the most runs a page holds (default 50, at most MaxListLimit).
 	Limit int
@@ -34,77 +43,167 @@ const (
 // HTTP API and the producer's --output json show it; they send an empty
 // page's Runs as [], never null.
 type RunPage struct {
-	// Runs in run ID order.
+	// Runs, newest first.
 	Runs []Run `json:"runs"`
 	// Next is the cursor of the next page (ListOptions.After), "" when
 	// this page is the last.
 	Next string `json:"next_cursor,omitempty"`
 }
 
-// ListRuns returns the runs whose records are kept (within retention), in
-// run ID order, filtered by workflow and status, one page at a time. Pages
-// are stable under concurrent starts: a run created while paging appears
-// on a later page if its ID sorts after the cursor. A run whose record
-// expires between the listing and the read is skipped.
+// ListRuns returns the runs whose records are kept (within retention),
+// newest first by the time of their last status change — a running run
+// by when it started (or was started again), an ended run by when it
+// ended — filtered by workflow, status, run ID prefix and time, one page
+// at a time.
 //
-// It reads every key of the runs bucket and then each run of the page
-// (with its audit), so it is an operator's tool, not a query path: with a
-// million kept runs a page costs about a second.
+// It reads the run index, so a page costs about the same with a thousand
+// or a million kept runs; each run of the page is then read from its
+// record, so what a page shows is the record, never a stale index entry.
+// A page may hold fewer than Limit runs while more follow (Next is set):
+// an entry whose run changed or expired since it was written is left out
+// and repaired. A run that changes status while a walk is in progress
+// moves to the top of the list: the walk may miss it, never show it twice
+// on one page.
 func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	if err := opts.validate(); err != nil {
-		return RunPage{}, err
-	}
-	limit := opts.Limit
-	if limit == 0 {
-		limit = DefaultListLimit
-	}
-	keys, err := c.runs.Keys(ctx)
+	q, err := opts.query()
 	if err != nil {
 		return RunPage{}, err
 	}
-	start, _ := slices.BinarySearch(keys, opts.After)
-	if start < len(keys) && keys[start] == opts.After {
-		start++
-	}
-	var page RunPage
-	for i := start; i < len(keys); i++ {
-		if len(page.Runs) == limit {
-			page.Next = page.Runs[limit-1].RunID
-			break
-		}
-		r, _, err := c.runs.Get(ctx, keys[i])
-		if errors.Is(err, runs.ErrNotFound) {
-			continue // expired since the listing
-		}
-		if errors.Is(err, state.ErrCorrupt) {
-			return RunPage{}, fmt.Errorf("run %s: %w", keys[i], err)
-		}
-		if err != nil {
+	page, err := c.runs.Index().Page(ctx, q)
+	if errors.Is(err, runindex.ErrMissing) {
+		if err := c.rebuildIndex(ctx); err != nil {
 			return RunPage{}, err
 		}
-		if (opts.Workflow != "" && r.Workflow != opts.Workflow) || (opts.Status != "" && RunStatus(r.Status) != opts.Status) {
-			continue
-		}
-		run, err := c.toRun(ctx, r)
-		if err != nil {
-			return RunPage{}, err
-		}
-		page.Runs = append(page.Runs, run)
+		page, err = c.runs.Index().Page(ctx, q)
 	}
-	return page, nil
+	if err != nil {
+		return RunPage{}, err
+	}
+	out := RunPage{Runs: []Run{}}
+	if page.Next != 0 {
+		out.Next = runindex.EncodeCursor(page.Next)
+	}
+	listed := make([]Run, len(page.Entries))
+	kept := make([]bool, len(page.Entries))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(listReaders)
+	for i, e := range page.Entries {
+		g.Go(func() (err error) {
+			listed[i], kept[i], err = c.listed(gctx, e)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return RunPage{}, err
+	}
+	for i, run := range listed {
+		if kept[i] {
+			out.Runs = append(out.Runs, run)
+		}
+	}
+	return out, nil
 }
 
-func (o ListOptions) validate() error {
+// listReaders is how many runs of a page ListRuns reads at once.
+const listReaders = 16
+
+// listed reads the run of index entry e; ok is false when the entry no
+// longer stands for the run's record (the record changed or expired), in
+// which case listed repairs the index (runs.Store.Repair). A repair that fails (a producer
+// may not write the index) goes to the store's IndexFailed: the page is
+// right either way.
+func (c *Client) listed(ctx context.Context, e runindex.Entry) (Run, bool, error) {
+	r, _, err := c.runs.Get(ctx, e.RunID)
+	if errors.Is(err, runs.ErrNotFound) {
+		if err := c.runs.Unindex(ctx, e.RunID); err != nil {
+			c.runs.IndexFailed(e.RunID, err)
+		}
+		return Run{}, false, nil
+	}
+	if errors.Is(err, state.ErrCorrupt) {
+		return Run{}, false, fmt.Errorf("run %s: %w", e.RunID, err)
+	}
+	if err != nil {
+		return Run{}, false, err
+	}
+	if !e.Matches(r) {
+		if err := c.runs.Repair(ctx, e, r); err != nil {
+			c.runs.IndexFailed(e.RunID, err)
+		}
+		return Run{}, false, nil
+	}
+	run, err := c.toRun(ctx, r)
+	return run, err == nil, err
+}
+
+// rebuildIndex makes the run index stream again after it went missing and
+// fills it from the run records.
+func (c *Client) rebuildIndex(ctx context.Context) error {
+	if err := c.assets.EnsureIndexStream(ctx); err != nil {
+		return err
+	}
+	_, err := c.runs.EnsureIndex(ctx)
+	return err
+}
+
+// RunCounts is how many kept runs are in each state.
+type RunCounts struct {
+	Running   int64 `json:"running"`
+	Completed int64 `json:"completed"`
+	Failed    int64 `json:"failed"`
+	Cancelled int64 `json:"cancelled"`
+}
+
+// CountRuns counts the kept runs of workflow ("" for all) in each state,
+// from the run index: a few requests whatever the number of runs. The
+// counts are the index's, so a run whose entry is being repaired may be
+// counted under its former state for a moment.
+func (c *Client) CountRuns(ctx context.Context, workflow string) (_ RunCounts, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
+	if workflow != "" {
+		if err := state.ValidateName(workflow); err != nil {
+			return RunCounts{}, fmt.Errorf("%w: %w", ErrInvalidListOptions, err)
+		}
+	}
+	n, err := c.runs.Index().Count(ctx, workflow)
+	if errors.Is(err, runindex.ErrMissing) {
+		if err := c.rebuildIndex(ctx); err != nil {
+			return RunCounts{}, err
+		}
+		n, err = c.runs.Index().Count(ctx, workflow)
+	}
+	if err != nil {
+		return RunCounts{}, err
+	}
+	return RunCounts{Running: n[state.StatusRunning], Completed: n[state.StatusCompleted], Failed: n[state.StatusFailed], Cancelled: n[state.StatusCancelled]}, nil
+}
+
+// query checks o and turns it into an index query.
+func (o ListOptions) query() (runindex.Query, error) {
+	bad := func(format string, args ...any) (runindex.Query, error) {
+		return runindex.Query{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidListOptions}, args...)...)
+	}
 	switch {
 	case o.Workflow != "" && state.ValidateName(o.Workflow) != nil:
-		return fmt.Errorf("%w: %w", ErrInvalidListOptions, state.ValidateName(o.Workflow))
+		return bad("%w", state.ValidateName(o.Workflow))
 	case o.Status != "" && !state.Status(o.Status).Valid():
-		return fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", ErrInvalidListOptions, o.Status)
-	case o.After != "" && state.ValidateRunID(o.After) != nil:
-		return fmt.Errorf("%w: cursor: %w", ErrInvalidListOptions, state.ValidateRunID(o.After))
+		return bad("status %q: want running, completed, failed or cancelled", o.Status)
+	case o.RunIDPrefix != "" && state.ValidateRunID(o.RunIDPrefix) != nil:
+		return bad("run ID prefix: %w", state.ValidateRunID(o.RunIDPrefix))
+	case !o.Since.IsZero() && !o.Until.IsZero() && !o.Since.Before(o.Until):
+		return bad("since %s is not before until %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	case o.Limit < 0 || o.Limit > MaxListLimit:
-		return fmt.Errorf("%w: limit %d: want 1..%d (0 for %d)", ErrInvalidListOptions, o.Limit, MaxListLimit, DefaultListLimit)
+		return bad("limit %d: want 1..%d (0 for %d)", o.Limit, MaxListLimit, DefaultListLimit)
 	}
-	return nil
+	before, err := runindex.ParseCursor(o.After)
+	if err != nil {
+		return bad("%w", err)
+	}
+	limit := o.Limit
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	return runindex.Query{Status: state.Status(o.Status), Workflow: o.Workflow, Prefix: o.RunIDPrefix,
+		Since: o.Since, Until: o.Until, Before: before, Limit: limit}, nil
 }

@@ -59,6 +59,9 @@ type WorkerConfig struct {
 	Logger zerolog.Logger
 	// Metrics receives the worker's metrics (nil: none); see NewMetrics.
 	Metrics *Metrics
+	// Tracing emits spans of starts, runs and steps (nil: none); see
+	// WithTracerProvider.
+	Tracing *Tracing
 	// BacklogInterval is how often the worker samples its consumers'
 	// backlogs for Metrics, and the start stream for envelopes of workflows
 	// no worker serves (default 15s).
@@ -179,11 +182,20 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	assets.IndexFailed = func(runID string, err error) {
+		w.log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
+	}
+	if rebuilt, err := runs.New(assets).EnsureIndex(ctx); err != nil {
+		return err
+	} else if rebuilt {
+		w.log.Info().Msg("run index built from the run records")
+	}
 	sweeper, err := w.newSweeper(assets)
 	if err != nil {
 		return err
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
+	admit.SetTracer(w.cfg.Tracing.internal())
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
@@ -197,6 +209,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
+		Tracer: w.cfg.Tracing.internal(),
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,

@@ -59,13 +59,19 @@ type config struct {
 	// workerStuckAfter: the waits phases' worker's StuckAfter (0: the
 	// default), to see the sweeper's checks of long-waiting runs.
 	workerStuckAfter time.Duration
+	// indexRuns, indexGoroutines, indexSamples: the index phase's kept
+	// runs, the goroutines that write them, and how often each page is
+	// measured.
+	indexRuns       int
+	indexGoroutines int
+	indexSamples    int
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
 // shapes, which take longer and are asked for by name.
 var (
 	defaultPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
-	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep", "sleepers", "wakeups", "events")
+	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep", "sleepers", "wakeups", "events", "index")
 )
 
 // parseFlags parses the command line's arguments (without the program
@@ -91,7 +97,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.quick, "quick", false, "smoke run: every N divided by 10")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Minute, "end-to-end phases: give up waiting for completions after this long")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the first repetition of the --profile-phase phase to this file (server included: it is in-process)")
-	fs.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles")
+	fs.StringVar(&c.profilePhase, "profile-phase", "e2e", "the phase --cpuprofile profiles (index-pages: the index phase's page measurements, without its populate)")
 	fs.BoolVar(&c.keepData, "keep-data", false, "keep the server's temporary data directory")
 	fs.IntVar(&c.fanoutRuns, "fanout-runs", 300, "fanout phase: runs of 1 step, --fanout-width parallel steps, 1 step")
 	fs.IntVar(&c.fanoutWidth, "fanout-width", 32, "fanout phase: parallel steps per run (jetflow.Go, then jetflow.AwaitAll)")
@@ -106,6 +112,9 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
 	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
 	fs.DurationVar(&c.workerStuckAfter, "worker-stuck-after", 0, "sleepers, wakeups, events: the worker process's StuckAfter (0: the default, 5m); the sweeper checks every waiting run once per StuckAfter")
+	fs.IntVar(&c.indexRuns, "index-runs", 200000, "index phase: kept runs written through the run store (and its index)")
+	fs.IntVar(&c.indexGoroutines, "index-goroutines", 64, "index phase: goroutines writing the runs")
+	fs.IntVar(&c.indexSamples, "index-samples", 50, "index phase: times each page and count is measured (p50/p99)")
 	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -114,7 +123,7 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if c.quick {
-		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns, &c.sleepers, &c.wakeups, &c.events} {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns, &c.sleepers, &c.wakeups, &c.events, &c.indexRuns} {
 			*p = max(1, *p/10)
 		}
 	}
@@ -136,7 +145,7 @@ func parseFlags(args []string) (config, error) {
 	switch {
 	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
 		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1 ||
-		c.sleepers < 1 || c.wakeups < 1 || c.events < 1:
+		c.sleepers < 1 || c.wakeups < 1 || c.events < 1 || c.indexRuns < 1 || c.indexGoroutines < 1 || c.indexSamples < 1:
 		return c, errors.New("counts must be at least 1")
 	case c.sleep < time.Second || c.waitWindow <= 0 || c.wakeLead < 0:
 		return c, errors.New("--sleep must be at least 1s, --wait-window positive, --wake-lead not negative")
@@ -344,6 +353,16 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(f.sendRate) + " sends/s, raw " + num(f.rawRate) + " req/s", err
 		})
+		if rep == 0 { // the index phase writes its run IDs once: it runs once
+			step("index", rep, func() (string, error) {
+				f, err := engineIndex(ctx, e, cfg)
+				if err != nil {
+					return "", err
+				}
+				indexResults = append(indexResults, f)
+				return num(float64(f.n)/f.populate.Seconds()) + " runs written/s", nil
+			})
+		}
 	}
 	fmt.Println()
 
@@ -352,6 +371,7 @@ func run(ctx context.Context, cfg config) error {
 	printHTTPReport(os.Stdout, res)
 	printShapeReports(os.Stdout, res)
 	printWaitsReport(os.Stdout, res)
+	printIndexReport(os.Stdout, res)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}

@@ -76,7 +76,8 @@ var natsUsers = map[string]string{
 // operatorOnly is what the operator may publish beyond the producer: a
 // task-key reset (bucket lookup, key listing through an ordered consumer,
 // a purge per key) and a cancel (the run record, a child's parent step and
-// resume task, the workers' notice). security_test.go checks these against
+// resume task, the workers' notice, the run's index entry).
+// security_test.go checks these against
 // a server.
 var operatorOnly = []string{
 	"$JS.API.STREAM.INFO.KV_jetflow_taskkeys",
@@ -89,6 +90,8 @@ var operatorOnly = []string{
 	"$KV.jetflow_steps.*.*.*",
 	"jetflow.task.*.*.*.*",
 	"jetflow.cancel.*",
+	"jetflow.runindex.>",
+	"$JS.API.STREAM.PURGE.JETFLOW_RUN_INDEX",
 }
 
 // Not parallel: t.Setenv.

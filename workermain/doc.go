@@ -49,5 +49,9 @@
 // in place). Logs are JSON lines on stderr (console on a terminal;
 // --log-format, --log-level); every line about a run carries workflow and
 // run_id, and durations are strings with their unit (package
-// internal/logging).
+// internal/logging). With OTEL_EXPORTER_OTLP_ENDPOINT (or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, the worker exports OpenTelemetry
+// spans of its starts, runs and steps over OTLP/HTTP, as OTEL_SERVICE_NAME
+// (default jetflow-<name>), and flushes them after its drain
+// (docs/tracing.md).
 package workermain

@@ -18,6 +18,7 @@ import (
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // startTimeout bounds the worker's Start: provisioning of its streams,
@@ -83,8 +84,14 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		}
 	}
 
+	tp, stopTracing, err := tracing.Setup(ctx, p.getenv, "jetflow-"+p.name, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // after the drain: the last steps' and runs' spans are flushed
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
+		Tracing:       jetflow.WithTracerProvider(tp),
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
 		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/timeline"
 )
 
 // opTimeout bounds the NATS requests of every command but wait, and the
@@ -40,19 +41,72 @@ func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input
 	return out.start(res)
 }
 
-// get prints a run and its committed steps.
+// get prints a run's timeline: the run, its committed steps and its open
+// steps (--output json: the body of GET /v1/runs/{id}).
 func get(ctx context.Context, c *jetflow.Client, out *printer, runID string) error {
+	tl, err := readTimeline(ctx, c, runID)
+	if err != nil {
+		return err
+	}
+	return out.run(tl)
+}
+
+// readTimeline reads the run, its committed steps and its open steps,
+// within opTimeout.
+func readTimeline(ctx context.Context, c *jetflow.Client, runID string) (timeline.Timeline, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	run, err := c.GetRun(ctx, runID)
 	if err != nil {
-		return err
+		return timeline.Timeline{}, err
 	}
 	steps, err := c.Steps(ctx, runID)
 	if err != nil {
-		return err
+		return timeline.Timeline{}, err
 	}
-	return out.run(run, steps)
+	open, err := c.OpenSteps(ctx, runID)
+	if err != nil {
+		return timeline.Timeline{}, err
+	}
+	return timeline.Timeline{Run: run, Steps: steps, Open: open}, nil
+}
+
+// watch prints the run's timeline, then each change as it happens (a step
+// line, a change of status; --output json: the whole body again, one line
+// each time it changes), until the run ends. It returns nil when the run
+// completed and its *jetflow.RunError when it failed or was cancelled, as
+// wait does.
+//
+// It does not poll in a loop: between two readings it waits in
+// Client.WaitRun (a watch of the run's record) for the run to end, for at
+// most interval, so that a step line appears within interval of its commit
+// and the end of the run at once.
+func watch(ctx context.Context, c *jetflow.Client, out *printer, runID string, interval time.Duration) error {
+	follow := out.follower()
+	for {
+		tl, err := readTimeline(ctx, c, runID)
+		if err != nil {
+			return err
+		}
+		if err := follow(tl); err != nil {
+			return err
+		}
+		if tl.Run.Status.Terminal() {
+			if tl.Run.Error != nil {
+				return tl.Run.Error
+			}
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, interval)
+		_, err = c.WaitRun(wctx, runID)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+	}
 }
 
 // wait waits until the run ends and prints its result. A run that did not
@@ -93,7 +147,7 @@ func cancelRun(ctx context.Context, c *jetflow.Client, out *printer, runID strin
 	return out.cancelled(httpapi.NewCancelled(res))
 }
 
-// list prints one page of runs and the cursor of the next.
+// list prints one page of runs, newest first, and the cursor of the next.
 func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.ListOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -102,6 +156,18 @@ func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.Lis
 		return err
 	}
 	return out.page(page)
+}
+
+// counts prints how many kept runs are in each state, of workflow or of
+// all ("").
+func counts(ctx context.Context, c *jetflow.Client, out *printer, workflow string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	n, err := c.CountRuns(ctx, workflow)
+	if err != nil {
+		return err
+	}
+	return out.counts(n)
 }
 
 // reset forgets a task idempotency key and prints how many step entries
@@ -128,6 +194,8 @@ func reset(ctx context.Context, c *jetflow.Client, out *printer, key string, sco
 type printer struct {
 	w    io.Writer
 	json bool
+	// color: colour the run status in text (stdout is a terminal).
+	color bool
 }
 
 func (p *printer) encode(v any) error {
@@ -154,74 +222,32 @@ func (p *printer) start(res jetflow.StartResult) error {
 	return err
 }
 
-func (p *printer) run(run jetflow.Run, steps []jetflow.StepRecord) error {
+// run prints a run's timeline, or as JSON the body of GET /v1/runs/{id}.
+func (p *printer) run(tl timeline.Timeline) error {
 	if p.json {
-		return p.encode(httpapi.NewRunWithSteps(run, steps))
+		return p.encode(httpapi.NewRunWithSteps(tl.Run, tl.Steps, tl.Open))
 	}
-	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "run:\t%s\n", run.RunID)
-	fmt.Fprintf(tw, "workflow:\t%s\n", run.Workflow)
-	fmt.Fprintf(tw, "status:\t%s\n", run.Status)
-	fmt.Fprintf(tw, "source:\t%s\n", run.Source)
-	fmt.Fprintf(tw, "created:\t%s\n", run.CreatedAt.Format(time.RFC3339Nano))
-	fmt.Fprintf(tw, "updated:\t%s\n", run.UpdatedAt.Format(time.RFC3339Nano))
-	fmt.Fprintf(tw, "duplicates:\t%d\n", run.Duplicates)
-	fmt.Fprintf(tw, "input:\t%s\n", run.Input)
-	if len(run.Output) > 0 {
-		fmt.Fprintf(tw, "output:\t%s\n", run.Output)
-	}
-	if run.Error != nil {
-		fmt.Fprintf(tw, "error:\t%s: %s\n", run.Error.Kind, run.Error.Message)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if err := p.duplicates(run); err != nil {
-		return err
-	}
-	if len(steps) == 0 {
-		_, err := fmt.Fprintln(p.w, "steps: none committed")
-		return err
-	}
-	fmt.Fprintln(p.w, "steps:")
-	tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  STEP ID\tATTEMPT\tRESULT")
-	for _, s := range steps {
-		result := string(s.Output)
-		switch {
-		case s.Fatal:
-			result = "fatal error: " + s.Error
-		case s.Error != "":
-			result = "error: " + s.Error
-		}
-		fmt.Fprintf(tw, "  %s\t%d\t%s\n", s.StepID, s.Attempt, result)
-	}
-	return tw.Flush()
+	return timeline.Write(p.w, tl, timeline.Options{Color: p.color})
 }
 
-// duplicates prints the run's duplicate audit: the first attempt and the
-// most recent ones.
-func (p *printer) duplicates(run jetflow.Run) error {
-	if run.FirstDuplicate == nil {
-		return nil
+// follower returns what watch prints each reading with: as text, the
+// timeline and then what changed (timeline.Follower); as JSON, the body
+// of GET /v1/runs/{id} on one line, each time it differs from the last.
+func (p *printer) follower() func(timeline.Timeline) error {
+	if !p.json {
+		f := timeline.NewFollower(timeline.Options{Color: p.color})
+		return func(tl timeline.Timeline) error { return f.Update(p.w, tl) }
 	}
-	fmt.Fprintln(p.w, "duplicate starts (first, then the most recent):")
-	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  AT	SOURCE	OUTCOME	SAME INPUT	RUN WAS")
-	row := func(d jetflow.DuplicateAttempt) {
-		fmt.Fprintf(tw, "  %s	%s	%s	%t	%s\n", d.At.Format(time.RFC3339Nano), d.Source, d.Outcome, d.FingerprintMatch, d.Status)
-	}
-	row(*run.FirstDuplicate)
-	if n := run.Duplicates - 1 - int64(len(run.RecentDuplicates)); n > 0 {
-		fmt.Fprintf(tw, "  ... %d more\t\t\t\t\n", n)
-	}
-	for i, d := range run.RecentDuplicates {
-		if i == 0 && run.Duplicates <= int64(len(run.RecentDuplicates)) {
-			continue // the first one, shown above
+	var last []byte
+	return func(tl timeline.Timeline) error {
+		b, err := json.Marshal(httpapi.NewRunWithSteps(tl.Run, tl.Steps, tl.Open))
+		if err != nil || bytes.Equal(b, last) {
+			return err
 		}
-		row(d)
+		last = b
+		_, err = fmt.Fprintf(p.w, "%s\n", b)
+		return err
 	}
-	return tw.Flush()
 }
 
 func (p *printer) result(run jetflow.Run) error {
@@ -246,9 +272,10 @@ func (p *printer) page(page jetflow.RunPage) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN ID\tWORKFLOW\tSTATUS\tCREATED\tDUPLICATES")
+	fmt.Fprintln(tw, "RUN ID\tWORKFLOW\tSTATUS\tUPDATED\tCREATED\tDUPLICATES")
 	for _, r := range page.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", r.RunID, r.Workflow, r.Status, r.CreatedAt.Format(time.RFC3339), r.Duplicates)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.RunID, r.Workflow, r.Status,
+			r.UpdatedAt.UTC().Format(time.RFC3339), r.CreatedAt.UTC().Format(time.RFC3339), r.Duplicates)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -257,6 +284,16 @@ func (p *printer) page(page jetflow.RunPage) error {
 		return nil
 	}
 	_, err := fmt.Fprintf(p.w, "next cursor: %s (list --cursor %s for the next page)\n", page.Next, page.Next)
+	return err
+}
+
+// counts prints the counts of runs by state: the body of GET
+// /v1/runs/counts as JSON.
+func (p *printer) counts(n jetflow.RunCounts) error {
+	if p.json {
+		return p.encode(n)
+	}
+	_, err := fmt.Fprintf(p.w, "running    %d\ncompleted  %d\nfailed     %d\ncancelled  %d\n", n.Running, n.Completed, n.Failed, n.Cancelled)
 	return err
 }
 

@@ -41,8 +41,14 @@ type cli struct {
 	status     string
 	limit      int
 	cursor     string
-	scope      jetflow.KeyScope
-	runID      string
+	// list: the run ID prefix, the time window (RFC 3339), --counts.
+	prefix       string
+	since, until time.Time
+	counts       bool
+	// watch: how often it reads the run again while nothing ends it.
+	interval time.Duration
+	scope    jetflow.KeyScope
+	runID    string
 	// send and resume (events.go): the event ID and the JSON payload.
 	eventID string
 	data    string
@@ -68,8 +74,9 @@ var arity = map[string]struct {
 	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id"},
 	"get":    {1, "get takes one run ID: producer get <run-id>"},
 	"wait":   {1, "wait takes one run ID: producer wait <run-id>"},
+	"watch":  {1, "watch takes one run ID: producer watch <run-id> [--interval 1s]"},
 	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
-	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--limit N] [--cursor C]"},
+	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
 	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
 	"send":   {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
 	"resume": {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
@@ -87,6 +94,11 @@ var commandFlags = map[string][]string{
 	"status":          {"list"},
 	"limit":           {"list"},
 	"cursor":          {"list"},
+	"prefix":          {"list"},
+	"since":           {"list"},
+	"until":           {"list"},
+	"counts":          {"list"},
+	"interval":        {"watch"},
 	"scope":           {"reset"},
 	"run-id":          {"reset"},
 	"event-id":        {"send", "resume"},
@@ -102,7 +114,8 @@ var commandFlags = map[string][]string{
 
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
-var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor", "scope", "run-id", "event-id", "data", "print-config"}
+var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor",
+	"prefix", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -115,6 +128,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	c := cli{nats: natsconn.Options{URL: "nats://127.0.0.1:4222"}}
 	var (
 		scope, tokens, logLevel string
+		since, until            string
 		printConfig             bool
 	)
 	fs := flag.NewFlagSet("producer", flag.ContinueOnError)
@@ -132,6 +146,11 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.StringVar(&c.status, "status", "", "")
 	fs.IntVar(&c.limit, "limit", 0, "")
 	fs.StringVar(&c.cursor, "cursor", "", "")
+	fs.StringVar(&c.prefix, "prefix", "", "")
+	fs.StringVar(&since, "since", "", "")
+	fs.StringVar(&until, "until", "", "")
+	fs.BoolVar(&c.counts, "counts", false, "")
+	fs.DurationVar(&c.interval, "interval", time.Second, "")
 	fs.StringVar(&scope, "scope", "", "")
 	fs.StringVar(&c.runID, "run-id", "", "")
 	fs.StringVar(&c.eventID, "event-id", "", "")
@@ -168,7 +187,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	a, ok := arity[c.command]
 	switch {
 	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get, wait, cancel, send, resume, list, reset or serve", c.command)
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, watch, wait, cancel, send, resume, list, reset or serve", c.command)
 	case len(c.args) != a.n:
 		return cli{}, errors.New(a.synopsis)
 	}
@@ -185,6 +204,9 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 		return cli{}, misplaced
 	}
 	c.idGiven = origins["id"].Source == conf.FromFlag
+	if err := c.listWindow(since, until, origins); err != nil {
+		return cli{}, err
+	}
 	if err := c.invocation(scope); err != nil {
 		return cli{}, err
 	}
@@ -286,6 +308,8 @@ func (c *cli) invocation(scope string) error {
 	switch {
 	case c.timeout <= 0:
 		return fmt.Errorf("invalid value %s for --timeout: must be positive", c.timeout)
+	case c.interval <= 0:
+		return fmt.Errorf("invalid value %s for --interval: must be positive", c.interval)
 	case c.limit < 0 || c.limit > jetflow.MaxListLimit:
 		return fmt.Errorf("invalid value %d for --limit: want 1..%d", c.limit, jetflow.MaxListLimit)
 	case c.status != "" && !slices.Contains([]jetflow.RunStatus{
@@ -326,6 +350,36 @@ func (c *cli) invocation(scope string) error {
 	return nil
 }
 
+// listWindow reads list's --since and --until (RFC 3339 times) and checks
+// that --counts comes with no flag of list but --workflow.
+func (c *cli) listWindow(since, until string, o conf.Origins) error {
+	for _, t := range []struct {
+		name, v string
+		to      *time.Time
+	}{{"since", since, &c.since}, {"until", until, &c.until}} {
+		if t.v == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, t.v)
+		if err != nil {
+			return fmt.Errorf("invalid value %q for --%s: want an RFC 3339 time such as 2026-01-02T15:04:05Z", t.v, t.name)
+		}
+		*t.to = v
+	}
+	if !c.since.IsZero() && !c.until.IsZero() && !c.since.Before(c.until) {
+		return fmt.Errorf("--since %s is not before --until %s", since, until)
+	}
+	if !c.counts {
+		return nil
+	}
+	for _, name := range []string{"status", "prefix", "since", "until", "limit", "cursor"} {
+		if o[name].Source == conf.FromFlag {
+			return fmt.Errorf("--counts takes no --%s (only --workflow)", name)
+		}
+	}
+	return nil
+}
+
 // checkStartID checks start's run ID flags: --id with a run ID, or
 // --generate-id, never both and never neither. An empty --id (a script's
 // unset variable) is an error, not a request for a generated ID, so that
@@ -347,7 +401,8 @@ func (c *cli) checkStartID() error {
 // listOptions is the page list asks for.
 func (c cli) listOptions() jetflow.ListOptions {
 	return jetflow.ListOptions{
-		Workflow: c.workflow, Status: jetflow.RunStatus(c.status), After: c.cursor, Limit: c.limit,
+		Workflow: c.workflow, Status: jetflow.RunStatus(c.status), RunIDPrefix: c.prefix,
+		Since: c.since, Until: c.until, After: c.cursor, Limit: c.limit,
 	}
 }
 

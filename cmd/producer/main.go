@@ -3,17 +3,39 @@
 //
 //	producer start <workflow> <json-input> --id RUNID | --generate-id
 //	producer get <run-id>
+//	producer watch <run-id> [--interval 1s]
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
 //	producer send <run-id> <event-name> --event-id ID [--data JSON]
 //	producer resume <token> --event-id ID [--data JSON]
-//	producer list [--workflow W] [--status S] [--limit N] [--cursor C]
+//	producer list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C]
+//	producer list --counts [--workflow W]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
 //
 // Flags may come anywhere on the line; --output json prints the JSON shapes of
-// the HTTP API (the JSON encodings of jetflow.Run, StartResult and RunPage;
-// get adds the run's steps as GET /v1/runs/{id} does).
+// the HTTP API (the JSON encodings of jetflow.Run, StartResult, RunPage and
+// RunCounts; get adds the run's steps and open steps as GET /v1/runs/{id}
+// does).
+//
+// # Timeline
+//
+// get prints a run's timeline (internal/timeline): a header (run ID,
+// workflow, status, generation, created and updated, duration, input,
+// output or error, the duplicate starts it absorbed), then one line per
+// step in call order: its offset from the run's start, duration, name,
+// step ID (what went out as Idempotency-Key), attempt, worker, task key
+// (hit or miss), what it waited for or started, and its error; the failed
+// earlier attempts of a step indented under it; the open steps (running,
+// or retrying) last. The status is coloured only when stdout is a terminal
+// and NO_COLOR is unset; control characters of stored text (an ANSI escape,
+// a newline in an error) are printed escaped. watch prints the same, then
+// each new step line and status change as it happens, and ends when the run
+// does, with wait's exit code: between readings it waits on the run's
+// record (Client.WaitRun) for at most --interval, so it does not poll in
+// a loop. list prints runs newest first by their last status change;
+// --since and --until (RFC 3339) bound that time, --prefix the run ID;
+// list --counts prints how many runs are in each state.
 //
 // # Idempotency
 //
@@ -44,8 +66,8 @@
 // (--nats-url from JETFLOW_NATS_URL), else from the YAML file named by
 // --config or JETFLOW_CONFIG (keys are flag names), else its default. The
 // flags of one invocation (--id, --generate-id, --timeout, --workflow,
-// --status, --limit, --cursor, --scope, --run-id, --event-id, --data,
-// --print-config) are read
+// --status, --prefix, --since, --until, --limit, --cursor, --counts,
+// --interval, --scope, --run-id, --event-id, --data, --print-config) are read
 // from the command line only. --print-config prints the effective
 // settings, secrets redacted, and exits.
 //
@@ -68,7 +90,7 @@
 //
 //	0  success (start: the run was created or already existed)
 //	1  usage or other error; cancel, send, resume: the run had already ended
-//	2  wait: the run failed or was cancelled
+//	2  wait, watch: the run failed or was cancelled
 //	3  not found: no run has that ID, or (start) no worker of the
 //	   deployment has ever served a workflow of that name, or (resume) no
 //	   run waits on the hook token
@@ -104,7 +126,7 @@ import (
 const (
 	exitOK        = 0
 	exitError     = 1 // usage and other errors
-	exitRunFailed = 2 // wait: the run failed or was cancelled
+	exitRunFailed = 2 // wait, watch: the run failed or was cancelled
 	exitNotFound  = 3 // no run has that ID, no workflow of that name, no hook of that token
 	exitConflict  = 4 // idempotency conflict, a rejected duplicate, an event conflict
 	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
@@ -118,7 +140,9 @@ Commands:
   start <workflow> <json-input> --id RUNID | --generate-id
         start a run; the same RUNID again finds the existing run
   get <run-id>
-        show a run and its committed steps
+        show a run's timeline: the run, its steps and attempts, its open steps
+  watch <run-id> [--interval 1s]
+        show a run's timeline, then each change as it happens, until the run ends
   wait <run-id> [--timeout 60s]
         wait until a run ends and show its result
   cancel <run-id>
@@ -127,8 +151,10 @@ Commands:
         deliver an event to a run's wait for it; a repeat says "duplicate"
   resume <token> --event-id ID [--data JSON]
         deliver an event to the wait on a hook token; a repeat says "duplicate"
-  list [--workflow W] [--status S] [--limit N] [--cursor C]
-        one page of runs in run ID order, and the cursor of the next
+  list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C]
+        one page of runs, newest first by last status change, and the next cursor
+  list --counts [--workflow W]
+        how many runs are in each state
   reset <key> --scope global|workflow|run [--workflow W | --run-id R]
         forget a task idempotency key; prints how many entries were deleted
   serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]
@@ -154,10 +180,15 @@ Flags (anywhere on the line):
   start:  --id RUNID             the run ID, your idempotency key (required; "" is an error)
           --generate-id          instead of --id: a generated run ID, a new run each time
   wait:   --timeout D            how long to wait (default 60s)
+  watch:  --interval D           the longest time between two readings of the run (default 1s)
   list:   --workflow W           only runs of workflow W
           --status S             only runs in state S: running, completed, failed, cancelled
+          --prefix P             only run IDs starting with P
+          --since T, --until T   only runs whose last status change is at or after --since
+                                 and before --until (RFC 3339 times)
           --limit N              runs per page, 1..500 (default 50)
-          --cursor C             the page after run ID C (the previous page's next cursor)
+          --cursor C             the next page (the previous page's next cursor)
+          --counts               instead, the number of runs in each state (with --workflow)
   reset:  --scope S              global, workflow (with --workflow) or run (with --run-id)
           --workflow W, --run-id R
   send, resume:
@@ -175,13 +206,14 @@ Flags (anywhere on the line):
 Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
 (or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
---workflow, --status, --limit, --cursor, --scope, --run-id, --event-id, --data
-and --print-config are read from the command line only.
+--workflow, --status, --prefix, --since, --until, --limit, --cursor, --counts,
+--interval, --scope, --run-id, --event-id, --data and --print-config are read
+from the command line only. Colour: only on a terminal, never with NO_COLOR set.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
   1  usage or other error; cancel, send, resume: the run had already ended
-  2  wait: the run failed or was cancelled
+  2  wait, watch: the run failed or was cancelled
   3  not found: no run has that ID, no worker ever served that workflow, or no run
      waits on the hook token
   4  conflict: the run ID has another input or workflow, or the policy rejected the
@@ -237,12 +269,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitCode(err)
 	}
 
-	out := &printer{w: stdout, json: c.output == "json"}
+	// Colour only for a terminal, and never under NO_COLOR (no-color.org).
+	out := &printer{w: stdout, json: c.output == "json", color: logging.IsTerminal(stdout) && getenv("NO_COLOR") == ""}
 	switch c.command {
 	case "start":
 		err = start(ctx, client, out, c.args[0], c.args[1], c.id, c.generateID)
 	case "get":
 		err = get(ctx, client, out, c.args[0])
+	case "watch":
+		err = watch(ctx, client, out, c.args[0], c.interval)
 	case "wait":
 		err = wait(ctx, client, out, c.args[0], c.timeout)
 	case "cancel":
@@ -252,7 +287,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "resume":
 		err = resumeHook(ctx, client, out, c.args[0], c.eventID, c.data)
 	case "list":
-		err = list(ctx, client, out, c.listOptions())
+		if c.counts {
+			err = counts(ctx, client, out, c.workflow)
+		} else {
+			err = list(ctx, client, out, c.listOptions())
+		}
 	case "reset":
 		err = reset(ctx, client, out, c.args[0], c.scope, c.scopeID())
 	}

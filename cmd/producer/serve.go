@@ -18,6 +18,7 @@ import (
 	imetrics "github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
@@ -54,7 +55,13 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{Metrics: metrics, RequestTimeout: c.serve.requestTimeout})
+	tp, stopTracing, err := tracing.Setup(ctx, getenv, "jetflow-producer", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{Metrics: metrics, RequestTimeout: c.serve.requestTimeout,
+		Tracing: jetflow.WithTracerProvider(tp)})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
 	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/tracing/otlptest"
 	"github.com/jetflow/jetflow/workermain"
 )
 
@@ -199,4 +200,35 @@ func TestPaymentsURL(t *testing.T) {
 		require.Equal(t, workermain.ExitError, code, bad)
 		require.Contains(t, out.String(), "--payments-url", bad)
 	}
+}
+
+// TestTracingFromEnvironment: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
+// worker command exports its spans over OTLP/HTTP to that collector, as
+// the service OTEL_SERVICE_NAME names, and flushes them when it stops.
+func TestTracingFromEnvironment(t *testing.T) {
+	t.Parallel()
+	collector := otlptest.New(t)
+	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr", ""},
+		map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL, "OTEL_SERVICE_NAME": "orders-worker"})
+	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
+	require.NoError(t, err)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-traced"))
+	require.NoError(t, err)
+	run, err := c.WaitRun(ctx, "order-traced")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	require.Zero(t, stop())
+	traces := collector.Traces()
+	require.NotEmpty(t, traces, "no OTLP request on /v1/traces")
+	var all []byte
+	for _, r := range traces {
+		all = append(all, r.Body...)
+	}
+	require.Contains(t, string(all), "orders-worker", "the service name")
+	require.Contains(t, string(all), "jetflow.run", "the run's span")
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // Outcome says what a start did.
@@ -101,6 +102,7 @@ type Admitter struct {
 	now     func() time.Time
 	metrics *metrics.Metrics
 	hooks   Hooks
+	tracer  *tracing.Tracer
 }
 
 // Hooks let tests stop an admission at exact points. Nil hooks do nothing.
@@ -112,6 +114,10 @@ type Hooks struct {
 
 // SetHooks installs h. Call it before the Admitter is used.
 func (a *Admitter) SetHooks(h Hooks) { a.hooks = h }
+
+// SetTracer makes Admit emit a jetflow.start span per start (nil: none).
+// Call it before the Admitter is used.
+func (a *Admitter) SetTracer(t *tracing.Tracer) { a.tracer = t }
 
 // ErrStaleStart is Materialize's answer to a start task that must create
 // nothing: its run ID's record expired after the task was published (the
@@ -180,8 +186,14 @@ func Validate(req Request) error {
 // the whole request: if this process dies before the record is written, the
 // worker that receives the task writes it with the same token, so an
 // accepted start is never lost.
+//
+// The trace context in ctx (a span, or a remote parent extracted from a
+// request) is the parent of the start's jetflow.start span, and the run
+// carries it (Run.TraceParent).
 func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err error) {
 	defer func() { a.observe(req.Entry, req.Workflow, res, err) }()
+	ctx, span := a.tracer.StartAdmission(ctx, req.RunID, req.Workflow, req.Entry)
+	defer func() { span.End(outcomeName(res, err), err) }()
 	if err := Validate(req); err != nil {
 		return Result{}, err
 	}
@@ -200,9 +212,11 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	// server's.
 	by := starter{began: time.Now()}
 	token := nuid.Next()
+	traceParent := tracing.TraceParent(ctx)
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
 		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention, Parent: req.Parent,
+		TraceParent: traceParent,
 	})
 	if err != nil {
 		return Result{}, err
@@ -218,6 +232,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	if err != nil {
 		return Result{}, err
 	}
+	rec.TraceParent = traceParent
 	var st admitted
 	if broker != jetstream.Stored {
 		// Most likely a duplicate: read first, create only if absent.
@@ -297,9 +312,11 @@ const maxRestartRounds = 3
 func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
 	token := nuid.Next()
 	gen := old.Generation + 1
+	traceParent := tracing.TraceParent(ctx)
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev, Retention: req.Retention,
+		TraceParent: traceParent,
 	})
 	if err != nil {
 		return state.Run{}, 0, false, err
@@ -311,7 +328,7 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 	if err != nil {
 		return state.Run{}, 0, false, err
 	}
-	rec.Generation = gen
+	rec.Generation, rec.TraceParent = gen, traceParent
 	return a.replace(ctx, rec, oldRev)
 }
 
@@ -428,6 +445,7 @@ func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, ui
 		return state.Run{}, 0, err
 	}
 	rec.Generation, rec.Retention, rec.AfterExpiry = t.Generation, t.Retention, t.AfterExpiry
+	rec.TraceParent = t.TraceParent
 	st, err := a.readOrCreate(ctx, rec, starter{task: &t})
 	run, rev := st.run, st.rev
 	if err != nil || t.Generation == 0 || run.Generation >= t.Generation {
@@ -594,6 +612,7 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
 		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention, AfterExpiry: true,
+		TraceParent: rec.TraceParent,
 	})
 	if err != nil {
 		return admitted{}, false, err

@@ -17,17 +17,7 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 	if entry == "" {
 		entry = string(metrics.EntrySDK)
 	}
-	var outcome string
-	switch {
-	case err == nil:
-		outcome = res.Outcome.String()
-	case errors.Is(err, ErrConflict):
-		outcome = "conflict"
-	case errors.Is(err, ErrRejected):
-		outcome = "rejected"
-	default:
-		outcome = "error"
-	}
+	outcome := outcomeName(res, err)
 	st := string(res.Run.Status)
 	if st == "" {
 		st = "none"
@@ -40,6 +30,21 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 		} else {
 			a.metrics.Suppressed(metrics.LayerKV)
 		}
+	}
+}
+
+// outcomeName names what a start did, for its metric and its span:
+// created, existing, restarted, conflict, rejected or error.
+func outcomeName(res Result, err error) string {
+	switch {
+	case err == nil:
+		return res.Outcome.String()
+	case errors.Is(err, ErrConflict):
+		return "conflict"
+	case errors.Is(err, ErrRejected):
+		return "rejected"
+	default:
+		return "error"
 	}
 }
 

@@ -62,6 +62,14 @@ func (f *fakeBackend) ListRuns(context.Context, jetflow.ListOptions) (jetflow.Ru
 	return jetflow.RunPage{}, f.err
 }
 
+func (f *fakeBackend) CountRuns(context.Context, string) (jetflow.RunCounts, error) {
+	return jetflow.RunCounts{}, f.err
+}
+
+func (f *fakeBackend) OpenSteps(context.Context, string) ([]jetflow.OpenStep, error) {
+	return nil, f.err
+}
+
 func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, string) (int, error) {
 	return 0, f.err
 }

@@ -96,7 +96,11 @@ type observation struct {
 // counted in sends) and "waiter" (waits for the event "paid", a payment,
 // by run and name or on the hook token of its input, then returns the
 // payment's ref from a step counted in afters; with Block a step blocks
-// until release before the wait, with HoldAfter after it).
+// until release before the wait, with HoldAfter after it), "flaky" (its
+// step "charge" fails its first two attempts with "declined: " and the
+// input string, then returns the input; retried after 10ms; with the
+// input "hold" a step "prepare" comes first, so that "charge" runs as a
+// task of its own, and its third attempt blocks until release).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	requireContract(t) // loaded here, on the test's goroutine: observe reads it
@@ -144,6 +148,26 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 		jetflow.NewWorkflow("mailer", func(ctx *jetflow.Context, key string) (int64, error) {
 			return jetflow.Step(ctx, "send", func(context.Context) (int64, error) { return b.sends.Add(1), nil },
 				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
+		}),
+		jetflow.NewWorkflow("flaky", func(ctx *jetflow.Context, msg string) (string, error) {
+			if msg == "hold" {
+				if _, err := jetflow.Step(ctx, "prepare", func(context.Context) (bool, error) { return true, nil }); err != nil {
+					return "", err
+				}
+			}
+			return jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
+				if d, _ := jetflow.StepDetailsFrom(sctx); d.Attempt < 3 {
+					return "", errors.New("declined: " + msg)
+				}
+				if msg == "hold" {
+					select {
+					case <-gate:
+					case <-sctx.Done():
+						return "", sctx.Err()
+					}
+				}
+				return msg, nil
+			}, jetflow.WithBackoff(10*time.Millisecond, 10*time.Millisecond))
 		}),
 		jetflow.NewWorkflow("waiter", func(ctx *jetflow.Context, in waiterIn) (string, error) {
 			if in.Block {

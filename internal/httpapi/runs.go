@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -11,23 +12,28 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// RunWithSteps is the body of GET /v1/runs/{id}: the run and its committed
-// steps in one answer, where the SDK reads them with two calls
-// (Client.GetRun, Client.Steps), hence a type of its own. It encodes as
-// the run's fields followed by "steps", a list that is empty, never absent
-// or null, when no step has committed. The producer's get --output json
-// prints the same.
+// RunWithSteps is the body of GET /v1/runs/{id}: the run, its committed
+// steps and its open steps in one answer, where the SDK reads them with
+// three calls (Client.GetRun, Client.Steps, Client.OpenSteps), hence a type
+// of its own. It encodes as the run's fields followed by "steps" and
+// "open_steps", lists that are empty, never absent or null, when there is
+// none. The producer's get --output json prints the same.
 type RunWithSteps struct {
 	jetflow.Run
-	Steps []jetflow.StepRecord `json:"steps"`
+	Steps     []jetflow.StepRecord `json:"steps"`
+	OpenSteps []jetflow.OpenStep   `json:"open_steps"`
 }
 
-// NewRunWithSteps returns the body for run and its steps.
-func NewRunWithSteps(run jetflow.Run, steps []jetflow.StepRecord) RunWithSteps {
+// NewRunWithSteps returns the body for run, its committed steps and its
+// open steps.
+func NewRunWithSteps(run jetflow.Run, steps []jetflow.StepRecord, open []jetflow.OpenStep) RunWithSteps {
 	if steps == nil {
 		steps = []jetflow.StepRecord{}
 	}
-	return RunWithSteps{Run: run, Steps: steps}
+	if open == nil {
+		open = []jetflow.OpenStep{}
+	}
+	return RunWithSteps{Run: run, Steps: steps, OpenSteps: open}
 }
 
 // RunList returns page as GET /v1/runs sends it, and the producer's list
@@ -40,7 +46,8 @@ func RunList(page jetflow.RunPage) jetflow.RunPage {
 	return page
 }
 
-// getRun is GET /v1/runs/{id}: the run and its committed steps.
+// getRun is GET /v1/runs/{id}: the run, its committed steps and its open
+// steps.
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := state.ValidateRunID(id); err != nil {
@@ -59,8 +66,13 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, id, err)
 		return
 	}
+	open, err := s.cfg.Backend.OpenSteps(ctx, id)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
 	w.Header().Set(HeaderRunStatus, string(run.Status))
-	writeJSON(w, http.StatusOK, "application/json", NewRunWithSteps(run, steps))
+	writeJSON(w, http.StatusOK, "application/json", NewRunWithSteps(run, steps, open))
 }
 
 // result is GET /v1/runs/{id}/result?wait=30s: 200 with the run once it
@@ -141,22 +153,14 @@ func parseWait(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// listRuns is GET /v1/runs?workflow=&status=&limit=&cursor=: one page of
-// runs in run ID order.
+// listRuns is GET
+// /v1/runs?workflow=&status=&prefix=&since=&until=&cursor=&limit=: one
+// page of runs, newest first by their last status change.
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	opts := jetflow.ListOptions{Workflow: q.Get("workflow"), Status: jetflow.RunStatus(q.Get("status")), After: q.Get("cursor")}
-	if opts.Status != "" && !state.Status(opts.Status).Valid() {
-		s.fail(w, r, "", fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", errBadRequest, clip(string(opts.Status))))
+	opts, err := ParseListQuery(r.URL.Query())
+	if err != nil {
+		s.fail(w, r, "", err)
 		return
-	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > jetflow.MaxListLimit {
-			s.fail(w, r, "", fmt.Errorf("%w: limit %q: want 1..%d", errBadRequest, clip(v), jetflow.MaxListLimit))
-			return
-		}
-		opts.Limit = n
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
@@ -166,6 +170,72 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, "application/json", RunList(page))
+}
+
+// ParseListQuery reads the list parameters of GET /v1/runs: workflow,
+// status, prefix, since and until (RFC 3339), cursor and limit. An error matches errBadRequest (400)
+// and names the parameter; the cursor, opaque here, is checked by ListRuns.
+func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
+	opts := jetflow.ListOptions{Workflow: q.Get("workflow"), Status: jetflow.RunStatus(q.Get("status")),
+		RunIDPrefix: q.Get("prefix"), After: q.Get("cursor")}
+	if opts.Workflow != "" {
+		if err := state.ValidateName(opts.Workflow); err != nil {
+			return opts, fmt.Errorf("%w: workflow %q: %w", errBadRequest, clip(opts.Workflow), err)
+		}
+	}
+	if opts.Status != "" && !state.Status(opts.Status).Valid() {
+		return opts, fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", errBadRequest, clip(string(opts.Status)))
+	}
+	if opts.RunIDPrefix != "" {
+		if err := state.ValidateRunID(opts.RunIDPrefix); err != nil {
+			return opts, fmt.Errorf("%w: prefix %q: not the start of a run ID: %w", errBadRequest, clip(opts.RunIDPrefix), err)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		t    *time.Time
+	}{{"since", &opts.Since}, {"until", &opts.Until}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return opts, fmt.Errorf("%w: %s %q: want an RFC 3339 time such as 2026-01-02T15:04:05Z", errBadRequest, p.name, clip(v))
+		}
+		*p.t = t
+	}
+	if !opts.Since.IsZero() && !opts.Until.IsZero() && !opts.Since.Before(opts.Until) {
+		return opts, fmt.Errorf("%w: since %s is not before until %s", errBadRequest, q.Get("since"), q.Get("until"))
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > jetflow.MaxListLimit {
+			return opts, fmt.Errorf("%w: limit %q: want 1..%d", errBadRequest, clip(v), jetflow.MaxListLimit)
+		}
+		opts.Limit = n
+	}
+	return opts, nil
+}
+
+// counts is GET /v1/runs/counts?workflow=: how many kept runs are in each
+// state, of one workflow or of all.
+func (s *Server) counts(w http.ResponseWriter, r *http.Request) {
+	workflow := r.URL.Query().Get("workflow")
+	if workflow != "" {
+		if err := state.ValidateName(workflow); err != nil {
+			s.fail(w, r, "", fmt.Errorf("%w: workflow %q: %w", errBadRequest, clip(workflow), err))
+			return
+		}
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	counts, err := s.cfg.Backend.CountRuns(ctx, workflow)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, "application/json", counts)
 }
 
 // clip shortens a caller's value for an error message.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -171,22 +172,24 @@ func TestResultWaitStopsWhenClientLeaves(t *testing.T) {
 	}
 }
 
-// GET /v1/runs pages through runs with a cursor.
+// GET /v1/runs pages through runs with a cursor, newest first.
 func TestListRunsPaging(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var want []string
 	for i := range 5 {
 		id := fmt.Sprintf("list-%d", i)
-		want = append(want, id)
+		want = append([]string{id}, want...)
 		require.Equal(t, http.StatusCreated, b.post("echo", id, fmt.Sprintf(`{"n":%d}`, i)).code)
+		b.waitDone(id) // each ends after the one before: a fixed order
 	}
 	require.Equal(t, http.StatusCreated, b.post("fails", "other-1", `{}`).code)
+	b.waitListed("workflow=echo&limit=500", want)
 
 	var got []string
 	cursor, pages := "", 0
 	for {
-		res := b.do(http.MethodGet, "/v1/runs?workflow=echo&limit=2&cursor="+cursor, nil, "")
+		res := b.do(http.MethodGet, "/v1/runs?workflow=echo&limit=2&cursor="+url.QueryEscape(cursor), nil, "")
 		require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
 		var page jetflow.RunPage
 		res.json(t, &page)
@@ -269,8 +272,8 @@ func TestResultWaitEndsWhenServerStops(t *testing.T) {
 }
 
 // The bodies built around the public records (RunWithSteps, RunList):
-// "steps" and "runs" are lists, empty rather than absent or null, and a
-// run's steps follow its fields. (These were internal/view's tests; the
+// "steps", "open_steps" and "runs" are lists, empty rather than absent or
+// null, and a run's steps follow its fields, then its open steps. (These were internal/view's tests; the
 // records' own encodings are tested in the root package, json_test.go.)
 func TestRunBodiesJSON(t *testing.T) {
 	t.Parallel()
@@ -282,15 +285,17 @@ func TestRunBodiesJSON(t *testing.T) {
 		return rec.Body.String()
 	}
 	require.Equal(t, `{"run_id":"order-1","workflow":"ship","status":"running","created_at":"2025-01-02T03:04:05Z",`+
-		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[]}`+"\n",
-		encode(NewRunWithSteps(run, nil)), "asked for and none: an empty list")
+		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[],"open_steps":[]}`+"\n",
+		encode(NewRunWithSteps(run, nil, nil)), "asked for and none: an empty list")
 
 	steps := []jetflow.StepRecord{{StepID: "order-1.pack.0", Name: "pack", Attempt: 2, Output: json.RawMessage(`3`), Worker: "w1", CommittedAt: at}}
-	b := encode(NewRunWithSteps(run, steps))
-	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}]}`+"\n"), b)
+	open := []jetflow.OpenStep{{StepID: "order-1.ship.0", Name: "ship", Attempt: 1}}
+	b := encode(NewRunWithSteps(run, steps, open))
+	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}],`+
+		`"open_steps":[{"step_id":"order-1.ship.0","name":"ship","attempt":1}]}`+"\n"), b)
 	var back RunWithSteps
 	require.NoError(t, json.Unmarshal([]byte(b), &back))
-	require.Equal(t, NewRunWithSteps(run, steps), back)
+	require.Equal(t, NewRunWithSteps(run, steps, open), back)
 
 	require.Equal(t, `{"runs":[]}`+"\n", encode(RunList(jetflow.RunPage{})))
 	var page jetflow.RunPage

@@ -31,6 +31,8 @@ type Backend interface {
 	Steps(ctx context.Context, runID string) ([]jetflow.StepRecord, error)
 	WaitRun(ctx context.Context, runID string) (jetflow.Run, error)
 	ListRuns(ctx context.Context, opts jetflow.ListOptions) (jetflow.RunPage, error)
+	CountRuns(ctx context.Context, workflow string) (jetflow.RunCounts, error)
+	OpenSteps(ctx context.Context, runID string) ([]jetflow.OpenStep, error)
 	ResetTaskKey(ctx context.Context, key string, scope jetflow.KeyScope, scopeID string) (int, error)
 	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
 	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
@@ -115,6 +117,9 @@ func (rt route) pattern() string { return rt.method + " " + rt.path }
 var routes = []route{
 	{method: http.MethodPost, path: pathStart, handle: (*Server).start},
 	{method: http.MethodGet, path: "/v1/runs", handle: (*Server).listRuns},
+	// A literal segment is more specific than {id}, so ServeMux routes
+	// /v1/runs/counts here whatever the order (TestCountsRoute).
+	{method: http.MethodGet, path: "/v1/runs/counts", handle: (*Server).counts},
 	{method: http.MethodGet, path: "/v1/runs/{id}", handle: (*Server).getRun},
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
 	{method: http.MethodPost, path: "/v1/runs/{id}/cancel", handle: (*Server).cancelRun},

@@ -15,6 +15,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // Response headers of a start.
@@ -110,6 +111,7 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	ctx = tracing.FromHTTP(ctx, r.Header) // traceparent, tracestate: the run joins the caller's trace
 	res, err := s.cfg.Backend.StartByName(entry.With(ctx, entry.HTTP), name, input, opts...)
 	if err != nil {
 		s.fail(w, r, key, err)

@@ -43,6 +43,10 @@ const (
 	// enough for a watcher to see it, short enough that workers coming
 	// and going leave nothing behind.
 	WorkflowsMarkerTTL = time.Minute
+	// IndexStream is the run index (internal/runindex): one entry per
+	// kept run, on a subject naming its status, workflow and run ID.
+	IndexStream   = "JETFLOW_RUN_INDEX"
+	IndexSubjects = "jetflow.runindex.>"
 	// CancelSubjectPrefix + run ID is where Client.Cancel tells workers a
 	// run was cancelled (core NATS, the run's token as the body).
 	CancelSubjectPrefix = "jetflow.cancel."
@@ -173,6 +177,12 @@ type Assets struct {
 	Hooks *KV
 	// TaskKeys is the task-keys bucket, provisioned on first use.
 	TaskKeys *TaskKeys
+	// Index is the run index stream (IndexStream).
+	Index natsjs.Stream
+	// IndexFailed, when set, is told of a run index write that failed
+	// after its run record was written (internal/runs); the process that
+	// provisioned sets it to its logger.
+	IndexFailed func(runID string, err error)
 }
 
 // Mode says whether Provision may change existing resources.
@@ -256,7 +266,11 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", TimersStream, err)
 	}
-	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, TaskKeys: newTaskKeys(p, topo, storage)}
+	index, err := p.ensureStream(ctx, indexStreamConfig(topo, storage))
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: provision stream %s: %w", IndexStream, err)
+	}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, Index: index, TaskKeys: newTaskKeys(p, topo, storage)}
 	for _, b := range []struct {
 		name    string
 		desc    string
@@ -301,6 +315,41 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	}
 	a.Workflows = newKV(js, kv, topo.Replicas)
 	return a, nil
+}
+
+// indexStreamConfig is the run index stream's configuration.
+func indexStreamConfig(topo Topology, storage natsjs.StorageType) natsjs.StreamConfig {
+	return natsjs.StreamConfig{
+		Name:        IndexStream,
+		Description: "jetflow run index: one entry per kept run, for pages of runs newest first (internal/runindex)",
+		Subjects:    []string{IndexSubjects},
+		Storage:     storage,
+		Replicas:    topo.Replicas,
+		// A run has one entry (the writer removes the one it replaces),
+		// which expires with its run record (per-message TTL). No
+		// per-subject limit: with one, the server counts pending
+		// messages subject by subject, and every batched read walks all
+		// the index's subjects (bench/RESULTS.md, the index phase).
+		MaxMsgsPerSubject: -1,
+		AllowMsgTTL:       true,
+		AllowDirect:       true,
+	}
+}
+
+// EnsureIndexStream creates the run index stream again if it is missing
+// (deleted while the process ran), as Provision made it; it leaves an
+// existing one as it is. Handles on it stay valid: requests name the
+// stream.
+func (a *Assets) EnsureIndexStream(ctx context.Context) error {
+	storage := natsjs.FileStorage
+	if a.Topology.MemoryStorage {
+		storage = natsjs.MemoryStorage
+	}
+	p := provisioner{js: a.JS, mode: Ensure}
+	if _, err := p.ensureStream(ctx, indexStreamConfig(a.Topology, storage)); err != nil {
+		return fmt.Errorf("jetflow: provision stream %s: %w", IndexStream, err)
+	}
+	return nil
 }
 
 // ProvisionOption configures Provision.

@@ -17,18 +17,26 @@
 // revision the writer read (Replace, Update, Finish, Cancel); Update is
 // the one loop that reads again and retries when another writer came
 // first.
+//
+// Every write that changes a run's status (or starts a new generation)
+// also writes the run's entry in the run index (internal/runindex) after
+// the record; the index is derived data, so a failure to write it is
+// reported (Store.IndexFailed) but does not fail the record's write, and
+// readers of the index repair what such a failure left.
 package runs
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/rs/zerolog/log"
+
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -47,11 +55,19 @@ type Store struct {
 	// replace them.
 	watchKey func(ctx context.Context, key string) (natsjs.KeyWatcher, error)
 	recheck  time.Duration
+	index    *runindex.Index
+	// IndexFailed is told of a run index write that failed after its
+	// record was written (default: a warning on zerolog's global logger).
+	IndexFailed func(runID string, err error)
 }
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
-	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck}
+	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck,
+		index: runindex.New(assets), IndexFailed: assets.IndexFailed}
+	if s.IndexFailed == nil {
+		s.IndexFailed = logIndexFailure
+	}
 	s.watchKey = func(ctx context.Context, key string) (natsjs.KeyWatcher, error) {
 		return s.runs.Raw().Watch(ctx, key)
 	}
@@ -119,18 +135,95 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+	if err == nil {
+		if _, err := s.index.Put(ctx, run, s.ttl(run)); err != nil {
+			s.IndexFailed(run.RunID, err)
+		}
+	}
+	return rev, err
 }
 
 // Replace writes run over the record or marker at revision rev
 // (compare-and-set) and returns the new revision, or an error matching
 // jetstream.ErrRevisionMismatch when another write came first.
 func (s *Store) Replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
+	newRev, err := s.replace(ctx, run, rev)
+	if err == nil {
+		s.indexRun(ctx, run, "", "")
+	}
+	return newRev, err
+}
+
+// replace is Replace without the index write.
+func (s *Store) replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
 	return s.runs.UpdateTTL(ctx, run.RunID, b, rev, s.ttl(run))
+}
+
+// indexRun writes run's index entry after its record, then removes the
+// entry of the state it left: left is that status (literal, cheap), or ""
+// for any older entry (a new generation, whose former state and workflow
+// the caller does not know). A failure goes to IndexFailed.
+func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, prevWorkflow string) {
+	seq, err := s.index.Put(ctx, run, s.ttl(run))
+	switch {
+	case err != nil:
+	case left != "":
+		err = s.index.RemoveState(ctx, left, prevWorkflow, run.RunID)
+	default:
+		err = s.index.RemoveOlder(ctx, run.RunID, seq)
+	}
+	if err != nil {
+		s.IndexFailed(run.RunID, err)
+	}
+}
+
+// Repair handles index entry e, which does not stand for run, the record
+// of its run ID: it removes e alone. The run's own entry is written by
+// the writer of its record right after the record; only when it is
+// missing although the record was written over RepairGrace ago (that
+// writer died in between) does Repair write it. An entry met while its
+// writer is between its two writes is thus left to that writer, and a
+// run does not move to the top of the list because a reader came by.
+func (s *Store) Repair(ctx context.Context, e runindex.Entry, run state.Run) error {
+	if err := s.index.RemoveEntry(ctx, e); err != nil {
+		return err
+	}
+	if s.now().Sub(run.UpdatedAt) < RepairGrace {
+		return nil
+	}
+	has, err := s.index.Has(ctx, run)
+	if err != nil || has {
+		return err
+	}
+	_, err = s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)))
+	return err
+}
+
+// RepairGrace is how long after a run record's write its index entry may
+// still be missing because its writer is about to write it.
+const RepairGrace = 30 * time.Second
+
+// Unindex removes every entry of runID: a reader found no record for it.
+func (s *Store) Unindex(ctx context.Context, runID string) error {
+	return s.index.RemoveOlder(ctx, runID, 0)
+}
+
+// entryTTL is what is left of run's record's expiry: none while it runs,
+// the retention after its last write once it ended.
+func (s *Store) entryTTL(run state.Run) time.Duration {
+	if !run.Status.Terminal() {
+		return jetstream.TTLNever
+	}
+	return s.Retention(run) - s.now().Sub(run.UpdatedAt)
+}
+
+func logIndexFailure(runID string, err error) {
+	log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
 }
 
 // Change edits a run record in place and says whether to write it: false
@@ -156,17 +249,21 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 				return state.Run{}, false, err
 			}
 		}
+		before, workflow := run.Status, run.Workflow
 		write, err := change(&run)
 		if err != nil || !write {
 			return run, false, err
 		}
-		_, err = s.Replace(ctx, run, rev)
+		_, err = s.replace(ctx, run, rev)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
 			rev = 0
 			continue
 		}
 		if err != nil {
 			return run, false, err
+		}
+		if run.Status != before {
+			s.indexRun(ctx, run, before, workflow)
 		}
 		return run, true, nil
 	}
@@ -272,32 +369,6 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	}
 }
 
-// Keys lists the run IDs whose records are kept (deleted and expired ones
-// excluded), sorted and without repeats.
-func (s *Store) Keys(ctx context.Context) (keys []string, err error) {
-	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes(), natsjs.MetaOnly())
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: list runs: %w", err)
-	}
-	defer func() {
-		if serr := w.Stop(); serr != nil && err == nil {
-			err = fmt.Errorf("jetflow: list runs: %w", serr)
-		}
-	}()
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil { // every current key has been delivered
-				slices.Sort(keys)
-				return slices.Compact(keys), nil
-			}
-			keys = append(keys, e.Key())
-		case <-ctx.Done():
-			return nil, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
-		}
-	}
-}
-
 // Audit reads the duplicate audit of runID (empty if it has absorbed
 // none).
 func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {
@@ -384,3 +455,48 @@ func (s *Store) Bucket(ctx context.Context) (BucketState, error) {
 
 // Name is the runs bucket's name, for messages.
 func (s *Store) Name() string { return s.runs.Bucket() }
+
+// EnsureIndex makes sure the run index holds an entry for every kept run:
+// when no build of it has completed (see runindex.Index.Ensure) it writes
+// the entries from the run records. It reports whether it rebuilt.
+func (s *Store) EnsureIndex(ctx context.Context) (bool, error) {
+	return s.index.Ensure(ctx, s.each)
+}
+
+// Index is the run index the store writes.
+func (s *Store) Index() *runindex.Index { return s.index }
+
+// each calls yield with every kept run record and what is left of its
+// expiry, skipping records about to expire.
+func (s *Store) each(ctx context.Context, yield func(runindex.Record) error) (err error) {
+	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("jetflow: list runs: %w", err)
+	}
+	defer func() {
+		if serr := w.Stop(); serr != nil && err == nil {
+			err = fmt.Errorf("jetflow: list runs: %w", serr)
+		}
+	}()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current record has been delivered
+				return nil
+			}
+			run, err := state.DecodeRun(e.Value())
+			if err != nil {
+				return fmt.Errorf("run %s: %w", e.Key(), err)
+			}
+			ttl := s.entryTTL(run)
+			if run.Status.Terminal() && ttl <= time.Second {
+				continue
+			}
+			if err := yield(runindex.Record{Run: run, TTL: ttl}); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("jetflow: list runs: %w", ctx.Err())
+		}
+	}
+}

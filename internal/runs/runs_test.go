@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
@@ -145,17 +146,16 @@ func TestCancelUpdateAndNotFound(t *testing.T) {
 }
 
 // Wait returns a run's final record, also when it ends after the wait
-// began; Keys lists kept run IDs in order.
-func TestWaitAndKeys(t *testing.T) {
+// began; every status change is in the run index, newest first, the
+// state the run left removed.
+func TestWaitAndIndex(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t, jetstream.Topology{})
 	for _, id := range []string{"k-3", "k-1", "k-2"} {
 		_, err := s.Create(ctx(t), running(id, "a"))
 		require.NoError(t, err)
 	}
-	keys, err := s.Keys(ctx(t))
-	require.NoError(t, err)
-	require.Equal(t, []string{"k-1", "k-2", "k-3"}, keys)
+	require.Equal(t, []string{"k-2", "k-1", "k-3"}, indexed(t, s, ""))
 
 	done := make(chan state.Run, 1)
 	errs := make(chan error, 1)
@@ -165,7 +165,7 @@ func TestWaitAndKeys(t *testing.T) {
 		errs <- err
 		done <- r
 	}()
-	_, _, err = s.Finish(ctx(t), running("k-2", "a"), 0, func(r *state.Run) {
+	_, _, err := s.Finish(ctx(t), running("k-2", "a"), 0, func(r *state.Run) {
 		r.Status, r.Output = state.StatusCompleted, json.RawMessage(`7`)
 	})
 	require.NoError(t, err)
@@ -173,6 +173,9 @@ func TestWaitAndKeys(t *testing.T) {
 	r := <-done
 	require.Equal(t, state.StatusCompleted, r.Status)
 	require.JSONEq(t, `7`, string(r.Output))
+	require.Equal(t, []string{"k-2", "k-1", "k-3"}, indexed(t, s, ""))
+	require.Equal(t, []string{"k-2"}, indexed(t, s, state.StatusCompleted))
+	require.Equal(t, []string{"k-1", "k-3"}, indexed(t, s, state.StatusRunning), "the running entry of k-2 is gone")
 
 	r, err = s.Wait(ctx(t), "k-2")
 	require.NoError(t, err, "already final")
@@ -243,4 +246,59 @@ func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
 	case <-ctx(t).Done():
 		t.Fatal("Wait did not see the run end through its reads")
 	}
+}
+
+// indexed lists the run IDs of the run index's first page of status ("":
+// all).
+func indexed(t *testing.T, s *Store, status state.Status) []string {
+	t.Helper()
+	page, err := s.Index().Page(ctx(t), runindex.Query{Status: status, Limit: 50})
+	require.NoError(t, err)
+	var ids []string
+	for _, e := range page.Entries {
+		ids = append(ids, e.RunID)
+	}
+	return ids
+}
+
+// Repair removes a stale entry alone; it writes the run's own entry only
+// when that is missing although the record was written over RepairGrace
+// ago (its writer died between the record and the index).
+func TestRepairStaleIndexEntry(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	_, err := s.Create(ctx(t), running("r-1", "a"))
+	require.NoError(t, err)
+	done, _, err := s.Finish(ctx(t), running("r-1", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	page, err := s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	current := page.Entries[0]
+
+	// A writer died after the record: the running entry is still there,
+	// the completed one is not.
+	stale := running("r-1", "a")
+	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
+	require.NoError(t, err)
+	require.NoError(t, s.Index().RemoveEntry(ctx(t), current))
+	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	require.Equal(t, state.StatusRunning, page.Entries[0].Status)
+
+	// Within the grace: the stale entry goes, nothing is written for the
+	// record (its writer may be about to).
+	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
+	require.Empty(t, indexed(t, s, ""))
+
+	// After the grace: the missing entry is written.
+	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
+	require.NoError(t, err)
+	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
+	require.NoError(t, err)
+	s.now = func() time.Time { return time.Now().Add(RepairGrace + time.Second) }
+	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
+	require.Equal(t, []string{"r-1"}, indexed(t, s, state.StatusCompleted))
+	require.Empty(t, indexed(t, s, state.StatusRunning))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // StartSubjectPrefix is the durable way in: any NATS client publishes a
@@ -172,7 +173,7 @@ type durable struct {
 // when the worker gives up draining: the admission then fails and the
 // envelope is delivered again.
 func (d *durable) Handle(ctx context.Context, msg natsjs.Msg) {
-	actx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	actx, cancel := context.WithTimeout(tracing.FromNATS(ctx, msg.Headers()), d.cfg.Timeout)
 	reply := handleDurableStart(actx, d.a, d.workflow, d.wf, msg.Data(), msg.Headers().Get(nats.MsgIdHdr))
 	cancel()
 

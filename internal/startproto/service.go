@@ -24,6 +24,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/reqreply"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // AdmitSubjectPrefix is where workers answer start requests by request-reply:
@@ -227,6 +228,7 @@ func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout 
 		name := strings.TrimPrefix(m.Subject, AdmitSubjectPrefix)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
+		ctx = tracing.FromNATS(ctx, m.Header) // the start's trace context, if any
 		reply := handleStart(ctx, a, name, served[name], m.Data, entryOf(m.Header))
 		logRefusal(log, name, reply)
 		b, err := json.Marshal(reply)

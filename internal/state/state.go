@@ -89,6 +89,9 @@ type Run struct {
 	// Children are the child runs this run started, in the order their
 	// starts were recorded.
 	Children []ChildLink `json:"children,omitempty"`
+	// TraceParent is the W3C trace context (traceparent form) of the start
+	// that created the run; its tasks carry it (internal/tracing).
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // ParentLink is what a child run knows of its parent: enough to commit the
@@ -148,6 +151,11 @@ type Step struct {
 	Error     *ErrorInfo      `json:"error,omitempty"`
 	Worker    string          `json:"worker,omitempty"`
 	Committed time.Time       `json:"committed_at"`
+	// StartedAt is when the committed attempt started; Failures the
+	// earlier attempts that failed and were retried (from the step's
+	// AttemptLog at commit, oldest first).
+	StartedAt time.Time        `json:"started_at,omitzero"`
+	Failures  []AttemptFailure `json:"failures,omitempty"`
 	// Child is the run ID of the child run the step stands for.
 	Child string `json:"child,omitempty"`
 	// Kind is what the step waited for, when it ran no function: StepSleep,
@@ -317,6 +325,9 @@ type Task struct {
 	// Recheck marks the task a wait without a deadline stored as a timer
 	// to be delivered again (workflow.WaitRecheck).
 	Recheck bool `json:"recheck,omitempty"`
+	// TraceParent is the start's W3C trace context (a start task) or the
+	// run record's (a step task).
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -332,6 +343,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
+		TraceParent: r.TraceParent,
 	}
 }
 
@@ -342,7 +354,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		Parent: t.Parent,
+		Parent: t.Parent, TraceParent: t.TraceParent,
 	}
 }
 

@@ -69,8 +69,9 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Status: StatusRunning, Token: "tok", Fingerprint: "fp", Generation: 7, Retention: time.Hour,
 		AfterExpiry: true, Source: "svc", CreatedAt: created, UpdatedAt: created,
 		Output: json.RawMessage(`1`), Error: &ErrorInfo{Message: "x"},
-		Parent:   &ParentLink{RunID: "p", Workflow: "pw", Token: "pt", StepID: "p.child.0"},
-		Children: []ChildLink{{RunID: "order-42=ship=0", Workflow: "ship", StepID: "order-42/7.ship.0"}},
+		Parent:      &ParentLink{RunID: "p", Workflow: "pw", Token: "pt", StepID: "p.child.0"},
+		Children:    []ChildLink{{RunID: "order-42=ship=0", Workflow: "ship", StepID: "order-42/7.ship.0"}},
+		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children are not carried: a child's start is recorded with

@@ -134,7 +134,7 @@ func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (di
 	b, err := state.Encode(state.Task{
 		V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Input: run.Input, Token: run.Token,
 		Source: run.Source, Fingerprint: run.Fingerprint, CreatedAt: run.CreatedAt,
-		Generation: run.Generation, Retention: run.Retention, Redispatched: true,
+		Generation: run.Generation, Retention: run.Retention, Redispatched: true, TraceParent: run.TraceParent,
 	})
 	if err != nil {
 		return dispatchChanged, err

@@ -147,7 +147,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	} else if !known {
 		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
 	}
-	res, err := e.cfg.Admitter.Admit(d.nctx, dedupe.Request{
+	res, err := e.cfg.Admitter.Admit(e.cfg.Tracer.RunContext(d.nctx, &d.run), dedupe.Request{
 		RunID: spec.RunID, Workflow: spec.Workflow, Input: spec.Input, Source: "run " + d.run.RunID,
 		Entry: string(metrics.EntryChild),
 		Parent: &state.ParentLink{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -15,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // Definition is a registered workflow with its types erased.
@@ -59,6 +59,8 @@ type Config struct {
 	Hooks     Hooks
 	// Metrics counts steps, runs and redeliveries (nil: none).
 	Metrics *metrics.Metrics
+	// Tracer emits step and run spans (nil: none).
+	Tracer *tracing.Tracer
 }
 
 // Executor handles task messages. It is safe for concurrent use.
@@ -226,7 +228,10 @@ func (e *Executor) Release(msg natsjs.Msg) error {
 	if meta, err := msg.Metadata(); err == nil && meta.NumDelivered == 1 {
 		if t, err := state.DecodeTask(msg.Data()); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), []byte(strconv.Itoa(firstAttempt(t)-1)))
+			b, err := state.Encode(state.AttemptLog{V: state.Version, Started: firstAttempt(t) - 1})
+			if err == nil {
+				_, err = e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), b)
+			}
 			cancel()
 			if err != nil && !errors.Is(err, jetstream.ErrExists) {
 				log := RunLogger(e.log, t.Workflow, t.RunID)

@@ -28,15 +28,17 @@ const timerMinDelay = 2 * time.Second
 // runs early, as after any crash; the timer's task then finds its attempt
 // already started and is dropped.
 func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg, t state.Task, s *settlement) {
+	err := e.recordFailure(ctx, attemptKey(t), s)
 	if s.delay < timerMinDelay {
+		if err != nil {
+			log.Warn().Err(err).Msg("cannot log the failed attempt; retrying all the same")
+		}
 		settleErr(log, msg.NakWithDelay(s.delay), "nak")
 		return
 	}
 	t.Attempt, t.Redispatched = s.attempt+1, false
-	b, err := state.Encode(t)
-	if err == nil {
-		err = e.recordAttempt(ctx, attemptKey(t), s.attempt)
-	}
+	b, eerr := state.Encode(t)
+	err = errors.Join(err, eerr)
 	if err == nil {
 		err = jetstream.ScheduleTask(ctx, e.cfg.Assets.JS, msg.Subject(), retryMsgID(t), b, e.cfg.Now().Add(s.delay))
 	}
@@ -103,23 +105,16 @@ func (f *DueForwarder) settle(err error) {
 	}
 }
 
-// recordAttempt raises the attempt record of key to at least n.
-func (e *Executor) recordAttempt(ctx context.Context, key string, n int) error {
-	for {
-		v, rev, err := e.cfg.Assets.Attempts.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrNotFound):
-			_, err = e.cfg.Assets.Attempts.Create(ctx, key, []byte(strconv.Itoa(n)))
-		case err != nil:
-			return err
-		default:
-			if stored, perr := strconv.Atoi(string(v)); perr == nil && stored >= n {
-				return nil
-			}
-			_, err = e.cfg.Assets.Attempts.Update(ctx, key, []byte(strconv.Itoa(n)), rev)
-		}
-		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
-			return err
-		}
+// recordFailure logs the failed attempt s retries in the attempt log of
+// key, which also raises the log's started count to it: a task
+// redispatched meanwhile counts on from there.
+func (e *Executor) recordFailure(ctx context.Context, key string, s *settlement) error {
+	f := state.AttemptFailure{StepID: s.stepID, Attempt: s.attempt, StartedAt: s.started.UTC(), EndedAt: e.cfg.Now().UTC(), Worker: e.cfg.WorkerID}
+	if s.err != nil {
+		f.Error = s.err.Error()
 	}
+	return e.editAttemptLog(ctx, key, func(l *state.AttemptLog, _ bool) (bool, error) {
+		l.Add(f)
+		return true, nil
+	})
 }

@@ -56,6 +56,10 @@ type settlement struct {
 	// the cache.
 	forget bool
 	delay  time.Duration
+	// started is when a retried attempt started, stepID its step
+	// (settleRetry).
+	started time.Time
+	stepID  string
 	// attempt is the attempt that failed (retry).
 	attempt int
 	output  json.RawMessage
@@ -175,6 +179,7 @@ func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run
 	took := run.UpdatedAt.Sub(run.CreatedAt)
 	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), took)
 	logRunEnd(log, run, took)
+	e.cfg.Tracer.EndRun(run)
 	return run, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -45,7 +44,7 @@ type stepAttempt struct {
 // the committed record, which is the one another worker committed first if
 // this one lost the race; or, when this attempt commits nothing, how to
 // settle the task instead (a retry, a release, a drop).
-func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement) {
+func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settlement) {
 	key, err := e.keyCall(d, sc)
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
@@ -61,6 +60,8 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement)
 		return nil, s
 	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
+	span := e.startStepSpan(d, a)
+	defer func() { endStepSpan(span, a, rec, s) }()
 	// Its series exist at 0 from here: its first failure is an increase.
 	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
 	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
@@ -78,7 +79,7 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (*state.Step, *settlement)
 func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.StepResult, *settlement) {
 	sc, attempt, key := a.stepCall, a.attempt, a.key
 	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
-	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID}
+	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID, StartedAt: a.start.UTC()}
 	cached, err := key.acquire(d.ctx, d.nctx)
 	if err != nil {
 		return rec, "", &settlement{kind: settleRelease, err: err}
@@ -121,7 +122,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 		d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
 			Str("retry_in", logging.Duration(delay)).Err(err).Msg("step failed; retrying")
 		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
-		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err}
+		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err, started: a.start, stepID: sc.id}
 	default:
 		rec.Error = &state.ErrorInfo{Message: err.Error(), Kind: "step", Code: errorCode(err)}
 		return rec, metrics.StepFailed, nil
@@ -135,6 +136,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result metrics.StepResult) (*state.Step, *settlement) {
 	sc, key := a.stepCall, a.key
 	rec.Committed = e.cfg.Now().UTC()
+	rec.Failures = e.attemptFailures(d, a)
 	b, err := key.encode(*rec)
 	if errors.Is(err, state.ErrInputTooLarge) {
 		// Retrying cannot make it fit: commit the failure instead.
@@ -245,40 +247,89 @@ func (e *Executor) beginAttempt(d *delivery) (int, error) {
 			return 0, fmt.Errorf("%w: a retry of the step waits as a timer", errNotThisTask)
 		}
 	}
-	key := attemptKey(d.task)
-	for {
-		v, rev, err := e.cfg.Assets.Attempts.Get(d.nctx, key)
-		var attempt int
+	var attempt int
+	err := e.editAttemptLog(d.nctx, attemptKey(d.task), func(l *state.AttemptLog, found bool) (bool, error) {
 		switch {
-		case errors.Is(err, jetstream.ErrNotFound) && d.delivered > 1 && first == 1:
+		case !found && d.delivered > 1 && first == 1:
 			attempt = 2 // the first delivery ran attempt 1 without a record
-		case errors.Is(err, jetstream.ErrNotFound):
+		case !found:
 			attempt = first
-		case err != nil:
-			return 0, err
+		case first > 1 && d.delivered <= 1 && l.Started >= first:
+			// A retry timer's task whose attempt already ran (its failed
+			// task was redelivered after a crash instead).
+			return false, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
 		default:
-			started, err := strconv.Atoi(string(v))
-			if err != nil {
-				return 0, fmt.Errorf("%w: attempt record %s: %w", state.ErrCorrupt, key, err)
-			}
-			if first > 1 && d.delivered <= 1 && started >= first {
-				// A retry timer's task whose attempt already ran (its
-				// failed task was redelivered after a crash instead).
-				return 0, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
-			}
-			attempt = max(first, started+1)
+			attempt = max(first, l.Started+1)
 		}
-		b := []byte(strconv.Itoa(attempt))
+		l.Started = attempt // a concurrent delivery that takes this number first makes this one read again
+		return true, nil
+	})
+	return attempt, err
+}
+
+// editAttemptLog applies edit to the attempt log under key (found is false
+// when there is none yet) and writes the result with compare-and-set,
+// reading again and applying edit again when another writer came first.
+// An edit that returns false writes nothing.
+func (e *Executor) editAttemptLog(ctx context.Context, key string, edit func(l *state.AttemptLog, found bool) (bool, error)) error {
+	for {
+		v, rev, err := e.cfg.Assets.Attempts.Get(ctx, key)
+		l := state.AttemptLog{V: state.Version}
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+		case err != nil:
+			return err
+		default:
+			if l, err = state.DecodeAttemptLog(v); err != nil {
+				return fmt.Errorf("attempt record %s: %w", key, err)
+			}
+		}
+		write, err := edit(&l, rev != 0)
+		if err != nil || !write {
+			return err
+		}
+		b, err := state.Encode(l)
+		if err != nil {
+			return err
+		}
 		if rev == 0 {
-			_, err = e.cfg.Assets.Attempts.Create(d.nctx, key, b)
+			_, err = e.cfg.Assets.Attempts.Create(ctx, key, b)
 		} else {
-			_, err = e.cfg.Assets.Attempts.Update(d.nctx, key, b, rev)
+			_, err = e.cfg.Assets.Attempts.Update(ctx, key, b, rev)
 		}
-		if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
-			continue // a concurrent delivery took this number
+		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+			return err
 		}
-		return attempt, err
 	}
+}
+
+// attemptFailures are the failed attempts of the step of attempt a
+// logged before it, for its record: read only when a is not the first.
+// A log that cannot be read leaves them out (with a warning): the result
+// is committed either way.
+func (e *Executor) attemptFailures(d *delivery, a *stepAttempt) []state.AttemptFailure {
+	if a.attempt <= 1 {
+		return nil
+	}
+	v, _, err := e.cfg.Assets.Attempts.Get(d.nctx, attemptKey(d.task))
+	var l state.AttemptLog
+	if err == nil {
+		l, err = state.DecodeAttemptLog(v)
+	}
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		d.log.Warn().Err(err).Str("step_id", a.id).Msg("cannot read the step's earlier attempts; its record leaves them out")
+		return nil
+	}
+	var out []state.AttemptFailure
+	for _, f := range l.Failures {
+		if f.Attempt < a.attempt && (f.StepID == "" || f.StepID == a.id) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // commitAttempts bounds the retries of a step commit that got no answer.

@@ -1,0 +1,207 @@
+package jetflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// walkRuns lists every page of opts (Limit 7) and returns the run IDs in
+// order, failing t if a run shows twice.
+func walkRuns(t *testing.T, ctx context.Context, c *Client, opts ListOptions) []string {
+	t.Helper()
+	opts.Limit = 7
+	var ids []string
+	seen := map[string]bool{}
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10_000, "paging must end")
+		page, err := c.ListRuns(ctx, opts)
+		require.NoError(t, err)
+		for _, r := range page.Runs {
+			require.False(t, seen[r.RunID], "run %s listed twice in one walk", r.RunID)
+			seen[r.RunID] = true
+			ids = append(ids, r.RunID)
+		}
+		if page.Next == "" {
+			return ids
+		}
+		opts.After = page.Next
+	}
+}
+
+// TestRunIndexRebuiltWhenRemoved: the run index stream deleted by hand
+// (or lost) is made again from the run records — by the next listing, and
+// by a worker that starts — with every kept run, including one that ended
+// while the index was missing.
+func TestRunIndexRebuiltWhenRemoved(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("indexed", func(ctx *Context, in int) (int, error) {
+		if in%4 == 0 {
+			return 0, Fatal(errors.New("no"))
+		}
+		return in, nil
+	})
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	var want []string
+	start := func(i int) {
+		id := fmt.Sprintf("idx-%02d", i)
+		want = append(want, id)
+		_, err := c.StartByName(ctx, "indexed", json.RawMessage(fmt.Sprint(i)), WithRunID(id))
+		require.NoError(t, err)
+		run, err := c.WaitRun(ctx, id)
+		require.NoError(t, err)
+		awaitIndexed(t, c, id, run.Status)
+	}
+	for i := range 20 {
+		start(i)
+	}
+	js, err := natsjs.New(env.conn())
+	require.NoError(t, err)
+
+	// Gone, then a run ends while it is gone: its entry cannot be written.
+	require.NoError(t, js.DeleteStream(ctx, jetstream.IndexStream))
+	_, err = c.StartByName(ctx, "indexed", json.RawMessage(`21`), WithRunID("idx-21"))
+	require.NoError(t, err)
+	_, err = c.WaitRun(ctx, "idx-21")
+	require.NoError(t, err)
+	want = append(want, "idx-21")
+
+	// The next listing finds it missing and rebuilds it.
+	require.ElementsMatch(t, want, walkRuns(t, ctx, c, ListOptions{}))
+	counts, err := c.CountRuns(ctx, "indexed")
+	require.NoError(t, err)
+	require.Equal(t, RunCounts{Completed: 16, Failed: 5}, counts)
+
+	// Gone again: a worker that starts builds it before it serves.
+	require.NoError(t, js.DeleteStream(ctx, jetstream.IndexStream))
+	env.worker(WorkerConfig{}, wf)
+	info, err := js.Stream(ctx, jetstream.IndexStream)
+	require.NoError(t, err, "the worker made the index again")
+	require.Equal(t, uint64(21+1), info.CachedInfo().State.Msgs, "an entry per run and the build marker")
+	require.ElementsMatch(t, want, walkRuns(t, ctx, c, ListOptions{}))
+}
+
+// TestRunIndexPagesWhileRunsStartAndExpire: while runs are started and
+// expire (a workflow with a 1s retention), every walk of the pages lists
+// each run at most once, always lists every kept run of another workflow
+// exactly once, and lists no run whose record is gone.
+func TestRunIndexPagesWhileRunsStartAndExpire(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{DuplicateWindow: time.Second})
+	kept := NewWorkflow("kept", func(ctx *Context, in int) (int, error) { return in, nil })
+	short := NewWorkflow("fleeting", func(ctx *Context, in int) (int, error) { return in, nil }, WithRetention(time.Second))
+	env.worker(WorkerConfig{}, kept, short)
+	c := env.client()
+	ctx := ctxT(t, 120*time.Second)
+	var keptIDs []string
+	for i := range 12 {
+		id := fmt.Sprintf("kept-%02d", i)
+		keptIDs = append(keptIDs, id)
+		_, err := c.StartByName(ctx, "kept", json.RawMessage(`1`), WithRunID(id))
+		require.NoError(t, err)
+	}
+	for _, id := range keptIDs {
+		_, err := c.WaitRun(ctx, id)
+		require.NoError(t, err)
+		awaitIndexed(t, c, id, StatusCompleted)
+	}
+
+	// Churn: fleeting runs start (and complete, and expire a second later)
+	// until the walks are done.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.StartByName(ctx, "fleeting", json.RawMessage(`1`), WithRunID(fmt.Sprintf("fleet-%04d", i))); err != nil && ctx.Err() == nil {
+				t.Errorf("start fleet-%04d: %v", i, err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	expired := func() bool {
+		_, err := c.GetRun(ctx, "fleet-0000")
+		return errors.Is(err, ErrRunNotFound)
+	}
+	for walks := 0; walks < 3 || !expired(); walks++ {
+		require.NoError(t, ctx.Err(), "no fleeting run expired")
+		ids := walkRuns(t, ctx, c, ListOptions{})
+		var listedKept []string
+		for _, id := range ids {
+			if slices.Contains(keptIDs, id) {
+				listedKept = append(listedKept, id)
+			}
+		}
+		require.ElementsMatch(t, keptIDs, listedKept, "walk %d", walks)
+		require.ElementsMatch(t, keptIDs, walkRuns(t, ctx, c, ListOptions{Workflow: "kept"}))
+		counts, err := c.CountRuns(ctx, "kept")
+		require.NoError(t, err)
+		require.Equal(t, RunCounts{Completed: int64(len(keptIDs))}, counts)
+	}
+	// Expired runs leave the index: their entries expire with them, or the
+	// listing that meets one removes it.
+	require.NotContains(t, walkRuns(t, ctx, c, ListOptions{Workflow: "fleeting"}), "fleet-0000")
+}
+
+// TestRunIndexRepairsStaleEntries: an entry the index holds for a run in a
+// state its record no longer has (a writer died between the record and
+// the index), or for a run without a record, is not listed, and the
+// listing that meets it repairs the index.
+func TestRunIndexRepairsStaleEntries(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("repaired", func(ctx *Context, in int) (int, error) { return in, nil })
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	_, err := c.StartByName(ctx, "repaired", json.RawMessage(`1`), WithRunID("rep-1"))
+	require.NoError(t, err)
+	run, err := c.WaitRun(ctx, "rep-1")
+	require.NoError(t, err)
+	awaitIndexed(t, c, "rep-1", StatusCompleted)
+
+	// A running entry left behind, and one for a run that has no record.
+	stale := state.Run{RunID: "rep-1", Workflow: "repaired", Status: state.StatusRunning, CreatedAt: run.CreatedAt, UpdatedAt: run.CreatedAt}
+	_, err = c.runs.Index().Put(ctx, stale, jetstream.TTLNever)
+	require.NoError(t, err)
+	ghost := state.Run{RunID: "rep-ghost", Workflow: "repaired", Status: state.StatusFailed, CreatedAt: run.CreatedAt, UpdatedAt: run.CreatedAt}
+	_, err = c.runs.Index().Put(ctx, ghost, time.Hour)
+	require.NoError(t, err)
+	counts, err := c.CountRuns(ctx, "repaired")
+	require.NoError(t, err)
+	require.Equal(t, RunCounts{Running: 1, Completed: 1, Failed: 1}, counts, "the index holds the stale entries")
+
+	running, err := c.ListRuns(ctx, ListOptions{Status: StatusRunning})
+	require.NoError(t, err)
+	require.Empty(t, running.Runs, "a stale entry is not listed")
+	all, err := c.ListRuns(ctx, ListOptions{})
+	require.NoError(t, err)
+	require.Equal(t, []string{"rep-1"}, runIDs(all.Runs))
+	require.Equal(t, StatusCompleted, all.Runs[0].Status)
+
+	counts, err = c.CountRuns(ctx, "repaired")
+	require.NoError(t, err)
+	require.Equal(t, RunCounts{Completed: 1}, counts, "the listings repaired the index")
+}

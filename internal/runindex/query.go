@@ -1,0 +1,387 @@
+package runindex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Query selects a page of the index.
+type Query struct {
+	Status   state.Status // "" for all
+	Workflow string       // "" for all
+	Prefix   string       // run ID prefix, "" for all
+	// Since and Until bound the time of the entry (the run's last status
+	// change) to [Since, Until); zero for open.
+	Since, Until time.Time
+	// Before is the cursor: only entries older than it (0: from the
+	// newest).
+	Before uint64
+	Limit  int
+}
+
+// Page is a page of entries, newest first, and the cursor of the next
+// (0 when this one is the last).
+type Page struct {
+	Entries []Entry
+	Next    uint64
+}
+
+// Scanning parameters. A page reads the stream backwards in windows of
+// sequences, each twice the last, until it holds Limit entries. A filter
+// that matches few entries among many would make that a long walk; once a
+// walk has covered scanBudget sequences, the page asks the server for the
+// last entry of every matching subject below the window instead (one
+// request, answered from the subject index), which it does whenever at
+// most multiLastMax entries match.
+const (
+	minWindow    = 128
+	scanBudget   = 32 * 1024
+	multiLastMax = 1024
+)
+
+// Page returns the entries q selects, newest first: at most q.Limit, and
+// Next when older ones may follow. Its cost depends on the page size and
+// on how densely the filter matches the newest entries, not on how many
+// entries the index holds.
+func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
+	first, last, err := x.bounds(ctx)
+	if err != nil {
+		return Page{}, err
+	}
+	hi := last + 1 // exclusive
+	if q.Before > 0 {
+		hi = min(hi, q.Before)
+	}
+	lo := first
+	if !q.Until.IsZero() {
+		s, err := x.seqAt(ctx, q.Until, last)
+		if err != nil {
+			return Page{}, err
+		}
+		hi = min(hi, s)
+	}
+	if !q.Since.IsZero() {
+		s, err := x.seqAt(ctx, q.Since, last)
+		if err != nil {
+			return Page{}, err
+		}
+		lo = max(lo, s)
+	}
+	filter := q.filter()
+	var got []Entry // newest first
+	window, scanned := uint64(max(minWindow, 4*q.Limit)), uint64(0)
+	for hi > lo && len(got) <= q.Limit {
+		if scanned >= scanBudget {
+			older, ok, err := x.lastPerSubject(ctx, filter, lo, hi)
+			if err != nil {
+				return Page{}, err
+			}
+			if ok {
+				got, hi = append(got, older...), lo
+				break
+			}
+		}
+		from := max(lo, satSub(hi, window))
+		es, err := x.rangeEntries(ctx, filter, from, hi)
+		if err != nil {
+			return Page{}, err
+		}
+		slices.Reverse(es)
+		got = append(got, es...)
+		scanned += hi - from
+		hi, window = from, min(2*window, 1<<20)
+	}
+	got = newestPerRun(got)
+	page := Page{Entries: got}
+	if len(got) > q.Limit {
+		page.Entries = got[:q.Limit]
+	}
+	if len(got) > q.Limit {
+		page.Next = page.Entries[len(page.Entries)-1].Seq
+	}
+	return page, nil
+}
+
+// newestPerRun drops, from entries newest first, every entry of a run
+// shown already: a run has one entry but for a moment after a write (the
+// new entry is written before the old one is removed).
+func newestPerRun(entries []Entry) []Entry {
+	seen := make(map[string]bool, len(entries))
+	out := entries[:0]
+	for _, e := range entries {
+		if !seen[e.RunID] {
+			seen[e.RunID] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func satSub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// bounds reads the stream's first and last sequence.
+func (x *Index) bounds(ctx context.Context) (first, last uint64, err error) {
+	info, err := x.stream.Info(ctx)
+	if err != nil {
+		return 0, 0, missing(fmt.Errorf("jetflow: run index: %w", err))
+	}
+	return info.State.FirstSeq, info.State.LastSeq, nil
+}
+
+// seqAt is the sequence of the first message stored at or after t, or
+// last+1 when none is.
+func (x *Index) seqAt(ctx context.Context, t time.Time, last uint64) (uint64, error) {
+	msgs, _, err := x.direct(ctx, directRequest{StartTime: &t, Batch: 1})
+	if err != nil {
+		return 0, err
+	}
+	if len(msgs) == 0 {
+		return last + 1, nil
+	}
+	return seqOf(msgs[0])
+}
+
+// rangeEntries reads the entries matching filter with sequences in
+// [from, to), oldest first. It walks the range with single direct gets
+// (each the next entry matching filter from a sequence), in rangeWalkers
+// parts at once: a batched get would make the server count every entry
+// matching filter from its start to the stream's end first, which costs
+// as much as the stream holds beyond the range.
+func (x *Index) rangeEntries(ctx context.Context, filter string, from, to uint64) ([]Entry, error) {
+	parts := min(uint64(rangeWalkers), max(1, (to-from)/minPart))
+	size := (to - from + parts - 1) / parts
+	found := make([][]Entry, parts)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range parts {
+		lo, hi := from+i*size, min(to, from+(i+1)*size)
+		g.Go(func() (err error) {
+			found[i], err = x.walk(gctx, filter, lo, hi)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return slices.Concat(found...), nil
+}
+
+// Walking parameters: at most rangeWalkers parts of a range at once, each
+// of at least minPart sequences.
+const (
+	rangeWalkers = 8
+	minPart      = 64
+)
+
+// walk reads the entries matching filter in [from, to), oldest first, one
+// direct get each.
+func (x *Index) walk(ctx context.Context, filter string, from, to uint64) ([]Entry, error) {
+	var out []Entry
+	for from < to {
+		msgs, _, err := x.direct(ctx, directRequest{Seq: from, NextFor: filter})
+		if err != nil || len(msgs) == 0 {
+			return out, err
+		}
+		e, err := decodeEntry(msgs[0])
+		if err != nil {
+			return nil, err
+		}
+		if e.Seq >= to {
+			return out, nil
+		}
+		out = append(out, e)
+		from = e.Seq + 1
+	}
+	return out, nil
+}
+
+// lastPerSubject reads every entry matching filter with a sequence in
+// [from, to), newest first, in one request — when at most multiLastMax
+// subjects match below to; ok is false when more do.
+func (x *Index) lastPerSubject(ctx context.Context, filter string, from, to uint64) ([]Entry, bool, error) {
+	if to <= 1 {
+		return nil, true, nil
+	}
+	msgs, status, err := x.direct(ctx, directRequest{MultiLastFor: []string{filter}, UpToSeq: to - 1})
+	if err != nil {
+		return nil, false, err
+	}
+	if status == "413" {
+		return nil, false, nil
+	}
+	var out []Entry
+	for _, m := range msgs {
+		e, err := decodeEntry(m)
+		if err != nil {
+			return nil, false, err
+		}
+		if e.Seq >= from && e.Seq < to {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return cmpDesc(a.Seq, b.Seq) })
+	return out, true, nil
+}
+
+func cmpDesc(a, b uint64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
+}
+
+// Counts is the number of kept runs in each status.
+type Counts map[state.Status]int64
+
+// Count counts the entries of each status, of workflow ("" for all). It
+// costs one request per status, answered from the server's subject index.
+func (x *Index) Count(ctx context.Context, workflow string) (Counts, error) {
+	out := Counts{}
+	for _, s := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
+		msgs, _, err := x.direct(ctx, directRequest{Seq: 1, NextFor: Query{Status: s, Workflow: workflow}.filter(), Batch: 1})
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) == 0 {
+			out[s] = 0
+			continue
+		}
+		pending, err := strconv.ParseInt(msgs[0].Header.Get("Nats-Num-Pending"), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("jetflow: run index: count %s: pending %q: %w", s, msgs[0].Header.Get("Nats-Num-Pending"), err)
+		}
+		out[s] = pending + 1
+	}
+	return out, nil
+}
+
+func decodeEntry(m *nats.Msg) (Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(m.Data, &e); err != nil {
+		return Entry{}, fmt.Errorf("%w: index entry %s: %w", state.ErrCorrupt, m.Subject, err)
+	}
+	seq, err := seqOf(m)
+	if err != nil {
+		return Entry{}, err
+	}
+	e.Seq = seq
+	return e, nil
+}
+
+func seqOf(m *nats.Msg) (uint64, error) {
+	seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("jetflow: run index: message without a sequence: %w", err)
+	}
+	return seq, nil
+}
+
+// directRequest is a JetStream direct-get request (batched or multi-last).
+type directRequest struct {
+	Seq          uint64     `json:"seq,omitempty"`
+	NextFor      string     `json:"next_by_subj,omitempty"`
+	LastFor      string     `json:"last_by_subj,omitempty"`
+	Batch        int        `json:"batch,omitempty"`
+	StartTime    *time.Time `json:"start_time,omitempty"`
+	MultiLastFor []string   `json:"multi_last,omitempty"`
+	UpToSeq      uint64     `json:"up_to_seq,omitempty"`
+}
+
+// direct sends req to the index stream's direct-get service and collects
+// the messages of its answer. A batch or multi answer ends with a status
+// message (204 end of batch, 404 nothing found, 413 too many); status is
+// its code, and 404 is an empty answer, not an error.
+func (x *Index) direct(ctx context.Context, req directRequest) (msgs []*nats.Msg, status string, err error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	single := req.Batch == 0 && len(req.MultiLastFor) == 0
+	if single {
+		m, err := x.nc.RequestWithContext(ctx, directSubject, b)
+		if err != nil {
+			return nil, "", x.requestErr(err)
+		}
+		return answer(m, nil, true)
+	}
+	inbox := x.nc.NewRespInbox()
+	sub, err := x.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, "", jetstream.Unavailable(fmt.Errorf("jetflow: run index: %w", err))
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := x.nc.PublishRequest(directSubject, inbox, b); err != nil {
+		return nil, "", jetstream.Unavailable(fmt.Errorf("jetflow: run index: %w", err))
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, "", x.requestErr(err)
+		}
+		var done bool
+		if msgs, status, done, err = answerPart(m, msgs); done || err != nil {
+			return msgs, status, err
+		}
+	}
+}
+
+// directSubject is where the index stream's direct gets are asked.
+const directSubject = "$JS.API.DIRECT.GET." + jetstream.IndexStream
+
+// requestErr is the error of a direct get that got no answer: a missing
+// stream (no responders) or a transient condition.
+func (x *Index) requestErr(err error) error {
+	if errors.Is(err, nats.ErrNoResponders) {
+		return missing(fmt.Errorf("jetflow: run index: %w", err))
+	}
+	return jetstream.Unavailable(fmt.Errorf("jetflow: run index read: %w", err))
+}
+
+// answer is the answer of a single direct get: its message, or none (404).
+func answer(m *nats.Msg, msgs []*nats.Msg, _ bool) ([]*nats.Msg, string, error) {
+	msgs, status, done, err := answerPart(m, msgs)
+	if !done && err == nil {
+		return msgs, "", nil
+	}
+	return msgs, status, err
+}
+
+// answerPart adds m, one message of a direct get's answer, to msgs; done
+// is true when m is the status message that ends the answer (204 end of
+// batch, 404 nothing found, 413 too many: not errors), whose code status
+// is.
+func answerPart(m *nats.Msg, msgs []*nats.Msg) (_ []*nats.Msg, status string, done bool, _ error) {
+	code := m.Header.Get("Status")
+	switch code {
+	case "":
+		return append(msgs, m), "", false, nil
+	case "204", "404", "413":
+		return msgs, code, true, nil
+	case "503":
+		return nil, code, true, missing(fmt.Errorf("jetflow: run index: %w", nats.ErrNoResponders))
+	}
+	return nil, code, true, fmt.Errorf("jetflow: run index read: %s %s", code, m.Header.Get("Description"))
+}

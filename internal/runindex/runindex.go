@@ -1,0 +1,178 @@
+// Package runindex keeps the run index: the stream JETFLOW_RUN_INDEX, one
+// small entry per kept run, from which pages of runs are read newest first
+// — all runs, or by status, workflow, run ID prefix and time — at a cost
+// that does not grow with the number of runs kept.
+//
+// The index is derived data. The run record (internal/runs) is the truth;
+// runs.Store writes a run's entry after each write that changes the run's
+// status, and readers check every entry they list against its record:
+//
+//   - An entry is a message on a subject naming the run's status, workflow
+//     and run ID (subject.go); the stream keeps one message per subject.
+//     It carries the record's expiry: none while the run runs, the run's
+//     retention once it ended, so entries expire with their records.
+//   - A status change publishes the new entry, then purges the run's older
+//     entries. A crash between the two leaves a stale entry behind, which
+//     the next reader that lists it sees (its record says otherwise) and
+//     repairs.
+//   - Order is the stream's: newest first by the time of the run's last
+//     status change (its start, its start again, its end).
+//   - A missing or partial index is rebuilt from the run records (Ensure):
+//     a marker records that a build completed.
+package runindex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// Entry is what the index holds of one run: enough to list it and to tell
+// whether the entry still stands for the run's record.
+type Entry struct {
+	V          int          `json:"v"`
+	RunID      string       `json:"run_id"`
+	Workflow   string       `json:"workflow"`
+	Status     state.Status `json:"status"`
+	Generation int          `json:"generation,omitempty"`
+	CreatedAt  time.Time    `json:"created_at"`
+	UpdatedAt  time.Time    `json:"updated_at"`
+	// Seq is the entry's stream sequence (not stored): its place in the
+	// index's order.
+	Seq uint64 `json:"-"`
+}
+
+// EntryOf is the entry of run.
+func EntryOf(run state.Run) Entry {
+	return Entry{V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Status: run.Status,
+		Generation: run.Generation, CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt}
+}
+
+// Matches reports whether e stands for run as stored: same status,
+// workflow and generation. An entry that does not is stale.
+func (e Entry) Matches(run state.Run) bool {
+	return e.Status == run.Status && e.Workflow == run.Workflow && e.Generation == run.Generation && e.RunID == run.RunID
+}
+
+// Index reads and writes the run index. It is safe for concurrent use
+// and cheap to make.
+type Index struct {
+	stream natsjs.Stream
+	js     natsjs.JetStream
+	nc     *nats.Conn
+}
+
+// New returns the index over provisioned assets.
+func New(assets *jetstream.Assets) *Index {
+	return &Index{stream: assets.Index, js: assets.JS, nc: assets.JS.Conn()}
+}
+
+// Put publishes run's entry with ttl (jetstream.TTLNever or 0: none; else
+// the record's expiry) and returns its sequence. Earlier entries of the
+// run under other subjects stay: the caller removes them (RemoveState,
+// RemoveOlder). A repeat call publishes the entry again; the stream keeps
+// one per subject.
+func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
+	b, err := json.Marshal(EntryOf(run))
+	if err != nil {
+		return 0, err
+	}
+	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
+	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream)}
+	if ttl > 0 && ttl != jetstream.TTLNever {
+		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
+	}
+	ack, err := x.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
+	}
+	return ack.Sequence, nil
+}
+
+// RemoveState removes runID's entry for status and workflow, if there is
+// one: after a status change, the entry of the state the run left. It
+// names one subject, so the server touches only the block that holds it.
+func (x *Index) RemoveState(ctx context.Context, status state.Status, workflow, runID string) error {
+	if err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(status, workflow, runID))); err != nil {
+		return fmt.Errorf("jetflow: index run %s: remove %s entry: %w", runID, status, err)
+	}
+	return nil
+}
+
+// RemoveOlder removes every entry of runID stored before sequence before
+// (0: every entry), whatever its status and workflow: the repair of a
+// stale entry, and the clean-up of a new generation. Its filter is a
+// wildcard, so the server visits every block between the run's oldest
+// entry and its newest: not for the path of every run.
+func (x *Index) RemoveOlder(ctx context.Context, runID string, before uint64) error {
+	opts := []natsjs.StreamPurgeOpt{natsjs.WithPurgeSubject(runFilter(runID))}
+	if before > 0 {
+		opts = append(opts, natsjs.WithPurgeSequence(before))
+	}
+	if err := x.stream.Purge(ctx, opts...); err != nil {
+		return fmt.Errorf("jetflow: index: remove entries of run %s: %w", runID, err)
+	}
+	return nil
+}
+
+// putIfAbsent publishes run's entry unless its subject holds one, without
+// waiting for the answer: the rebuild's write, which never replaces an
+// entry a live writer made (the answer is then a wrong-last-sequence
+// error).
+func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFuture, error) {
+	b, err := json.Marshal(EntryOf(run))
+	if err != nil {
+		return nil, err
+	}
+	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
+	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream), natsjs.WithExpectLastSequencePerSubject(0)}
+	if ttl > 0 && ttl != jetstream.TTLNever {
+		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
+	}
+	return x.js.PublishMsgAsync(msg, opts...)
+}
+
+// RemoveEntry removes entry e, and only it: the messages of its subject
+// up to its sequence. A newer entry on the same subject (a new generation
+// in the same state) stays.
+func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
+	err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(e.Status, e.Workflow, e.RunID)), natsjs.WithPurgeSequence(e.Seq+1))
+	if err != nil {
+		return fmt.Errorf("jetflow: index run %s: remove stale %s entry: %w", e.RunID, e.Status, err)
+	}
+	return nil
+}
+
+// Has reports whether the index holds an entry for run in its current
+// state (status, workflow, generation).
+func (x *Index) Has(ctx context.Context, run state.Run) (bool, error) {
+	msgs, _, err := x.direct(ctx, directRequest{LastFor: entrySubject(run.Status, run.Workflow, run.RunID)})
+	if err != nil || len(msgs) == 0 {
+		return false, err
+	}
+	e, err := decodeEntry(msgs[0])
+	if err != nil {
+		return false, err
+	}
+	return e.Matches(run), nil
+}
+
+// ErrMissing: the index stream does not exist (deleted by hand, or not
+// provisioned yet). Ensure makes it again.
+var ErrMissing = errors.New("jetflow: run index missing")
+
+// missing maps the errors of a deleted stream to ErrMissing.
+func missing(err error) error {
+	if errors.Is(err, natsjs.ErrStreamNotFound) || errors.Is(err, natsjs.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w: %w", ErrMissing, err)
+	}
+	return err
+}
