@@ -44,7 +44,8 @@ type echoIn map[string]any
 // Workflows: "echo" returns its input from a step; "fails" fails at once;
 // "flaky" runs a charge step that fails flakyFailures times before it
 // succeeds (then a receipt step with a run-scoped task key, and a short
-// sleep); "waiter" waits for the event "go" (an hour).
+// sleep); "stuck" runs a step that fails and waits an hour for its
+// retry; "waiter" waits for the event "go" (an hour).
 func newEnv(t *testing.T, tokens ...string) *env {
 	t.Helper()
 	e := &env{t: t, tries: map[string]int{}}
@@ -78,6 +79,11 @@ func newEnv(t *testing.T, tokens ...string) *env {
 				return "", err
 			}
 			return charge, nil
+		}),
+		jetflow.NewWorkflow("stuck", func(ctx *jetflow.Context, in echoIn) (int, error) {
+			return jetflow.Step(ctx, "call", func(context.Context) (int, error) {
+				return 0, errors.New("the partner API answers 502")
+			}, jetflow.WithBackoff(time.Hour, time.Hour))
 		}),
 		jetflow.NewWorkflow("waiter", func(ctx *jetflow.Context, in echoIn) (string, error) {
 			return jetflow.WaitEvent[string](ctx, "go", jetflow.WithTimeout(time.Hour))

@@ -47,6 +47,13 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"echo-1": "completed", "echo-2": "completed", "echo-3": "completed",
 		"refund-77": "failed", "order-1042": "completed", "shipment-9": "running"}, got)
+	counts, err := e.client.CountRuns(ctxT(t, 10*time.Second), "")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.RunCounts{Running: 1, Completed: 4, Failed: 1}, counts)
+	b.waitFor("the counts", `document.querySelector('#counts [data-count="completed"] .n')?.textContent === "4"`)
+	var shown map[string]string
+	b.eval(`Object.fromEntries([...document.querySelectorAll("#counts [data-count]")].map(a => [a.dataset.count, a.querySelector(".n").textContent]))`, &shown)
+	require.Equal(t, map[string]string{"running": "1", "completed": "4", "failed": "1", "cancelled": "0"}, shown)
 	b.screenshot("inspector-runs")
 
 	// The live refresh updates the rows in place: the same elements, one
@@ -77,6 +84,18 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	// suppress: clear what it may have typed.
 	b.run("type the run ID", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
 	b.waitFor("the exact match", `document.querySelector("#exact-link")?.textContent === "order-1042"`)
+	b.waitFor("the one run with that prefix", `location.hash.includes("prefix=order-1042") && document.querySelectorAll("#runs-body tr").length === 1`)
+
+	// A prefix lists the runs whose IDs start with it.
+	b.run("search a prefix", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "echo-"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the echo runs", `location.hash.includes("prefix=echo-") && document.querySelectorAll("#runs-body tr").length === 3`)
+	b.eval(rowsJS, &rows)
+	for _, r := range rows {
+		require.True(t, strings.HasPrefix(r[0], "echo-"), r[0])
+	}
+	require.True(t, b.hidden("#exact"), "no run is called echo- exactly")
+	b.run("search the run again", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the exact match", `location.hash.includes("prefix=order-1042") && document.querySelector("#exact-link")?.textContent === "order-1042"`)
 
 	// The run page, against the SDK's view of the run.
 	run, err := e.client.GetRun(ctxT(t, 10*time.Second), "order-1042")
@@ -108,7 +127,12 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.eval(`[...document.querySelectorAll('#timeline .attempt[data-step-id=`+jsString(charge.StepID)+`]')].map(a => a.dataset.attempt)`, &attempts)
 	require.NotEmpty(t, attempts)
 	require.Equal(t, "3", attempts[len(attempts)-1], "the committed attempt's number")
-	require.Equal(t, 1, len(attempts), "a bar per attempt: the failed ones and the committed one")
+	require.Len(t, charge.Attempts, flakyFailures, "the SDK's failed attempts")
+	require.Equal(t, len(charge.Attempts)+1, len(attempts), "a bar per attempt: the failed ones and the committed one")
+	var failed int
+	b.eval(`document.querySelectorAll('#timeline .attempt-failed[data-step-id=`+jsString(charge.StepID)+`]').length`, &failed)
+	require.Equal(t, flakyFailures, failed)
+	require.Contains(t, b.text("#timeline"), "attempt 1: payment service timed out (attempt 1)")
 	require.Contains(t, b.text("#run-input"), `"order_id": "o-1042"`)
 	require.Contains(t, b.text("#timeline"), "task key")
 	b.screenshot("inspector-run")
@@ -203,4 +227,30 @@ func TestBrowserShowsMarkupAsText(t *testing.T) {
 	var pwned string
 	b.eval(`typeof window.__pwned`, &pwned)
 	require.Equal(t, "undefined", pwned)
+}
+
+// A step that failed and waits for its retry is an open step at the end
+// of the timeline, with its failed attempt, as Client.OpenSteps lists it.
+func TestBrowserOpenStep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+	e.start("stuck", "partner-3", map[string]any{"n": 3})
+	var open []jetflow.OpenStep
+	require.Eventually(t, func() bool {
+		var err error
+		open, err = e.client.OpenSteps(ctxT(t, 10*time.Second), "partner-3")
+		require.NoError(t, err)
+		return len(open) == 1 && len(open[0].Attempts) == 1
+	}, 30*time.Second, 20*time.Millisecond, "the failed first attempt is recorded")
+
+	b.navigate(e.srv.URL + "/ui/#/runs/partner-3")
+	b.waitFor("the open step", `document.querySelector("#timeline .open-step") !== null`)
+	var ids []string
+	b.eval(`[...document.querySelectorAll("#timeline .open-step")].map(s => s.dataset.stepId)`, &ids)
+	require.Equal(t, []string{open[0].StepID}, ids)
+	require.Contains(t, b.text("#timeline .open-step"), "attempt 1: the partner API answers 502")
+	var rows []string
+	b.eval(`[...document.querySelectorAll("#timeline .open-step .attempt")].map(a => a.dataset.attempt)`, &rows)
+	require.Equal(t, []string{"1", "2"}, rows, "the failed attempt, and the next one to come")
 }
