@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/inspector"
 	"github.com/jetflow/jetflow/internal/lifecycle"
 	imetrics "github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/natsconn"
@@ -21,9 +22,10 @@ import (
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
-// serve runs producer serve until ctx is done: the HTTP API under /v1/ and
-// /metrics, /healthz and /readyz (ready when the client can reach NATS and
-// the engine's buckets) on one address. It then stops accepting, lets
+// serve runs producer serve until ctx is done: the HTTP API under /v1/, the
+// web inspector under /ui/ (/ redirects to it), and /metrics, /healthz and
+// /readyz (ready when the client can reach NATS and the engine's buckets)
+// on one address. It then stops accepting, lets
 // in-flight requests finish (opshttp.ShutdownTimeout) and returns nil.
 // getenv resolves the webhook sources' secret_env. ready, if not nil, is
 // called with the bound address once the listener is bound. It returns the
@@ -80,8 +82,18 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if err != nil {
 		return err
 	}
+	ui, err := inspector.New(inspector.Config{
+		Backend:        client,
+		Tokens:         c.serve.tokens,
+		RequestTimeout: c.serve.requestTimeout,
+		Logger:         log.With().Str("component", "inspector").Logger(),
+	})
+	if err != nil {
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", httpapi.RequestLog(api, log.With().Str("component", "httpapi").Logger()))
+	inspector.Register(mux, ui) // the web inspector on /ui/, and / redirecting to it
 	checks := []opshttp.Check{
 		{Name: "jetflow", Fn: client.Ready},
 		{Name: "serving", Fn: func(context.Context) error {

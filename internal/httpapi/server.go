@@ -10,18 +10,16 @@ package httpapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/inspector/token"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
@@ -59,7 +57,9 @@ type Config struct {
 	// Tokens, when not empty, are the bearer tokens accepted on every /v1
 	// route except webhooks and the OpenAPI document; a request without
 	// one of them gets 401. Surrounding white space is ignored. Empty: no
-	// authentication.
+	// authentication. The web inspector's cookie (token.CookieName) counts
+	// as a token only on a request that also carries X-Jetflow-UI: 1,
+	// which a cross-site form cannot send.
 	Tokens []string
 	// Sources are the webhook sources, by the {source} of
 	// POST /v1/webhooks/{source}. Names must be unique.
@@ -88,7 +88,7 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
-	tokens  [][sha256.Size]byte
+	tokens  *token.Set
 	sources map[string]webhook.Source
 	log     zerolog.Logger
 	// maxBody is MaxBodyBytes; tests lower it.
@@ -161,12 +161,11 @@ func New(cfg Config) (*Server, error) {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), sources: make(map[string]webhook.Source), log: cfg.Logger, maxBody: MaxBodyBytes}
-	for i, t := range cfg.Tokens {
-		if strings.TrimSpace(t) == "" {
-			return nil, fmt.Errorf("httpapi: Config.Tokens[%d] is empty", i)
-		}
-		s.tokens = append(s.tokens, sha256.Sum256([]byte(strings.TrimSpace(t))))
+	tokens, err := token.NewSet(cfg.Tokens)
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: Config.Tokens: %w", err)
 	}
+	s.tokens = tokens
 	for i, src := range cfg.Sources {
 		if err := src.Validate(); err != nil {
 			return nil, fmt.Errorf("httpapi: Config.Sources[%d]: %w", i, err)
@@ -241,28 +240,20 @@ func (s *Server) guard(rt route) http.Handler {
 	})
 }
 
-// authorized reports whether r carries one of the configured bearer
-// tokens, or none are configured; if not, it has answered 401.
+// authorized reports whether r carries one of the configured tokens (a
+// bearer token, or the inspector's cookie with X-Jetflow-UI: 1), or none
+// are configured; if not, it has answered 401.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if len(s.tokens) == 0 {
+	switch s.tokens.Request(r) {
+	case token.Open, token.Valid:
 		return true
-	}
-	scheme, token, found := strings.Cut(r.Header.Get("Authorization"), " ")
-	if found && strings.EqualFold(scheme, "Bearer") {
-		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-		ok := 0
-		for _, want := range s.tokens {
-			ok |= subtle.ConstantTimeCompare(got[:], want[:])
-		}
-		if ok == 1 {
-			return true
-		}
+	case token.Invalid:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="jetflow", error="invalid_token"`)
 		writeProblem(w, Problem{Status: http.StatusUnauthorized, Detail: "the bearer token is not valid"})
-		return false
+	default:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="jetflow"`)
+		writeProblem(w, Problem{Status: http.StatusUnauthorized, Detail: "this route needs an Authorization: Bearer token"})
 	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="jetflow"`)
-	writeProblem(w, Problem{Status: http.StatusUnauthorized, Detail: "this route needs an Authorization: Bearer token"})
 	return false
 }
 

@@ -1,0 +1,596 @@
+// jetflow inspector: a single page over the JSON API under /v1/.
+//
+// Everything the server sends goes into the page as text (textContent,
+// through el() below); no server data is ever parsed as HTML.
+"use strict";
+
+const REFRESH_MS = 3000;
+const STATUSES = ["running", "completed", "failed", "cancelled"];
+const UI_HEADERS = { "X-Jetflow-UI": "1", Accept: "application/json" };
+
+// ---- DOM helpers -------------------------------------------------------
+
+// el builds an element: attrs are set as properties or attributes
+// (dataset via "data-*"), children are nodes or strings (as text).
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k.startsWith("data-") || k.startsWith("aria-") || k === "role" || k === "for") node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+  }
+}
+
+const $ = (sel) => document.querySelector(sel);
+
+function statusLabel(status) {
+  return el("span", { class: "status status-" + status, "data-status": status, text: status || "unknown" });
+}
+
+// ---- formatting --------------------------------------------------------
+
+function parseTime(s) {
+  if (!s || s.startsWith("0001-")) return null;
+  const t = Date.parse(s);
+  return Number.isNaN(t) ? null : t;
+}
+
+function fmtTime(s, noMillis) {
+  const t = parseTime(s);
+  if (t === null) return "—";
+  const d = new Date(t);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}` + (noMillis ? "" : `.${pad(d.getMilliseconds(), 3)}`);
+}
+
+function timeEl(s, noMillis) {
+  return el("time", { dateTime: s || "", title: s || "", text: fmtTime(s, noMillis) });
+}
+
+function fmtDur(ms) {
+  if (ms === null || ms === undefined || Number.isNaN(ms)) return "—";
+  if (ms < 0) ms = 0;
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function ago(s) {
+  const t = parseTime(s);
+  return t === null ? "—" : fmtDur(Date.now() - t) + " ago";
+}
+
+// pretty shows a JSON value of the API (already decoded) indented.
+function pretty(v) {
+  return v === undefined || v === null ? "—" : JSON.stringify(v, null, 2);
+}
+
+// ---- API -----------------------------------------------------------------
+
+// api calls the JSON API with the inspector's header (with which the API
+// takes the login cookie) and returns {ok, status, data}. A 401 shows the
+// log-in banner.
+async function api(method, path, body) {
+  const opts = { method, headers: { ...UI_HEADERS }, credentials: "same-origin" };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  let res;
+  try {
+    res = await fetch(path, opts);
+  } catch (e) {
+    return { ok: false, status: 0, data: { title: "Network error", detail: String(e) } };
+  }
+  const text = await res.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = { detail: text }; }
+  if (res.status === 401) showBanner("Not authorized (401): the token is missing or not valid. ", true);
+  return { ok: res.ok, status: res.status, data };
+}
+
+function problemText(r) {
+  const d = r.data || {};
+  const head = r.status ? `${r.status} ${d.title || ""}`.trim() : (d.title || "Error");
+  return d.detail ? `${head}: ${d.detail}` : head;
+}
+
+function showBanner(text, login) {
+  const b = $("#banner");
+  b.replaceChildren(text, login ? el("a", { href: "/ui/", text: "Log in again" }) : null);
+  b.hidden = false;
+}
+
+function clearBanner() { $("#banner").hidden = true; }
+
+// ---- confirmation dialog -------------------------------------------------
+
+// confirmAction shows the dialog and resolves to the extra input's value
+// (or true) on confirm, null on cancel or Esc.
+function confirmAction({ title, text, ok, input }) {
+  const dlg = $("#confirm");
+  $("#confirm-title").textContent = title;
+  $("#confirm-text").textContent = text;
+  $("#confirm-ok").textContent = ok;
+  const extra = $("#confirm-extra");
+  extra.replaceChildren();
+  let field = null;
+  if (input) {
+    field = el("input", { id: "confirm-input", type: "text", required: true, autocomplete: "off", placeholder: input.placeholder || "" });
+    extra.append(el("label", { for: "confirm-input", text: input.label }), field);
+  }
+  return new Promise((resolve) => {
+    const done = (v) => {
+      dlg.removeEventListener("close", onClose);
+      $("#confirm-cancel").onclick = null;
+      resolve(v);
+    };
+    const onClose = () => done(dlg.returnValue === "ok" ? (field ? field.value : true) : null);
+    dlg.addEventListener("close", onClose);
+    $("#confirm-cancel").onclick = () => dlg.close("cancel");
+    dlg.returnValue = "";
+    dlg.showModal();
+    (field || $("#confirm-cancel")).focus();
+  });
+}
+
+// ---- routing ---------------------------------------------------------------
+
+let view = null; // the current view: {refresh(), stop()}
+
+function route() {
+  if (view) view.stop();
+  clearBanner();
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const [path, query] = hash.split("?");
+  const m = path.match(/^\/runs\/(.+)$/);
+  view = m ? runView(decodeURIComponent(m[1])) : listView(new URLSearchParams(query || ""));
+  view.refresh();
+  schedule();
+}
+
+// One timer refreshes the current view every REFRESH_MS while the tab is
+// visible; a refresh never overlaps the previous one.
+let timer = null;
+let busy = false;
+function schedule() {
+  clearTimeout(timer);
+  if (document.hidden) {
+    $("#live").textContent = "paused (tab hidden)";
+    return;
+  }
+  timer = setTimeout(async () => {
+    if (!busy && view && view.live()) {
+      busy = true;
+      try { await view.refresh(); } finally { busy = false; }
+    }
+    schedule();
+  }, REFRESH_MS);
+}
+
+function stamp() {
+  $("#live").textContent = "updated " + new Date().toLocaleTimeString();
+}
+
+// ---- counts bar ------------------------------------------------------------
+
+async function refreshCounts(workflow, current) {
+  const q = workflow ? "?workflow=" + encodeURIComponent(workflow) : "";
+  const r = await api("GET", "/v1/runs/counts" + q);
+  const bar = $("#counts");
+  if (!r.ok || !r.data || typeof r.data.running !== "number") {
+    bar.replaceChildren();
+    return;
+  }
+  if (bar.children.length !== STATUSES.length) {
+    bar.replaceChildren(...STATUSES.map((s) => el("a", { class: "count s-" + s, "data-count": s },
+      el("span", { class: "status", text: s }), el("span", { class: "n" }))));
+  }
+  for (const a of bar.children) {
+    const s = a.dataset.count;
+    a.querySelector(".n").textContent = String(r.data[s]);
+    a.href = "#/?" + listQuery({ workflow, status: s === current ? "" : s });
+    a.setAttribute("aria-current", s === current ? "true" : "false");
+    a.title = s === current ? "show every status" : "show " + s + " runs only";
+  }
+}
+
+function listQuery(f) {
+  const q = new URLSearchParams();
+  for (const k of ["workflow", "status", "prefix", "since", "until"]) if (f[k]) q.set(k, f[k]);
+  return q.toString();
+}
+
+// ---- runs list -------------------------------------------------------------
+
+function localInput(iso) {
+  const t = parseTime(iso);
+  if (t === null) return "";
+  const d = new Date(t - new Date(t).getTimezoneOffset() * 60000);
+  return d.toISOString().slice(0, 19);
+}
+
+function listView(params) {
+  const f = {};
+  for (const k of ["workflow", "status", "prefix", "since", "until"]) f[k] = params.get(k) || "";
+  const cursors = [""]; // cursors[i] reads page i
+  let page = 0;
+  let next = "";
+  let stopped = false;
+
+  const search = el("input", { id: "search", type: "search", value: f.prefix, placeholder: "run ID or its beginning", spellcheck: false, autocomplete: "off" });
+  const workflow = el("input", { id: "f-workflow", type: "text", value: f.workflow, placeholder: "all", size: 14, autocomplete: "off" });
+  const status = el("select", { id: "f-status" },
+    el("option", { value: "", text: "all" }), STATUSES.map((s) => el("option", { value: s, text: s, selected: s === f.status })));
+  const since = el("input", { id: "f-since", type: "datetime-local", step: 1, value: localInput(f.since) });
+  const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: localInput(f.until) });
+  const apply = () => {
+    const q = {
+      workflow: workflow.value.trim(), status: status.value, prefix: search.value.trim(),
+      since: since.value ? new Date(since.value).toISOString() : "",
+      until: until.value ? new Date(until.value).toISOString() : "",
+    };
+    location.hash = "#/?" + listQuery(q);
+  };
+  const form = el("form", { class: "filters", role: "search", onsubmit: (e) => { e.preventDefault(); apply(); } },
+    el("div", { class: "field grow" }, el("label", { for: "search" }, "Run ID (exact or prefix) ", el("span", { class: "kbd", text: "/" })), search),
+    el("div", { class: "field" }, el("label", { for: "f-workflow", text: "Workflow" }), workflow),
+    el("div", { class: "field" }, el("label", { for: "f-status", text: "Status" }), status),
+    el("div", { class: "field" }, el("label", { for: "f-since", text: "Changed from" }), since),
+    el("div", { class: "field" }, el("label", { for: "f-until", text: "until" }), until),
+    el("button", { type: "submit", class: "primary", text: "Apply" }),
+    el("button", { type: "button", text: "Clear", onclick: () => { location.hash = "#/"; } }));
+  status.addEventListener("change", apply);
+
+  const exact = el("div", { id: "exact", class: "panel exact", hidden: true });
+  const tbody = el("tbody", { id: "runs-body" });
+  const table = el("table", { class: "runs", id: "runs" },
+    el("thead", {}, el("tr", {},
+      el("th", { class: "c-status", scope: "col", text: "Status" }),
+      el("th", { class: "c-id", scope: "col", text: "Run ID" }),
+      el("th", { class: "c-wf", scope: "col", text: "Workflow" }),
+      el("th", { class: "c-gen", scope: "col", text: "Gen." }),
+      el("th", { class: "c-dup", scope: "col", text: "Dupl." }),
+      el("th", { class: "c-time", scope: "col", text: "Last change" }),
+      el("th", { class: "c-age", scope: "col", text: "Age" }))),
+    tbody);
+  const empty = el("div", { class: "empty", id: "runs-empty", text: "No runs match.", hidden: true });
+  const info = el("span", { class: "tnum", id: "page-info" });
+  const prev = el("button", { type: "button", id: "prev", text: "← Newer", onclick: () => { page--; load(); } });
+  const more = el("button", { type: "button", id: "next", text: "Older →", onclick: () => { cursors[page + 1] = next; page++; load(); } });
+  const error = el("div", { class: "result err", id: "list-error", role: "alert", hidden: true });
+
+  $("#view").replaceChildren(form, exact, error, el("div", { class: "panel" }, table, empty), el("div", { class: "pager" }, info, prev, more));
+
+  // A row per index, reused on every refresh: only texts change.
+  function setRow(tr, run) {
+    if (!tr.cells.length) {
+      const id = el("td", { class: "c-id" }, el("a", {}));
+      append(tr, [el("td", { class: "c-status" }), id, el("td", { class: "c-wf" }), el("td", { class: "c-gen num" }),
+        el("td", { class: "c-dup num" }), el("td", { class: "c-time" }), el("td", { class: "c-age num" })]);
+      tr.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = tr.querySelector("a").getAttribute("href"); });
+    }
+    tr.dataset.runId = run.run_id;
+    tr.dataset.status = run.status;
+    const c = tr.cells;
+    if (c[0].firstChild?.dataset?.status !== run.status) c[0].replaceChildren(statusLabel(run.status));
+    const a = c[1].firstChild;
+    a.textContent = run.run_id;
+    a.title = run.run_id;
+    a.href = "#/runs/" + encodeURIComponent(run.run_id);
+    c[2].textContent = run.workflow;
+    c[3].textContent = String(run.generation || 0);
+    c[4].textContent = String(run.duplicates || 0);
+    c[5].replaceChildren(timeEl(run.updated_at, true));
+    c[6].textContent = ago(run.updated_at).replace(" ago", "");
+  }
+
+  async function showExact() {
+    if (!f.prefix) { exact.hidden = true; return; }
+    const r = await api("GET", "/v1/runs/" + encodeURIComponent(f.prefix));
+    if (stopped) return;
+    if (r.ok && r.data) {
+      exact.replaceChildren("Exact match: ", statusLabel(r.data.status), " ",
+        el("a", { href: "#/runs/" + encodeURIComponent(r.data.run_id), id: "exact-link", class: "mono", text: r.data.run_id }),
+        el("span", { class: "muted", text: " · " + r.data.workflow }));
+      exact.hidden = false;
+    } else {
+      exact.hidden = true;
+    }
+  }
+
+  async function load() {
+    const q = new URLSearchParams(listQuery(f));
+    if (cursors[page]) q.set("cursor", cursors[page]);
+    q.set("limit", "50");
+    const [r] = await Promise.all([api("GET", "/v1/runs?" + q), refreshCounts(f.workflow, f.status), showExact()]);
+    if (stopped) return;
+    if (!r.ok) {
+      error.textContent = problemText(r);
+      error.hidden = false;
+      return;
+    }
+    error.hidden = true;
+    const runs = r.data.runs || [];
+    next = r.data.next_cursor || "";
+    while (tbody.rows.length > runs.length) tbody.deleteRow(-1);
+    runs.forEach((run, i) => setRow(tbody.rows[i] || tbody.insertRow(), run));
+    empty.hidden = runs.length > 0;
+    table.hidden = runs.length === 0;
+    info.textContent = runs.length ? `page ${page + 1} · ${runs.length} runs` : "";
+    prev.disabled = page === 0;
+    more.disabled = !next;
+    stamp();
+  }
+
+  return {
+    refresh: load,
+    live: () => true,
+    stop: () => { stopped = true; },
+  };
+}
+
+// ---- run page ----------------------------------------------------------------
+
+function runView(id) {
+  let stopped = false;
+  let last = "";
+  let run = null;
+  const result = el("div", { class: "result", id: "action-result", role: "status", "aria-live": "polite", hidden: true });
+  const body = el("div", { id: "run" });
+  $("#view").replaceChildren(el("a", { class: "crumb", href: "#/", text: "← All runs" }), body, result);
+
+  function say(ok, text) {
+    result.className = "result " + (ok ? "ok" : "err");
+    result.textContent = text;
+    result.hidden = false;
+  }
+
+  async function act(opts, call, describe) {
+    const v = await confirmAction(opts);
+    if (v === null) return;
+    const r = await call(v);
+    say(r.ok, r.ok ? describe(r.data) : problemText(r));
+    await load(true);
+  }
+
+  const cancel = () => act(
+    { title: "Cancel this run?", text: `Run ${id} and its attached child runs will be cancelled. Steps already done stay done.`, ok: "Cancel run" },
+    () => api("POST", `/v1/runs/${encodeURIComponent(id)}/cancel`),
+    (d) => d.already_cancelled ? `Run ${d.run_id} was already cancelled.` :
+      `Run ${d.run_id} cancelled` + (d.children && d.children.length ? ` with ${d.children.length} child run(s): ${d.children.join(", ")}` : "") + ".");
+
+  const startAgain = () => act(
+    { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Its steps get new step IDs.`, ok: "Start again" },
+    () => api("POST", `/ui/api/runs/${encodeURIComponent(id)}/start-again`),
+    (d) => `Run ${d.run_id} started again (${d.outcome}); status ${d.status}.`);
+
+  const resetKey = (tk) => {
+    const [scope, scopeId] = keyScope(tk.key);
+    const q = new URLSearchParams({ scope });
+    if (scope === "run") q.set("run_id", scopeId);
+    if (scope === "workflow") q.set("workflow", scopeId);
+    return act(
+      { title: "Reset this task key?", text: `The next step called with this key (scope ${scope}${scopeId ? " " + scopeId : ""}) runs again instead of reusing its result. The stored key is a hash; enter the key the step was called with.`, ok: "Reset key", input: { label: "Task key", placeholder: "the key given to WithTaskKey" } },
+      (key) => api("DELETE", `/v1/task-keys/${encodeURIComponent(key)}?${q}`),
+      (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
+  };
+
+  async function load(force) {
+    const r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
+    if (stopped) return;
+    if (!r.ok) {
+      body.replaceChildren(el("div", { class: "result err", id: "run-error-load", role: "alert", text: problemText(r) }));
+      return;
+    }
+    stamp();
+    const key = JSON.stringify(r.data);
+    if (!force && key === last && r.data.status !== "running") return;
+    last = key;
+    run = r.data;
+    // A refresh keeps the scroll position and the focused control.
+    const y = window.scrollY;
+    const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.id : "";
+    body.replaceChildren(...renderRun(run, { cancel, startAgain, resetKey }));
+    window.scrollTo(0, y);
+    if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
+  }
+
+  return {
+    refresh: () => load(false),
+    live: () => !run || run.status === "running" || (run.open_steps && run.open_steps.length > 0),
+    stop: () => { stopped = true; },
+  };
+}
+
+// keyScope reads the scope of a stored task key: r.<run-id>..., w.<workflow>... or g....
+function keyScope(stored) {
+  const parts = stored.split(".");
+  if (parts[0] === "r") return ["run", parts[1]];
+  if (parts[0] === "w") return ["workflow", parts[1]];
+  return ["global", ""];
+}
+
+function runLink(id, text) {
+  return el("a", { href: "#/runs/" + encodeURIComponent(id), class: "mono", text: text || id });
+}
+
+function fact(label, value, id) {
+  return el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { id }, value));
+}
+
+function renderRun(run, actions) {
+  const ended = run.status !== "running";
+  const created = parseTime(run.created_at);
+  const updated = parseTime(run.updated_at);
+  const head = el("div", { class: "run-head" },
+    el("h1", { id: "run-id", text: run.run_id }),
+    el("span", { id: "run-status" }, statusLabel(run.status)),
+    el("div", { class: "actions" },
+      run.status === "running" ? el("button", { type: "button", id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
+      run.status === "failed" || run.status === "cancelled" ? el("button", { type: "button", id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
+
+  const facts = el("dl", { class: "facts panel" },
+    fact("Workflow", run.workflow, "run-workflow"),
+    fact("Generation", String(run.generation || 0), "run-generation"),
+    fact("Source", run.source || "—", "run-source"),
+    fact(ended ? "Duration" : "Running for", fmtDur((ended ? updated : Date.now()) - created), "run-duration"),
+    fact("Created", timeEl(run.created_at)),
+    fact(ended ? "Ended" : "Last change", timeEl(run.updated_at)),
+    fact("Parent", run.parent ? runLink(run.parent.run_id) : "—", "run-parent"),
+    fact("Children", run.children && run.children.length ? run.children.map((c, i) => [i ? ", " : "", runLink(c.run_id)]) : "—", "run-children"));
+
+  const out = [head, facts];
+  if (run.error) {
+    out.push(el("div", { class: "run-error", id: "run-error", role: "note" },
+      el("span", { class: "kind", text: run.error.kind || "error" }), el("pre", { text: run.error.message || "" })));
+  }
+  out.push(el("section", { class: "section" }, el("h2", { text: "Timeline" }), renderTimeline(run, actions)));
+  out.push(renderDuplicates(run));
+  out.push(el("section", { class: "section io" },
+    el("div", {}, el("h2", { text: "Input" }), el("pre", { id: "run-input", tabIndex: 0, text: pretty(run.input) })),
+    el("div", {}, el("h2", { text: "Output" }), el("pre", { id: "run-output", tabIndex: 0, text: pretty(run.output) }))));
+  return out;
+}
+
+function renderDuplicates(run) {
+  const rows = [];
+  if (run.first_duplicate) rows.push(["first", run.first_duplicate]);
+  for (const d of run.recent_duplicates || []) {
+    if (run.first_duplicate && d.at === run.first_duplicate.at && d.source === run.first_duplicate.source) continue;
+    rows.push(["recent", d]);
+  }
+  const n = run.duplicates || 0;
+  const title = el("h2", {}, "Duplicate starts ", el("span", { class: "muted num", id: "duplicates-count", text: String(n) }));
+  if (!n) return el("section", { class: "section" }, title, el("p", { class: "muted", text: "None: every start of this run ID created it." }));
+  return el("section", { class: "section" }, title,
+    el("div", { class: "panel" }, el("table", { class: "grid-table", id: "duplicates" },
+      el("thead", {}, el("tr", {}, ["When", "Source", "Outcome", "Fingerprint match", "Run status seen"].map((h) => el("th", { scope: "col", text: h })))),
+      el("tbody", {}, rows.map(([, d]) => el("tr", { class: "dup" },
+        el("td", {}, timeEl(d.at)), el("td", { text: d.source || "—" }), el("td", { text: d.outcome }),
+        el("td", {}, d.fingerprint_match ? el("span", { class: "yes", text: "yes" }) : el("span", { class: "no", text: "no" })),
+        el("td", {}, d.status ? statusLabel(d.status) : "—")))))),
+    n > rows.length ? el("p", { class: "muted", text: `${n - rows.length} more not kept in the audit summary.` }) : null);
+}
+
+// renderTimeline draws a bar per attempt on a time axis from the run's
+// start: committed steps in call order, then the open ones.
+function renderTimeline(run, actions) {
+  const steps = run.steps || [];
+  const open = run.open_steps || [];
+  if (!steps.length && !open.length) return el("div", { class: "panel empty", id: "timeline", text: "No step has started yet." });
+  const t0 = parseTime(run.created_at);
+  const now = Date.now();
+  const items = [];
+  let tEnd = run.status === "running" ? now : parseTime(run.updated_at) || now;
+  let tStart = t0;
+  const span = (a, b) => { if (a !== null) tStart = Math.min(tStart, a); if (b !== null) tEnd = Math.max(tEnd, b); };
+
+  for (const s of steps) {
+    const atts = (s.attempts || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed" }));
+    const committed = parseTime(s.committed_at);
+    const started = parseTime(s.started_at);
+    let cls = s.error ? "failed" : "";
+    if (s.kind === "sleep" || s.kind === "event" || s.kind === "hook") cls = "wait";
+    if (s.task_key && s.task_key.served) cls = "served";
+    atts.push({ n: s.attempt, start: started, end: committed, worker: s.worker, error: s.error, cls, committed: true });
+    atts.forEach((a) => span(a.start, a.end));
+    items.push({ s, atts, open: false });
+  }
+  for (const o of open) {
+    const atts = (o.attempts || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed" }));
+    const prevEnd = atts.length ? atts[atts.length - 1].end : null;
+    atts.forEach((a) => span(a.start, a.end));
+    if (run.status === "running") {
+      // The latest attempt started either failed (the step waits for its
+      // retry: the next attempt is pending) or runs now.
+      const lastFailed = atts.length ? atts[atts.length - 1].n : 0;
+      const pending = lastFailed >= o.attempt;
+      atts.push({ n: pending ? lastFailed + 1 : o.attempt, start: prevEnd, end: now, cls: "open", note: pending ? "retry pending" : "running" });
+    }
+    items.push({ s: o, atts, open: true });
+  }
+  const total = Math.max(tEnd - tStart, 1);
+  const pct = (t) => ((t - tStart) / total) * 100;
+
+  const axis = el("div", { class: "axis", "aria-hidden": "true" }, el("span", { text: "Step / attempt" }),
+    el("div", { class: "axis-track" }, [0, 0.25, 0.5, 0.75, 1].map((f) => {
+      const t = el("span", { class: "tick", text: "+" + fmtDur(total * f) });
+      t.style.left = f * 100 + "%";
+      return t;
+    })), el("span", { class: "tl-dur", text: "duration" }));
+
+  return el("div", { class: "panel timeline", id: "timeline" }, axis, items.map(({ s, atts, open: isOpen }) => {
+    const head = el("div", { class: "step-head" },
+      el("span", { class: "step-name", text: s.name }),
+      s.kind ? el("span", { class: "kind", text: s.kind }) : null,
+      isOpen ? el("span", { class: "kind open", text: run.status === "running" ? "open" : "not committed" }) : null,
+      el("span", { class: "idem" }, el("b", { text: "Idempotency-Key: " }), el("span", { class: "step-id", text: s.step_id })));
+    const rows = atts.map((a) => {
+      const bar = el("div", { class: "bar " + a.cls, title: a.error ? `attempt ${a.n}: ${a.error}` : `attempt ${a.n}` });
+      const start = a.start ?? a.end;
+      if (start !== null && a.end !== null) {
+        bar.style.left = pct(start) + "%";
+        bar.style.width = Math.max(pct(a.end) - pct(start), 0.3) + "%";
+      }
+      const label = `attempt ${a.n}` + (a.note ? " · " + a.note : a.cls === "failed" && !a.committed ? " · failed" : "") + (a.worker ? " · " + a.worker : "");
+      return el("div", { class: "tl-row attempt" + (a.cls === "failed" ? " attempt-failed" : ""), "data-step-id": s.step_id, "data-attempt": String(a.n) },
+        el("span", { class: "tl-label", title: label, text: label }),
+        el("div", { class: "tl-track" }, bar),
+        el("span", { class: "tl-dur", text: a.start !== null && a.end !== null ? fmtDur(a.end - a.start) : "—" }));
+    });
+    const notes = el("div", { class: "step-notes" });
+    for (const a of atts) if (a.error) notes.append(el("div", { class: "err", text: `attempt ${a.n}: ${a.error}` + (a.committed && s.fatal ? " (fatal, not retried)" : "") }));
+    if (s.kind === "sleep") notes.append(el("div", { class: "note" }, "sleep until ", timeEl(s.wake_at)));
+    if ((s.kind === "event" || s.kind === "hook") && s.event_id) notes.append(el("div", { class: "note" }, "event ", el("span", { class: "mono event-id", text: s.event_id })));
+    if ((s.kind === "event" || s.kind === "hook") && !s.event_id && parseTime(s.wake_at)) notes.append(el("div", { class: "note" }, "timed out at ", timeEl(s.wake_at)));
+    if (s.kind === "hook" && s.hook_token) notes.append(el("div", { class: "note" }, "hook token ", el("span", { class: "mono", text: s.hook_token })));
+    if (s.child) notes.append(el("div", { class: "note" }, "child run ", runLink(s.child)));
+    if (s.task_key) {
+      const tk = s.task_key;
+      notes.append(el("div", { class: "note task-key" }, "task key ", el("span", { class: "mono", text: tk.key }), " · ",
+        tk.served ? el("span", { class: "hit", text: "hit" }) : el("span", { class: "miss", text: "miss" }),
+        tk.served && tk.from ? [" (result of ", el("span", { class: "mono", text: tk.from }), ")"] : null, " ",
+        el("button", { type: "button", class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
+    }
+    return el("div", { class: "step" + (isOpen ? " open-step" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
+  }));
+}
+
+// ---- start -----------------------------------------------------------------
+
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "/" || e.ctrlKey || e.metaKey || e.altKey) return;
+  const t = e.target;
+  if (t instanceof HTMLInputElement || t instanceof HTMLTextAreaElement || t instanceof HTMLSelectElement || $("#confirm").open) return;
+  e.preventDefault();
+  if ($("#search")) {
+    $("#search").focus();
+    return;
+  }
+  location.hash = "#/"; // the list, then its search box
+  requestAnimationFrame(() => $("#search") && $("#search").focus());
+});
+
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden && view) view.refresh();
+  schedule();
+});
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,256 @@
+package inspector_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+)
+
+// rowsJS is the list's rows as [run ID, status] pairs.
+const rowsJS = `[...document.querySelectorAll("#runs-body tr")].map(r => [r.dataset.runId, r.dataset.status])`
+
+// The runs list shows the runs, filters them by status, finds a run by its
+// ID, and the run page shows what Client.GetRun and Client.Steps say: the
+// status, the duplicate starts, each step's ID as its Idempotency-Key and
+// its attempts (a step that failed twice shows three).
+func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+
+	for _, id := range []string{"echo-1", "echo-2", "echo-3"} {
+		e.start("echo", id, map[string]any{"n": id})
+	}
+	e.start("fails", "refund-77", map[string]any{"order": 77})
+	input := map[string]any{"order_id": "o-1042", "amount_cents": 1999, "currency": "usd"}
+	require.Equal(t, jetflow.OutcomeCreated, e.start("flaky", "order-1042", input).Outcome)
+	require.Equal(t, jetflow.OutcomeExisting, e.start("flaky", "order-1042", input).Outcome, "a duplicate start")
+	for _, id := range []string{"echo-1", "echo-2", "echo-3", "refund-77", "order-1042"} {
+		e.wait(id)
+	}
+	e.start("waiter", "shipment-9", map[string]any{"carrier": "ups"})
+
+	// The list: every run, newest first.
+	require.EqualValues(t, 200, b.navigate(e.srv.URL+"/ui/"))
+	b.waitFor("six rows", `document.querySelectorAll("#runs-body tr").length === 6`)
+	var rows [][]string
+	b.eval(rowsJS, &rows)
+	got := map[string]string{}
+	for _, r := range rows {
+		got[r[0]] = r[1]
+	}
+	require.Equal(t, map[string]string{"echo-1": "completed", "echo-2": "completed", "echo-3": "completed",
+		"refund-77": "failed", "order-1042": "completed", "shipment-9": "running"}, got)
+	counts, err := e.client.CountRuns(ctxT(t, 10*time.Second), "")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.RunCounts{Running: 1, Completed: 4, Failed: 1}, counts)
+	b.waitFor("the counts", `document.querySelector('#counts [data-count="completed"] .n')?.textContent === "4"`)
+	var shown map[string]string
+	b.eval(`Object.fromEntries([...document.querySelectorAll("#counts [data-count]")].map(a => [a.dataset.count, a.querySelector(".n").textContent]))`, &shown)
+	require.Equal(t, map[string]string{"running": "1", "completed": "4", "failed": "1", "cancelled": "0"}, shown)
+	b.screenshot("inspector-runs")
+
+	// The live refresh updates the rows in place: the same elements, one
+	// fixed height.
+	b.eval(`window.__row = document.querySelector("#runs-body tr"); window.__stamp = document.querySelector("#live").textContent`, nil)
+	b.waitFor("a refresh", `document.querySelector("#live").textContent !== window.__stamp`)
+	var same bool
+	b.eval(`document.querySelector("#runs-body tr") === window.__row`, &same)
+	require.True(t, same, "a refresh keeps the row elements")
+	var heights []float64
+	b.eval(`[...new Set([...document.querySelectorAll("#runs-body tr")].map(r => r.getBoundingClientRect().height))]`, &heights)
+	require.Len(t, heights, 1, "every row has one height: %v", heights)
+
+	// Filter by status: the failed run only.
+	b.run("filter failed", chromedp.SetValue("#f-status", "failed", chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelector("#f-status").dispatchEvent(new Event("change"))`, nil))
+	b.waitFor("the failed run only", `location.hash.includes("status=failed") && document.querySelectorAll("#runs-body tr").length === 1`)
+	b.eval(rowsJS, &rows)
+	require.Equal(t, [][]string{{"refund-77", "failed"}}, rows)
+
+	// Search by run ID: "/" focuses the search box; Enter finds the run.
+	b.run("clear filters", chromedp.Navigate(e.srv.URL+"/ui/#/"))
+	b.waitFor("the list", `document.querySelectorAll("#runs-body tr").length === 6`)
+	b.run("search", chromedp.KeyEvent("/"))
+	b.waitFor("/ to focus the search box", `document.activeElement.id === "search"`)
+	// The protocol sends "/" as a key press and a separate character,
+	// which (unlike a real key press) the page's preventDefault does not
+	// suppress: clear what it may have typed.
+	b.run("type the run ID", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the exact match", `document.querySelector("#exact-link")?.textContent === "order-1042"`)
+	b.waitFor("the one run with that prefix", `location.hash.includes("prefix=order-1042") && document.querySelectorAll("#runs-body tr").length === 1`)
+
+	// A prefix lists the runs whose IDs start with it.
+	b.run("search a prefix", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "echo-"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the echo runs", `location.hash.includes("prefix=echo-") && document.querySelectorAll("#runs-body tr").length === 3`)
+	b.eval(rowsJS, &rows)
+	for _, r := range rows {
+		require.True(t, strings.HasPrefix(r[0], "echo-"), r[0])
+	}
+	require.True(t, b.hidden("#exact"), "no run is called echo- exactly")
+	b.run("search the run again", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order-1042"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the exact match", `location.hash.includes("prefix=order-1042") && document.querySelector("#exact-link")?.textContent === "order-1042"`)
+
+	// The run page, against the SDK's view of the run.
+	run, err := e.client.GetRun(ctxT(t, 10*time.Second), "order-1042")
+	require.NoError(t, err)
+	steps, err := e.client.Steps(ctxT(t, 10*time.Second), "order-1042")
+	require.NoError(t, err)
+	b.run("open the run", chromedp.Click("#exact-link", chromedp.ByQuery))
+	b.waitFor("the run page", `document.querySelector("#run-id")?.textContent === "order-1042" && document.querySelector("#timeline .step")`)
+	require.Equal(t, string(run.Status), b.text("#run-status"))
+	require.Equal(t, run.Workflow, b.text("#run-workflow"))
+	require.EqualValues(t, 1, run.Duplicates)
+	require.Equal(t, "1", b.text("#duplicates-count"))
+	var dupRows int
+	b.eval(`document.querySelectorAll("#duplicates tr.dup").length`, &dupRows)
+	require.Equal(t, 1, dupRows, "the duplicate start's row (when, source, outcome, fingerprint match)")
+	require.Contains(t, b.text("#duplicates"), "existing")
+
+	var stepIDs []string
+	b.eval(`[...document.querySelectorAll("#timeline .step-id")].map(s => s.textContent)`, &stepIDs)
+	want := make([]string, len(steps))
+	for i, s := range steps {
+		want[i] = s.StepID
+	}
+	require.Equal(t, want, stepIDs, "every committed step, in call order, with its step ID as Idempotency-Key")
+	charge := steps[0]
+	require.Equal(t, "charge", charge.Name)
+	require.Equal(t, flakyFailures+1, charge.Attempt, "the SDK's count: committed on the third attempt")
+	var attempts []string
+	b.eval(`[...document.querySelectorAll('#timeline .attempt[data-step-id=`+jsString(charge.StepID)+`]')].map(a => a.dataset.attempt)`, &attempts)
+	require.NotEmpty(t, attempts)
+	require.Equal(t, "3", attempts[len(attempts)-1], "the committed attempt's number")
+	require.Len(t, charge.Attempts, flakyFailures, "the SDK's failed attempts")
+	require.Equal(t, len(charge.Attempts)+1, len(attempts), "a bar per attempt: the failed ones and the committed one")
+	var failed int
+	b.eval(`document.querySelectorAll('#timeline .attempt-failed[data-step-id=`+jsString(charge.StepID)+`]').length`, &failed)
+	require.Equal(t, flakyFailures, failed)
+	require.Contains(t, b.text("#timeline"), "attempt 1: payment service timed out (attempt 1)")
+	require.Contains(t, b.text("#run-input"), `"order_id": "o-1042"`)
+	require.Contains(t, b.text("#timeline"), "task key")
+	b.screenshot("inspector-run")
+
+	// Reset the receipt step's task key: the dialog asks for the key the
+	// step was called with (the stored one is a hash), in the stored key's
+	// scope (the run).
+	b.run("reset the key", chromedp.Click("#timeline .reset-key", chromedp.ByQuery))
+	b.waitFor("the dialog", `document.querySelector("#confirm").open && document.querySelector("#confirm-input")`)
+	b.run("type the key", chromedp.SendKeys("#confirm-input", "receipt-ch_1", chromedp.ByQuery), chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.waitFor("the answer", `document.querySelector("#action-result")?.textContent.includes("removed")`)
+	require.Equal(t, "Task key reset (scope run): 1 stored result(s) removed.", b.text("#action-result"))
+	n, err := e.client.ResetTaskKey(ctxT(t, 10*time.Second), "receipt-ch_1", jetflow.ScopeRun, "order-1042")
+	require.NoError(t, err)
+	require.Zero(t, n, "the page's reset removed the key")
+
+	// The running run: its wait is an open step, and it has a cancel button.
+	b.run("open the running run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/shipment-9"))
+	b.waitFor("the running run", `document.querySelector("#run-id")?.textContent === "shipment-9" && document.querySelector("#cancel-run")`)
+	require.Equal(t, "running", b.text("#run-status"))
+	b.screenshot("inspector-run-running")
+	require.True(t, strings.Contains(b.text("#run-input"), `"carrier": "ups"`))
+}
+
+// A running run (waiting for an event) is cancelled from its page through
+// the confirmation dialog: Esc closes the dialog and changes nothing, the
+// confirm button cancels, and the page shows the new status; the
+// cancelled run is then started again, with the same input, as a new
+// generation.
+func TestBrowserCancelAndStartAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+	input := map[string]any{"carrier": "ups", "parcel": 7}
+	e.start("waiter", "parcel-7", input)
+
+	b.navigate(e.srv.URL + "/ui/#/runs/parcel-7")
+	b.waitFor("the cancel button", `document.querySelector("#cancel-run") !== null`)
+	b.run("open the dialog", chromedp.Click("#cancel-run", chromedp.ByQuery))
+	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
+	b.run("Esc", chromedp.KeyEvent(kb.Escape))
+	b.waitFor("the dialog closed", `!document.querySelector("#confirm").open`)
+	run, err := e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusRunning, run.Status, "Esc cancels the dialog, not the run")
+
+	b.run("open the dialog again", chromedp.Click("#cancel-run", chromedp.ByQuery))
+	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
+	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.waitFor("the status cancelled", `document.querySelector("#run-status")?.textContent === "cancelled"`)
+	require.Contains(t, b.text("#action-result"), "parcel-7 cancelled")
+	run, err = e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCancelled, run.Status)
+
+	b.waitFor("the start-again button", `document.querySelector("#start-again") !== null`)
+	b.run("start again", chromedp.Click("#start-again", chromedp.ByQuery))
+	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
+	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.waitFor("generation 1, running", `document.querySelector("#run-generation")?.textContent === "1" && document.querySelector("#run-status")?.textContent === "running"`)
+	require.Contains(t, b.text("#action-result"), "started again (restarted)")
+	run, err = e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusRunning, run.Status)
+	require.Equal(t, 1, run.Generation)
+	require.JSONEq(t, `{"carrier":"ups","parcel":7}`, string(run.Input), "started again with the same input")
+}
+
+// Server data is text: an input and output holding markup show as text,
+// and no script of theirs runs.
+func TestBrowserShowsMarkupAsText(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+	evil := "<script>window.__pwned=1</script>"
+	img := `<img src=x onerror="window.__pwned=2">`
+	e.start("echo", "markup-1", map[string]any{"note": evil, "img": img})
+	e.wait("markup-1")
+
+	b.navigate(e.srv.URL + "/ui/#/runs/markup-1")
+	b.waitFor("the run page", `document.querySelector("#run-output")?.textContent.includes("window.__pwned")`)
+	in, out := b.text("#run-input"), b.text("#run-output")
+	for _, s := range []string{in, out} {
+		require.Contains(t, s, `"note": "<script>window.__pwned=1</script>"`)
+		require.Contains(t, s, `"img": "<img src=x onerror=\"window.__pwned=2\">"`)
+	}
+	var scripts, imgs int
+	b.eval(`document.querySelectorAll("#view script").length`, &scripts)
+	b.eval(`document.querySelectorAll("#view img").length`, &imgs)
+	require.Zero(t, scripts)
+	require.Zero(t, imgs)
+	var pwned string
+	b.eval(`typeof window.__pwned`, &pwned)
+	require.Equal(t, "undefined", pwned)
+}
+
+// A step that failed and waits for its retry is an open step at the end
+// of the timeline, with its failed attempt, as Client.OpenSteps lists it.
+func TestBrowserOpenStep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+	e.start("stuck", "partner-3", map[string]any{"n": 3})
+	var open []jetflow.OpenStep
+	require.Eventually(t, func() bool {
+		var err error
+		open, err = e.client.OpenSteps(ctxT(t, 10*time.Second), "partner-3")
+		require.NoError(t, err)
+		return len(open) == 1 && len(open[0].Attempts) == 1
+	}, 30*time.Second, 20*time.Millisecond, "the failed first attempt is recorded")
+
+	b.navigate(e.srv.URL + "/ui/#/runs/partner-3")
+	b.waitFor("the open step", `document.querySelector("#timeline .open-step") !== null`)
+	var ids []string
+	b.eval(`[...document.querySelectorAll("#timeline .open-step")].map(s => s.dataset.stepId)`, &ids)
+	require.Equal(t, []string{open[0].StepID}, ids)
+	require.Contains(t, b.text("#timeline .open-step"), "attempt 1: the partner API answers 502")
+	var rows []string
+	b.eval(`[...document.querySelectorAll("#timeline .open-step .attempt")].map(a => a.dataset.attempt)`, &rows)
+	require.Equal(t, []string{"1", "2"}, rows, "the failed attempt, and the next one to come")
+}
