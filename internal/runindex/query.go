@@ -148,10 +148,11 @@ func (x *Index) bounds(ctx context.Context) (first, last uint64, err error) {
 	return info.State.FirstSeq, info.State.LastSeq, nil
 }
 
-// seqAt is the sequence of the first message stored at or after t, or
+// seqAt is the sequence of the first entry stored at or after t, or
 // last+1 when none is.
 func (x *Index) seqAt(ctx context.Context, t time.Time, last uint64) (uint64, error) {
-	msgs, _, err := x.direct(ctx, directRequest{StartTime: &t, Batch: 1})
+	// A single get (no pending count), of the next entry at or after t.
+	msgs, _, err := x.direct(ctx, directRequest{StartTime: &t, NextFor: entryPrefix + ">"})
 	if err != nil {
 		return 0, err
 	}
