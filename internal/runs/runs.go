@@ -204,6 +204,33 @@ func (s *Store) Repair(ctx context.Context, e runindex.Entry, run state.Run) err
 	return err
 }
 
+// EnsureIndexed writes the index entry of runID's record when the index
+// holds none for it in its current state and the record was written over
+// RepairGrace ago: the writer of the record died before it wrote the
+// entry. It reports whether it wrote one. The sweeper calls it once for
+// each running run it checks, so that such a run is listed while it runs,
+// not only once it ends.
+func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
+	run, _, err := s.Get(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if s.now().Sub(run.UpdatedAt) < RepairGrace {
+		return false, nil
+	}
+	has, err := s.index.Has(ctx, run)
+	if err != nil || has {
+		return false, err
+	}
+	if _, err := s.index.Put(ctx, run, max(time.Second, s.entryTTL(run))); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // RepairGrace is how long after a run record's write its index entry may
 // still be missing because its writer is about to write it.
 const RepairGrace = 30 * time.Second

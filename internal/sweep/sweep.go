@@ -114,6 +114,8 @@ type Pass struct {
 	// Absorbed lists stuck runs whose start task was not stored: another
 	// sweeper's was (same message ID), or a start task is pending after all.
 	Absorbed []string
+	// Indexed lists the runs whose missing run index entry the pass wrote.
+	Indexed []string
 	// Err is the first error the pass met (it went on with the other runs).
 	Err error
 }
@@ -194,6 +196,8 @@ type tracked struct {
 	// timerChecks counts the checks in a row that found the run held by a
 	// timer only (timerBackoff).
 	timerChecks int
+	// indexed: the run index was found to list the run (or was made to).
+	indexed bool
 }
 
 // Sweeper finds stuck runs. Its passes run one at a time (Start's loop, or
@@ -290,6 +294,19 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 			continue
 		}
 		p.Checked = append(p.Checked, id)
+		if !t.indexed {
+			// A run whose start's writer died between its record and its
+			// index entry would not be listed until it ends.
+			written, err := s.store.EnsureIndexed(ctx, id)
+			if err != nil {
+				p.Err = firstErr(p.Err, err)
+			} else {
+				t.indexed = true
+				if written {
+					p.Indexed = append(p.Indexed, id)
+				}
+			}
+		}
 		held, err := s.busy(ctx, t.Run, timers)
 		if err != nil {
 			p.Err = firstErr(p.Err, err)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/runindex"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/testenv"
@@ -383,4 +385,44 @@ func TestTimerHeldRunsAreCheckedLessOften(t *testing.T) {
 	require.True(t, checkedAt(16*stuckAfter))
 	require.False(t, checkedAt(stuckAfter-interval))
 	require.True(t, checkedAt(interval))
+}
+
+// TestPassIndexesRunsMissingFromTheIndex: a running run whose record was
+// written without its run index entry (its writer died in between) is
+// listed again after the sweeper's first check of it; a run the index
+// lists is left as it is, and a run is looked up in the index once.
+func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.t0.Add(-time.Hour)
+	b.run("unlisted", "w", 0, state.StatusRunning, old) // a record alone, as a writer that died leaves it
+	b.task("jetflow.task.w.unlisted")
+	store := runs.New(b.assets)
+	listed := state.Run{V: state.Version, RunID: "listed", Workflow: "w", Status: state.StatusRunning, Token: "token-listed", CreatedAt: old, UpdatedAt: old}
+	_, err := store.Create(ctx(t), listed) // record and entry
+	require.NoError(t, err)
+	b.task("jetflow.task.w.listed")
+	entries := func() []string {
+		page, err := store.Index().Page(ctx(t), runindex.Query{Limit: 10})
+		require.NoError(t, err)
+		var ids []string
+		for _, e := range page.Entries {
+			ids = append(ids, e.RunID)
+		}
+		return ids
+	}
+	require.Equal(t, []string{"listed"}, entries())
+
+	s := b.sweeper()
+	p := s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.ElementsMatch(t, []string{"unlisted", "listed"}, p.Checked)
+	require.Equal(t, []string{"unlisted"}, p.Indexed)
+	require.ElementsMatch(t, []string{"unlisted", "listed"}, entries())
+
+	b.now = b.now.Add(2 * stuckAfter)
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.ElementsMatch(t, []string{"unlisted", "listed"}, p.Checked)
+	require.Empty(t, p.Indexed)
 }
