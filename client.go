@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -98,6 +99,9 @@ type Client struct {
 	parents workflow.ParentNotifier
 	// denials fails a cancel at once when the server refuses its writes.
 	denials denials
+	// noIndexRepair: the server refused this client's repair of the run
+	// index (ListRuns); it does not try again.
+	noIndexRepair atomic.Bool
 }
 
 // NewClient binds to the engine's streams and buckets on nc, creating any

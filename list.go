@@ -61,7 +61,7 @@ type RunPage struct {
 // record, so what a page shows is the record, never a stale index entry.
 // A page may hold fewer than Limit runs while more follow (Next is set):
 // an entry whose run changed or expired since it was written is left out
-// and repaired. A run that changes status while a walk is in progress
+// and repaired (see repairIndex). A run that changes status while a walk is in progress
 // moves to the top of the list: the walk may miss it, never show it twice
 // on one page.
 func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err error) {
@@ -84,58 +84,88 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	if page.Next != 0 {
 		out.Next = runindex.EncodeCursor(page.Next)
 	}
-	listed := make([]Run, len(page.Entries))
-	kept := make([]bool, len(page.Entries))
+	listed := make([]listing, len(page.Entries))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(listReaders)
 	for i, e := range page.Entries {
 		g.Go(func() (err error) {
-			listed[i], kept[i], err = c.listed(gctx, e)
+			listed[i], err = c.listed(gctx, e)
 			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return RunPage{}, err
 	}
-	for i, run := range listed {
-		if kept[i] {
-			out.Runs = append(out.Runs, run)
+	var stale []listing
+	for _, l := range listed {
+		if l.stale {
+			stale = append(stale, l)
+		} else {
+			out.Runs = append(out.Runs, l.run)
 		}
 	}
+	c.repairIndex(ctx, stale)
 	return out, nil
 }
 
 // listReaders is how many runs of a page ListRuns reads at once.
 const listReaders = 16
 
-// listed reads the run of index entry e; ok is false when the entry no
-// longer stands for the run's record (the record changed or expired), in
-// which case listed repairs the index (runs.Store.Repair). A repair that fails (a producer
-// may not write the index) goes to the store's IndexFailed: the page is
-// right either way.
-func (c *Client) listed(ctx context.Context, e runindex.Entry) (Run, bool, error) {
+// listing is what ListRuns found for one index entry: the run, or, when
+// the entry is stale (it does not stand for the run's record, or there is
+// no record), the record to repair the index by (nil: none).
+type listing struct {
+	run    Run
+	stale  bool
+	entry  runindex.Entry
+	record *state.Run
+}
+
+// listed reads the run of index entry e.
+func (c *Client) listed(ctx context.Context, e runindex.Entry) (listing, error) {
 	r, _, err := c.runs.Get(ctx, e.RunID)
 	if errors.Is(err, runs.ErrNotFound) {
-		if err := c.runs.Unindex(ctx, e.RunID); err != nil {
-			c.runs.IndexFailed(e.RunID, err)
-		}
-		return Run{}, false, nil
+		return listing{stale: true, entry: e}, nil
 	}
 	if errors.Is(err, state.ErrCorrupt) {
-		return Run{}, false, fmt.Errorf("run %s: %w", e.RunID, err)
+		return listing{}, fmt.Errorf("run %s: %w", e.RunID, err)
 	}
 	if err != nil {
-		return Run{}, false, err
+		return listing{}, err
 	}
 	if !e.Matches(r) {
-		if err := c.runs.Repair(ctx, e, r); err != nil {
-			c.runs.IndexFailed(e.RunID, err)
-		}
-		return Run{}, false, nil
+		return listing{stale: true, entry: e, record: &r}, nil
 	}
 	run, err := c.toRun(ctx, r)
-	return run, err == nil, err
+	return listing{run: run}, err
 }
+
+// repairIndex repairs the stale entries a page met (runs.Store.Repair).
+// The page is right without it: a failure goes to the store's
+// IndexFailed. A client whose NATS user may not write the index (a
+// producer) is refused at once (the denial watch), says so once, and
+// stops trying: workers and operators repair what they meet.
+func (c *Client) repairIndex(ctx context.Context, stale []listing) {
+	if len(stale) == 0 || c.noIndexRepair.Load() {
+		return
+	}
+	wctx, stop := c.denials.watch(ctx, c.nc, indexWrites...)
+	defer stop()
+	for _, l := range stale {
+		err := c.runs.Repair(wctx, l.entry, l.record)
+		if cause := context.Cause(wctx); errors.Is(cause, ErrPermissionDenied) {
+			c.noIndexRepair.Store(true)
+			c.runs.IndexFailed(l.entry.RunID, fmt.Errorf("this client's NATS user may not repair the run index (workers and operators do): %w", cause))
+			return
+		}
+		if err != nil {
+			c.runs.IndexFailed(l.entry.RunID, err)
+		}
+	}
+}
+
+// indexWrites are the subjects a repair of the run index publishes to.
+var indexWrites = []string{"$JS.API.STREAM.PURGE." + jetstream.IndexStream, "jetflow.runindex."}
 
 // rebuildIndex makes the run index stream again after it went missing and
 // fills it from the run records.

@@ -705,6 +705,44 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		trustedPerms.requireNone(t)
 	})
 
+	// A producer that lists past a stale index entry may not repair it:
+	// the server's refusal is seen at once (the page does not wait for its
+	// deadline), the client stops trying, and the page is right. An
+	// operator's listing repairs it.
+	t.Run("producer lists past a stale index entry", func(t *testing.T) {
+		pnc2, perms := securedConn(t, url, producerUser)
+		pc2, err := NewClient(ctxT(t, 10*time.Second), pnc2, ClientConfig{})
+		require.NoError(t, err)
+		stale, err := json.Marshal(map[string]any{"v": 1, "run_id": "sec-1", "workflow": "secure", "status": "running"})
+		require.NoError(t, err)
+		_, err = wjs.Publish(ctx, "jetflow.runindex.e.running.secure.s.e.c.-.1.~", stale) // the worker's rights
+		require.NoError(t, err)
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		deadline, _ := lctx.Deadline()
+		for range 2 {
+			page, err := pc2.ListRuns(lctx, ListOptions{Workflow: "secure", Status: StatusRunning})
+			require.NoError(t, err)
+			require.Empty(t, page.Runs, "the stale entry is not listed")
+			require.Less(t, time.Now(), deadline.Add(-25*time.Second), "a refused repair must not wait for the deadline")
+		}
+		perms.requireDenied(t, "$JS.API.STREAM.PURGE.JETFLOW_RUN_INDEX")
+		require.Len(t, perms.snapshot(), 1, "one refusal: the client does not try again")
+
+		onc2, operatorPerms2 := securedConn(t, url, operatorUser)
+		oc2, err := NewClient(ctxT(t, 10*time.Second), onc2, ClientConfig{})
+		require.NoError(t, err)
+		counts, err := oc2.CountRuns(ctx, "secure")
+		require.NoError(t, err)
+		require.Equal(t, int64(1), counts.Running, "the stale entry is still there")
+		_, err = oc2.ListRuns(ctx, ListOptions{Workflow: "secure", Status: StatusRunning})
+		require.NoError(t, err)
+		counts, err = oc2.CountRuns(ctx, "secure")
+		require.NoError(t, err)
+		require.Zero(t, counts.Running, "the operator's listing repaired the index")
+		operatorPerms2.requireNone(t)
+	})
+
 	// The worker did all of the above without a single denied operation,
 	// including its drain.
 	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))

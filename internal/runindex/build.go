@@ -35,23 +35,43 @@ func (x *Index) Built(ctx context.Context) (bool, error) {
 	return len(msgs) > 0, nil
 }
 
+// Current reads the record of a run ID as it stands now (nil: none): the
+// rebuild checks its running entries against it (runs.Store).
+type Current func(ctx context.Context, runID string) (*state.Run, error)
+
 // Ensure makes sure the index is complete: when no build has completed
 // (a new deployment, a stream deleted and provisioned again, a build cut
 // short) it writes an entry for every record src lists that has none, then
 // the marker, and reports true. Entries written meanwhile by runs.Store
 // are never replaced. Several processes may build at once: each write is
 // create-if-absent.
-func (x *Index) Ensure(ctx context.Context, src Source) (rebuilt bool, err error) {
+//
+// A record src read may have changed before its entry was written (the
+// live writer then wrote the new state's entry and removed the old one,
+// which this build brings back). A stale terminal entry expires; a stale
+// running entry would not, so each running entry written is checked
+// against cur afterwards and removed when it no longer stands for the run.
+func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bool, err error) {
 	built, err := x.Built(ctx)
 	if err != nil || built {
 		return false, err
 	}
-	var pending []natsjs.PubAckFuture
+	type write struct {
+		run state.Run
+		ack natsjs.PubAckFuture
+	}
+	var pending []write
+	var running []Entry // the running entries written, to check
 	settle := func() error {
-		for _, f := range pending {
+		for _, w := range pending {
 			select {
-			case <-f.Ok():
-			case err := <-f.Err():
+			case ack := <-w.ack.Ok():
+				if w.run.Status == state.StatusRunning {
+					e := EntryOf(w.run)
+					e.Seq = ack.Sequence
+					running = append(running, e)
+				}
+			case err := <-w.ack.Err():
 				if !jetstream.IsWrongLastSequence(err) { // a live writer came first
 					return err
 				}
@@ -67,13 +87,16 @@ func (x *Index) Ensure(ctx context.Context, src Source) (rebuilt bool, err error
 		if err != nil {
 			return err
 		}
-		if pending = append(pending, f); len(pending) == rebuildWindow {
+		if pending = append(pending, write{run: r.Run, ack: f}); len(pending) == rebuildWindow {
 			return settle()
 		}
 		return nil
 	})
 	if err == nil {
 		err = settle()
+	}
+	for i := 0; err == nil && i < len(running); i++ {
+		err = x.dropIfStale(ctx, running[i], cur)
 	}
 	if err != nil {
 		return false, fmt.Errorf("jetflow: rebuild run index: %w", err)
@@ -83,4 +106,17 @@ func (x *Index) Ensure(ctx context.Context, src Source) (rebuilt bool, err error
 		return false, fmt.Errorf("jetflow: rebuild run index: marker: %w", err)
 	}
 	return true, nil
+}
+
+// dropIfStale removes entry e when the run's record, read now, is not the
+// one e stands for.
+func (x *Index) dropIfStale(ctx context.Context, e Entry, cur Current) error {
+	run, err := cur(ctx, e.RunID)
+	if err != nil {
+		return err
+	}
+	if run != nil && e.Matches(*run) {
+		return nil
+	}
+	return x.RemoveEntry(ctx, e)
 }

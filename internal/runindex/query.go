@@ -79,7 +79,20 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		lo = max(lo, s)
 	}
 	filter := q.filter()
-	var got []Entry // newest first
+	// got holds the newest entry of each run found, newest first: a run
+	// has two entries for a moment after a write (the new entry is
+	// written before the old one is removed), and shows once.
+	var got []Entry
+	seen := map[string]bool{}
+	add := func(got, es []Entry) []Entry {
+		for _, e := range es {
+			if !seen[e.RunID] {
+				seen[e.RunID] = true
+				got = append(got, e)
+			}
+		}
+		return got
+	}
 	window, scanned := uint64(max(minWindow, 4*q.Limit)), uint64(0)
 	// A prefix selects few runs as a rule, scattered over the whole
 	// index: ask for them at once first.
@@ -92,7 +105,7 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 				return Page{}, err
 			}
 			if ok {
-				got, hi = append(got, older...), lo
+				got, hi = add(got, older), lo
 				break
 			}
 		}
@@ -102,11 +115,10 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 			return Page{}, err
 		}
 		slices.Reverse(es)
-		got = append(got, es...)
+		got = add(got, es)
 		scanned += hi - from
 		hi, window = from, min(2*window, 1<<20)
 	}
-	got = newestPerRun(got)
 	page := Page{Entries: got}
 	if len(got) > q.Limit {
 		page.Entries = got[:q.Limit]
@@ -115,21 +127,6 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		page.Next = page.Entries[len(page.Entries)-1].Seq
 	}
 	return page, nil
-}
-
-// newestPerRun drops, from entries newest first, every entry of a run
-// shown already: a run has one entry but for a moment after a write (the
-// new entry is written before the old one is removed).
-func newestPerRun(entries []Entry) []Entry {
-	seen := make(map[string]bool, len(entries))
-	out := entries[:0]
-	for _, e := range entries {
-		if !seen[e.RunID] {
-			seen[e.RunID] = true
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 func satSub(a, b uint64) uint64 {

@@ -97,11 +97,13 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 	return ack.Sequence, nil
 }
 
-// RemoveState removes runID's entry for status and workflow, if there is
-// one: after a status change, the entry of the state the run left. It
-// names one subject, so the server touches only the block that holds it.
-func (x *Index) RemoveState(ctx context.Context, status state.Status, workflow, runID string) error {
-	if err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(status, workflow, runID))); err != nil {
+// RemoveState removes runID's entries for status and workflow stored
+// before sequence before: after a status change, the entry of the state
+// the run left. It names one subject, so the server touches only the
+// block that holds it.
+func (x *Index) RemoveState(ctx context.Context, status state.Status, workflow, runID string, before uint64) error {
+	err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(status, workflow, runID)), natsjs.WithPurgeSequence(before))
+	if err != nil {
 		return fmt.Errorf("jetflow: index run %s: remove %s entry: %w", runID, status, err)
 	}
 	return nil
@@ -144,9 +146,8 @@ func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFutu
 // up to its sequence. A newer entry on the same subject (a new generation
 // in the same state) stays.
 func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
-	err := x.stream.Purge(ctx, natsjs.WithPurgeSubject(entrySubject(e.Status, e.Workflow, e.RunID)), natsjs.WithPurgeSequence(e.Seq+1))
-	if err != nil {
-		return fmt.Errorf("jetflow: index run %s: remove stale %s entry: %w", e.RunID, e.Status, err)
+	if err := x.RemoveState(ctx, e.Status, e.Workflow, e.RunID, e.Seq+1); err != nil {
+		return fmt.Errorf("jetflow: remove stale entry: %w", err)
 	}
 	return nil
 }

@@ -165,15 +165,18 @@ func (s *Store) replace(ctx context.Context, run state.Run, rev uint64) (uint64,
 }
 
 // indexRun writes run's index entry after its record, then removes the
-// entry of the state it left: left is that status (literal, cheap), or ""
-// for any older entry (a new generation, whose former state and workflow
-// the caller does not know). A failure goes to IndexFailed.
+// run's entries older than it: the entry of the state it left when left
+// names it (a literal subject, so the server touches one block), or any
+// older entry when left is "" (a new generation, whose former state and
+// workflow the caller does not know). The removal is bounded by the new
+// entry's sequence, so a writer that stalls between its two writes never
+// removes an entry a later writer made. A failure goes to IndexFailed.
 func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, prevWorkflow string) {
 	seq, err := s.index.Put(ctx, run, s.ttl(run))
 	switch {
 	case err != nil:
 	case left != "":
-		err = s.index.RemoveState(ctx, left, prevWorkflow, run.RunID)
+		err = s.index.RemoveState(ctx, left, prevWorkflow, run.RunID, seq)
 	default:
 		err = s.index.RemoveOlder(ctx, run.RunID, seq)
 	}
@@ -182,26 +185,36 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 	}
 }
 
-// Repair handles index entry e, which does not stand for run, the record
-// of its run ID: it removes e alone. The run's own entry is written by
-// the writer of its record right after the record; only when it is
-// missing although the record was written over RepairGrace ago (that
-// writer died in between) does Repair write it. An entry met while its
-// writer is between its two writes is thus left to that writer, and a
-// run does not move to the top of the list because a reader came by.
-func (s *Store) Repair(ctx context.Context, e runindex.Entry, run state.Run) error {
-	if err := s.index.RemoveEntry(ctx, e); err != nil {
-		return err
+// Repair handles index entry e, which a reader met and found not to stand
+// for run, the record of its run ID (nil run: there is no record):
+//
+//   - no record: e alone is removed (an entry written after e, for a new
+//     run under the same ID, stays);
+//   - the run's own entry is there: e alone is removed;
+//   - it is not, and the record was written over RepairGrace ago (its
+//     writer died between the record and the entry): the run's entry is
+//     written, then e removed;
+//   - it is not, within RepairGrace: nothing is done. The record's writer
+//     is between its two writes, and removes e itself; should it have
+//     failed, a later reader repairs. (So a reader never leaves a run
+//     with no entry, and a run does not move to the top of the list
+//     because a reader came by.)
+func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) error {
+	if run != nil {
+		has, err := s.index.Has(ctx, *run)
+		if err != nil {
+			return err
+		}
+		if !has {
+			if s.now().Sub(run.UpdatedAt) < RepairGrace {
+				return nil
+			}
+			if _, err := s.index.Put(ctx, *run, s.repairTTL(*run)); err != nil {
+				return err
+			}
+		}
 	}
-	if s.now().Sub(run.UpdatedAt) < RepairGrace {
-		return nil
-	}
-	has, err := s.index.Has(ctx, run)
-	if err != nil || has {
-		return err
-	}
-	_, err = s.index.Put(ctx, run, max(time.Second, s.entryTTL(run)))
-	return err
+	return s.index.RemoveEntry(ctx, e)
 }
 
 // EnsureIndexed writes the index entry of runID's record when the index
@@ -225,7 +238,7 @@ func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
 	if err != nil || has {
 		return false, err
 	}
-	if _, err := s.index.Put(ctx, run, max(time.Second, s.entryTTL(run))); err != nil {
+	if _, err := s.index.Put(ctx, run, s.repairTTL(run)); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -235,9 +248,27 @@ func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
 // still be missing because its writer is about to write it.
 const RepairGrace = 30 * time.Second
 
-// Unindex removes every entry of runID: a reader found no record for it.
-func (s *Store) Unindex(ctx context.Context, runID string) error {
-	return s.index.RemoveOlder(ctx, runID, 0)
+// repairTTL is the expiry of an entry written late for run: none while it
+// runs, what is left of its record's retention once it ended (at least a
+// second).
+func (s *Store) repairTTL(run state.Run) time.Duration {
+	if !run.Status.Terminal() {
+		return jetstream.TTLNever
+	}
+	return max(time.Second, s.entryTTL(run))
+}
+
+// current reads the record of runID for the run index's rebuild: nil when
+// there is none.
+func (s *Store) current(ctx context.Context, runID string) (*state.Run, error) {
+	run, _, err := s.Get(ctx, runID)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &run, nil
 }
 
 // entryTTL is what is left of run's record's expiry: none while it runs,
@@ -487,7 +518,7 @@ func (s *Store) Name() string { return s.runs.Bucket() }
 // when no build of it has completed (see runindex.Index.Ensure) it writes
 // the entries from the run records. It reports whether it rebuilt.
 func (s *Store) EnsureIndex(ctx context.Context) (bool, error) {
-	return s.index.Ensure(ctx, s.each)
+	return s.index.Ensure(ctx, s.each, s.current)
 }
 
 // Index is the run index the store writes.

@@ -3,6 +3,7 @@ package runs
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -261,12 +262,14 @@ func indexed(t *testing.T, s *Store, status state.Status) []string {
 	return ids
 }
 
-// Repair removes a stale entry alone; it writes the run's own entry only
-// when that is missing although the record was written over RepairGrace
-// ago (its writer died between the record and the index).
+// Repair removes a stale entry once the run's own entry is there; it
+// writes the run's own entry only when that is missing although the
+// record was written over RepairGrace ago (its writer died between the
+// record and the index); within the grace it leaves everything to the
+// writer. An entry without a record goes alone.
 func TestRepairStaleIndexEntry(t *testing.T) {
 	t.Parallel()
-	s, _ := setup(t, jetstream.Topology{})
+	s, a := setup(t, jetstream.Topology{})
 	_, err := s.Create(ctx(t), running("r-1", "a"))
 	require.NoError(t, err)
 	done, _, err := s.Finish(ctx(t), running("r-1", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
@@ -275,30 +278,94 @@ func TestRepairStaleIndexEntry(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Entries, 1)
 	current := page.Entries[0]
-
-	// A writer died after the record: the running entry is still there,
-	// the completed one is not.
 	stale := running("r-1", "a")
-	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
-	require.NoError(t, err)
-	require.NoError(t, s.Index().RemoveEntry(ctx(t), current))
-	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
-	require.NoError(t, err)
-	require.Len(t, page.Entries, 1)
-	require.Equal(t, state.StatusRunning, page.Entries[0].Status)
+	putStale := func() runindex.Entry {
+		t.Helper()
+		seq, err := s.Index().Put(ctx(t), stale, jetstream.TTLNever)
+		require.NoError(t, err)
+		e := runindex.EntryOf(stale)
+		e.Seq = seq
+		return e
+	}
 
-	// Within the grace: the stale entry goes, nothing is written for the
-	// record (its writer may be about to).
-	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
-	require.Empty(t, indexed(t, s, ""))
-
-	// After the grace: the missing entry is written.
-	_, err = s.Index().Put(ctx(t), stale, jetstream.TTLNever)
-	require.NoError(t, err)
-	page, err = s.Index().Page(ctx(t), runindex.Query{Limit: 10})
-	require.NoError(t, err)
-	s.now = func() time.Time { return time.Now().Add(RepairGrace + time.Second) }
-	require.NoError(t, s.Repair(ctx(t), page.Entries[0], done))
+	// The writer is done: the stale entry goes.
+	require.NoError(t, s.Repair(ctx(t), putStale(), &done))
 	require.Equal(t, []string{"r-1"}, indexed(t, s, state.StatusCompleted))
 	require.Empty(t, indexed(t, s, state.StatusRunning))
+
+	// A writer between its two writes (or dead): only the running entry.
+	e := putStale()
+	require.NoError(t, s.Index().RemoveEntry(ctx(t), current))
+	require.NoError(t, s.Repair(ctx(t), e, &done))
+	require.Equal(t, []string{"r-1"}, indexed(t, s, state.StatusRunning), "within the grace the reader leaves it to the writer")
+
+	// After the grace: the missing entry is written, the stale one goes.
+	s.now = func() time.Time { return time.Now().Add(RepairGrace + time.Second) }
+	require.NoError(t, s.Repair(ctx(t), e, &done))
+	require.Equal(t, []string{"r-1"}, indexed(t, s, state.StatusCompleted))
+	require.Empty(t, indexed(t, s, state.StatusRunning))
+
+	// No record: the entry goes, a newer one of the run ID stays.
+	ghost := running("r-ghost", "g")
+	seq, err := s.Index().Put(ctx(t), ghost, jetstream.TTLNever)
+	require.NoError(t, err)
+	old := runindex.EntryOf(ghost)
+	old.Seq = seq
+	_, err = s.Index().Put(ctx(t), ghost, jetstream.TTLNever) // a new run under the ID, written since
+	require.NoError(t, err)
+	require.NoError(t, s.Repair(ctx(t), old, nil))
+	require.Contains(t, indexed(t, s, state.StatusRunning), "r-ghost")
+
+	// An entry written late for a running run never expires.
+	late := running("r-late", "l")
+	late.UpdatedAt = time.Now().Add(-time.Hour)
+	b, err := state.Encode(late)
+	require.NoError(t, err)
+	_, err = a.Runs.CreateTTL(ctx(t), "r-late", b, jetstream.TTLNever) // the record alone
+	require.NoError(t, err)
+	written, err := s.EnsureIndexed(ctx(t), "r-late")
+	require.NoError(t, err)
+	require.True(t, written)
+	msg, err := a.Index.GetLastMsgForSubject(ctx(t), "jetflow.runindex.e.running.w.r.-.l.a.t.e.~") // the run ID one character per token
+	require.NoError(t, err)
+	require.Empty(t, msg.Header.Get("Nats-TTL"), "a running run's entry has no expiry")
+	written, err = s.EnsureIndexed(ctx(t), "r-late")
+	require.NoError(t, err)
+	require.False(t, written, "once is enough")
+}
+
+// A run with two entries for a moment (its writer between its two
+// writes) shows once, and a page that drops its second entry still says
+// that older runs follow.
+func TestIndexPageCountsRunsNotEntries(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	put := func(id, wf string) {
+		t.Helper()
+		r := running(id, "t")
+		r.Workflow = wf
+		_, err := s.Index().Put(ctx(t), r, jetstream.TTLNever)
+		require.NoError(t, err)
+	}
+	put("old", "w")
+	for i := range 130 {
+		put(fmt.Sprintf("x-%03d", i), "x")
+	}
+	put("a", "w")
+	put("b", "w")
+	put("b", "w")
+	var ids []string
+	q := runindex.Query{Workflow: "w", Limit: 2}
+	for pages := 0; pages < 5; pages++ {
+		page, err := s.Index().Page(ctx(t), q)
+		require.NoError(t, err)
+		for _, e := range page.Entries {
+			ids = append(ids, e.RunID)
+		}
+		if page.Next == 0 {
+			break
+		}
+		q.Before = page.Next
+	}
+	require.Equal(t, []string{"b", "a", "old"}, ids)
 }
