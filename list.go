@@ -60,8 +60,9 @@ type RunPage struct {
 // or a million kept runs; each run of the page is then read from its
 // record, so what a page shows is the record, never a stale index entry.
 // A page may hold fewer than Limit runs while more follow (Next is set):
-// an entry whose run changed or expired since it was written is left out
-// and repaired (see repairIndex). A run that changes status while a walk is in progress
+// an entry whose run expired, or changed so that it no longer matches the
+// filters, since it was written is left out, and the index repaired (see
+// repairIndex). A run that changes status while a walk is in progress
 // moves to the top of the list: the walk may miss it, never show it twice
 // on one page.
 func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err error) {
@@ -89,7 +90,7 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	g.SetLimit(listReaders)
 	for i, e := range page.Entries {
 		g.Go(func() (err error) {
-			listed[i], err = c.listed(gctx, e)
+			listed[i], err = c.listed(gctx, e, opts)
 			return err
 		})
 	}
@@ -100,7 +101,8 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	for _, l := range listed {
 		if l.stale {
 			stale = append(stale, l)
-		} else {
+		}
+		if l.show {
 			out.Runs = append(out.Runs, l.run)
 		}
 	}
@@ -111,18 +113,25 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 // listReaders is how many runs of a page ListRuns reads at once.
 const listReaders = 16
 
-// listing is what ListRuns found for one index entry: the run, or, when
-// the entry is stale (it does not stand for the run's record, or there is
-// no record), the record to repair the index by (nil: none).
+// listing is what ListRuns found for one index entry: the run to show
+// (show), and whether the entry is stale (it does not stand for the run's
+// record, or there is no record), with the record to repair the index by
+// (nil: none).
 type listing struct {
 	run    Run
+	show   bool
 	stale  bool
 	entry  runindex.Entry
 	record *state.Run
 }
 
-// listed reads the run of index entry e.
-func (c *Client) listed(ctx context.Context, e runindex.Entry) (listing, error) {
+// listed reads the run of index entry e. A stale entry's run is still
+// shown, as its record stands, when the record matches the page's
+// filters: its writer is between the record and the entry, and the run
+// would otherwise be missing from the list for that moment. (It may then
+// show on two pages of a walk, at its new place and at its old one; never
+// twice on one page: the index gives a run one entry per page.)
+func (c *Client) listed(ctx context.Context, e runindex.Entry, opts ListOptions) (listing, error) {
 	r, _, err := c.runs.Get(ctx, e.RunID)
 	if errors.Is(err, runs.ErrNotFound) {
 		return listing{stale: true, entry: e}, nil
@@ -133,11 +142,20 @@ func (c *Client) listed(ctx context.Context, e runindex.Entry) (listing, error) 
 	if err != nil {
 		return listing{}, err
 	}
+	l := listing{show: true}
 	if !e.Matches(r) {
-		return listing{stale: true, entry: e, record: &r}, nil
+		l = listing{stale: true, entry: e, record: &r, show: opts.selects(r)}
 	}
-	run, err := c.toRun(ctx, r)
-	return listing{run: run}, err
+	if l.show {
+		l.run, err = c.toRun(ctx, r)
+	}
+	return l, err
+}
+
+// selects reports whether run passes o's status and workflow filters (the
+// run ID prefix holds: the entry had the run's ID).
+func (o ListOptions) selects(run state.Run) bool {
+	return (o.Status == "" || RunStatus(run.Status) == o.Status) && (o.Workflow == "" || run.Workflow == o.Workflow)
 }
 
 // repairIndex repairs the stale entries a page met (runs.Store.Repair).
