@@ -82,6 +82,11 @@ func TestRunIndexRebuiltWhenRemoved(t *testing.T) {
 
 	// The next listing finds it missing and rebuilds it.
 	require.ElementsMatch(t, want, walkRuns(t, ctx, c, ListOptions{}))
+	// A time range reads the runs' own times, not the rebuilt entries'.
+	tenth, err := c.GetRun(ctx, "idx-10")
+	require.NoError(t, err)
+	require.ElementsMatch(t, want[:10], walkRuns(t, ctx, c, ListOptions{Until: tenth.UpdatedAt}))
+	require.ElementsMatch(t, want[10:], walkRuns(t, ctx, c, ListOptions{Since: tenth.UpdatedAt}))
 	counts, err := c.CountRuns(ctx, "indexed")
 	require.NoError(t, err)
 	require.Equal(t, RunCounts{Completed: 16, Failed: 5}, counts)

@@ -120,6 +120,7 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/internal/timeline"
 )
 
 // Exit codes.
@@ -296,7 +297,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = reset(ctx, client, out, c.args[0], c.scope, c.scopeID())
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "error: %v\n", err)
+		// A run's error holds what its workflow wrote (inputs and all):
+		// its control characters are shown escaped, never sent to the
+		// terminal.
+		fmt.Fprintf(stderr, "error: %s\n", timeline.Clean(err.Error()))
 	}
 	return exitCode(err)
 }

@@ -90,6 +90,24 @@ func TestGetEscapesControlCharacters(t *testing.T) {
 	require.Len(t, strings.Split(strings.TrimSuffix(steps, "\n"), "\n"), 4, "one line per step and attempt: %s", steps)
 }
 
+// A failed run's error, printed by wait and watch, shows what the
+// workflow wrote with its control characters escaped.
+func TestErrorLineEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	producer := setup(t)
+	in, err := json.Marshal(map[string]string{"name": "nobody\x1b[31mRED\x1b[0m\nFAKE LINE"})
+	require.NoError(t, err)
+	code, _, errOut := producer("start", "greet", string(in), "--id", "esc-1")
+	require.Equal(t, 0, code, errOut)
+	for _, cmd := range []string{"wait", "watch"} {
+		code, _, errOut = producer(cmd, "esc-1")
+		require.NotEqual(t, 0, code, "the run failed")
+		require.NotContains(t, errOut, "\x1b", cmd)
+		require.Contains(t, errOut, `cannot greet nobody\x1b[31mRED\x1b[0m\nFAKE LINE`, cmd)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "%s: one line: %q", cmd, errOut)
+	}
+}
+
 // watchLines runs producer watch in the background and returns its lines
 // as they are printed, and its exit code once it ends.
 func watchLines(t *testing.T, tb *testbed, args ...string) (<-chan string, <-chan int) {

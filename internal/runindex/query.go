@@ -30,6 +30,11 @@ type Query struct {
 	Limit  int
 }
 
+// inTime reports whether e's time is within q's Since and Until.
+func (q Query) inTime(e Entry) bool {
+	return (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
+}
+
 // Page is a page of entries, newest first, and the cursor of the next
 // (0 when this one is the last).
 type Page struct {
@@ -65,14 +70,14 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	}
 	lo := first
 	if !q.Until.IsZero() {
-		s, err := x.seqAt(ctx, q.Until, last)
+		s, err := x.seqAt(ctx, q.Until, first, last)
 		if err != nil {
 			return Page{}, err
 		}
 		hi = min(hi, s)
 	}
 	if !q.Since.IsZero() {
-		s, err := x.seqAt(ctx, q.Since, last)
+		s, err := x.seqAt(ctx, q.Since, first, last)
 		if err != nil {
 			return Page{}, err
 		}
@@ -86,6 +91,9 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	seen := map[string]bool{}
 	add := func(got, es []Entry) []Entry {
 		for _, e := range es {
+			if !q.inTime(e) {
+				continue // out of order by a little, at a bound
+			}
 			if !seen[e.RunID] {
 				seen[e.RunID] = true
 				got = append(got, e)
@@ -145,18 +153,39 @@ func (x *Index) bounds(ctx context.Context) (first, last uint64, err error) {
 	return info.State.FirstSeq, info.State.LastSeq, nil
 }
 
-// seqAt is the sequence of the first entry stored at or after t, or
-// last+1 when none is.
-func (x *Index) seqAt(ctx context.Context, t time.Time, last uint64) (uint64, error) {
-	// A single get (no pending count), of the next entry at or after t.
-	msgs, _, err := x.direct(ctx, directRequest{StartTime: &t, NextFor: entryPrefix + ">"})
-	if err != nil {
-		return 0, err
+// seqAt is the sequence of the first entry whose time (UpdatedAt: the
+// run's status change it records) is t or later, or last+1 when there is
+// none. Entries are stored in about the order of their times (a rebuild
+// writes them in the order of their records' writes), so a binary search
+// over sequences finds it with about log2(entries) single gets. It reads
+// the entries' own times, not the stream's: a rebuilt index's messages
+// all carry the time of the rebuild.
+func (x *Index) seqAt(ctx context.Context, t time.Time, first, last uint64) (uint64, error) {
+	lo, hi := first, last+1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		msgs, _, err := x.direct(ctx, directRequest{Seq: mid, NextFor: entryPrefix + ">"})
+		if err != nil {
+			return 0, err
+		}
+		if len(msgs) == 0 {
+			hi = mid // no entry from mid on
+			continue
+		}
+		e, err := decodeEntry(msgs[0])
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case e.Seq >= hi:
+			hi = mid // none in [mid, hi)
+		case e.UpdatedAt.Before(t):
+			lo = e.Seq + 1
+		default:
+			hi = mid
+		}
 	}
-	if len(msgs) == 0 {
-		return last + 1, nil
-	}
-	return seqOf(msgs[0])
+	return lo, nil
 }
 
 // rangeEntries reads the entries matching filter with sequences in

@@ -137,7 +137,11 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	}
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
 	if err == nil {
-		if _, err := s.index.Put(ctx, run, s.ttl(run)); err != nil {
+		seq, err := s.index.Put(ctx, run, s.ttl(run))
+		if err == nil {
+			err = s.dropIfOvertaken(ctx, run, seq)
+		}
+		if err != nil {
 			s.IndexFailed(run.RunID, err)
 		}
 	}
@@ -180,9 +184,39 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 	default:
 		err = s.index.RemoveOlder(ctx, run.RunID, seq)
 	}
+	if err == nil {
+		err = s.dropIfOvertaken(ctx, run, seq)
+	}
 	if err != nil {
 		s.IndexFailed(run.RunID, err)
 	}
+}
+
+// dropIfOvertaken removes the running entry just written for run at
+// sequence seq when the run's record has moved on meanwhile. The process
+// that admits a run writes its running entry after the record, and a
+// worker may run the run to its end in between (its start task is
+// stored before the record): that worker's terminal entry then comes
+// first, and removes no running entry, so the late one would stay, with
+// no expiry, a run counted as running for ever. A terminal entry needs no
+// check: a later write of the run supersedes it by its own removal.
+func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) error {
+	if run.Status != state.StatusRunning {
+		return nil
+	}
+	now, _, err := s.GetExisting(ctx, run.RunID)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e := runindex.EntryOf(run)
+	if e.Matches(now) {
+		return nil
+	}
+	e.Seq = seq
+	return s.index.RemoveEntry(ctx, e)
 }
 
 // Repair handles index entry e, which a reader met and found not to stand

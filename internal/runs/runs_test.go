@@ -369,3 +369,33 @@ func TestIndexPageCountsRunsNotEntries(t *testing.T) {
 	}
 	require.Equal(t, []string{"b", "a", "old"}, ids)
 }
+
+// A run admitted by one process and ended by a worker before the
+// admitting process wrote its running entry: the late running entry is
+// removed once written (the record has moved on), so the run is not
+// counted as running for ever.
+func TestLateRunningEntryIsDropped(t *testing.T) {
+	t.Parallel()
+	s, a := setup(t, jetstream.Topology{})
+	run := running("late-1", "a")
+	b, err := state.Encode(run)
+	require.NoError(t, err)
+	_, err = a.Runs.CreateTTL(ctx(t), run.RunID, b, jetstream.TTLNever) // the admission's record; its entry comes late
+	require.NoError(t, err)
+	_, _, err = s.Finish(ctx(t), run, 0, func(r *state.Run) { r.Status = state.StatusFailed })
+	require.NoError(t, err)
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+
+	seq, err := s.Index().Put(ctx(t), run, jetstream.TTLNever) // the admission's entry, late
+	require.NoError(t, err)
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusRunning))
+	require.NoError(t, s.dropIfOvertaken(ctx(t), run, seq))
+	require.Empty(t, indexed(t, s, state.StatusRunning))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+
+	// A running entry that is the record's own stays.
+	live := running("live-1", "b")
+	_, err = s.Create(ctx(t), live)
+	require.NoError(t, err)
+	require.Equal(t, []string{"live-1"}, indexed(t, s, state.StatusRunning))
+}

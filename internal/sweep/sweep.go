@@ -58,6 +58,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -116,6 +117,9 @@ type Pass struct {
 	Absorbed []string
 	// Indexed lists the runs whose missing run index entry the pass wrote.
 	Indexed []string
+	// IndexRebuilt: the pass found the run index incomplete (its build
+	// marker gone: the stream deleted or purged) and rebuilt it.
+	IndexRebuilt bool
 	// Err is the first error the pass met (it went on with the other runs).
 	Err error
 }
@@ -280,8 +284,11 @@ func (s *Sweeper) Start() (stop func()) {
 // that are due, and dispatches the stuck ones again.
 func (s *Sweeper) Pass(ctx context.Context) Pass {
 	var p Pass
-	p.Read, p.Err = s.read(ctx)
-	if p.Err == nil {
+	p.IndexRebuilt, p.Err = s.ensureIndex(ctx)
+	var err error
+	p.Read, err = s.read(ctx)
+	p.Err = firstErr(p.Err, err)
+	if err == nil {
 		s.countRunning()
 	}
 	now := s.cfg.Now()
@@ -341,6 +348,23 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 	}
 	p.Tracked = len(s.runs)
 	return p
+}
+
+// ensureIndex rebuilds the run index when its build marker is gone: the
+// stream was purged or deleted by hand while workers ran. One direct get
+// a pass when it is there.
+func (s *Sweeper) ensureIndex(ctx context.Context) (bool, error) {
+	rebuilt, err := s.store.EnsureIndex(ctx)
+	if errors.Is(err, runindex.ErrMissing) {
+		if err := s.cfg.Assets.EnsureIndexStream(ctx); err != nil {
+			return false, err
+		}
+		rebuilt, err = s.store.EnsureIndex(ctx)
+	}
+	if rebuilt {
+		s.log.Warn().Msg("run index was incomplete (purged or deleted): rebuilt from the run records")
+	}
+	return rebuilt, err
 }
 
 // MaxTimerBackoff bounds how long a run found held by a timer is left

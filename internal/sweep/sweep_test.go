@@ -390,16 +390,19 @@ func TestTimerHeldRunsAreCheckedLessOften(t *testing.T) {
 // TestPassIndexesRunsMissingFromTheIndex: a running run whose record was
 // written without its run index entry (its writer died in between) is
 // listed again after the sweeper's first check of it; a run the index
-// lists is left as it is, and a run is looked up in the index once.
+// lists is left as it is, and a run is looked up in the index once. A
+// pass rebuilds an index purged or deleted by hand.
 func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	old := b.t0.Add(-time.Hour)
+	store := runs.New(b.assets)
+	_, err := store.EnsureIndex(ctx(t)) // built (empty), as a worker's start leaves it
+	require.NoError(t, err)
 	b.run("unlisted", "w", 0, state.StatusRunning, old) // a record alone, as a writer that died leaves it
 	b.task("jetflow.task.w.unlisted")
-	store := runs.New(b.assets)
 	listed := state.Run{V: state.Version, RunID: "listed", Workflow: "w", Status: state.StatusRunning, Token: "token-listed", CreatedAt: old, UpdatedAt: old}
-	_, err := store.Create(ctx(t), listed) // record and entry
+	_, err = store.Create(ctx(t), listed) // record and entry
 	require.NoError(t, err)
 	b.task("jetflow.task.w.listed")
 	entries := func() []string {
@@ -425,4 +428,19 @@ func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
 	require.NoError(t, p.Err)
 	require.ElementsMatch(t, []string{"unlisted", "listed"}, p.Checked)
 	require.Empty(t, p.Indexed)
+	require.False(t, p.IndexRebuilt)
+
+	// The index purged by hand (its build marker with it): the next pass
+	// rebuilds it; deleted, the same.
+	require.NoError(t, b.assets.Index.Purge(ctx(t)))
+	require.Empty(t, entries())
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.True(t, p.IndexRebuilt)
+	require.ElementsMatch(t, []string{"unlisted", "listed"}, entries())
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), jetstream.IndexStream))
+	p = s.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.True(t, p.IndexRebuilt)
+	require.ElementsMatch(t, []string{"unlisted", "listed"}, entries())
 }
