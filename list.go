@@ -71,13 +71,11 @@ func (c *Client) ListRuns(ctx context.Context, opts ListOptions) (_ RunPage, err
 	if err != nil {
 		return RunPage{}, err
 	}
-	page, err := c.runs.Index().Page(ctx, q)
-	if errors.Is(err, runindex.ErrMissing) {
-		if err := c.rebuildIndex(ctx); err != nil {
-			return RunPage{}, err
-		}
+	var page runindex.Page
+	err = c.readIndex(ctx, func() (err error) {
 		page, err = c.runs.Index().Page(ctx, q)
-	}
+		return err
+	})
 	if err != nil {
 		return RunPage{}, err
 	}
@@ -185,14 +183,21 @@ func (c *Client) repairIndex(ctx context.Context, stale []listing) {
 // indexWrites are the subjects a repair of the run index publishes to.
 var indexWrites = []string{"$JS.API.STREAM.PURGE." + jetstream.IndexStream, "jetflow.runindex."}
 
-// rebuildIndex makes the run index stream again after it went missing and
-// fills it from the run records.
-func (c *Client) rebuildIndex(ctx context.Context) error {
+// readIndex runs read, a read of the run index; when the index stream is
+// missing (deleted by hand) it makes it again, fills it from the run
+// records, and reads again.
+func (c *Client) readIndex(ctx context.Context, read func() error) error {
+	err := read()
+	if !errors.Is(err, runindex.ErrMissing) {
+		return err
+	}
 	if err := c.assets.EnsureIndexStream(ctx); err != nil {
 		return err
 	}
-	_, err := c.runs.EnsureIndex(ctx)
-	return err
+	if _, err := c.runs.EnsureIndex(ctx); err != nil {
+		return err
+	}
+	return read()
 }
 
 // RunCounts is how many kept runs are in each state.
@@ -216,13 +221,11 @@ func (c *Client) CountRuns(ctx context.Context, workflow string) (_ RunCounts, e
 			return RunCounts{}, fmt.Errorf("%w: %w", ErrInvalidListOptions, err)
 		}
 	}
-	n, err := c.runs.Index().Count(ctx, workflow)
-	if errors.Is(err, runindex.ErrMissing) {
-		if err := c.rebuildIndex(ctx); err != nil {
-			return RunCounts{}, err
-		}
+	var n runindex.Counts
+	err = c.readIndex(ctx, func() (err error) {
 		n, err = c.runs.Index().Count(ctx, workflow)
-	}
+		return err
+	})
 	if err != nil {
 		return RunCounts{}, err
 	}
