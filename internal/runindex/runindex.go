@@ -8,17 +8,20 @@
 // status, and readers check every entry they list against its record:
 //
 //   - An entry is a message on a subject naming the run's status, workflow
-//     and run ID (subject.go); the stream keeps one message per subject.
-//     It carries the record's expiry: none while the run runs, the run's
-//     retention once it ended, so entries expire with their records.
-//   - A status change publishes the new entry, then purges the run's older
-//     entries. A crash between the two leaves a stale entry behind, which
-//     the next reader that lists it sees (its record says otherwise) and
-//     repairs.
-//   - Order is the stream's: newest first by the time of the run's last
-//     status change (its start, its start again, its end).
+//     and run ID (subject.go); a run has one, but for a moment after a
+//     status change. It carries the record's expiry: none while the run
+//     runs, the run's retention once it ended, so entries expire with
+//     their records.
+//   - A status change publishes the new entry, then removes the entry of
+//     the state the run left (bounded by the new entry's sequence). A
+//     crash between the two leaves a stale entry behind, which the next
+//     reader that lists it sees (its record says otherwise) and repairs.
+//   - Order is the stream's: newest first by the time the index recorded
+//     the run's last status change (its start, its start again, its end).
+//     Time ranges read each entry's own time (Entry.UpdatedAt).
 //   - A missing or partial index is rebuilt from the run records (Ensure):
-//     a marker records that a build completed.
+//     a marker records that a build completed. Workers check it at start
+//     and on every sweeper pass.
 package runindex
 
 import (
