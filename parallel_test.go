@@ -59,13 +59,15 @@ func TestParallelStepsSmoke(t *testing.T) {
 	}
 }
 
-// sequencer lets the branches of a run return in a chosen order: a branch
-// called name returns only after the names before it in order have.
+// sequencer lets the branches of a run commit in a chosen order: a branch
+// called name returns only after the names before it in order have
+// returned and been committed (committed tells; nil: returned is enough).
 type sequencer struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	order map[string][]string // run ID → names, in the order they return
-	done  map[string]int      // run ID → how many have returned
+	mu        sync.Mutex
+	cond      *sync.Cond
+	order     map[string][]string // run ID → names, in the order they return
+	done      map[string]int      // run ID → how many have returned
+	committed func(runID, name string) bool
 }
 
 func newSequencer() *sequencer {
@@ -79,15 +81,27 @@ func newSequencer() *sequencer {
 // to the next.
 func (s *sequencer) turn(runID, name string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	order := s.order[runID]
 	want := slices.Index(order, name)
 	if want < 0 {
+		s.mu.Unlock()
 		return
 	}
 	for s.done[runID] < want {
 		s.cond.Wait()
 	}
+	s.mu.Unlock()
+	if want > 0 && s.committed != nil {
+		// The one before has returned; its commit follows, on a loaded
+		// machine not at once.
+		tick := time.NewTicker(time.Millisecond)
+		for !s.committed(runID, order[want-1]) {
+			<-tick.C
+		}
+		tick.Stop()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.done[runID] == want {
 		s.done[runID]++
 		s.cond.Broadcast()
@@ -145,6 +159,10 @@ func TestParallelStepIDsGolden(t *testing.T) {
 	wf := parallelSample(seq, kid)
 	env.worker(WorkerConfig{Concurrency: 8}, wf, kid)
 	c := env.client()
+	seq.committed = func(runID, name string) bool {
+		steps, err := c.Steps(ctxT(t, 10*time.Second), runID)
+		return err == nil && slices.ContainsFunc(steps, func(s StepRecord) bool { return s.StepID == runID+"."+name+".0" })
+	}
 	seq.mu.Lock()
 	seq.order["forward"] = []string{"fetch", "price", "stock"}
 	seq.order["backward"] = []string{"stock", "price", "fetch"}

@@ -84,12 +84,37 @@ func New(assets *jetstream.Assets) *Index {
 // RemoveOlder). A repeat call publishes the entry again; the stream keeps
 // one per subject.
 func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
+	return x.put(ctx, run, ttl)
+}
+
+// PutNew writes the entry of run, which was just created, only if the
+// index holds no entry of its run ID at all (whatever status and
+// workflow), and returns its sequence. It is the admitting process's
+// write: it comes after the record, and a worker may have run the run to
+// its end in between and written the terminal entry first, which a late
+// running entry must not join. When an entry is there it writes nothing
+// and returns an error matching ErrEntryExists: the caller finds out from
+// the record which case it is (an earlier run's entry that outlived its
+// record is the other).
+func (x *Index) PutNew(ctx context.Context, run state.Run) (uint64, error) {
+	seq, err := x.put(ctx, run, jetstream.TTLNever, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
+	if jetstream.IsWrongLastSequence(err) {
+		return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
+	}
+	return seq, err
+}
+
+// ErrEntryExists: PutNew found an entry of the run ID in the index.
+var ErrEntryExists = errors.New("jetflow: the run index holds an entry of the run ID")
+
+// put publishes run's entry with ttl and opts, and returns its sequence.
+func (x *Index) put(ctx context.Context, run state.Run, ttl time.Duration, opts ...natsjs.PublishOpt) (uint64, error) {
 	b, err := json.Marshal(EntryOf(run))
 	if err != nil {
 		return 0, err
 	}
 	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
-	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream)}
+	opts = append(opts, natsjs.WithExpectStream(jetstream.IndexStream))
 	if ttl > 0 && ttl != jetstream.TTLNever {
 		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
 	}

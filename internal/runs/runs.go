@@ -51,11 +51,9 @@ type Store struct {
 	audit     *jetstream.KV
 	retention time.Duration
 	now       func() time.Time
-	// watchKey and recheck are Wait's key watch and read interval; tests
-	// replace them.
-	watchKey func(ctx context.Context, key string) (natsjs.KeyWatcher, error)
-	recheck  time.Duration
-	index    *runindex.Index
+	// waiters is the watch every Wait shares.
+	waiters *waiters
+	index   *runindex.Index
 	// IndexFailed is told of a run index write that failed after its
 	// record was written (default: a warning on zerolog's global logger).
 	IndexFailed func(runID string, err error)
@@ -63,14 +61,12 @@ type Store struct {
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
-	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now, recheck: waitRecheck,
+	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now,
 		index: runindex.New(assets), IndexFailed: assets.IndexFailed}
 	if s.IndexFailed == nil {
 		s.IndexFailed = logIndexFailure
 	}
-	s.watchKey = func(ctx context.Context, key string) (natsjs.KeyWatcher, error) {
-		return s.runs.Raw().Watch(ctx, key)
-	}
+	s.waiters = newWaiters(s)
 	return s
 }
 
@@ -137,15 +133,28 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	}
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
 	if err == nil {
-		seq, err := s.index.Put(ctx, run, s.ttl(run))
-		if err == nil {
-			err = s.dropIfOvertaken(ctx, run, seq)
-		}
-		if err != nil {
+		if err := s.indexNew(ctx, run); err != nil {
 			s.IndexFailed(run.RunID, err)
 		}
 	}
 	return rev, err
+}
+
+// indexNew writes the entry of run, just created, with one request when
+// the index holds no entry of its run ID (the usual case). When it holds
+// one — the worker that ran the run to its end came first, or an earlier
+// run's entry outlived its record — the entry is written as any other and
+// dropped again if the record has moved on (dropIfOvertaken).
+func (s *Store) indexNew(ctx context.Context, run state.Run) error {
+	_, err := s.index.PutNew(ctx, run)
+	if !errors.Is(err, runindex.ErrEntryExists) {
+		return err
+	}
+	seq, err := s.index.Put(ctx, run, s.ttl(run))
+	if err != nil {
+		return err
+	}
+	return s.dropIfOvertaken(ctx, run, seq)
 }
 
 // Replace writes run over the record or marker at revision rev
@@ -393,72 +402,6 @@ func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelle
 		r.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
 		return true, nil
 	})
-}
-
-// waitRecheck is how often Wait reads the record itself while it waits: a
-// key watch is an ordered consumer on the bucket's stream, and one that was
-// set up as the stream's leader was SIGKILLed can stay silent after the
-// run ends (seen in the operated-cluster test). The watch gives the answer
-// at once in the usual case; the read bounds how late it can be otherwise.
-const waitRecheck = 5 * time.Second
-
-// Wait waits until the run runID is in a final state and returns it. It
-// returns an error matching ErrNotFound if the run has no record when the
-// wait begins, and ctx's error, as it is, if ctx ends while it waits; a
-// NATS error is wrapped with jetstream.Unavailable when it is transient.
-// A final state is seen from the key's watch, or at the latest at the next
-// of the reads Wait makes every waitRecheck should the watch fall silent.
-func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
-	w, err := s.watchKey(ctx, runID)
-	if err != nil {
-		return state.Run{}, jetstream.Unavailable(fmt.Errorf("jetflow: watch run %s: %w", runID, err))
-	}
-	defer func() { _ = w.Stop() }()
-	recheck := time.NewTicker(s.recheck)
-	defer recheck.Stop()
-	seen := false
-	for {
-		var (
-			r   state.Run
-			err error
-		)
-		select {
-		case <-ctx.Done():
-			return state.Run{}, ctx.Err()
-		case <-recheck.C:
-			if r, _, err = s.Get(ctx, runID); err != nil {
-				continue // the watch may still answer; ctx bounds the wait
-			}
-		case e, ok := <-w.Updates():
-			if !ok {
-				return state.Run{}, fmt.Errorf("jetflow: watch run %s: closed", runID)
-			}
-			switch {
-			case e == nil && seen:
-				continue
-			case e == nil: // initial values delivered
-				// The record may have been replaced while the watch was set
-				// up (the bucket keeps one revision): ask before saying no.
-				r, _, err = s.Get(ctx, runID)
-				if errors.Is(err, ErrNotFound) {
-					return state.Run{}, err
-				}
-				if err != nil {
-					return state.Run{}, jetstream.Unavailable(err)
-				}
-			case e.Operation() != natsjs.KeyValuePut:
-				continue // the marker of an expired earlier run with this ID
-			default:
-				if r, err = state.DecodeRun(e.Value()); err != nil {
-					return state.Run{}, err
-				}
-			}
-			seen = true
-		}
-		if r.Status.Terminal() {
-			return r, nil
-		}
-	}
 }
 
 // Audit reads the duplicate audit of runID (empty if it has absorbed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,25 +200,29 @@ func TestAuditCountsDuplicates(t *testing.T) {
 	require.Equal(t, int64(3), au.Duplicates)
 }
 
-// silentWatch is a key watch that reports its initial values and then
-// nothing more, as a watch whose consumer was lost with a stream leader.
+// silentWatch is a watch that reports it has caught up and then nothing
+// more, as a watch whose consumer was lost with a stream leader.
 type silentWatch struct{ updates chan natsjs.KeyValueEntry }
 
 func (w silentWatch) Updates() <-chan natsjs.KeyValueEntry { return w.updates }
 func (w silentWatch) Stop() error                          { return nil }
 
-// A waiter whose watch falls silent still sees the run end, from its own
-// reads of the record, within a few recheck intervals.
+// A waiter whose shared watch falls silent still sees the run end: a check
+// finds a record stored and not delivered, and the replacement watch
+// resumes after the last record delivered.
 func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
 	t.Parallel()
 	s, _ := setup(t, jetstream.Topology{})
-	s.recheck = 50 * time.Millisecond
-	watching := make(chan struct{})
-	s.watchKey = func(context.Context, string) (natsjs.KeyWatcher, error) {
-		w := silentWatch{updates: make(chan natsjs.KeyValueEntry, 1)}
-		w.updates <- nil
-		close(watching)
-		return w, nil
+	s.waiters.check = 50 * time.Millisecond
+	real := s.waiters.watch
+	var watches atomic.Int32
+	s.waiters.watch = func(ctx context.Context, after uint64) (natsjs.KeyWatcher, error) {
+		if watches.Add(1) == 1 {
+			w := silentWatch{updates: make(chan natsjs.KeyValueEntry, 1)}
+			w.updates <- nil
+			return w, nil
+		}
+		return real(ctx, after)
 	}
 	_, err := s.Create(ctx(t), running("r-w", "a"))
 	require.NoError(t, err)
@@ -231,12 +236,12 @@ func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
 		r, err := s.Wait(ctx(t), "r-w")
 		done <- result{r, err}
 	}()
-	<-watching
 	select {
 	case r := <-done:
 		t.Fatalf("Wait returned before the run ended: %+v", r)
-	case <-time.After(5 * s.recheck): // several reads saw it running
+	case <-time.After(5 * s.waiters.check): // several checks saw nothing stored
 	}
+	require.Equal(t, int32(1), watches.Load(), "a quiet bucket is not a silent watch")
 	_, written, err := s.Finish(ctx(t), running("r-w", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
 	require.NoError(t, err)
 	require.True(t, written)
@@ -245,8 +250,65 @@ func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
 		require.NoError(t, r.err)
 		require.Equal(t, state.StatusCompleted, r.run.Status)
 	case <-ctx(t).Done():
-		t.Fatal("Wait did not see the run end through its reads")
+		t.Fatal("Wait did not see the run end after its watch fell silent")
 	}
+	require.GreaterOrEqual(t, watches.Load(), int32(2), "the silent watch was replaced")
+}
+
+// Waiting for many runs at once costs the server one consumer, as waiting
+// for one does; each wait gets its own run's final record, and the watch
+// stops once nobody waits.
+func TestWaitersShareOneConsumer(t *testing.T) {
+	t.Parallel()
+	s, a := setup(t, jetstream.Topology{})
+	s.waiters.check = 50 * time.Millisecond
+	const n = 300
+	for i := range n {
+		_, err := s.Create(ctx(t), running(fmt.Sprintf("r-%d", i), "a"))
+		require.NoError(t, err)
+	}
+	consumers := func() int {
+		t.Helper()
+		info, err := a.JS.Stream(ctx(t), "KV_"+s.Name())
+		require.NoError(t, err)
+		return info.CachedInfo().State.Consumers
+	}
+	require.Equal(t, 0, consumers())
+
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			id := fmt.Sprintf("r-%d", i)
+			r, err := s.Wait(ctx(t), id)
+			if err == nil && (r.RunID != id || r.Status != state.StatusCompleted) {
+				err = fmt.Errorf("wait for %s got %s %s", id, r.RunID, r.Status)
+			}
+			errs <- err
+		}()
+	}
+	// Every wait is registered, and the watch set up, before any run ends.
+	require.Eventually(t, func() bool {
+		s.waiters.mu.Lock()
+		defer s.waiters.mu.Unlock()
+		if s.waiters.count != n {
+			return false
+		}
+		select {
+		case <-s.waiters.cur.ready:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+	require.Equal(t, 1, consumers(), "%d waits, one consumer", n)
+	for i := range n {
+		_, _, err := s.Finish(ctx(t), running(fmt.Sprintf("r-%d", i), "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+		require.NoError(t, err)
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	require.Eventually(t, func() bool { return consumers() == 0 }, 10*time.Second, s.waiters.check, "the watch stops once nobody waits")
 }
 
 // indexed lists the run IDs of the run index's first page of status ("":
@@ -393,9 +455,29 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 	require.Empty(t, indexed(t, s, state.StatusRunning))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
 
+	// The admission's own write (indexNew) of a run already ended writes
+	// no running entry at all: the failed entry is there.
+	_, err = s.Index().PutNew(ctx(t), run)
+	require.ErrorIs(t, err, runindex.ErrEntryExists)
+	require.NoError(t, s.indexNew(ctx(t), run))
+	require.Empty(t, indexed(t, s, state.StatusRunning))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+
 	// A running entry that is the record's own stays.
 	live := running("live-1", "b")
 	_, err = s.Create(ctx(t), live)
 	require.NoError(t, err)
 	require.Equal(t, []string{"live-1"}, indexed(t, s, state.StatusRunning))
+
+	// An earlier run's entry that outlived its record does not keep the
+	// new run under its ID out of the index.
+	old := running("reused-1", "c")
+	oldSeq, err := s.Index().Put(ctx(t), old, jetstream.TTLNever) // no record: it expired
+	require.NoError(t, err)
+	reused := running("reused-1", "d")
+	_, err = s.Create(ctx(t), reused)
+	require.NoError(t, err)
+	msg, err := a.Index.GetLastMsgForSubject(ctx(t), "jetflow.runindex.e.running.w.r.e.u.s.e.d.-.1.~")
+	require.NoError(t, err)
+	require.Greater(t, msg.Sequence, oldSeq, "the new run's entry is written")
 }
