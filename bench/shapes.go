@@ -256,15 +256,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	}
 	p.writes = seqAfter - seqBefore
 	if tp != nil {
-		// The server has handled everything the worker and the client
-		// sent once their flushes return; the tap then sees all of it
-		// before its own marker.
-		for _, nc := range conns {
-			if err := nc.Flush(); err != nil {
-				return p, err
-			}
-		}
-		if p.ops, err = tp.snapshot(ctx); err != nil {
+		if p.ops, err = flushedOps(ctx, tp, conns...); err != nil {
 			return p, err
 		}
 	}
@@ -473,6 +465,9 @@ func classify(subject string) (kind, bucket string) {
 	}
 	if _, ok := cut("jetflow.task."); ok {
 		return opTask, ""
+	}
+	if _, ok := cut("bench.gated."); ok {
+		return opTask, "" // the gated program's tasks
 	}
 	if _, ok := cut("$JS.ACK."); ok {
 		return opAck, ""

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/testenv"
+)
+
+// testEnv is an env on a test server of its own; its connections are
+// closed when the test ends.
+func testEnv(t *testing.T) *env {
+	e := &env{srv: testenv.Server(t)}
+	t.Cleanup(func() {
+		for _, nc := range e.conns {
+			nc.Close()
+		}
+	})
+	return e
+}
+
+// TestGatedAndAPIPhasesRun: the gated program and jetflow's public API run
+// the end-to-end workload with every start call (duplicates included)
+// waiting for its run's result; the phases fail unless every run
+// completed with its output and the starts' outcomes are the plan's. The
+// tap counts each program's operations per run, and the report shows the
+// api / gated headline and the operations table.
+func TestGatedAndAPIPhasesRun(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cfg := config{
+		runs: 40, dupFrac: 0.25, starters: 4, concurrency: 8, repeat: 1, timeout: 2 * time.Minute,
+		phases: map[string]bool{"gated": true, "api": true},
+	}
+	res := &results{cfg: cfg}
+	e := testEnv(t)
+	for _, x := range []struct {
+		name string
+		list *[]*e2eStats
+		pass func(o e2eOpts) (*e2eStats, error)
+	}{
+		{"gated", &res.gateds, func(o e2eOpts) (*e2eStats, error) { return rawProgram(ctx, e, cfg, gatedDesign, o) }},
+		{"api", &res.apis, func(o e2eOpts) (*e2eStats, error) { return engineE2E(ctx, e, cfg, o) }},
+	} {
+		s, err := withOps(ctx, e, cfg, x.name, x.pass)
+		require.NoError(t, err)
+		require.EqualValues(t, 40, s.completed)
+		require.EqualValues(t, 10, s.duplicates)
+		require.Equal(t, 50, s.calls.n, "every start call is timed")
+		require.Positive(t, s.calls.p99)
+		// Three steps: at least three task deliveries acked and three
+		// step keys written per run, whatever the program.
+		require.GreaterOrEqual(t, s.ops[opAck], 3.0, "%v", s.ops)
+		require.GreaterOrEqual(t, s.ops[opWrite], 3.0, "%v", s.ops)
+		require.GreaterOrEqual(t, s.ops[opTask], 3.0, "%v", s.ops)
+		*x.list = append(*x.list, s)
+	}
+	// The gated program publishes exactly one task per step: a duplicate
+	// start publishes nothing, and no task is redelivered here.
+	require.Equal(t, 3.0, res.gateds[0].ops[opTask], "%v", res.gateds[0].ops)
+	// It reads each step key once before writing it, and a duplicate
+	// start reads its run's result key once (10 of 40 runs).
+	require.InDelta(t, 3.25, res.gateds[0].ops[opRead+" bench_gated_steps"], 1e-9, "%v", res.gateds[0].ops)
+
+	var out bytes.Buffer
+	printReport(&out, res)
+	printIssue16Report(&out, res)
+	for _, want := range []string{"api runs/s (start + wait for result)", "api start call p99", "api end to end p99", "gated program",
+		"per run (per step)", "task publish", "kv read jetflow_runs"} {
+		require.Contains(t, out.String(), want)
+	}
+}
+
+// TestLatencyWaitersBacklogPhasesRun: the latency phase measures both
+// programs' saturation and their start calls paced at half the gated
+// rate, duplicates of admitted runs included; the waiters phase's waits
+// all return their completed run and the consumer counts are read; the
+// backlog phase's worker process drains every run (each is checked).
+func TestLatencyWaitersBacklogPhasesRun(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cfg := config{
+		runs: 200, dupFrac: 0.25, starters: 4, concurrency: 8, repeat: 1, timeout: 2 * time.Minute,
+		waiters: 50, backlog: 200, waitWindow: 500 * time.Millisecond,
+		phases: map[string]bool{"latency": true, "waiters": true, "backlog": true},
+	}
+	require.NoError(t, run(ctx, cfg))
+
+	require.Len(t, latencyResults, 1)
+	l := latencyResults[0]
+	require.Positive(t, l.satGated)
+	require.Positive(t, l.satAPI)
+	require.InDelta(t, l.satGated/2, l.rate, 1e-9)
+	for _, s := range []*e2eStats{l.gated, l.api} {
+		require.EqualValues(t, 200, s.completed)
+		require.Equal(t, 250, s.calls.n)
+		require.Positive(t, s.calls.p50)
+		require.Positive(t, s.calls.dupN, "the lagged duplicates come after their run was admitted")
+		require.Positive(t, s.calls.dupP99)
+	}
+
+	require.Len(t, waiterResults, 1)
+	w := waiterResults[0]
+	require.Equal(t, 50, w.n)
+	require.GreaterOrEqual(t, w.one, w.base)
+	require.GreaterOrEqual(t, w.acctMany, w.many)
+	require.Positive(t, w.rate())
+
+	require.Len(t, backlogResults, 1)
+	b := backlogResults[0]
+	require.Equal(t, 200, b.n)
+	require.Positive(t, b.rate())
+	require.GreaterOrEqual(t, b.peakRSS, b.rss)
+	require.Positive(t, b.heap)
+
+	var out bytes.Buffer
+	printIssue16Report(&out, &results{cfg: cfg})
+	for _, want := range []string{"start call p99", "duplicate start of an admitted run p99", "consumers on KV_jetflow_runs",
+		"waits completed/s", "drain runs/s", "worker peak RSS"} {
+		require.Contains(t, out.String(), want)
+	}
+}
