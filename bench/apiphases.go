@@ -169,6 +169,9 @@ func printIssue16Report(out io.Writer, r *results) {
 			{"start call p99", dur(ap99), "gated (KV create + publish) " + dur(gp99), ratio(float64(ap99), float64(gp99)) + " (" + met(float64(ap99) <= latencyRatioTarget*float64(gp99)) + ": <= 1.5)"},
 			{"duplicate start of an admitted run p99", dur(adup), "gated (KV create: ErrKeyExists) " + dur(gdup), ratio(float64(adup), float64(gdup)) + " (" + met(adup > 0 && adup < dupP99Target) + ": jetflow < 3ms)"},
 		})
+		if rate, sat := pick(func(x latencyFigures) float64 { return x.rate }), pick(func(x latencyFigures) float64 { return x.satAPI }); sat > 0 && rate > sat {
+			fmt.Fprintln(out, "note: the pace is above jetflow's own saturation rate: its start calls queue behind the load.")
+		}
 		fmt.Fprintln(out)
 	}
 	printWaiterReport(out)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -71,19 +72,9 @@ func engineE2E(ctx context.Context, e *env, cfg config, o e2eOpts) (s *e2eStats,
 	if err != nil {
 		return s, err
 	}
-	ws := jetflow.NewRegistry()
-	if err := ws.Register(e2eWorkflow); err != nil {
-		return s, err
-	}
 	logs := &logCounter{}
-	worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-		Name: "bench-worker", Concurrency: cfg.concurrency,
-		Logger: zerolog.New(logs).Level(zerolog.InfoLevel),
-	})
+	worker, err := startWorker(ctx, wnc, cfg, o.label+"-worker", logs, zerolog.InfoLevel, e2eWorkflow)
 	if err != nil {
-		return s, err
-	}
-	if err := worker.Start(ctx); err != nil {
 		return s, err
 	}
 	workerStopped := false
@@ -247,6 +238,22 @@ func verifyE2E(ctx context.Context, assets *jetstream.Assets, s *e2eStats, w *wo
 		return fmt.Errorf("%d of %d runs verified in the bucket", verified, runs)
 	}
 	return checkStarts(s, runs, w.dups)
+}
+
+// startWorker starts an in-process jetflow.Worker named bench-<name> on
+// nc, serving wf with cfg.concurrency slots and logging at level to logs.
+func startWorker(ctx context.Context, nc *nats.Conn, cfg config, name string, logs *logCounter, level zerolog.Level, wf jetflow.Registrable) (*jetflow.Worker, error) {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(wf); err != nil {
+		return nil, err
+	}
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
+		Name: "bench-" + name, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(level),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w, w.Start(ctx)
 }
 
 // taskDrain reports whether the workflow's task messages are all gone from

@@ -23,6 +23,15 @@ func testEnv(t *testing.T) *env {
 	return e
 }
 
+// phaseTest marks t parallel and returns its context, bounded to the
+// phases' timeout.
+func phaseTest(t *testing.T) context.Context {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // TestGatedAndAPIPhasesRun: the gated program and jetflow's public API run
 // the end-to-end workload with every start call (duplicates included)
 // waiting for its run's result; the phases fail unless every run
@@ -30,9 +39,7 @@ func testEnv(t *testing.T) *env {
 // tap counts each program's operations per run, and the report shows the
 // api / gated headline and the operations table.
 func TestGatedAndAPIPhasesRun(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
+	ctx := phaseTest(t)
 	cfg := config{
 		runs: 40, dupFrac: 0.25, starters: 4, concurrency: 8, repeat: 1, timeout: 2 * time.Minute,
 		phases: map[string]bool{"gated": true, "api": true},
@@ -82,9 +89,7 @@ func TestGatedAndAPIPhasesRun(t *testing.T) {
 // all return their completed run and the consumer counts are read; the
 // backlog phase's worker process drains every run (each is checked).
 func TestLatencyWaitersBacklogPhasesRun(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
+	ctx := phaseTest(t)
 	cfg := config{
 		runs: 200, dupFrac: 0.25, starters: 4, concurrency: 8, repeat: 1, timeout: 2 * time.Minute,
 		waiters: 50, backlog: 200, waitWindow: 500 * time.Millisecond,

@@ -102,11 +102,14 @@ func printReport(out io.Writer, r *results) {
 	c := r.cfg
 	pub, kv, ad, dup := median(r.pubRates), median(r.kvRates), median(r.admitDistinct), median(r.admitDup)
 	kvRef := "raw KV create " + strconv.Itoa(c.kvG) + "g " + num(kv)
-	rows := []row{
-		{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
-		{"raw KV create/s, " + strconv.Itoa(c.kvG) + " goroutines", "-", num(kv), "-"},
-		{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
-		{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
+	var rows []row
+	if pub+kv+ad+dup > 0 {
+		rows = append(rows,
+			row{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
+			row{"raw KV create/s, " + strconv.Itoa(c.kvG) + " goroutines", "-", num(kv), "-"},
+			row{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
+			row{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
+		)
 	}
 	if a, g := medianStats(r.apis), medianStats(r.gateds); a != nil || g != nil {
 		rows = append(rows, headlineRows(a, g)...)

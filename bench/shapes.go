@@ -159,10 +159,6 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	if err != nil {
 		return p, err
 	}
-	ws := jetflow.NewRegistry()
-	if err := ws.Register(sh.wf); err != nil {
-		return p, err
-	}
 	logs := &logCounter{}
 	conns := []*nats.Conn{cnc}
 	var workers []*jetflow.Worker
@@ -193,13 +189,8 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 			return p, err
 		}
 		conns = append(conns, wnc)
-		worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-			Name: "bench-" + name, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(zerolog.WarnLevel),
-		})
+		worker, err := startWorker(ctx, wnc, cfg, name, logs, zerolog.WarnLevel, sh.wf)
 		if err != nil {
-			return p, err
-		}
-		if err := worker.Start(ctx); err != nil {
 			return p, err
 		}
 		workers = append(workers, worker)

@@ -124,18 +124,8 @@ func waitersPhase(ctx context.Context, e *env, cfg config, label string) (f wait
 	if err != nil {
 		return f, err
 	}
-	ws := jetflow.NewRegistry()
-	if err := ws.Register(blockWorkflow); err != nil {
-		return f, err
-	}
-	logs := &logCounter{}
-	worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-		Name: "bench-" + label, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(zerolog.WarnLevel),
-	})
+	worker, err := startWorker(ctx, wnc, cfg, label+"-worker", &logCounter{}, zerolog.WarnLevel, blockWorkflow)
 	if err != nil {
-		return f, err
-	}
-	if err := worker.Start(ctx); err != nil {
 		return f, err
 	}
 	defer func() {
