@@ -21,10 +21,48 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// lastStepRan, when set, is called by the last step of e2eWorkflow with the
-// run ID: a diagnostic of how long the run takes to be seen completed after
-// its last step body ran (finish + watch delivery).
-var lastStepRan func(runID string)
+// lastStepRan is called by the last step of e2eWorkflow with the run ID:
+// a diagnostic of how long the run takes to be seen completed after its
+// last step body ran (finish + watch delivery). Each e2e pass adds its
+// hook for its duration; passes may run at once (in tests).
+var lastStepRan hooks
+
+// hooks is a set of functions of a run ID, safe for concurrent use.
+type hooks struct {
+	mu   sync.Mutex
+	next int
+	fns  map[int]func(runID string)
+}
+
+// add adds f to the set until the returned function is called.
+func (h *hooks) add(f func(runID string)) (remove func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fns == nil {
+		h.fns = map[int]func(string){}
+	}
+	id := h.next
+	h.next++
+	h.fns[id] = f
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.fns, id)
+	}
+}
+
+// call calls every function of the set with runID.
+func (h *hooks) call(runID string) {
+	h.mu.Lock()
+	fns := make([]func(string), 0, len(h.fns))
+	for _, f := range h.fns {
+		fns = append(fns, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fns {
+		f(runID)
+	}
+}
 
 // e2eWorkflow is three trivial steps; the output (1+2+3) is checked.
 var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in int) (int, error) {
@@ -32,8 +70,8 @@ var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in
 	for i, name := range []string{"a", "b", "c"} {
 		bodyStepCalls.Add(1)
 		v, err := jetflow.Step(ctx, name, func(context.Context) (int, error) {
-			if f := lastStepRan; f != nil && i == 2 {
-				f(ctx.RunID())
+			if i == 2 {
+				lastStepRan.call(ctx.RunID())
 			}
 			return i + 1, nil
 		})
@@ -97,12 +135,11 @@ func engineE2E(ctx context.Context, e *env, cfg config, o e2eOpts) (s *e2eStats,
 	t := newTracker(o.runs)
 	calls := newCallTimes(o.runs)
 	lastRan := make([]atomic.Int64, o.runs)
-	lastStepRan = func(runID string) {
+	defer lastStepRan.add(func(runID string) {
 		if i, ok := w.index[runID]; ok {
 			lastRan[i].CompareAndSwap(0, time.Now().UnixNano())
 		}
-	}
-	defer func() { lastStepRan = nil }()
+	})()
 
 	// Without waits for results, one watcher for every run: a run is
 	// done when its record turns terminal.

@@ -95,10 +95,13 @@ func TestLatencyWaitersBacklogPhasesRun(t *testing.T) {
 		waiters: 50, backlog: 200, waitWindow: 500 * time.Millisecond,
 		phases: map[string]bool{"latency": true, "waiters": true, "backlog": true},
 	}
+	// Only this test appends to these results; with -count they grow
+	// by one each time.
+	nl, nw, nb := len(latencyResults), len(waiterResults), len(backlogResults)
 	require.NoError(t, run(ctx, cfg))
 
-	require.Len(t, latencyResults, 1)
-	l := latencyResults[0]
+	require.Len(t, latencyResults, nl+1)
+	l := latencyResults[nl]
 	require.Positive(t, l.satGated)
 	require.Positive(t, l.satAPI)
 	require.InDelta(t, l.satGated/2, l.rate, 1e-9)
@@ -110,15 +113,15 @@ func TestLatencyWaitersBacklogPhasesRun(t *testing.T) {
 		require.Positive(t, s.calls.dupP99)
 	}
 
-	require.Len(t, waiterResults, 1)
-	w := waiterResults[0]
+	require.Len(t, waiterResults, nw+1)
+	w := waiterResults[nw]
 	require.Equal(t, 50, w.n)
 	require.GreaterOrEqual(t, w.one, w.base)
 	require.GreaterOrEqual(t, w.acctMany, w.many)
 	require.Positive(t, w.rate())
 
-	require.Len(t, backlogResults, 1)
-	b := backlogResults[0]
+	require.Len(t, backlogResults, nb+1)
+	b := backlogResults[nb]
 	require.Equal(t, 200, b.n)
 	require.Positive(t, b.rate())
 	require.GreaterOrEqual(t, b.peakRSS, b.rss)

@@ -115,7 +115,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.wakeups, "wakeups", 10000, "wakeups phase: runs that sleep until one common due time")
 	fs.DurationVar(&c.wakeLead, "wake-lead", 0, "wakeups phase: the due time is this long after the first start (0: 5s + 2ms a run)")
 	fs.IntVar(&c.events, "events", 10000, "events phase: runs waiting for an event (--dup-frac of the events are sent twice)")
-	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
+	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps; waiters phase: how long a consumer count must stay unchanged to be read")
 	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
 	fs.DurationVar(&c.workerStuckAfter, "worker-stuck-after", 0, "sleepers, wakeups, events: the worker process's StuckAfter (0: the default, 5m); the sweeper checks every waiting run once per StuckAfter")
 	fs.IntVar(&c.indexRuns, "index-runs", 200000, "index phase: kept runs written through the run store (and its index)")

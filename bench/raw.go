@@ -219,7 +219,17 @@ func rawProgram(ctx context.Context, e *env, cfg config, d rawDesign, o e2eOpts)
 		}
 		defer func() { _ = watcher.Stop() }()
 		go func() {
-			for ent := range watcher.Updates() {
+			for {
+				var ent natsjs.KeyValueEntry
+				select {
+				case got, ok := <-watcher.Updates():
+					if !ok {
+						return
+					}
+					ent = got
+				case <-wctx.Done():
+					return
+				}
 				if ent == nil || ent.Operation() != natsjs.KeyValuePut {
 					continue
 				}
