@@ -103,6 +103,9 @@ func printReport(out io.Writer, r *results) {
 	pub, kv, ad, dup := median(r.pubRates), median(r.kvRates), median(r.admitDistinct), median(r.admitDup)
 	kvRef := "raw KV create " + strconv.Itoa(c.kvG) + "g " + num(kv)
 	var rows []row
+	if a, g := medianStats(r.apis), medianStats(r.gateds); a != nil || g != nil {
+		rows = append(rows, headlineRows(a, g)...) // issue 16's headline: first
+	}
 	if pub+kv+ad+dup > 0 {
 		rows = append(rows,
 			row{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
@@ -110,9 +113,6 @@ func printReport(out io.Writer, r *results) {
 			row{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
 			row{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
 		)
-	}
-	if a, g := medianStats(r.apis), medianStats(r.gateds); a != nil || g != nil {
-		rows = append(rows, headlineRows(a, g)...)
 	}
 	e, m := medianStats(r.engines), medianStats(r.minis)
 	if e == nil {
