@@ -218,28 +218,16 @@ func rawProgram(ctx context.Context, e *env, cfg config, d rawDesign, o e2eOpts)
 			return s, fmt.Errorf("watch results: %w", err)
 		}
 		defer func() { _ = watcher.Stop() }()
-		go func() {
-			for {
-				var ent natsjs.KeyValueEntry
-				select {
-				case got, ok := <-watcher.Updates():
-					if !ok {
-						return
-					}
-					ent = got
-				case <-wctx.Done():
-					return
-				}
-				if ent == nil || ent.Operation() != natsjs.KeyValuePut {
-					continue
-				}
-				id := strings.TrimSuffix(ent.Key(), ".s"+strconv.Itoa(stepsPerRun))
-				if i, ok := w.index[id]; ok {
-					t.finished(i, true)
-				}
-				results.fire(id)
+		go forEachUpdate(wctx, watcher, func(ent natsjs.KeyValueEntry) {
+			if ent.Operation() != natsjs.KeyValuePut {
+				return
 			}
-		}()
+			id := strings.TrimSuffix(ent.Key(), ".s"+strconv.Itoa(stepsPerRun))
+			if i, ok := w.index[id]; ok {
+				t.finished(i, true)
+			}
+			results.fire(id)
+		})
 	}
 
 	// Worker pool: the consume callback hands each message to one of

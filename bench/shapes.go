@@ -269,30 +269,36 @@ func watchCompletions(ctx context.Context, assets *jetstream.Assets, index map[s
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for {
-			var ent natsjs.KeyValueEntry
-			select {
-			case got, ok := <-watcher.Updates():
-				if !ok {
-					return
-				}
-				ent = got
-			case <-wctx.Done():
-				return
-			}
-			if ent == nil {
-				continue
-			}
+		forEachUpdate(wctx, watcher, func(ent natsjs.KeyValueEntry) {
 			i, known := index[ent.Key()]
 			if !known {
-				continue
+				return
 			}
 			if r, err := state.DecodeRun(ent.Value()); err == nil && r.Status.Terminal() {
 				t.finished(i, ok(r))
 			}
-		}
+		})
 	})
 	return func() { cancel(); _ = watcher.Stop(); wg.Wait() }, nil
+}
+
+// forEachUpdate calls fn with each entry watcher delivers (not the nil
+// that marks the end of the initial values) until the watcher closes or
+// ctx ends.
+func forEachUpdate(ctx context.Context, watcher natsjs.KeyWatcher, fn func(natsjs.KeyValueEntry)) {
+	for {
+		select {
+		case ent, ok := <-watcher.Updates():
+			if !ok {
+				return
+			}
+			if ent != nil {
+				fn(ent)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // verifyRuns reads every run record back: each must be completed with
