@@ -134,3 +134,42 @@ func TestLatencyWaitersBacklogPhasesRun(t *testing.T) {
 		require.Contains(t, out.String(), want)
 	}
 }
+
+// TestCallTimesDuplicateOfAdmittedRun: a duplicate start counts as the
+// answer to a start of an admitted run only when the run's creating start
+// had returned before it began; every call counts in the start latency.
+func TestCallTimesDuplicateOfAdmittedRun(t *testing.T) {
+	t.Parallel()
+	c := newCallTimes(2)
+	early := c.begin(0) // a duplicate racing the creating start
+	created := c.begin(0)
+	c.end(0, created, true)
+	c.end(0, early, false)
+	late := c.begin(0) // after the run was admitted
+	c.end(0, late, false)
+	c.end(1, c.begin(1), false) // run 1 never created here
+	s := c.summary()
+	require.Equal(t, 4, s.n)
+	require.Equal(t, 1, s.dupN)
+	require.Positive(t, s.dupP99)
+}
+
+// TestResultWaitersFireEveryWaitOfARun: one result ends every wait
+// registered for its run, and no other run's.
+func TestResultWaitersFireEveryWaitOfARun(t *testing.T) {
+	t.Parallel()
+	r := newResultWaiters()
+	a1, a2, b := r.add("a"), r.add("a"), r.add("b")
+	r.fire("a")
+	require.NoError(t, awaitResult(t.Context(), a1, time.Minute))
+	require.NoError(t, awaitResult(t.Context(), a2, time.Minute))
+	select {
+	case <-b:
+		t.Fatal("run b's wait ended by run a's result")
+	default:
+	}
+	r.fire("a") // a result seen again: nothing left to end
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.ErrorIs(t, awaitResult(ctx, b, time.Minute), context.Canceled)
+}
