@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -20,10 +21,48 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// lastStepRan, when set, is called by the last step of e2eWorkflow with the
-// run ID: a diagnostic of how long the run takes to be seen completed after
-// its last step body ran (finish + watch delivery).
-var lastStepRan func(runID string)
+// lastStepRan is called by the last step of e2eWorkflow with the run ID:
+// a diagnostic of how long the run takes to be seen completed after its
+// last step body ran (finish + watch delivery). Each e2e pass adds its
+// hook for its duration; passes may run at once (in tests).
+var lastStepRan hooks
+
+// hooks is a set of functions of a run ID, safe for concurrent use.
+type hooks struct {
+	mu   sync.Mutex
+	next int
+	fns  map[int]func(runID string)
+}
+
+// add adds f to the set until the returned function is called.
+func (h *hooks) add(f func(runID string)) (remove func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fns == nil {
+		h.fns = map[int]func(string){}
+	}
+	id := h.next
+	h.next++
+	h.fns[id] = f
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.fns, id)
+	}
+}
+
+// call calls every function of the set with runID.
+func (h *hooks) call(runID string) {
+	h.mu.Lock()
+	fns := make([]func(string), 0, len(h.fns))
+	for _, f := range h.fns {
+		fns = append(fns, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fns {
+		f(runID)
+	}
+}
 
 // e2eWorkflow is three trivial steps; the output (1+2+3) is checked.
 var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in int) (int, error) {
@@ -31,8 +70,8 @@ var e2eWorkflow = jetflow.NewWorkflow("bench_e2e", func(ctx *jetflow.Context, in
 	for i, name := range []string{"a", "b", "c"} {
 		bodyStepCalls.Add(1)
 		v, err := jetflow.Step(ctx, name, func(context.Context) (int, error) {
-			if f := lastStepRan; f != nil && i == 2 {
-				f(ctx.RunID())
+			if i == 2 {
+				lastStepRan.call(ctx.RunID())
 			}
 			return i + 1, nil
 		})
@@ -50,18 +89,20 @@ const e2eOutput = "6" // input 0 + 1 + 2 + 3
 var admitWorkflow = jetflow.NewWorkflow("bench_admit", func(_ *jetflow.Context, in int) (int, error) { return in, nil })
 
 // engineE2E runs the end-to-end workload through jetflow.Start and a
-// jetflow.Worker, and observes completions with one watcher on the runs
-// bucket.
-func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, err error) {
-	wnc, err := e.conn("e2e-worker")
+// jetflow.Worker. With o.waitResults every start call (duplicates
+// included) then waits for its run's result with Handle.Result and checks
+// the output; otherwise completions are observed with one watcher on the
+// runs bucket.
+func engineE2E(ctx context.Context, e *env, cfg config, o e2eOpts) (s *e2eStats, err error) {
+	wnc, err := e.conn(o.label + "-worker")
 	if err != nil {
 		return s, err
 	}
-	cnc, err := e.conn("e2e-client")
+	cnc, err := e.conn(o.label + "-client")
 	if err != nil {
 		return s, err
 	}
-	onc, err := e.conn("e2e-observer")
+	onc, err := e.conn(o.label + "-observer")
 	if err != nil {
 		return s, err
 	}
@@ -69,19 +110,9 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 	if err != nil {
 		return s, err
 	}
-	ws := jetflow.NewRegistry()
-	if err := ws.Register(e2eWorkflow); err != nil {
-		return s, err
-	}
 	logs := &logCounter{}
-	worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-		Name: "bench-worker", Concurrency: cfg.concurrency,
-		Logger: zerolog.New(logs).Level(zerolog.InfoLevel),
-	})
+	worker, err := startWorker(ctx, wnc, cfg, o.label+"-worker", logs, zerolog.InfoLevel, e2eWorkflow)
 	if err != nil {
-		return s, err
-	}
-	if err := worker.Start(ctx); err != nil {
 		return s, err
 	}
 	workerStopped := false
@@ -100,49 +131,27 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 		return s, err
 	}
 
-	w := newWorkload("e2e-"+strconv.Itoa(rep), cfg.runs, cfg.dupFrac, cfg.starters)
-	t := newTracker(cfg.runs)
-	lastRan := make([]atomic.Int64, cfg.runs)
-	lastStepRan = func(runID string) {
+	w := newWorkload(o.label, o.runs, cfg.dupFrac, cfg.starters)
+	t := newTracker(o.runs)
+	calls := newCallTimes(o.runs)
+	lastRan := make([]atomic.Int64, o.runs)
+	defer lastStepRan.add(func(runID string) {
 		if i, ok := w.index[runID]; ok {
 			lastRan[i].CompareAndSwap(0, time.Now().UnixNano())
 		}
-	}
-	defer func() { lastStepRan = nil }()
+	})()
 
-	// One watcher for every run: a run is done when its record turns
-	// terminal.
+	// Without waits for results, one watcher for every run: a run is
+	// done when its record turns terminal.
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	watcher, err := assets.Runs.Raw().WatchAll(wctx, natsjs.UpdatesOnly())
-	if err != nil {
-		return s, fmt.Errorf("watch runs: %w", err)
-	}
-	defer func() { _ = watcher.Stop() }()
-	var foreign, undecodable atomic.Int64
-	go func() {
-		for ent := range watcher.Updates() {
-			if ent == nil {
-				continue
-			}
-			i, ok := w.index[ent.Key()]
-			if !ok {
-				foreign.Add(1)
-				continue
-			}
-			r, err := state.DecodeRun(ent.Value())
-			if err != nil {
-				undecodable.Add(1)
-				continue
-			}
-			switch {
-			case r.Status == state.StatusCompleted:
-				t.finished(i, true)
-			case r.Status.Terminal():
-				t.finished(i, false)
-			}
+	if !o.waitResults {
+		stop, err := watchCompletions(wctx, assets, w.index, t, func(r state.Run) bool { return r.Status == state.StatusCompleted })
+		if err != nil {
+			return s, err
 		}
-	}()
+		defer stop()
+	}
 
 	streams := []string{jetstream.TasksStream, "KV_" + jetstream.RunsBucket, "KV_" + jetstream.StepsBucket, "KV_" + jetstream.AuditBucket}
 	seqBefore, err := lastSeqs(ctx, assets.JS, streams...)
@@ -150,18 +159,36 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 		return s, err
 	}
 	before := connStats(wnc, cnc)
+	if o.tap != nil {
+		o.tap.reset()
+	}
 
-	var created, dups atomic.Int64
-	err = runStarters(ctx, w, t, cfg.starters, cfg.startRate, func(ctx context.Context, run int) error {
+	var created, dups, wrongResults atomic.Int64
+	err = runStarters(ctx, w, t, cfg.starters, o.rate, func(ctx context.Context, run int) error {
+		t0 := calls.begin(run)
 		h, err := jetflow.Start(ctx, client, e2eWorkflow, 0, jetflow.WithRunID(w.ids[run]))
 		if err != nil {
 			return err
 		}
+		calls.end(run, t0, h.Outcome == jetflow.OutcomeCreated)
 		if h.Outcome == jetflow.OutcomeCreated {
 			created.Add(1)
 		} else {
 			dups.Add(1)
 		}
+		if !o.waitResults {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+		defer cancel()
+		out, err := h.Result(rctx)
+		if err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
+		if strconv.Itoa(out) != e2eOutput {
+			wrongResults.Add(1)
+		}
+		t.finished(run, strconv.Itoa(out) == e2eOutput)
 		return nil
 	})
 	if err != nil {
@@ -170,36 +197,53 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 	waitErr := t.wait(ctx, cfg.timeout)
 	s = t.summarize(stepsPerRun)
 	s.tracker = t
+	s.calls = calls.summary()
 	s.created, s.duplicates = created.Load(), dups.Load()
 	after := connStats(wnc, cnc)
-	s.msgsPerRun = float64(after-before) / float64(cfg.runs)
+	s.msgsPerRun = float64(after-before) / float64(o.runs)
 	if seqAfter, err := lastSeqs(ctx, assets.JS, streams...); err == nil {
-		s.writesPerRun = float64(seqAfter-seqBefore) / float64(cfg.runs)
+		s.writesPerRun = float64(seqAfter-seqBefore) / float64(o.runs)
 	}
 	defer func() { s.extra = append(s.extra, logs.summary()...) }()
 	if waitErr != nil {
 		return s, waitErr
 	}
+	if n := wrongResults.Load(); n > 0 {
+		return s, fmt.Errorf("%d results were not %s", n, e2eOutput)
+	}
+	if o.tap != nil {
+		if s.ops, err = flushedOps(ctx, o.tap, wnc, cnc); err != nil {
+			return s, err
+		}
+	}
 	var lag []time.Duration
-	for i := range cfg.runs {
+	for i := range o.runs {
 		if a, b := lastRan[i].Load(), t.done[i].Load(); a != 0 && b != 0 {
 			lag = append(lag, time.Duration(b-a))
 		}
 	}
 	if len(lag) > 0 {
 		slices.Sort(lag)
-		s.extra = append(s.extra, fmt.Sprintf("jetflow last step body ran -> run seen completed by the watcher: p50 %s, p99 %s, max %s",
+		s.extra = append(s.extra, fmt.Sprintf("jetflow last step body ran -> run seen completed by the %s: p50 %s, p99 %s, max %s",
+			map[bool]string{false: "watcher", true: "waiting start call"}[o.waitResults],
 			dur(lag[len(lag)/2]), dur(lag[min(len(lag)-1, len(lag)*99/100)]), dur(lag[len(lag)-1])))
 	}
 	if err := stopWorker(); err != nil {
 		return s, fmt.Errorf("stop worker: %w", err)
 	}
 	stopWatch()
+	return s, verifyE2E(ctx, assets, s, w)
+}
 
+// verifyE2E reads every run record of w back (each must be completed with
+// the e2e output), reports the task stream's drain, and fails the pass
+// unless every run completed and the starts' outcomes are the plan's.
+func verifyE2E(ctx context.Context, assets *jetstream.Assets, s *e2eStats, w *workload) error {
+	runs := len(w.ids)
 	// Verify from the bucket, not only from the watch: every run ID has a
 	// completed record with the expected output.
 	var missing, notCompleted, wrongOutput atomic.Int64
-	_, err = parallel(ctx, cfg.runs, 16, func(ctx context.Context, i int) error {
+	_, err := parallel(ctx, runs, 16, func(ctx context.Context, i int) error {
 		v, _, err := assets.Runs.Get(ctx, w.ids[i])
 		if errors.Is(err, jetstream.ErrNotFound) {
 			missing.Add(1)
@@ -221,24 +265,32 @@ func engineE2E(ctx context.Context, e *env, cfg config, rep int) (s *e2eStats, e
 		return nil
 	})
 	if err != nil {
-		return s, fmt.Errorf("verify: %w", err)
+		return fmt.Errorf("verify: %w", err)
 	}
-	verified := int64(cfg.runs) - missing.Load() - notCompleted.Load() - wrongOutput.Load()
+	verified := int64(runs) - missing.Load() - notCompleted.Load() - wrongOutput.Load()
 	s.extra = append(s.extra, fmt.Sprintf("jetflow verify: %d/%d run records completed with output %s (missing %d, not completed %d, wrong output %d)",
-		verified, cfg.runs, e2eOutput, missing.Load(), notCompleted.Load(), wrongOutput.Load()))
-	if n := foreign.Load() + undecodable.Load(); n > 0 {
-		s.extra = append(s.extra, fmt.Sprintf("jetflow watcher: %d foreign and %d undecodable updates", foreign.Load(), undecodable.Load()))
-	}
+		verified, runs, e2eOutput, missing.Load(), notCompleted.Load(), wrongOutput.Load()))
 	s.extra = append(s.extra, taskDrain(ctx, assets))
-	switch {
-	case s.failed > 0:
-		return s, fmt.Errorf("%d runs failed", s.failed)
-	case s.completed != int64(cfg.runs) || verified != int64(cfg.runs):
-		return s, fmt.Errorf("%d of %d runs completed (watch), %d verified in the bucket", s.completed, cfg.runs, verified)
-	case s.created != int64(cfg.runs) || s.duplicates != int64(w.dups):
-		return s, fmt.Errorf("%d starts created a run (want %d), %d were duplicates (want %d)", s.created, cfg.runs, s.duplicates, w.dups)
+	if verified != int64(runs) {
+		return fmt.Errorf("%d of %d runs verified in the bucket", verified, runs)
 	}
-	return s, nil
+	return checkStarts(s, runs, w.dups)
+}
+
+// startWorker starts an in-process jetflow.Worker named bench-<name> on
+// nc, serving wf with cfg.concurrency slots and logging at level to logs.
+func startWorker(ctx context.Context, nc *nats.Conn, cfg config, name string, logs *logCounter, level zerolog.Level, wf jetflow.Registrable) (*jetflow.Worker, error) {
+	ws := jetflow.NewRegistry()
+	if err := ws.Register(wf); err != nil {
+		return nil, err
+	}
+	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
+		Name: "bench-" + name, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(level),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w, w.Start(ctx)
 }
 
 // taskDrain reports whether the workflow's task messages are all gone from

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -65,13 +66,18 @@ type config struct {
 	indexRuns       int
 	indexGoroutines int
 	indexSamples    int
+	// waiters: the waiters phase's runs, each waited for at once with
+	// Client.WaitRun; backlog: the runs the backlog phase starts before
+	// its worker process drains them.
+	waiters int
+	backlog int
 }
 
 // defaultPhases run unless --phases names others; allPhases adds the run
 // shapes, which take longer and are asked for by name.
 var (
-	defaultPhases = []string{"publish", "kv", "mini", "e2e", "admit", "taskkey", "http"}
-	allPhases     = append(slices.Clone(defaultPhases), "fanout", "deep", "sleepers", "wakeups", "events", "index")
+	defaultPhases = []string{"publish", "kv", "mini", "e2e", "gated", "api", "admit", "taskkey", "http"}
+	allPhases     = append(slices.Clone(defaultPhases), "latency", "waiters", "backlog", "fanout", "deep", "sleepers", "wakeups", "events", "index")
 )
 
 // parseFlags parses the command line's arguments (without the program
@@ -109,12 +115,14 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.wakeups, "wakeups", 10000, "wakeups phase: runs that sleep until one common due time")
 	fs.DurationVar(&c.wakeLead, "wake-lead", 0, "wakeups phase: the due time is this long after the first start (0: 5s + 2ms a run)")
 	fs.IntVar(&c.events, "events", 10000, "events phase: runs waiting for an event (--dup-frac of the events are sent twice)")
-	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps")
+	fs.DurationVar(&c.waitWindow, "wait-window", 5*time.Second, "sleepers phase: how long the worker process is measured idle, and again while every run sleeps; waiters phase: how long a consumer count must stay unchanged to be read")
 	fs.StringVar(&c.workerHeapProfile, "worker-heap-profile", "", "sleepers phase: the worker process writes its heap profile to this file while every run sleeps")
 	fs.DurationVar(&c.workerStuckAfter, "worker-stuck-after", 0, "sleepers, wakeups, events: the worker process's StuckAfter (0: the default, 5m); the sweeper checks every waiting run once per StuckAfter")
 	fs.IntVar(&c.indexRuns, "index-runs", 200000, "index phase: kept runs written through the run store (and its index)")
 	fs.IntVar(&c.indexGoroutines, "index-goroutines", 64, "index phase: goroutines writing the runs")
 	fs.IntVar(&c.indexSamples, "index-samples", 50, "index phase: times each page and count is measured (p50/p99)")
+	fs.IntVar(&c.waiters, "waiters", 10000, "waiters phase: runs waited for at once with Client.WaitRun (each blocked in its first step until released)")
+	fs.IntVar(&c.backlog, "backlog", 100000, "backlog phase: runs started with no worker, then drained by one worker process")
 	fs.StringVar(&phases, "phases", strings.Join(defaultPhases, ","), "phases to run, comma separated: "+strings.Join(allPhases, ","))
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -123,7 +131,7 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if c.quick {
-		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns, &c.sleepers, &c.wakeups, &c.events, &c.indexRuns} {
+		for _, p := range []*int{&c.runs, &c.pubN, &c.kvN, &c.admitN, &c.fanoutRuns, &c.deepRuns, &c.sleepers, &c.wakeups, &c.events, &c.indexRuns, &c.waiters, &c.backlog} {
 			*p = max(1, *p/10)
 		}
 	}
@@ -145,7 +153,8 @@ func parseFlags(args []string) (config, error) {
 	switch {
 	case c.runs < 1 || c.starters < 1 || c.concurrency < 1 || c.pubN < 1 || c.kvN < 1 || c.kvG < 1 || c.admitN < 1 || c.admitG < 1 || c.repeat < 1 ||
 		c.fanoutRuns < 1 || c.fanoutWidth < 1 || c.deepRuns < 1 || c.deepSteps < 2 || c.shapeWorkers < 1 ||
-		c.sleepers < 1 || c.wakeups < 1 || c.events < 1 || c.indexRuns < 1 || c.indexGoroutines < 1 || c.indexSamples < 1:
+		c.sleepers < 1 || c.wakeups < 1 || c.events < 1 || c.indexRuns < 1 || c.indexGoroutines < 1 || c.indexSamples < 1 ||
+		c.waiters < 1 || c.backlog < 1:
 		return c, errors.New("counts must be at least 1")
 	case c.sleep < time.Second || c.waitWindow <= 0 || c.wakeLead < 0:
 		return c, errors.New("--sleep must be at least 1s, --wait-window positive, --wake-lead not negative")
@@ -280,21 +289,49 @@ func run(ctx context.Context, cfg config) error {
 			}
 			return num(r) + " creates/s", err
 		})
-		step("mini", rep, func() (string, error) {
-			s, err := rawMinimal(ctx, e, cfg, rep)
-			if s != nil {
-				res.minis = append(res.minis, s)
+		e2eStep := func(name string, list *[]*e2eStats, measure func() (*e2eStats, error)) {
+			step(name, rep, func() (string, error) {
+				s, err := measure()
+				if s == nil {
+					return "", err
+				}
+				*list = append(*list, s)
 				return num(s.runsPerSec()) + " runs/s", err
-			}
-			return "", err
+			})
+		}
+		label := func(name string) string { return name + "-" + strconv.Itoa(rep) }
+		e2eStep("mini", &res.minis, func() (*e2eStats, error) {
+			return rawProgram(ctx, e, cfg, miniDesign, passOpts(label("mini"), cfg, false))
 		})
-		step("e2e", rep, func() (string, error) {
-			s, err := engineE2E(ctx, e, cfg, rep)
-			if s != nil {
-				res.engines = append(res.engines, s)
-				return num(s.runsPerSec()) + " runs/s", err
+		e2eStep("e2e", &res.engines, func() (*e2eStats, error) {
+			return engineE2E(ctx, e, cfg, passOpts(label("e2e"), cfg, false))
+		})
+		e2eStep("gated", &res.gateds, func() (*e2eStats, error) {
+			return withOps(ctx, e, cfg, label("gated"), func(o e2eOpts) (*e2eStats, error) { return rawProgram(ctx, e, cfg, gatedDesign, o) })
+		})
+		e2eStep("api", &res.apis, func() (*e2eStats, error) {
+			return withOps(ctx, e, cfg, label("api"), func(o e2eOpts) (*e2eStats, error) { return engineE2E(ctx, e, cfg, o) })
+		})
+		step("latency", rep, func() (string, error) {
+			f, err := latencyPhase(ctx, e, cfg, label("lat"))
+			if err == nil {
+				latencyResults = append(latencyResults, f)
 			}
-			return "", err
+			return "start p99 " + dur(f.api.calls.p99) + " jetflow, " + dur(f.gated.calls.p99) + " gated at " + num(f.rate) + " calls/s", err
+		})
+		step("waiters", rep, func() (string, error) {
+			f, err := waitersPhase(ctx, e, cfg, label("wait"))
+			if err == nil {
+				waiterResults = append(waiterResults, f)
+			}
+			return fmt.Sprintf("consumers %d for 1 wait, %d for %s waits; %s waits completed/s", f.one, f.many, num(float64(f.n)), num(f.rate())), err
+		})
+		step("backlog", rep, func() (string, error) {
+			f, err := backlogPhase(ctx, e, cfg, label("backlog"))
+			if err == nil {
+				backlogResults = append(backlogResults, f)
+			}
+			return num(f.rate()) + " runs drained/s, worker peak RSS " + mib(float64(f.peakRSS)), err
 		})
 		step("admit", rep, func() (string, error) {
 			d, dup, err := engineAdmission(ctx, e, cfg, rep)
@@ -367,6 +404,7 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Println()
 
 	printReport(os.Stdout, res)
+	printIssue16Report(os.Stdout, res)
 	printTaskKeyReport(os.Stdout, res)
 	printHTTPReport(os.Stdout, res)
 	printShapeReports(os.Stdout, res)

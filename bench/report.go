@@ -23,6 +23,8 @@ type results struct {
 	admitDup      []float64 // jetflow.Start, duplicate starts/s
 	minis         []*e2eStats
 	engines       []*e2eStats
+	gateds        []*e2eStats // the gated program, each start waiting for its result
+	apis          []*e2eStats // jetflow through the public API, each start waiting for its result
 }
 
 // median of xs; 0 when empty.
@@ -68,6 +70,12 @@ func medianStats(list []*e2eStats) *e2eStats {
 	m.max = d(func(s *e2eStats) time.Duration { return s.max })
 	m.msgsPerRun = pick(func(s *e2eStats) float64 { return s.msgsPerRun })
 	m.writesPerRun = pick(func(s *e2eStats) float64 { return s.writesPerRun })
+	m.calls = callSummary{
+		n: list[0].calls.n, dupN: list[0].calls.dupN,
+		p50: d(func(s *e2eStats) time.Duration { return s.calls.p50 }), p99: d(func(s *e2eStats) time.Duration { return s.calls.p99 }),
+		dupP50: d(func(s *e2eStats) time.Duration { return s.calls.dupP50 }), dupP99: d(func(s *e2eStats) time.Duration { return s.calls.dupP99 }),
+	}
+	m.ops = medianOps(list)
 	return m
 }
 
@@ -94,11 +102,17 @@ func printReport(out io.Writer, r *results) {
 	c := r.cfg
 	pub, kv, ad, dup := median(r.pubRates), median(r.kvRates), median(r.admitDistinct), median(r.admitDup)
 	kvRef := "raw KV create " + strconv.Itoa(c.kvG) + "g " + num(kv)
-	rows := []row{
-		{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
-		{"raw KV create/s, " + strconv.Itoa(c.kvG) + " goroutines", "-", num(kv), "-"},
-		{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
-		{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
+	var rows []row
+	if a, g := medianStats(r.apis), medianStats(r.gateds); a != nil || g != nil {
+		rows = append(rows, headlineRows(a, g)...) // issue 16's headline: first
+	}
+	if pub+kv+ad+dup > 0 {
+		rows = append(rows,
+			row{"raw async publish msgs/s (Nats-Msg-Id)", "-", num(pub), "-"},
+			row{"raw KV create/s, " + strconv.Itoa(c.kvG) + " goroutines", "-", num(kv), "-"},
+			row{"admission distinct starts/s", num(ad), kvRef, ratio(ad, kv)},
+			row{"admission duplicate starts/s (fingerprint + audit)", num(dup), kvRef, ratio(dup, kv)},
+		)
 	}
 	e, m := medianStats(r.engines), medianStats(r.minis)
 	if e == nil {
@@ -107,16 +121,9 @@ func printReport(out io.Writer, r *results) {
 	if m == nil {
 		m = &e2eStats{}
 	}
-	rows = append(rows,
-		row{"e2e runs/s", rate(e, e.runsPerSec), "minimal program " + rate(m, m.runsPerSec), ratioFn(e, m, (*e2eStats).runsPerSec)},
-		row{"e2e steps/s", rate(e, e.stepsPerSec), "minimal program " + rate(m, m.stepsPerSec), ratioFn(e, m, (*e2eStats).stepsPerSec)},
-		row{"e2e latency p50 (first start->done)", dur(e.p50), "minimal program " + dur(m.p50), ratio(float64(e.p50), float64(m.p50))},
-		row{"e2e latency p99", dur(e.p99), "minimal program " + dur(m.p99), ratio(float64(e.p99), float64(m.p99))},
-		row{"e2e latency max", dur(e.max), "minimal program " + dur(m.max), ratio(float64(e.max), float64(m.max))},
-		row{"e2e wall time (first start->last done)", dur(e.elapsed), "minimal program " + dur(m.elapsed), ratio(float64(e.elapsed), float64(m.elapsed))},
-		row{"client msgs sent per run", dec(e.msgsPerRun), "minimal program " + dec(m.msgsPerRun), ratio(e.msgsPerRun, m.msgsPerRun)},
-		row{"stored writes per run (stream+KV)", dec(e.writesPerRun), "minimal program " + dec(m.writesPerRun), ratio(e.writesPerRun, m.writesPerRun)},
-	)
+	if len(r.engines)+len(r.minis) > 0 {
+		rows = append(rows, e2eRows(e, m)...)
+	}
 	w := [3]int{len("metric"), len("jetflow"), len("raw reference")}
 	for _, rw := range rows {
 		w[0], w[1], w[2] = max(w[0], len(rw.metric)), max(w[1], len(rw.value)), max(w[2], len(rw.ref))
@@ -157,12 +164,14 @@ func printReport(out io.Writer, r *results) {
 		all("admission duplicate starts/s", r.admitDup)
 		all("minimal program runs/s", rps(r.minis))
 		all("jetflow e2e runs/s", rps(r.engines))
+		all("gated program runs/s", rps(r.gateds))
+		all("jetflow api runs/s", rps(r.apis))
 		fmt.Fprintln(out)
 	}
 	for _, s := range []struct {
 		name string
 		list []*e2eStats
-	}{{"minimal program", r.minis}, {"jetflow", r.engines}} {
+	}{{"minimal program", r.minis}, {"jetflow", r.engines}, {"gated program", r.gateds}, {"jetflow api", r.apis}} {
 		for i, st := range s.list {
 			label := s.name
 			if len(s.list) > 1 {
@@ -187,6 +196,21 @@ func printReport(out io.Writer, r *results) {
 				printTimeline(out, fmt.Sprintf("jetflow #%d", i+1), r.engines[i].tracker)
 			}
 		}
+	}
+}
+
+// e2eRows are the main table's rows of the e2e phase next to the minimal
+// program.
+func e2eRows(e, m *e2eStats) []row {
+	return []row{
+		{"e2e runs/s", rate(e, e.runsPerSec), "minimal program " + rate(m, m.runsPerSec), ratioFn(e, m, (*e2eStats).runsPerSec)},
+		{"e2e steps/s", rate(e, e.stepsPerSec), "minimal program " + rate(m, m.stepsPerSec), ratioFn(e, m, (*e2eStats).stepsPerSec)},
+		{"e2e latency p50 (first start->done)", dur(e.p50), "minimal program " + dur(m.p50), ratio(float64(e.p50), float64(m.p50))},
+		{"e2e latency p99", dur(e.p99), "minimal program " + dur(m.p99), ratio(float64(e.p99), float64(m.p99))},
+		{"e2e latency max", dur(e.max), "minimal program " + dur(m.max), ratio(float64(e.max), float64(m.max))},
+		{"e2e wall time (first start->last done)", dur(e.elapsed), "minimal program " + dur(m.elapsed), ratio(float64(e.elapsed), float64(m.elapsed))},
+		{"client msgs sent per run", dec(e.msgsPerRun), "minimal program " + dec(m.msgsPerRun), ratio(e.msgsPerRun, m.msgsPerRun)},
+		{"stored writes per run (stream+KV)", dec(e.writesPerRun), "minimal program " + dec(m.writesPerRun), ratio(e.writesPerRun, m.writesPerRun)},
 	}
 }
 

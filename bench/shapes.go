@@ -159,10 +159,6 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	if err != nil {
 		return p, err
 	}
-	ws := jetflow.NewRegistry()
-	if err := ws.Register(sh.wf); err != nil {
-		return p, err
-	}
 	logs := &logCounter{}
 	conns := []*nats.Conn{cnc}
 	var workers []*jetflow.Worker
@@ -193,13 +189,8 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 			return p, err
 		}
 		conns = append(conns, wnc)
-		worker, err := jetflow.NewWorker(wnc, ws, jetflow.WorkerConfig{
-			Name: "bench-" + name, Concurrency: cfg.concurrency, Logger: zerolog.New(logs).Level(zerolog.WarnLevel),
-		})
+		worker, err := startWorker(ctx, wnc, cfg, name, logs, zerolog.WarnLevel, sh.wf)
 		if err != nil {
-			return p, err
-		}
-		if err := worker.Start(ctx); err != nil {
 			return p, err
 		}
 		workers = append(workers, worker)
@@ -256,15 +247,7 @@ func runPass(ctx context.Context, e *env, cfg config, prefix string, sh shape, r
 	}
 	p.writes = seqAfter - seqBefore
 	if tp != nil {
-		// The server has handled everything the worker and the client
-		// sent once their flushes return; the tap then sees all of it
-		// before its own marker.
-		for _, nc := range conns {
-			if err := nc.Flush(); err != nil {
-				return p, err
-			}
-		}
-		if p.ops, err = tp.snapshot(ctx); err != nil {
+		if p.ops, err = flushedOps(ctx, tp, conns...); err != nil {
 			return p, err
 		}
 	}
@@ -286,30 +269,36 @@ func watchCompletions(ctx context.Context, assets *jetstream.Assets, index map[s
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for {
-			var ent natsjs.KeyValueEntry
-			select {
-			case got, ok := <-watcher.Updates():
-				if !ok {
-					return
-				}
-				ent = got
-			case <-wctx.Done():
-				return
-			}
-			if ent == nil {
-				continue
-			}
+		forEachUpdate(wctx, watcher, func(ent natsjs.KeyValueEntry) {
 			i, known := index[ent.Key()]
 			if !known {
-				continue
+				return
 			}
 			if r, err := state.DecodeRun(ent.Value()); err == nil && r.Status.Terminal() {
 				t.finished(i, ok(r))
 			}
-		}
+		})
 	})
 	return func() { cancel(); _ = watcher.Stop(); wg.Wait() }, nil
+}
+
+// forEachUpdate calls fn with each entry watcher delivers (not the nil
+// that marks the end of the initial values) until the watcher closes or
+// ctx ends.
+func forEachUpdate(ctx context.Context, watcher natsjs.KeyWatcher, fn func(natsjs.KeyValueEntry)) {
+	for {
+		select {
+		case ent, ok := <-watcher.Updates():
+			if !ok {
+				return
+			}
+			if ent != nil {
+				fn(ent)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // verifyRuns reads every run record back: each must be completed with
@@ -473,6 +462,9 @@ func classify(subject string) (kind, bucket string) {
 	}
 	if _, ok := cut("jetflow.task."); ok {
 		return opTask, ""
+	}
+	if _, ok := cut("bench.gated."); ok {
+		return opTask, "" // the gated program's tasks
 	}
 	if _, ok := cut("$JS.ACK."); ok {
 		return opAck, ""

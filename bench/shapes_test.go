@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/doctest"
-	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // TestTapCountsOperations: the tap counts what clients send by kind (KV
@@ -21,12 +20,7 @@ func TestTapCountsOperations(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	e := &env{srv: testenv.Server(t)}
-	t.Cleanup(func() {
-		for _, nc := range e.conns {
-			nc.Close()
-		}
-	})
+	e := testEnv(t)
 	tp, err := newTap(e)
 	require.NoError(t, err)
 	nc, err := e.conn("client")

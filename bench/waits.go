@@ -143,7 +143,7 @@ func runWaitsWorker(ctx context.Context, url string) error {
 	}
 	defer nc.Close()
 	ws := jetflow.NewRegistry()
-	if err := ws.Register(sleepWorkflow, wakeWorkflow, eventWorkflow); err != nil {
+	if err := ws.Register(sleepWorkflow, wakeWorkflow, eventWorkflow, backlogWorkflow); err != nil {
 		return err
 	}
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{

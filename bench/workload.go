@@ -121,8 +121,10 @@ type e2eStats struct {
 	duplicates    int64 // start calls absorbed as duplicates
 	msgsPerRun    float64
 	writesPerRun  float64
-	extra         []string // free-form lines for the report
-	tracker       *tracker // for --timeline
+	calls         callSummary // start call latency
+	ops           opCounts    // with a tap only: operations by kind over the pass
+	extra         []string    // free-form lines for the report
+	tracker       *tracker    // for --timeline
 }
 
 func (s *e2eStats) runsPerSec() float64  { return float64(s.runs) / s.elapsed.Seconds() }
