@@ -322,14 +322,14 @@ func startByRequest[R any](ctx context.Context, c *Client, workflow string, rete
 // *RunError if it failed. Calling it again returns the same result.
 func (h *Handle[R]) Result(ctx context.Context) (R, error) {
 	var out R
-	run, err := h.client.WaitRun(ctx, h.RunID)
+	r, err := h.client.waitRecord(ctx, h.RunID)
 	if err != nil {
 		return out, err
 	}
-	if run.Error != nil {
-		return out, run.Error
+	if r.Error != nil {
+		return out, runErrorFrom(r.RunID, RunStatus(r.Status), r.Error)
 	}
-	if err := json.Unmarshal(run.Output, &out); err != nil {
+	if err := json.Unmarshal(r.Output, &out); err != nil {
 		return out, fmt.Errorf("%w: output of run %s does not decode into %T: %w", ErrMalformed, h.RunID, out, err)
 	}
 	return out, nil
@@ -600,18 +600,24 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 // returns ErrRunNotFound if the run does not exist when the wait begins,
 // and ctx's error (not ErrUnavailable) if ctx ends while it waits.
 func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
-	if err := state.ValidateRunID(runID); err != nil {
-		return Run{}, err
-	}
-	r, err := c.runs.Wait(ctx, runID)
-	if errors.Is(err, runs.ErrNotFound) {
-		return Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-	}
+	r, err := c.waitRecord(ctx, runID)
 	if err != nil {
-		return Run{}, err // ctx's own error as it is, not ErrUnavailable
+		return Run{}, err
 	}
 	run, err := c.toRun(ctx, r)
 	return run, jetstream.Unavailable(err)
+}
+
+// waitRecord is WaitRun without the duplicate audit: the final record.
+func (c *Client) waitRecord(ctx context.Context, runID string) (state.Run, error) {
+	if err := state.ValidateRunID(runID); err != nil {
+		return state.Run{}, err
+	}
+	r, err := c.runs.Wait(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return state.Run{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
+	return r, err // ctx's own error as it is, not ErrUnavailable
 }
 
 // StepRecord is one committed step of a run. Its JSON encoding is the

@@ -92,6 +92,22 @@ func (e *Executor) stillRunning(d *delivery, recheck bool) *settlement {
 	if d.task.StepID == "" && !recheck {
 		return nil
 	}
+	return e.runCheck(d)
+}
+
+// checkRunning starts stillRunning's read for a step task's own step and
+// returns where its answer comes (a nil settlement: the run still runs),
+// so that the read goes out beside the step's own lookup.
+func (e *Executor) checkRunning(d *delivery) <-chan *settlement {
+	ch := make(chan *settlement, 1)
+	go func() { ch <- e.runCheck(d) }()
+	return ch
+}
+
+// runCheck reads the run's record and returns a drop settlement when the
+// run is no longer running (see stillRunning), a release one when it
+// cannot be read.
+func (e *Executor) runCheck(d *delivery) *settlement {
 	run, _, err := e.runs.Get(d.nctx, d.run.RunID)
 	if errors.Is(err, runs.ErrNotFound) {
 		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: its record is gone", errRunNotRunning)}

@@ -164,6 +164,11 @@ func (c *Context) begin(p *Pending) {
 	if c.executed || c.own != nil || !(c.task.StepID == p.id || startsRun) {
 		return
 	}
+	if c.task.StepID != "" && p.call.child == nil && p.call.wait == nil {
+		// A step task reads the run's record before its step starts (the
+		// cancel check); the read goes out beside the step's, not after it.
+		p.call.checked = c.exec.checkRunning(c.delivery)
+	}
 	rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
 	if err != nil {
 		c.park(&settlement{kind: settleRelease, err: err})

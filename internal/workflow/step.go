@@ -30,6 +30,9 @@ type stepCall struct {
 	// recheck: a start task published other steps before this one ran,
 	// so the run's record is read again before it starts.
 	recheck bool
+	// checked, when set, brings the answer of that read, started when the
+	// step was looked up (a step task's own step).
+	checked <-chan *settlement
 }
 
 // stepAttempt is one attempt at a step call.
@@ -56,7 +59,7 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	if s := e.stillRunning(d, sc.recheck); s != nil {
+	if s := e.ranCheck(d, sc); s != nil {
 		return nil, s
 	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
@@ -70,6 +73,15 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 		return nil, s
 	}
 	return e.record(d, a, rec, result)
+}
+
+// ranCheck is stillRunning's answer for sc: the one started beside its
+// lookup, or a read now.
+func (e *Executor) ranCheck(d *delivery, sc *stepCall) *settlement {
+	if sc.checked != nil {
+		return <-sc.checked
+	}
+	return e.stillRunning(d, sc.recheck)
 }
 
 // outcome produces the result of attempt a: the result stored under its
