@@ -87,7 +87,7 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 	return x.put(ctx, run, ttl)
 }
 
-// PutNew writes the entry of run, which was just created, only if the
+// PutNew writes the entry of run, which was just created, with ttl only if the
 // index holds no entry of its run ID at all (whatever status and
 // workflow), and returns its sequence. It is the admitting process's
 // write: it comes after the record, and a worker may have run the run to
@@ -96,8 +96,8 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 // and returns an error matching ErrEntryExists: the caller finds out from
 // the record which case it is (an earlier run's entry that outlived its
 // record is the other).
-func (x *Index) PutNew(ctx context.Context, run state.Run) (uint64, error) {
-	seq, err := x.put(ctx, run, jetstream.TTLNever, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
+func (x *Index) PutNew(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
+	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
 	if jetstream.IsWrongLastSequence(err) {
 		return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
 	}

@@ -146,7 +146,7 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 // run's entry outlived its record — the entry is written as any other and
 // dropped again if the record has moved on (dropIfOvertaken).
 func (s *Store) indexNew(ctx context.Context, run state.Run) error {
-	_, err := s.index.PutNew(ctx, run)
+	_, err := s.index.PutNew(ctx, run, s.ttl(run))
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -202,10 +205,16 @@ func TestAuditCountsDuplicates(t *testing.T) {
 
 // silentWatch is a watch that reports it has caught up and then nothing
 // more, as a watch whose consumer was lost with a stream leader.
-type silentWatch struct{ updates chan natsjs.KeyValueEntry }
+type silentWatch struct {
+	updates chan natsjs.KeyValueEntry
+	once    *sync.Once
+}
 
 func (w silentWatch) Updates() <-chan natsjs.KeyValueEntry { return w.updates }
-func (w silentWatch) Stop() error                          { return nil }
+func (w silentWatch) Stop() error {
+	w.once.Do(func() { close(w.updates) })
+	return nil
+}
 
 // A waiter whose shared watch falls silent still sees the run end: a check
 // finds a record stored and not delivered, and the replacement watch
@@ -218,7 +227,7 @@ func TestWaitSeesTheEndWhenTheWatchFallsSilent(t *testing.T) {
 	var watches atomic.Int32
 	s.waiters.watch = func(ctx context.Context, after uint64) (natsjs.KeyWatcher, error) {
 		if watches.Add(1) == 1 {
-			w := silentWatch{updates: make(chan natsjs.KeyValueEntry, 1)}
+			w := silentWatch{updates: make(chan natsjs.KeyValueEntry, 1), once: new(sync.Once)}
 			w.updates <- nil
 			return w, nil
 		}
@@ -286,20 +295,7 @@ func TestWaitersShareOneConsumer(t *testing.T) {
 			errs <- err
 		}()
 	}
-	// Every wait is registered, and the watch set up, before any run ends.
-	require.Eventually(t, func() bool {
-		s.waiters.mu.Lock()
-		defer s.waiters.mu.Unlock()
-		if s.waiters.count != n {
-			return false
-		}
-		select {
-		case <-s.waiters.cur.ready:
-			return true
-		default:
-			return false
-		}
-	}, 10*time.Second, time.Millisecond)
+	waitingOn(t, s, n) // every wait registered, the watch set up, before any run ends
 	require.Equal(t, 1, consumers(), "%d waits, one consumer", n)
 	for i := range n {
 		_, _, err := s.Finish(ctx(t), running(fmt.Sprintf("r-%d", i), "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
@@ -457,7 +453,7 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 
 	// The admission's own write (indexNew) of a run already ended writes
 	// no running entry at all: the failed entry is there.
-	_, err = s.Index().PutNew(ctx(t), run)
+	_, err = s.Index().PutNew(ctx(t), run, jetstream.TTLNever)
 	require.ErrorIs(t, err, runindex.ErrEntryExists)
 	require.NoError(t, s.indexNew(ctx(t), run))
 	require.Empty(t, indexed(t, s, state.StatusRunning))
@@ -480,4 +476,114 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 	msg, err := a.Index.GetLastMsgForSubject(ctx(t), "jetflow.runindex.e.running.w.r.e.u.s.e.d.-.1.~")
 	require.NoError(t, err)
 	require.Greater(t, msg.Sequence, oldSeq, "the new run's entry is written")
+}
+
+// A wait in progress when the client's connection closes returns a
+// retryable error within a check period, instead of waiting for its
+// context.
+func TestWaitReturnsWhenTheConnectionCloses(t *testing.T) {
+	t.Parallel()
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
+	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	s := New(assets)
+	s.waiters.check = 50 * time.Millisecond
+	_, err = s.Create(ctx(t), running("r-c", "a"))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Wait(ctx(t), "r-c")
+		done <- err
+	}()
+	waitingOn(t, s, 1)
+	nc.Close()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, jetstream.ErrUnavailable)
+	case <-time.After(100 * s.waiters.check):
+		t.Fatal("Wait still waits although its connection is closed")
+	}
+}
+
+// A watch that is stopped while its delivery channel is full (the hub
+// busy with a check, other runs written meanwhile) does not leave the
+// watch's delivery goroutine blocked for good.
+func TestStoppedWatchIsDrained(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	s.waiters.check = 50 * time.Millisecond
+	realLast := s.waiters.lastSeq
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var armed atomic.Bool
+	s.waiters.lastSeq = func(ctx context.Context) (uint64, error) {
+		if armed.Load() {
+			select {
+			case entered <- struct{}{}:
+				<-release // a slow check: the hub reads no update meanwhile
+			default:
+			}
+		}
+		return realLast(ctx)
+	}
+	_, err := s.Create(ctx(t), running("r-l", "a"))
+	require.NoError(t, err)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := s.Wait(ctx(t), "r-l")
+		waited <- err
+	}()
+	waitingOn(t, s, 1)
+	_, _, err = s.Finish(ctx(t), running("r-l", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+	require.NoError(t, <-waited)
+	armed.Store(true) // nobody waits: the next checks stop the hub
+	<-entered
+	for i := range 600 { // more than the watch's channel holds
+		_, err := s.runs.Raw().Put(ctx(t), fmt.Sprintf("other-%d", i), []byte(`{}`))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return len(blockedWatchCallbacks()) > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the watch's delivery blocks on its full channel")
+	close(release)
+	require.Eventually(t, func() bool {
+		s.waiters.mu.Lock()
+		defer s.waiters.mu.Unlock()
+		return s.waiters.cur == nil
+	}, 10*time.Second, time.Millisecond, "the hub stops")
+	require.Eventually(t, func() bool { return len(blockedWatchCallbacks()) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"a stopped watch's delivery stays blocked:\n%s", strings.Join(blockedWatchCallbacks(), "\n\n"))
+}
+
+// waitingOn waits until n waits are registered with s's shared watch and
+// the watch is set up.
+func waitingOn(t *testing.T, s *Store, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s.waiters.mu.Lock()
+		defer s.waiters.mu.Unlock()
+		if s.waiters.count != n || s.waiters.cur == nil {
+			return false
+		}
+		select {
+		case <-s.waiters.cur.ready:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+}
+
+// blockedWatchCallbacks are the stacks of KV watch deliveries blocked
+// sending to their watcher's channel.
+func blockedWatchCallbacks() []string {
+	buf := make([]byte, 1<<22)
+	n := runtime.Stack(buf, true)
+	var stuck []string
+	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+		if strings.Contains(g, "WatchFiltered.func") && strings.Contains(g, "chan send") {
+			stuck = append(stuck, g)
+		}
+	}
+	return stuck
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -54,6 +55,7 @@ type waiter struct {
 	mu     sync.Mutex
 	run    state.Run
 	rev    uint64
+	err    error // the hub gave up: the connection is closed
 }
 
 // offer keeps run at revision rev if it is newer than what w holds.
@@ -69,12 +71,23 @@ func (w *waiter) offer(run state.Run, rev uint64) {
 	}
 }
 
+// fail ends w's wait with err.
+func (w *waiter) fail(err error) {
+	w.mu.Lock()
+	w.err = err
+	w.mu.Unlock()
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
 // newest is the newest final record offered to w, and its revision (0:
 // none yet).
-func (w *waiter) newest() (state.Run, uint64) {
+func (w *waiter) newest() (state.Run, uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.run, w.rev
+	return w.run, w.rev, w.err
 }
 
 func newWaiters(s *Store) *waiters {
@@ -163,7 +176,7 @@ func (h *waiters) serve(start *watchStart) {
 	for {
 		var done bool
 		after, done = h.deliver(ctx, w, after, top)
-		_ = w.Stop() // the watch is over either way; a failed stop changes nothing
+		stopWatch(w)
 		if done {
 			return
 		}
@@ -178,8 +191,44 @@ func (h *waiters) serve(start *watchStart) {
 			if h.stopIfIdle() {
 				return
 			}
+			if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, natsjs.ErrConnectionClosed) {
+				h.failAll(jetstream.Unavailable(fmt.Errorf("jetflow: watch runs: %w", err)))
+				return
+			}
 			t := time.NewTimer(h.check)
 			<-t.C
+		}
+	}
+}
+
+// stopWatch stops w and drains its updates until they close: a callback
+// blocked on a full channel would otherwise hold its subscription forever.
+func stopWatch(w natsjs.KeyWatcher) {
+	_ = w.Stop()
+	go func() {
+		t := time.NewTimer(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+			case <-t.C:
+				return
+			}
+		}
+	}()
+}
+
+// failAll resets the hub and ends every wait with err.
+func (h *waiters) failAll(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cur = nil
+	for _, set := range h.byRun {
+		for w := range set {
+			w.fail(err)
 		}
 	}
 }
@@ -202,18 +251,21 @@ func (h *waiters) stopIfIdle() bool {
 // waited for a whole check period (the hub is reset by then, see
 // stopIfIdle). It returns with done false when w closed, or fell silent: a
 // check found that a record stored by the previous check was not
-// delivered.
+// delivered, and nothing at all was delivered since (a watch that is
+// merely behind is kept).
 func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top uint64) (uint64, bool) {
 	tick := time.NewTicker(h.check)
 	defer tick.Stop()
 	mark := after // the bucket's last revision at the previous check
 	idle := false
+	got := false // anything delivered since the previous check
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
 				return after, false
 			}
+			got = true
 			if e == nil { // caught up
 				after = max(after, top)
 				continue
@@ -229,9 +281,10 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 			h.mu.Lock()
 			idle = h.count == 0
 			h.mu.Unlock()
-			if after < mark {
-				return after, false
+			if after < mark && !got {
+				return after, false // silent, not merely behind
 			}
+			got = false
 			last, err := h.lastSeq(ctx)
 			if err != nil {
 				continue // the watch may well be fine; the next check asks again
@@ -269,7 +322,10 @@ func (h *waiters) offer(runID string, v []byte, rev uint64) {
 // Every Wait of a Store shares one watch of the bucket (one consumer on
 // the server, however many wait). A run started again under the same ID
 // while it is awaited is waited for in its new generation: Wait returns
-// the first final record stored after the one it read when it began.
+// a final record stored after the one it read when it began (the newest
+// the watch has delivered when it wakes up). When the client's connection
+// is closed, every Wait returns an error wrapped with
+// jetstream.Unavailable.
 func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	w, err := s.waiters.add(ctx, runID)
 	if err != nil {
@@ -293,8 +349,12 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 		case <-ctx.Done():
 			return state.Run{}, ctx.Err()
 		case <-w.signal:
-			if r, newer := w.newest(); newer > rev {
+			r, newer, err := w.newest()
+			if newer > rev {
 				return r, nil
+			}
+			if err != nil {
+				return state.Run{}, err
 			}
 		}
 	}

@@ -78,10 +78,17 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 // ranCheck is stillRunning's answer for sc: the one started beside its
 // lookup, or a read now.
 func (e *Executor) ranCheck(d *delivery, sc *stepCall) *settlement {
-	if sc.checked != nil {
-		return <-sc.checked
+	if sc.checked == nil {
+		return e.stillRunning(d, sc.recheck)
 	}
-	return e.stillRunning(d, sc.recheck)
+	if s := <-sc.checked; s != nil {
+		return s
+	}
+	// A cancel notice that came while the read was out.
+	if e.cancelled.has(d.run.RunID, d.run.Token) || cancelledRun(d) {
+		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is cancelled", errRunNotRunning)}
+	}
+	return nil
 }
 
 // outcome produces the result of attempt a: the result stored under its
