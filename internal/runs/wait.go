@@ -26,8 +26,11 @@ const waitCheck = 5 * time.Second
 
 // waiters is the one watch of the runs bucket that every Wait of a Store
 // shares, demultiplexed by run ID: waiting for ten thousand runs costs the
-// server one consumer, as waiting for one does. The watch runs while
-// anybody waits and stops one check period after the last wait returned.
+// server one consumer, as waiting for one does. The watch carries keys and
+// revisions only (MetaOnly): a client that waits receives a small message
+// for every write to the bucket, and reads the records it waits for. The
+// watch runs while anybody waits and stops one or two check periods after
+// the last wait returned.
 type waiters struct {
 	// watch watches every record stored after revision after; lastSeq reads
 	// the bucket's last revision. Tests replace them.
@@ -48,27 +51,21 @@ type watchStart struct {
 	err   error
 }
 
-// waiter is one Wait: the hub offers it every final record of its run ID
-// it sees, and it keeps the newest.
+// waiter is one Wait: the hub tells it the newest revision of its run ID
+// it has seen stored, or that it gave up (err).
 type waiter struct {
 	signal chan struct{}
 	mu     sync.Mutex
-	run    state.Run
 	rev    uint64
 	err    error // the hub gave up: the connection is closed
 }
 
-// offer keeps run at revision rev if it is newer than what w holds.
-func (w *waiter) offer(run state.Run, rev uint64) {
+// stored tells w that its run ID's record was written at revision rev.
+func (w *waiter) stored(rev uint64) {
 	w.mu.Lock()
-	if rev > w.rev {
-		w.run, w.rev = run, rev
-	}
+	w.rev = max(w.rev, rev)
 	w.mu.Unlock()
-	select {
-	case w.signal <- struct{}{}:
-	default:
-	}
+	w.wake()
 }
 
 // fail ends w's wait with err.
@@ -76,23 +73,37 @@ func (w *waiter) fail(err error) {
 	w.mu.Lock()
 	w.err = err
 	w.mu.Unlock()
+	w.wake()
+}
+
+func (w *waiter) wake() {
 	select {
 	case w.signal <- struct{}{}:
 	default:
 	}
 }
 
-// newest is the newest final record offered to w, and its revision (0:
-// none yet).
-func (w *waiter) newest() (state.Run, uint64, error) {
+// newest is the newest revision of the record seen stored (0: none yet),
+// and the hub's error if it gave up.
+func (w *waiter) newest() (uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.run, w.rev, w.err
+	return w.rev, w.err
+}
+
+// watchMeta watches the keys and revisions (no values) of every record
+// stored after revision after (every record when after is 0).
+func (s *Store) watchMeta(ctx context.Context, after uint64) (natsjs.KeyWatcher, error) {
+	opts := []natsjs.WatchOpt{natsjs.MetaOnly()}
+	if after > 0 {
+		opts = append(opts, natsjs.ResumeFromRevision(after+1))
+	}
+	return s.runs.Raw().WatchAll(ctx, opts...)
 }
 
 func newWaiters(s *Store) *waiters {
 	return &waiters{
-		watch: s.WatchFrom,
+		watch: s.watchMeta,
 		lastSeq: func(ctx context.Context) (uint64, error) {
 			b, err := s.Bucket(ctx)
 			return b.LastSeq, err
@@ -272,7 +283,7 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 			}
 			after = max(after, e.Revision())
 			if e.Operation() == natsjs.KeyValuePut {
-				h.offer(e.Key(), e.Value(), e.Revision())
+				h.offer(e.Key(), e.Revision())
 			}
 		case <-tick.C:
 			if idle && h.stopIfIdle() {
@@ -294,23 +305,12 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 	}
 }
 
-// offer decodes a record of runID stored at rev and hands it to the run's
-// waiters if it is final; a record nobody waits for is not decoded.
-func (h *waiters) offer(runID string, v []byte, rev uint64) {
-	h.mu.Lock()
-	n := len(h.byRun[runID])
-	h.mu.Unlock()
-	if n == 0 {
-		return
-	}
-	run, err := state.DecodeRun(v)
-	if err != nil || !run.Status.Terminal() {
-		return // an undecodable record is the readers' error, reported by their Get
-	}
+// offer tells the waiters of runID that its record was written at rev.
+func (h *waiters) offer(runID string, rev uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for w := range h.byRun[runID] {
-		w.offer(run, rev)
+		w.stored(rev)
 	}
 }
 
@@ -322,10 +322,10 @@ func (h *waiters) offer(runID string, v []byte, rev uint64) {
 // Every Wait of a Store shares one watch of the bucket (one consumer on
 // the server, however many wait). A run started again under the same ID
 // while it is awaited is waited for in its new generation: Wait returns
-// a final record stored after the one it read when it began (the newest
-// the watch has delivered when it wakes up). When the client's connection
-// is closed, every Wait returns an error wrapped with
-// jetstream.Unavailable.
+// the first final record it reads after the one it read when it began.
+// The watch carries revisions only (no values): a Wait reads its record
+// when the watch shows it written. When the client's connection is
+// closed, every Wait returns an error wrapped with jetstream.Unavailable.
 func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	w, err := s.waiters.add(ctx, runID)
 	if err != nil {
@@ -344,18 +344,40 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	if r.Status.Terminal() {
 		return r, nil
 	}
+	retry := time.NewTimer(0)
+	<-retry.C
+	defer retry.Stop()
+	backoff := readRetry
 	for {
 		select {
 		case <-ctx.Done():
 			return state.Run{}, ctx.Err()
 		case <-w.signal:
-			r, newer, err := w.newest()
-			if newer > rev {
-				return r, nil
-			}
+		case <-retry.C: // a read that failed
+		}
+		newer, err := w.newest()
+		if newer <= rev {
 			if err != nil {
 				return state.Run{}, err
 			}
+			continue
 		}
+		r, now, err := s.GetExisting(ctx, runID)
+		switch {
+		case ctx.Err() != nil:
+			return state.Run{}, ctx.Err()
+		case err != nil || now < newer:
+			// The revision was seen stored: read it again soon.
+			retry.Reset(backoff)
+			backoff = min(2*backoff, waitCheck)
+			continue
+		case r.Status.Terminal():
+			return r, nil
+		}
+		rev, backoff = now, readRetry
 	}
 }
+
+// readRetry is the first pause before Wait reads a record again after a
+// failed read.
+const readRetry = 50 * time.Millisecond
