@@ -408,14 +408,16 @@ func TestWatchBacklogSamplesUntilCancelled(t *testing.T) {
 		n          int
 		deadlineOK bool
 	}
-	calls := make(chan call)
+	// Buffered: a call is never lost because the test was slow to read it
+	// (a loaded machine), and a sampler that runs on meanwhile never blocks.
+	calls := make(chan call, 1000)
 	n := 0
 	sample := func(ctx context.Context) ([]metrics.Backlog, error) {
 		n++ // calls are sequential: no lock needed (the race detector checks)
 		deadline, ok := ctx.Deadline()
 		select {
 		case calls <- call{n: n, deadlineOK: ok && time.Until(deadline) <= interval}:
-		case <-ctx.Done():
+		default:
 		}
 		if n == 1 {
 			return nil, errors.New("not yet")
