@@ -587,3 +587,23 @@ func blockedWatchCallbacks() []string {
 	}
 	return stuck
 }
+
+// A wait whose context has ended returns the context's error, never a
+// retryable one, also while the shared watch is up for other waits.
+func TestWaitWithAnEndedContextReturnsItsError(t *testing.T) {
+	t.Parallel()
+	s, _ := setup(t, jetstream.Topology{})
+	_, err := s.Create(ctx(t), running("r-e", "a"))
+	require.NoError(t, err)
+	held, stop := context.WithCancel(ctx(t))
+	defer stop()
+	go func() { _, _ = s.Wait(held, "r-e") }() // keeps the watch up
+	waitingOn(t, s, 1)
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for range 100 {
+		_, err := s.Wait(expired, "r-e")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.NotErrorIs(t, err, jetstream.ErrUnavailable)
+	}
+}

@@ -118,6 +118,9 @@ func newWaiters(s *Store) *waiters {
 // removes it (remove) whatever happens next. A watch that cannot be set up
 // is an error wrapped with jetstream.Unavailable.
 func (h *waiters) add(ctx context.Context, runID string) (*waiter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	w := &waiter{signal: make(chan struct{}, 1)}
 	h.mu.Lock()
 	set := h.byRun[runID]
@@ -335,10 +338,12 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	// The watch is set up: a record stored from now on reaches w, and this
 	// read sees every record stored before.
 	r, rev, err := s.Get(ctx, runID)
-	if errors.Is(err, ErrNotFound) {
+	switch {
+	case ctx.Err() != nil:
+		return state.Run{}, ctx.Err() // ctx's own error, never a retryable one
+	case errors.Is(err, ErrNotFound):
 		return state.Run{}, err
-	}
-	if err != nil {
+	case err != nil:
 		return state.Run{}, jetstream.Unavailable(err)
 	}
 	if r.Status.Terminal() {
