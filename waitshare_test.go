@@ -82,6 +82,10 @@ func waitShareEnv(t *testing.T, opts ...WorkflowOption) (*testEnv, *gates, *Work
 	t.Helper()
 	env := newEnv(t, Topology{})
 	g := newGates()
+	wf := gatedFlow("wsgate", g, opts...)
+	env.worker(WorkerConfig{SweepInterval: -1, AckWait: waitShareAckWait, Concurrency: 64}, wf)
+	// Registered after the worker's stop, so run before it: a test that
+	// failed midway leaves no step blocked for the drain.
 	t.Cleanup(func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -93,8 +97,6 @@ func waitShareEnv(t *testing.T, opts ...WorkflowOption) (*testEnv, *gates, *Work
 			}
 		}
 	})
-	wf := gatedFlow("wsgate", g, opts...)
-	env.worker(WorkerConfig{SweepInterval: -1, AckWait: waitShareAckWait, Concurrency: 64}, wf)
 	return env, g, wf, env.client()
 }
 
