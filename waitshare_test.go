@@ -259,12 +259,14 @@ func TestWaitShareManyWaitsCancelsAndUnknown(t *testing.T) {
 	}
 
 	// Runs end one by one; every remaining wait gets its own run's end.
+	released := time.Now()
 	for i := range runsN {
 		g.open(i)
 	}
 	for range runsN * (perRun - 2) {
 		require.NoError(t, <-kept)
 	}
+	t.Logf("%d waits on %d runs returned %s after the runs' release", runsN*(perRun-2), runsN, time.Since(released).Round(time.Millisecond))
 	wg.Wait()
 	close(sampling)
 	require.NoError(t, <-sampled)
@@ -318,6 +320,7 @@ func TestWaitShareAcrossServerRestart(t *testing.T) {
 	}
 
 	require.NoError(t, env.srv.Restart())
+	released := time.Now()
 	for i := runsN / 2; i < runsN; i++ {
 		g.open(i)
 	}
@@ -330,6 +333,7 @@ func TestWaitShareAcrossServerRestart(t *testing.T) {
 			t.Fatalf("waits across a NATS restart did not return within %s of their runs' release", allowance)
 		}
 	}
+	t.Logf("%d waits across a NATS restart returned %s after their runs' release", runsN, time.Since(released).Round(time.Millisecond))
 	requireConsumersGone(t, js)
 }
 

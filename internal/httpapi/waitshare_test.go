@@ -165,10 +165,12 @@ func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
 		require.Equal(t, 1, n, "long-polls of one API server must share one consumer")
 	}
 
+	released := time.Now()
 	close(gate)
 	for range runsN*perRun + onOne {
 		require.NoError(t, <-errs)
 	}
+	t.Logf("%d long-polls answered %s after the runs' release", runsN*perRun+onOne, time.Since(released).Round(time.Millisecond))
 	wg.Wait()
 	require.Eventually(t, func() bool {
 		n, err := consumers()
