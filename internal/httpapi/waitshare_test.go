@@ -28,7 +28,8 @@ const waitShareCheck = 5 * time.Second
 // Hundreds of concurrent long-polls GET /v1/runs/{id}/result?wait= on one
 // API server, on different runs and many on the same run, cost the NATS
 // server one consumer on the runs bucket while they wait; an unknown run ID
-// gets 404 well within a check period meanwhile; every long-poll answers
+// gets 404 well within a check period meanwhile; callers that go away
+// midway disturb none of the others; every remaining long-poll answers
 // 200 with its own run's final state once the run ends, and the consumer
 // goes away within two check periods after the last answer.
 func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
@@ -136,6 +137,19 @@ func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
 		wg.Add(1)
 		go check("lp-0", 0)
 	}
+	// Callers that go away midway: one per run, cancelled below.
+	gone, leave := context.WithCancel(ctx)
+	defer leave()
+	left := make(chan error, runsN)
+	for i := range runsN {
+		go func() {
+			code, run, err := poll(gone, fmt.Sprintf("lp-%d", i))
+			if err == nil {
+				err = fmt.Errorf("a long-poll whose caller went away answered %d %s", code, run.Status)
+			}
+			left <- err
+		}()
+	}
 
 	// The shared watch shows up within a check period; while the polls
 	// wait there is never more than one.
@@ -159,10 +173,24 @@ func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
 		t.Fatalf("a long-poll answered before its run ended: %v", err)
 	default:
 	}
-	for range 20 { // sampled while every poll still waits
+	leave()
+	for range runsN {
+		select {
+		case err := <-left:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(waitShareCheck):
+			t.Fatal("a long-poll whose caller went away did not end within a check period")
+		}
+	}
+	for range 20 { // sampled while every other poll still waits
 		n, err := consumers()
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "long-polls of one API server must share one consumer")
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a long-poll answered before its run ended: %v", err)
+	default:
 	}
 
 	released := time.Now()
