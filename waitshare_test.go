@@ -123,10 +123,12 @@ func operatorJS(t *testing.T, env *testEnv) natsjs.JetStream {
 // allowance for the stream info round trips on a busy machine.
 func requireConsumersGone(t *testing.T, js natsjs.JetStream) {
 	t.Helper()
+	began := time.Now()
 	require.Eventually(t, func() bool {
 		n, err := runsConsumers(ctxT(t, waitShareCheck), js)
 		return err == nil && n == 0
 	}, 3*waitShareCheck, 50*time.Millisecond, "the shared watch outlived its last wait by more than 2 check periods")
+	t.Logf("the shared watch was gone %s after the last wait returned", time.Since(began).Round(time.Millisecond))
 }
 
 // oneConsumerWhileWaiting waits until the shared watch shows up on the
