@@ -451,3 +451,47 @@ func TestWaitShareStartNewGenerations(t *testing.T) {
 	require.Contains(t, []int{3, 4}, outputOf(r))
 	requireConsumersGone(t, js)
 }
+
+// A wait whose context's deadline has passed returns the deadline's error,
+// as WaitRun documents ("ctx's error (not ErrUnavailable)"), also while
+// the shared watch is up for other waits: a caller that retries
+// ErrUnavailable must not retry a wait it bounded itself.
+func TestWaitShareExpiredDeadlineIsNotUnavailable(t *testing.T) {
+	t.Parallel()
+	env, g, wf, c := waitShareEnv(t)
+	js := operatorJS(t, env)
+	startGated(t, c, wf, 1)
+	// A wait in flight keeps the shared watch up.
+	held := make(chan error, 1)
+	go func() {
+		r, err := c.WaitRun(ctxT(t, 4*waitShareCheck), "ws-0")
+		if err == nil {
+			err = checkFinal(r, "ws-0", 0)
+		}
+		held <- err
+	}()
+	require.Eventually(t, func() bool {
+		n, err := runsConsumers(ctxT(t, waitShareCheck), js)
+		return err == nil && n == 1
+	}, waitShareCheck, 10*time.Millisecond)
+
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	unavailable := 0
+	const tries = 200
+	for range tries {
+		_, err := c.WaitRun(expired, "ws-0")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		if errors.Is(err, ErrUnavailable) {
+			if unavailable == 0 {
+				t.Logf("a wait with an expired deadline: %v", err)
+			}
+			unavailable++
+		}
+	}
+	require.Zero(t, unavailable, "waits of %d with an expired deadline returned ErrUnavailable (a retryable answer)", tries)
+
+	g.open(0)
+	require.NoError(t, <-held)
+	requireConsumersGone(t, js)
+}
