@@ -276,10 +276,21 @@ func TestWaitShareManyWaitsCancelsAndUnknown(t *testing.T) {
 }
 
 // Waits in flight while the NATS server restarts (same store directory and
-// port) each return their run's final state once it ends, within a few
+// port), at once or after two check periods down, each return their run's final state once it ends, within a few
 // check periods of the reconnect, and the watch goes away afterwards.
 func TestWaitShareAcrossServerRestart(t *testing.T) {
 	t.Parallel()
+	for _, down := range []time.Duration{0, 2 * waitShareCheck} {
+		t.Run(fmt.Sprintf("down=%s", down), func(t *testing.T) {
+			t.Parallel()
+			waitAcrossRestart(t, down)
+		})
+	}
+}
+
+// waitAcrossRestart is TestWaitShareAcrossServerRestart with the server
+// down for down (0: a restart at once).
+func waitAcrossRestart(t *testing.T, down time.Duration) {
 	env, g, wf, c := waitShareEnv(t)
 	js := operatorJS(t, env)
 	const runsN = 40
@@ -289,7 +300,7 @@ func TestWaitShareAcrossServerRestart(t *testing.T) {
 	// and a silent watch's replacement (two check periods), and the
 	// redelivery of a task whose ack was lost (a few AckWaits).
 	allowance := 4*waitShareCheck + 4*waitShareAckWait
-	waitCtx := ctxT(t, 2*allowance)
+	waitCtx := ctxT(t, 2*allowance+down)
 	errs := make(chan error, 2*runsN)
 	for i := range runsN {
 		id := fmt.Sprintf("ws-%d", i)
@@ -321,6 +332,11 @@ func TestWaitShareAcrossServerRestart(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 
+	if down > 0 {
+		env.srv.Shutdown()
+		outage := time.NewTimer(down) // the outage itself, not a synchronisation
+		<-outage.C
+	}
 	require.NoError(t, env.srv.Restart())
 	released := time.Now()
 	for i := runsN / 2; i < runsN; i++ {
