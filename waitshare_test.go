@@ -423,9 +423,12 @@ func TestWaitShareStartNewGenerations(t *testing.T) {
 		}
 		return ws
 	}
+	// outputOf is the input of the generation r ended, checked against
+	// the generation counter: generation g (from 1) has input g.
 	outputOf := func(r Run) int {
 		var out int
 		require.NoError(t, json.Unmarshal(r.Output, &out), "output %s", r.Output)
+		require.Equal(t, out/2-1, r.Generation, "output %s of generation %d", r.Output, r.Generation)
 		return out / 2
 	}
 
