@@ -605,6 +605,9 @@ func (c *Client) WaitRun(ctx context.Context, runID string) (Run, error) {
 		return Run{}, err
 	}
 	run, err := c.toRun(ctx, r)
+	if ctx.Err() != nil && err != nil {
+		return Run{}, ctx.Err() // ctx's own error, never a retryable one
+	}
 	return run, jetstream.Unavailable(err)
 }
 

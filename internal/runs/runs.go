@@ -66,7 +66,7 @@ func New(assets *jetstream.Assets) *Store {
 	if s.IndexFailed == nil {
 		s.IndexFailed = logIndexFailure
 	}
-	s.waiters = newWaiters(s)
+	s.waiters = newWaiters(s, assets.JS.Conn())
 	return s
 }
 

@@ -36,7 +36,11 @@ type waiters struct {
 	// the bucket's last revision. Tests replace them.
 	watch   func(ctx context.Context, after uint64) (natsjs.KeyWatcher, error)
 	lastSeq func(ctx context.Context) (uint64, error)
-	check   time.Duration
+	// reconnects counts the client's reconnections: a watch set up before
+	// one is replaced at the next check (after a server restart it was
+	// seen to stay silent).
+	reconnects func() uint64
+	check      time.Duration
 
 	mu    sync.Mutex
 	byRun map[string]map[*waiter]struct{}
@@ -101,9 +105,10 @@ func (s *Store) watchMeta(ctx context.Context, after uint64) (natsjs.KeyWatcher,
 	return s.runs.Raw().WatchAll(ctx, opts...)
 }
 
-func newWaiters(s *Store) *waiters {
+func newWaiters(s *Store, nc *nats.Conn) *waiters {
 	return &waiters{
-		watch: s.watchMeta,
+		watch:      s.watchMeta,
+		reconnects: func() uint64 { return nc.Stats().Reconnects },
 		lastSeq: func(ctx context.Context) (uint64, error) {
 			b, err := s.Bucket(ctx)
 			return b.LastSeq, err
@@ -266,11 +271,12 @@ func (h *waiters) stopIfIdle() bool {
 // stopIfIdle). It returns with done false when w closed, or fell silent: a
 // check found that a record stored by the previous check was not
 // delivered, and nothing at all was delivered since (a watch that is
-// merely behind is kept).
+// merely behind is kept); or the client reconnected since.
 func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top uint64) (uint64, bool) {
 	tick := time.NewTicker(h.check)
 	defer tick.Stop()
 	mark := after // the bucket's last revision at the previous check
+	reconnects := h.reconnects()
 	idle := false
 	got := false // anything delivered since the previous check
 	for {
@@ -297,6 +303,9 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 			h.mu.Unlock()
 			if after < mark && !got {
 				return after, false // silent, not merely behind
+			}
+			if h.reconnects() != reconnects {
+				return after, false // set up before a reconnection
 			}
 			got = false
 			last, err := h.lastSeq(ctx)
