@@ -191,16 +191,10 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 			return jetflow.Step(ctx, "after", func(context.Context) (string, error) { b.afters.Add(1); return p.Ref, nil })
 		}, jetflow.WithEvent[payment]("paid")),
 	))
-	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
+	runWorker(t, ns, ws, jetflow.WorkerConfig{})
 	t.Cleanup(b.release) // runs before the worker stops: blocked steps finish
 
+	var err error
 	b.client, err = jetflow.NewClient(ctxT(t, 10*time.Second), testenv.Conn(t, ns), jetflow.ClientConfig{})
 	require.NoError(t, err)
 	cfg := Config{
@@ -322,4 +316,19 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// runWorker starts a worker of ws on its own connection to ns (cfg's
+// Logger is the test's), stopped when t ends.
+func runWorker(t *testing.T, ns *jetstream.Embedded, ws *jetflow.Workers, cfg jetflow.WorkerConfig) {
+	t.Helper()
+	cfg.Logger = testenv.Logger(t)
+	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
 }

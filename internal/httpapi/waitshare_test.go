@@ -57,14 +57,7 @@ func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
 	ws := jetflow.NewWorkers()
 	require.NoError(t, ws.Add(gated))
 	// No sweeper: its passes watch the runs bucket with consumers of their own.
-	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t), SweepInterval: -1, Concurrency: 64})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
+	runWorker(t, ns, ws, jetflow.WorkerConfig{SweepInterval: -1, Concurrency: 64})
 	client, err := jetflow.NewClient(ctxT(t, 10*time.Second), testenv.Conn(t, ns), jetflow.ClientConfig{})
 	require.NoError(t, err)
 	api, err := New(Config{Backend: client, Logger: testenv.Logger(t)})

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -293,14 +292,7 @@ func (b *bundle) servePayments() {
 		ev, err := jetflow.WaitEvent[paidEvent](ctx, "paid", jetflow.WithHookToken("order-"+order+"-payment"))
 		return fmt.Sprintf("%s:%d", ev.ID, ev.Data.Object.Amount), err
 	}, jetflow.WithEvent[paidEvent]("paid"))))
-	w, err := jetflow.NewWorker(testenv.Conn(b.t, b.ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(b.t)})
-	require.NoError(b.t, err)
-	require.NoError(b.t, w.Start(ctxT(b.t, 30*time.Second)))
-	b.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(b.t, w.Stop(ctx))
-	})
+	runWorker(b.t, b.ns, ws, jetflow.WorkerConfig{})
 }
 
 // A configured resume rule: a Stripe payment_intent.succeeded event
