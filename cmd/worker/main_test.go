@@ -177,18 +177,7 @@ func TestPaymentsURL(t *testing.T) {
 
 	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr=", "--payments-url", pay.URL()}, nil)
 	require.Equal(t, pay.URL(), ep.PaymentsURL)
-	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
-	require.NoError(t, err)
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), testWait)
-	defer cancel()
-	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
-	require.NoError(t, err)
-	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-o-1"))
-	require.NoError(t, err)
-	run, err := c.WaitRun(ctx, "order-o-1")
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	runOrder(t, ep.NatsURL, "order-o-1")
 	require.Equal(t, 1, pay.ChargesFor("order-o-1.charge.0"))
 	require.Equal(t, 0, stop())
 
@@ -210,18 +199,7 @@ func TestTracingFromEnvironment(t *testing.T) {
 	collector := otlptest.New(t)
 	ep, stop := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr", ""},
 		map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": collector.URL, "OTEL_SERVICE_NAME": "orders-worker"})
-	nc, err := jetflow.Connect(ep.NatsURL, nats.Name(t.Name()))
-	require.NoError(t, err)
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), testWait)
-	defer cancel()
-	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
-	require.NoError(t, err)
-	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID("order-traced"))
-	require.NoError(t, err)
-	run, err := c.WaitRun(ctx, "order-traced")
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusCompleted, run.Status)
+	runOrder(t, ep.NatsURL, "order-traced")
 	require.Zero(t, stop())
 	traces := collector.Traces()
 	require.NotEmpty(t, traces, "no OTLP request on /v1/traces")
@@ -231,4 +209,22 @@ func TestTracingFromEnvironment(t *testing.T) {
 	}
 	require.Contains(t, string(all), "orders-worker", "the service name")
 	require.Contains(t, string(all), "jetflow.run", "the run's span")
+}
+
+// runOrder starts the order workflow as runID through the worker's NATS
+// URL and waits until it completed.
+func runOrder(t *testing.T, natsURL, runID string) {
+	t.Helper()
+	nc, err := jetflow.Connect(natsURL, nats.Name(t.Name()))
+	require.NoError(t, err)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{})
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "order", orderInput, jetflow.WithRunID(runID))
+	require.NoError(t, err)
+	run, err := c.WaitRun(ctx, runID)
+	require.NoError(t, err)
+	require.Equal(t, jetflow.StatusCompleted, run.Status)
 }
