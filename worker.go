@@ -88,6 +88,9 @@ type WorkerConfig struct {
 
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
+	// now is the worker's clock (nil: time.Now); the test kit's time
+	// control sets it.
+	now func() time.Time
 	// sweepHook sees the report of every sweep pass (tests).
 	sweepHook func(sweep.Pass)
 }
@@ -209,7 +212,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
-		Tracer: w.cfg.Tracing.internal(),
+		Tracer: w.cfg.Tracing.internal(), Now: w.cfg.now,
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,

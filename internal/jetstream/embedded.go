@@ -169,6 +169,14 @@ func (e *Embedded) Connect(name string) (*nats.Conn, error) {
 	return Connect(e.ClientURL(), name)
 }
 
+// Clients is the number of client connections the server holds now.
+func (e *Embedded) Clients() int {
+	if e.srv == nil {
+		return 0
+	}
+	return e.srv.NumClients()
+}
+
 // Shutdown stops the server and waits for it to finish. Stored data stays in
 // DataDir.
 func (e *Embedded) Shutdown() {

@@ -41,6 +41,11 @@ type Hooks struct {
 	// deadline, as a paused or partitioned worker would fail to: the task
 	// is redelivered while its step still runs (a zombie).
 	NoHeartbeat bool
+	// WrapStep returns the function to run for the step called step of
+	// workflow wf, whose own function is fn: fn itself, a wrapper or a
+	// replacement (the test kit's step stubs and crash points). It is
+	// asked every time a body starts a step.
+	WrapStep func(wf, step string, fn StepFunc) StepFunc
 }
 
 // Config configures an Executor.

@@ -99,6 +99,9 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
+	if wrap := c.exec.cfg.Hooks.WrapStep; wrap != nil {
+		fn = wrap(c.run.Workflow, name, fn)
+	}
 	p := c.next(name)
 	p.call = &stepCall{name: name, id: p.id, seq: p.seq, policy: policy.WithDefaults(), taskKey: key, fn: fn}
 	c.begin(p)

@@ -1,0 +1,262 @@
+package jetflowtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/kit"
+	"github.com/jetflow/jetflow/internal/workflow"
+)
+
+// Config configures an Env. Zero fields take the defaults.
+type Config struct {
+	// AckWait is the workers' AckWait (default 2s): how long after a
+	// simulated crash the crashed worker's task is redelivered to the
+	// fresh worker. Running steps extend it every third, so a longer step
+	// is not redelivered while its worker lives.
+	AckWait time.Duration
+	// Timeout bounds each wait of the Env: Run, Wait and the drain of the
+	// workers at the end of the test (default 30s plus ten AckWaits).
+	Timeout time.Duration
+	// Worker is the base configuration of every worker the Env starts.
+	// Its AckWait and Name are the Env's; a zero Logger writes warnings
+	// and errors to the test's log.
+	Worker jetflow.WorkerConfig
+	// Client configures the Env's client.
+	Client jetflow.ClientConfig
+}
+
+func (c Config) withDefaults() Config {
+	if c.AckWait == 0 {
+		c.AckWait = 2 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30*time.Second + 10*c.AckWait
+	}
+	c.Client.Topology = c.Worker.Topology
+	return c
+}
+
+// Env is one test's jetflow: an embedded NATS server with JetStream in
+// t.TempDir(), a worker serving the test's workflows, and a client. It is
+// stopped when the test ends, and the test fails if a worker does not
+// drain in time or a connection the Env opened is left open.
+//
+// An Env is safe for concurrent use by the test's goroutines.
+type Env struct {
+	t      testing.TB
+	cfg    Config
+	srv    *jetstream.Embedded
+	wfs    []jetflow.Registrable
+	nc     *nats.Conn
+	client *jetflow.Client
+	clock  *Clock
+
+	mu      sync.Mutex
+	worker  *proc
+	seq     int
+	crashes int
+	// points are the armed crash points, by step name.
+	points map[string]*crashPoint
+	// stubs replace step functions, by workflow and step name ("" for
+	// any workflow).
+	stubs map[stubKey]workflow.StepFunc
+	// reaping are the crashed workers being stopped.
+	reaping sync.WaitGroup
+	closed  bool
+}
+
+// proc is one worker "process": its own connection, so that a crash cuts
+// everything it would still send.
+type proc struct {
+	name    string
+	nc      *nats.Conn
+	w       *jetflow.Worker
+	crashed sync.Once
+}
+
+// New starts an Env serving wfs with the default Config. See NewWithConfig.
+func New(t testing.TB, wfs ...jetflow.Registrable) *Env {
+	t.Helper()
+	return NewWithConfig(t, Config{}, wfs...)
+}
+
+// NewWithConfig starts an embedded NATS server in t.TempDir(), a worker
+// serving wfs and a client, and registers their shutdown with t.Cleanup.
+// It fails the test at once when any of them cannot start.
+func NewWithConfig(t testing.TB, cfg Config, wfs ...jetflow.Registrable) *Env {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	if err != nil {
+		t.Fatalf("jetflowtest: start embedded NATS: %v", err)
+	}
+	e := &Env{t: t, cfg: cfg, srv: srv, wfs: wfs, clock: newClock(),
+		points: map[string]*crashPoint{}, stubs: map[stubKey]workflow.StepFunc{}}
+	t.Cleanup(e.close)
+	if e.nc, err = srv.Connect(t.Name() + "-client"); err != nil {
+		t.Fatalf("jetflowtest: connect: %v", err)
+	}
+	if err := e.startWorker(); err != nil {
+		t.Fatalf("jetflowtest: %v", err)
+	}
+	ctx, cancel := e.context()
+	defer cancel()
+	if e.client, err = jetflow.NewClient(ctx, e.nc, cfg.Client); err != nil {
+		t.Fatalf("jetflowtest: client: %v", err)
+	}
+	return e
+}
+
+// Client is the Env's client, for starting runs and reading them.
+func (e *Env) Client() *jetflow.Client { return e.client }
+
+// Conn is the client's NATS connection.
+func (e *Env) Conn() *nats.Conn { return e.nc }
+
+// URL is the embedded server's client URL, for a second client or a
+// process under test.
+func (e *Env) URL() string { return e.srv.ClientURL() }
+
+// Crashes is how many worker crashes the Env has simulated.
+func (e *Env) Crashes() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.crashes
+}
+
+// context is bounded by the Env's Timeout.
+func (e *Env) context() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), e.cfg.Timeout)
+}
+
+// startWorker starts a fresh worker, on a connection of its own, and makes
+// it the current one.
+func (e *Env) startWorker() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.seq++
+	p := &proc{name: fmt.Sprintf("%s-worker-%d", sanitize(e.t.Name()), e.seq)}
+	e.mu.Unlock()
+
+	nc, err := e.srv.Connect(p.name)
+	if err != nil {
+		return fmt.Errorf("connect worker: %w", err)
+	}
+	p.nc = nc
+	reg := jetflow.NewRegistry()
+	if err := reg.Register(e.wfs...); err != nil {
+		nc.Close()
+		return err
+	}
+	wc := e.cfg.Worker
+	wc.Name, wc.AckWait = p.name, e.cfg.AckWait
+	if wc.Logger.GetLevel() == zerolog.DebugLevel { // the zero Logger
+		wc.Logger = zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
+	}
+	wc = kit.ApplyWorker(wc, kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now}).(jetflow.WorkerConfig)
+	w, err := jetflow.NewWorker(nc, reg, wc)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	p.w = w // before Start: a crash hook may fire as soon as it consumes
+	ctx, cancel := e.context()
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		nc.Close()
+		return fmt.Errorf("start worker: %w", err)
+	}
+	e.mu.Lock()
+	e.worker = p
+	e.mu.Unlock()
+	return nil
+}
+
+// hooks are the fault and stub hooks of worker p.
+func (e *Env) hooks(p *proc) workflow.Hooks {
+	return workflow.Hooks{
+		AfterCommit: func(stepID string, won bool) {
+			if won && e.take(stepName(stepID), afterCommit) {
+				e.crash(p)
+			}
+		},
+		WrapStep: func(wf, step string, fn workflow.StepFunc) workflow.StepFunc {
+			if stub := e.stub(wf, step); stub != nil {
+				fn = stub
+			}
+			if !e.armed(step, duringStep) {
+				return fn
+			}
+			return e.crashDuring(p, step, fn)
+		},
+	}
+}
+
+// stepName is the step name in a step ID: <run identity>.<name>.<n>, where
+// names hold no '.'.
+func stepName(stepID string) string {
+	rest := stepID[:max(strings.LastIndexByte(stepID, '.'), 0)]
+	return rest[strings.LastIndexByte(rest, '.')+1:]
+}
+
+// sanitize makes a test name usable in a worker name.
+func sanitize(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == ' ' {
+			return '_'
+		}
+		return r
+	}, name)
+}
+
+// close stops the current worker within the Timeout, waits for crashed
+// workers to be reaped, closes the client and checks that no connection
+// the Env opened was left open.
+func (e *Env) close() {
+	e.mu.Lock()
+	e.closed = true
+	p := e.worker
+	e.mu.Unlock()
+	if p != nil {
+		ctx, cancel := e.context()
+		if err := p.w.Stop(ctx); err != nil {
+			e.t.Errorf("jetflowtest: worker did not drain: %v", err)
+		}
+		cancel()
+		p.nc.Close()
+	}
+	e.reaping.Wait()
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if n := e.waitClients(); n != 0 {
+		e.t.Errorf("jetflowtest: %d NATS connection(s) still open at the end of the test", n)
+	}
+	e.srv.Shutdown()
+}
+
+// waitClients waits, within the Timeout, for the server to see every
+// connection closed, and returns how many are still open.
+func (e *Env) waitClients() int {
+	deadline := time.Now().Add(e.cfg.Timeout)
+	for {
+		n := e.srv.Clients()
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,115 @@
+package jetflowtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jetflow/jetflow"
+)
+
+// Run starts wf with input through the Env's client and waits for its
+// result within the Env's Timeout. It returns the run's output, or the
+// run's error (a *jetflow.RunError) when it failed or was cancelled.
+// A start or a wait that could not be made fails the test at once.
+//
+// A repeat call with the same run ID (jetflow.WithRunID) lands on the same
+// run, as any start does: it returns that run's result.
+func Run[P, R any](e *Env, wf *jetflow.Workflow[P, R], input P, opts ...jetflow.StartOption) (R, error) {
+	e.t.Helper()
+	h := Start(e, wf, input, opts...)
+	ctx, cancel := e.context()
+	defer cancel()
+	return h.Result(ctx)
+}
+
+// Start starts wf with input through the Env's client and returns the
+// run's handle without waiting. A start that could not be made fails the
+// test at once.
+func Start[P, R any](e *Env, wf *jetflow.Workflow[P, R], input P, opts ...jetflow.StartOption) *jetflow.Handle[R] {
+	e.t.Helper()
+	ctx, cancel := e.context()
+	defer cancel()
+	h, err := jetflow.Start(ctx, e.client, wf, input, opts...)
+	if err != nil {
+		e.t.Fatalf("jetflowtest: start %s: %v", wf.Name(), err)
+	}
+	return h
+}
+
+// Wait waits, within the Env's Timeout, for run runID to end and returns
+// it as stored. A wait that could not be made fails the test at once.
+func (e *Env) Wait(runID string) jetflow.Run {
+	e.t.Helper()
+	ctx, cancel := e.context()
+	defer cancel()
+	run, err := e.client.WaitRun(ctx, runID)
+	if err != nil {
+		e.t.Fatalf("jetflowtest: wait for run %s: %v", runID, err)
+	}
+	return run
+}
+
+// Report is everything stored about one run: the run (status, input,
+// output, error, generation and duplicate-start audit), its committed
+// steps in the order the body started them (IDs, names, attempts with the
+// failed ones before, results, task keys, sleeps, timers and events), and
+// the steps that failed and have not committed.
+type Report struct {
+	Run   jetflow.Run
+	Steps []jetflow.StepRecord
+	Open  []jetflow.OpenStep
+}
+
+// Inspect reads run runID's Report. A read that could not be made fails
+// the test at once.
+func (e *Env) Inspect(runID string) Report {
+	e.t.Helper()
+	ctx, cancel := e.context()
+	defer cancel()
+	var r Report
+	var err error
+	if r.Run, err = e.client.GetRun(ctx, runID); err != nil {
+		e.t.Fatalf("jetflowtest: read run %s: %v", runID, err)
+	}
+	if r.Steps, err = e.client.Steps(ctx, runID); err != nil {
+		e.t.Fatalf("jetflowtest: read the steps of run %s: %v", runID, err)
+	}
+	if r.Open, err = e.client.OpenSteps(ctx, runID); err != nil {
+		e.t.Fatalf("jetflowtest: read the open steps of run %s: %v", runID, err)
+	}
+	return r
+}
+
+// Step is the committed step called name (its first call) in the Report,
+// or false.
+func (r Report) Step(name string) (jetflow.StepRecord, bool) {
+	for _, s := range r.Steps {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return jetflow.StepRecord{}, false
+}
+
+// StepNames are the names of the committed steps, in order.
+func (r Report) StepNames() []string {
+	names := make([]string, len(r.Steps))
+	for i, s := range r.Steps {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// Output decodes the step record's committed result into a T.
+func Output[T any](s jetflow.StepRecord) (T, error) {
+	var v T
+	if err := json.Unmarshal(s.Output, &v); err != nil {
+		return v, fmt.Errorf("jetflowtest: decode output of step %s: %w", s.StepID, err)
+	}
+	return v, nil
+}
+
+// Background is a context bounded by the Env's Timeout, for the client's
+// own calls; cancel it when done.
+func (e *Env) Background() (context.Context, context.CancelFunc) { return e.context() }
