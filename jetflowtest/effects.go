@@ -4,7 +4,6 @@ import (
 	"context"
 	"sort"
 	"sync"
-	"testing"
 
 	"github.com/jetflow/jetflow"
 )
@@ -80,7 +79,7 @@ func (e *Effects) Repeated() []string {
 
 // RequireCalledOnce fails t unless every key was called exactly once and
 // every call carried a key: no step's function ran twice.
-func (e *Effects) RequireCalledOnce(t testing.TB) {
+func (e *Effects) RequireCalledOnce(t T) {
 	t.Helper()
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -97,7 +96,7 @@ func (e *Effects) RequireCalledOnce(t testing.TB) {
 // RequireApplied fails t unless exactly the steps stepIDs applied an
 // effect (in any order), each carrying its key: the effect of each
 // happened once at the provider, however often it was called.
-func (e *Effects) RequireApplied(t testing.TB, stepIDs ...string) {
+func (e *Effects) RequireApplied(t T, stepIDs ...string) {
 	t.Helper()
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,7 +52,7 @@ func (c Config) withDefaults() Config {
 //
 // An Env is safe for concurrent use by the test's goroutines.
 type Env struct {
-	t      testing.TB
+	t      T
 	cfg    Config
 	srv    *jetstream.Embedded
 	wfs    []jetflow.Registrable
@@ -85,7 +84,7 @@ type proc struct {
 }
 
 // New starts an Env serving wfs with the default Config. See NewWithConfig.
-func New(t testing.TB, wfs ...jetflow.Registrable) *Env {
+func New(t T, wfs ...jetflow.Registrable) *Env {
 	t.Helper()
 	return NewWithConfig(t, Config{}, wfs...)
 }
@@ -93,7 +92,7 @@ func New(t testing.TB, wfs ...jetflow.Registrable) *Env {
 // NewWithConfig starts an embedded NATS server in t.TempDir(), a worker
 // serving wfs and a client, and registers their shutdown with t.Cleanup.
 // It fails the test at once when any of them cannot start.
-func NewWithConfig(t testing.TB, cfg Config, wfs ...jetflow.Registrable) *Env {
+func NewWithConfig(t T, cfg Config, wfs ...jetflow.Registrable) *Env {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})

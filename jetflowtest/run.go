@@ -113,3 +113,20 @@ func Output[T any](s jetflow.StepRecord) (T, error) {
 // Background is a context bounded by the Env's Timeout, for the client's
 // own calls; cancel it when done.
 func (e *Env) Background() (context.Context, context.CancelFunc) { return e.context() }
+
+// SendEvent sends the event called name, with ID eventID and payload
+// encoded to JSON, to run runID, and returns what Client.SendEvent does: a
+// wait for it that is open or opens later receives it, a repeat with the
+// same eventID is a duplicate that changes nothing (its result says so),
+// and a run that has ended answers jetflow.ErrRunEnded. A payload that
+// cannot be encoded fails the test at once.
+func (e *Env) SendEvent(runID, name, eventID string, payload any) (jetflow.EventResult, error) {
+	e.t.Helper()
+	b, err := json.Marshal(payload)
+	if err != nil {
+		e.t.Fatalf("jetflowtest: encode the payload of event %s: %v", name, err)
+	}
+	ctx, cancel := e.context()
+	defer cancel()
+	return e.client.SendEvent(ctx, runID, name, eventID, b)
+}

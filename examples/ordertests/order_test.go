@@ -2,7 +2,6 @@ package ordertests_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 
@@ -44,10 +43,7 @@ func input(id string) orders.OrderInput {
 // webhook would; the run keeps it until its body waits for it.
 func (s *shop) deliver(t *testing.T, runID string) {
 	t.Helper()
-	ctx, cancel := s.env.Background()
-	defer cancel()
-	payload, _ := json.Marshal(orders.CarrierDelivered{Carrier: "DHL"})
-	if _, err := s.env.Client().SendEvent(ctx, runID, orders.EventDelivered, "dhl-1", payload); err != nil {
+	if _, err := s.env.SendEvent(runID, orders.EventDelivered, "dhl-1", orders.CarrierDelivered{Carrier: "DHL"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -81,6 +77,11 @@ func TestOrderCompletes(t *testing.T) {
 	}
 	if n := s.pay.ChargesFor(charge.StepID); n != 1 {
 		t.Fatalf("%d charges under %s, want 1", n, charge.StepID)
+	}
+	// The wait for the carrier holds the event it received.
+	wait, ok := r.Step("event=" + orders.EventDelivered)
+	if !ok || wait.Kind != "event" || wait.EventID != "dhl-1" {
+		t.Fatalf("carrier wait %+v, want the event dhl-1", wait)
 	}
 }
 
