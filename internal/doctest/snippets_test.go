@@ -49,6 +49,7 @@ func TestGoBlocksBuildAndRun(t *testing.T) {
 	t.Parallel()
 	mod := t.TempDir()
 	var snippets []goBlock
+	tests := map[string]bool{} // directories of test blocks
 	for _, f := range docFiles(t) {
 		blocks, err := Blocks(f)
 		require.NoError(t, err)
@@ -62,10 +63,18 @@ func TestGoBlocksBuildAndRun(t *testing.T) {
 			if i+1 < len(blocks) && blocks[i+1].Lang == "text" && blocks[i+1].Lead == "Output:" {
 				g.output = &blocks[i+1]
 			}
-			require.Contains(t, []string{"", "build"}, b.Directive, "%s: unknown directive", b.Where())
+			require.Contains(t, []string{"", "build", "test"}, b.Directive, "%s: unknown directive", b.Where())
+			name := "snippet.go"
+			if b.Directive == "test" {
+				// The test files of one package of one doc share a
+				// directory, so a later block uses an earlier one's code.
+				g.dir = fmt.Sprintf("t_%s_%s", strings.TrimSuffix(filepath.Base(f), ".md"), g.pkg)
+				name = fmt.Sprintf("snippet%d_test.go", i)
+				tests[g.dir] = true
+			}
 			dir := filepath.Join(mod, g.dir)
 			require.NoError(t, os.MkdirAll(dir, 0o755))
-			require.NoError(t, os.WriteFile(filepath.Join(dir, "snippet.go"), []byte(b.Text), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(b.Text), 0o644))
 			snippets = append(snippets, g)
 		}
 	}
@@ -75,8 +84,17 @@ func TestGoBlocksBuildAndRun(t *testing.T) {
 	bin := filepath.Join(mod, "bin")
 	goCmd(t, mod, "build", "-o", bin+string(filepath.Separator), "./...")
 
+	goCmd(t, mod, "vet", "./...") // test blocks are compiled only by go test and go vet
+	for dir := range tests {
+		goCmd(t, mod, "test", "-count=1", "./"+dir)
+	}
+
 	ran := 0
 	for _, g := range snippets {
+		if g.Directive == "test" {
+			require.Nil(t, g.output, "%s: a test block has no output to show", g.Where())
+			continue
+		}
 		if g.pkg != "main" || g.Directive == "build" {
 			require.Nil(t, g.output, "%s: a program that is not run has no output to show", g.Where())
 			continue
