@@ -221,15 +221,18 @@ func sanitize(name string) string {
 	}, name)
 }
 
-// close stops the current worker within the Timeout, waits for crashed
-// workers to be reaped, closes the client and checks that no connection
-// the Env opened was left open.
+// close waits for crashed workers to be reaped and a restart under way to
+// finish, stops the current worker within the Timeout, closes the client
+// and checks that no connection the Env opened was left open.
 func (e *Env) close() {
 	e.mu.Lock()
-	e.closed = true
+	e.closed = true // no worker starts after this
+	e.mu.Unlock()
+	e.reaping.Wait() // crashed workers stopped, a restart under way finished
+	e.mu.Lock()
 	p := e.worker
 	e.mu.Unlock()
-	if p != nil {
+	if p != nil && p.w != nil {
 		ctx, cancel := e.context()
 		if err := p.w.Stop(ctx); err != nil {
 			e.t.Errorf("jetflowtest: worker did not drain: %v", err)
@@ -237,7 +240,6 @@ func (e *Env) close() {
 		cancel()
 		p.nc.Close()
 	}
-	e.reaping.Wait()
 	if e.nc != nil {
 		e.nc.Close()
 	}
