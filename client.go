@@ -20,7 +20,6 @@ import (
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/tracing"
-	"github.com/jetflow/jetflow/internal/workflow"
 )
 
 // Outcome says what a start did.
@@ -32,6 +31,10 @@ const (
 	// OutcomeExisting: the run already existed; the start was absorbed as a
 	// duplicate and the existing run is returned.
 	OutcomeExisting Outcome = "existing"
+	// OutcomeSuperseded: the run was running, and the conflict policy
+	// (Supersede) cancelled its generation and started a new one with this
+	// start's input.
+	OutcomeSuperseded Outcome = "superseded"
 	// OutcomeRestarted: the run had ended and the conflict policy said to
 	// start a new one under the same run ID (StartNew); the handle is the
 	// new run's. Its step IDs differ from the old run's.
@@ -95,8 +98,8 @@ type Client struct {
 	assets *jetstream.Assets
 	admit  *dedupe.Admitter
 	runs   *runs.Store
-	// parents commits a cancelled child's result in its parent.
-	parents workflow.ParentNotifier
+	// cancels ends runs as cancelled (CancelRun, superseding starts).
+	cancels *canceller
 	// denials fails a cancel at once when the server refuses its writes.
 	denials denials
 	// noIndexRepair: the server refused this client's repair of the run
@@ -131,10 +134,9 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	store := runs.New(assets)
 	admit := dedupe.New(assets, nil, cfg.Metrics.internal())
 	admit.SetTracer(cfg.Tracing.internal())
-	return &Client{
-		nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store,
-		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now},
-	}, nil
+	cancels := newCanceller(nc, assets, store, cfg.Metrics.internal(), cfg.Tracing.internal())
+	cancels.attach(admit)
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store, cancels: cancels}, nil
 }
 
 // Ready reports whether the client can start and read runs: connected to
@@ -214,7 +216,8 @@ type Handle[R any] struct {
 	// Outcome is OutcomeCreated for exactly one start of a run ID, and
 	// OutcomeExisting for every other one, except that a start which the
 	// conflict policy lets replace an ended run (StartNew) gets
-	// OutcomeRestarted, exactly one per replaced run.
+	// OutcomeRestarted, and one that replaces a running run (Supersede)
+	// OutcomeSuperseded, exactly one per replaced run.
 	Outcome Outcome
 	// Status is the run's state when the start returned.
 	Status RunStatus
@@ -225,6 +228,9 @@ type Handle[R any] struct {
 	// existed and was forgotten because its retention passed: this is a
 	// new run, not a duplicate of that one.
 	AfterExpiry bool
+	// Generation is the generation of the run this start created or got
+	// (0 for a run ID's first run; see StartNew and Supersede).
+	Generation int
 
 	client *Client
 }
@@ -279,7 +285,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	}
 	return &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
-		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, client: c,
+		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation, client: c,
 	}, nil
 }
 
@@ -289,6 +295,8 @@ func outcome(o dedupe.Outcome) Outcome {
 		return OutcomeCreated
 	case dedupe.Restarted:
 		return OutcomeRestarted
+	case dedupe.Superseded:
+		return OutcomeSuperseded
 	case dedupe.Existing:
 		return OutcomeExisting
 	default:
@@ -314,17 +322,34 @@ func startByRequest[R any](ctx context.Context, c *Client, workflow string, rete
 	}
 	return &Handle[R]{
 		RunID: res.RunID, Outcome: res.Outcome, Status: res.Status,
-		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, client: c,
+		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Generation, client: c,
 	}, nil
 }
 
 // Result waits until the run ends and returns its typed output, or a
 // *RunError if it failed. Calling it again returns the same result.
+//
+// It waits for the generation the start created or got (Generation): when
+// a newer start replaces that generation (Supersede while it runs, or
+// StartNew after it ended), Result returns a *RunError with status
+// cancelled and Code CodeSuperseded, since the replaced generation's
+// record is no longer kept. WaitRun, by run ID, waits for whichever
+// generation runs.
 func (h *Handle[R]) Result(ctx context.Context) (R, error) {
 	var out R
-	r, err := h.client.waitRecord(ctx, h.RunID)
-	if err != nil {
+	if err := state.ValidateRunID(h.RunID); err != nil {
 		return out, err
+	}
+	r, err := h.client.runs.WaitGeneration(ctx, h.RunID, h.Generation)
+	if errors.Is(err, runs.ErrNotFound) {
+		return out, fmt.Errorf("%w: %s", ErrRunNotFound, h.RunID)
+	}
+	if err != nil {
+		return out, err // ctx's own error as it is, not ErrUnavailable
+	}
+	if r.Generation > h.Generation {
+		return out, &RunError{RunID: h.RunID, Status: StatusCancelled, Kind: "cancelled", Code: CodeSuperseded,
+			Message: fmt.Sprintf("generation %d of run %s was replaced by generation %d; its result is not kept", h.Generation, h.RunID, r.Generation)}
 	}
 	if r.Error != nil {
 		return out, runErrorFrom(r.RunID, RunStatus(r.Status), r.Error)
@@ -343,9 +368,10 @@ type StartResult struct {
 	Workflow string    `json:"workflow"`
 	Outcome  Outcome   `json:"outcome"`
 	Status   RunStatus `json:"status"`
-	// Duplicates and AfterExpiry are as in Handle.
+	// Duplicates, AfterExpiry and Generation are as in Handle.
 	Duplicates  int64 `json:"duplicates"`
 	AfterExpiry bool  `json:"after_expiry,omitempty"`
+	Generation  int   `json:"generation,omitempty"`
 }
 
 // StartByName starts a run of the workflow called name with JSON input, by
@@ -428,6 +454,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	return StartResult{
 		RunID: reply.RunID, Workflow: reply.Workflow, Outcome: Outcome(reply.Outcome),
 		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates, AfterExpiry: reply.AfterExpiry,
+		Generation: reply.Generation,
 	}, nil
 }
 
@@ -537,17 +564,22 @@ type DuplicateAttempt struct {
 	// envelope's source.
 	Source string `json:"source,omitempty"`
 	// Outcome is "existing" (absorbed), "conflict" (another workflow or
-	// input), "rejected" (by the conflict policy) or "restarted" (the run
-	// had ended and a new one was started).
+	// input), "rejected" (by the conflict policy), "restarted" (the run
+	// had ended and a new one was started) or "superseded" (the running
+	// generation was cancelled and a new one started).
 	Outcome string `json:"outcome"`
 	// FingerprintMatch is whether workflow and input matched the run's.
 	FingerprintMatch bool `json:"fingerprint_match"`
 	// Status is the run's state the attempt saw.
 	Status RunStatus `json:"status,omitempty"`
+	// Generation is the generation the attempt was answered with: the one
+	// it started (restarted, superseded) or the one it got.
+	Generation int `json:"generation,omitempty"`
 }
 
 func toAttempt(e state.AuditEntry) DuplicateAttempt {
-	return DuplicateAttempt{At: e.At, Source: e.Source, Outcome: e.Outcome, FingerprintMatch: e.FingerprintMatch, Status: RunStatus(e.Status)}
+	return DuplicateAttempt{At: e.At, Source: e.Source, Outcome: e.Outcome, FingerprintMatch: e.FingerprintMatch,
+		Status: RunStatus(e.Status), Generation: e.Generation}
 }
 
 // GetRun reads a run, or returns ErrRunNotFound.
@@ -791,41 +823,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	if err := state.ValidateRunID(runID); err != nil {
 		return CancelOutcome{}, err
 	}
-	run, cancelled, err := c.runs.Cancel(ctx, runID)
-	if errors.Is(err, runs.ErrNotFound) {
-		return CancelOutcome{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-	}
-	if err != nil {
-		return CancelOutcome{}, err
-	}
-	out = CancelOutcome{RunID: runID, Status: RunStatus(run.Status), AlreadyCancelled: !cancelled}
-	if run.Status != state.StatusCancelled {
-		return out, fmt.Errorf("%w: %s is %s", ErrRunEnded, runID, run.Status)
-	}
-	if cancelled {
-		c.cfg.Metrics.internal().RunFinished(run.Workflow, string(run.Status), run.UpdatedAt.Sub(run.CreatedAt))
-		c.cfg.Tracing.internal().EndRun(run) // the run ends here, not in a worker
-	}
-	// Again on a repeat: the call that cancelled the run may have failed
-	// to tell the workers or the parent (both are safe to repeat).
-	if err := c.notifyCancelled(ctx, run); err != nil {
-		return out, err
-	}
-	for _, child := range run.Children {
-		if child.Detached {
-			continue
-		}
-		sub, err := c.CancelRun(ctx, child.RunID)
-		switch {
-		case errors.Is(err, ErrRunNotFound) || errors.Is(err, ErrRunEnded):
-			continue // never started (the parent's step was cut short), or ended first
-		case err != nil:
-			return out, fmt.Errorf("jetflow: run %s cancelled, but its child %s: %w", runID, child.RunID, err)
-		}
-		out.Children = append(out.Children, child.RunID)
-		out.Children = append(out.Children, sub.Children...)
-	}
-	return out, nil
+	return c.cancels.cancel(ctx, runID)
 }
 
 // cancelWrites are the subjects CancelRun publishes to: run records, the
@@ -835,23 +833,4 @@ var cancelWrites = []string{
 	"$KV." + jetstream.StepsBucket + ".",
 	"jetflow.task.", // jetstream.ResumeSubject
 	jetstream.CancelSubjectPrefix,
-}
-
-// notifyCancelled tells the workers and the parent of run, which this
-// client has just cancelled. The workers' notice is best effort: a worker
-// that misses it still starts no step of the run, as every step reads the
-// run's record first.
-func (c *Client) notifyCancelled(ctx context.Context, run state.Run) error {
-	// The parent goes on with the child's failure as its step's result;
-	// a parent cancelled itself gets the result recorded and no task.
-	if err := c.parents.Notify(ctx, run); err != nil {
-		return fmt.Errorf("jetflow: run %s cancelled, but telling its parent failed: %w", run.RunID, err)
-	}
-	if err := c.nc.Publish(jetstream.CancelSubjectPrefix+run.RunID, []byte(run.Token)); err != nil {
-		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", run.RunID, err)
-	}
-	if err := c.nc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("jetflow: run %s cancelled, but notifying workers failed: %w", run.RunID, err)
-	}
-	return nil
 }

@@ -52,6 +52,7 @@ var (
 		pairs: []enumPair[WhileRunning, dedupe.OnRunning]{
 			{Attach, dedupe.Attach},
 			{RejectWhileRunning, dedupe.RejectRunning},
+			{Supersede, dedupe.Supersede},
 		},
 	}
 	afterEndedTable = enumTable[AfterEnded, dedupe.OnEnded]{

@@ -26,7 +26,27 @@ const (
 	Attach WhileRunning = iota
 	// RejectWhileRunning returns ErrDuplicateRejected (HTTP 409).
 	RejectWhileRunning
+	// Supersede lets a newer start replace the running run: a start whose
+	// input differs from the running generation's cancels that generation
+	// (its steps stop and its children are cancelled, as CancelRun does;
+	// its record shows it cancelled with code "superseded") and starts a
+	// new generation under the same run ID with its own input
+	// (OutcomeSuperseded; the new generation's step IDs are
+	// <run-id>/<n>.<step>.<occurrence>, so external APIs see new
+	// idempotency keys). A start with the running generation's own input
+	// is a retry of the start that created it and attaches
+	// (OutcomeExisting), so a retried request never cancels its own run.
+	// However many superseding starts race, one generation is running when
+	// they have returned, each superseded one is cancelled, and each start
+	// learns the generation it started or got (Handle.Generation). It
+	// overrides FingerprintStrict: another input is what it acts on.
+	Supersede
 )
+
+// CodeSuperseded is the RunError.Code of a generation that a newer start
+// replaced (Supersede), as its record and the handles of its starts report
+// it.
+const CodeSuperseded = dedupe.CodeSuperseded
 
 // AfterEnded is what a duplicate start gets once the run has ended.
 type AfterEnded int

@@ -199,6 +199,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
 	admit.SetTracer(w.cfg.Tracing.internal())
+	newCanceller(w.nc, assets, runs.New(assets), w.cfg.Metrics.internal(), w.cfg.Tracing.internal()).attach(admit)
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))

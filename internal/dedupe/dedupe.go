@@ -37,6 +37,10 @@ const (
 	// Restarted: the run had ended and the policy started a new one under
 	// the same run ID.
 	Restarted
+	// Superseded: the run was running, and the policy (Supersede)
+	// cancelled its generation and started a new one with this start's
+	// input.
+	Superseded
 )
 
 func (o Outcome) String() string {
@@ -47,6 +51,8 @@ func (o Outcome) String() string {
 		return "existing"
 	case Restarted:
 		return "restarted"
+	case Superseded:
+		return "superseded"
 	default:
 		return "unknown"
 	}
@@ -103,6 +109,8 @@ type Admitter struct {
 	metrics *metrics.Metrics
 	hooks   Hooks
 	tracer  *tracing.Tracer
+	// cancelled finishes the cancel of a superseded generation (SetCancelled).
+	cancelled func(ctx context.Context, run state.Run, first bool) error
 }
 
 // Hooks let tests stop an admission at exact points. Nil hooks do nothing.
@@ -110,10 +118,22 @@ type Hooks struct {
 	// AfterStartPublished runs in Admit once the start task is published,
 	// before the run record is written or read: a start that stalls there.
 	AfterStartPublished func(runID string)
+	// AfterSupersede runs once a superseding start has cancelled the
+	// running generation, before it starts the new one.
+	AfterSupersede func(runID string)
 }
 
 // SetHooks installs h. Call it before the Admitter is used.
 func (a *Admitter) SetHooks(h Hooks) { a.hooks = h }
+
+// SetCancelled sets what a superseding start does once it has cancelled
+// a running generation: tell the run's workers and parent, and cancel its
+// children, as a cancel of the run does (nil: nothing). It is called again
+// by a start that finds the cancelled generation without its successor,
+// so it must be safe to repeat. Call it before the Admitter is used.
+func (a *Admitter) SetCancelled(f func(ctx context.Context, run state.Run, first bool) error) {
+	a.cancelled = f
+}
 
 // SetTracer makes Admit emit a jetflow.start span per start (nil: none).
 // Call it before the Admitter is used.
@@ -261,12 +281,32 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Status: run.Status,
 			FingerprintMatch: run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == fp)}
 		var refusal error
-		act := req.Policy.decide(run.Status)
+		act := req.Policy.decide(run)
 		switch {
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case act == actStartNew && round < maxRestartRounds:
+		case act == actSupersede && run.Fingerprint != fp && round < maxSupersedeRounds:
+			// Another input than the running generation's: a newer
+			// request, not a retry of the one that started it.
+			if err := a.supersede(ctx, req, run, res.Revision); err != nil {
+				return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
+			}
+			// Decide again on what is stored now: the generation this
+			// start or another one cancelled, or a newer generation.
+			var err error
+			if res.Run, res.Revision, err = a.reread(ctx, req.RunID); err != nil {
+				return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
+			}
+			continue
+		case act == actStartNew && round < maxRounds(act, run):
+			if IsSuperseded(run) {
+				// Whoever cancelled it may have died before telling its
+				// workers, parent and children: repeat it.
+				if err := a.finishCancel(ctx, run, false); err != nil {
+					return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
+				}
+			}
 			next, rev, won, err := a.restart(ctx, req, run, res.Revision)
 			if err != nil {
 				return res, fmt.Errorf("jetflow: start %s again: %w", req.RunID, err)
@@ -275,8 +315,15 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 			if !won {
 				continue // another start replaced it first: decide again on its run
 			}
-			res.Outcome = Restarted
-			entry.Outcome = state.AuditRestarted
+			res.Outcome, entry.Outcome = Restarted, state.AuditRestarted
+			if IsSuperseded(run) {
+				res.Outcome, entry.Outcome = Superseded, state.AuditSuperseded
+			}
+		case act == actSupersede:
+			// The same input as the running generation's (a retry of the
+			// start that created it), or a start that lost the race
+			// maxSupersedeRounds times: it attaches.
+			entry.Outcome = state.AuditExisting
 		case !entry.FingerprintMatch && !req.IgnoreInput:
 			// Before the policy's refusal: a key reused with another
 			// payload is a conflict (HTTP 422) in every state, and only a
@@ -289,6 +336,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		default:
 			entry.Outcome = state.AuditExisting
 		}
+		entry.Generation = res.Run.Generation
 		var err error
 		res.Duplicates, err = a.runs.RecordDuplicate(ctx, req.RunID, entry)
 		if err != nil {
@@ -301,6 +349,71 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 // maxRestartRounds bounds how often a start that wants a new run loses the
 // race to another one and looks again (each loss means a new run exists).
 const maxRestartRounds = 3
+
+// maxSupersedeRounds bounds the same for superseding starts, which each
+// start a generation of their own: of n racing, the last to win has lost
+// up to 2(n-1) rounds (a cancel and a restart per winner before it).
+const maxSupersedeRounds = 64
+
+// maxRounds is the bound for act on run.
+func maxRounds(act action, run state.Run) int {
+	if act == actStartNew && IsSuperseded(run) {
+		return maxSupersedeRounds
+	}
+	return maxRestartRounds
+}
+
+// CodeSuperseded is the error code of a generation that a superseding start
+// cancelled.
+const CodeSuperseded = "superseded"
+
+// IsSuperseded reports whether run is a generation that a superseding start
+// cancelled.
+func IsSuperseded(run state.Run) bool {
+	return run.Status == state.StatusCancelled && run.Error != nil && run.Error.Code == CodeSuperseded
+}
+
+// supersede cancels the generation run (read at rev, running) for a newer
+// start. Of concurrent superseding starts that read the same revision, one
+// cancels it and finishes the cancel (finishCancel); the others find it
+// changed. Either way the caller reads what is stored and decides again.
+func (a *Admitter) supersede(ctx context.Context, req Request, run state.Run, rev uint64) error {
+	cancelled, written, err := a.runs.Supersede(ctx, run, rev, &state.ErrorInfo{
+		Kind: "cancelled", Code: CodeSuperseded, Fatal: true,
+		Message: fmt.Sprintf("superseded by a newer start (source %q)", req.Source),
+	})
+	if err != nil || !written {
+		return err
+	}
+	if h := a.hooks.AfterSupersede; h != nil {
+		h(req.RunID)
+	}
+	return a.finishCancel(ctx, cancelled, true)
+}
+
+// reread reads the record of runID as the stream leader holds it; a record
+// that expired meanwhile is ErrRetryStart.
+func (a *Admitter) reread(ctx context.Context, runID string) (state.Run, uint64, error) {
+	latest, err := a.runs.Latest(ctx, runID)
+	switch {
+	case err != nil:
+		return state.Run{}, 0, err
+	case !latest.Live:
+		return state.Run{}, 0, fmt.Errorf("%w: run %s expired while it was being superseded", ErrRetryStart, runID)
+	}
+	run, err := state.DecodeRun(latest.Value)
+	return run, latest.Rev, err
+}
+
+// finishCancel tells the workers and the parent of the superseded
+// generation run and cancels its children (SetCancelled). first is set for
+// the start that cancelled it.
+func (a *Admitter) finishCancel(ctx context.Context, run state.Run, first bool) error {
+	if a.cancelled == nil {
+		return nil
+	}
+	return a.cancelled(ctx, run, first)
+}
 
 // restart replaces the ended run old (at revision oldRev) by a new
 // generation with the request's input. The new generation's start task is

@@ -34,7 +34,7 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 }
 
 // outcomeName names what a start did, for its metric and its span:
-// created, existing, restarted, conflict, rejected or error.
+// created, existing, restarted, superseded, conflict, rejected or error.
 func outcomeName(res Result, err error) string {
 	switch {
 	case err == nil:

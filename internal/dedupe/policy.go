@@ -16,6 +16,12 @@ const (
 	Attach OnRunning = iota
 	// RejectRunning: ErrRejected.
 	RejectRunning
+	// Supersede: a start with another input than the running generation's
+	// cancels that generation and starts a new one with its input,
+	// outcome superseded; a start with the same input attaches (a retry of
+	// the start that created the generation). Concurrent superseding
+	// starts leave one generation running.
+	Supersede
 )
 
 // OnEnded is what a duplicate start gets once the run has ended.
@@ -42,7 +48,7 @@ type Policy struct {
 
 // Validate rejects values outside the enumerations.
 func (p Policy) Validate() error {
-	if p.Running < Attach || p.Running > RejectRunning ||
+	if p.Running < Attach || p.Running > Supersede ||
 		p.Completed < Return || p.Completed > StartNew || p.Failed < Return || p.Failed > StartNew {
 		return fmt.Errorf("%w: conflict policy %+v", ErrInvalidPolicy, p)
 	}
@@ -59,19 +65,32 @@ const (
 	actDuplicate action = iota // existing (attach or return)
 	actReject
 	actStartNew
+	actSupersede
 )
 
-func (p Policy) decide(s state.Status) action {
+// decide is the policy's answer for a duplicate of run. A run cancelled by
+// a superseding start that did not get to start its new generation (it
+// died, or lost the race to write it) is started anew by the next
+// superseding start, as the start that cancelled it would have.
+func (p Policy) decide(run state.Run) action {
 	var e OnEnded
-	switch s {
+	switch run.Status {
 	case state.StatusRunning:
-		if p.Running == RejectRunning {
+		switch p.Running {
+		case RejectRunning:
 			return actReject
+		case Supersede:
+			return actSupersede
 		}
 		return actDuplicate
+	case state.StatusCancelled:
+		if p.Running == Supersede && IsSuperseded(run) {
+			return actStartNew
+		}
+		e = p.Failed
 	case state.StatusCompleted:
 		e = p.Completed
-	default: // failed, cancelled
+	default: // failed
 		e = p.Failed
 	}
 	switch e {
@@ -101,7 +120,7 @@ func (e *RejectedError) Error() string {
 func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
 
 // EnvelopePolicy is a conflict policy as the start envelope spells it:
-// while_running "attach" | "reject"; after_completed and after_failed
+// while_running "attach" | "reject" | "supersede"; after_completed and after_failed
 // "return" | "reject" | "start_new". Empty fields take the defaults.
 type EnvelopePolicy struct {
 	WhileRunning   string `json:"while_running,omitempty"`
@@ -110,7 +129,7 @@ type EnvelopePolicy struct {
 }
 
 var (
-	runningNames = []string{"attach", "reject"}
+	runningNames = []string{"attach", "reject", "supersede"}
 	endedNames   = []string{"return", "reject", "start_new"}
 )
 

@@ -51,6 +51,9 @@ const (
 	OutcomeCreated   = "created"
 	OutcomeExisting  = "existing"
 	OutcomeRestarted = "restarted"
+	// OutcomeSuperseded: the start cancelled the running generation and
+	// started a new one (conflict policy Supersede).
+	OutcomeSuperseded = "superseded"
 	OutcomeConflict  = "conflict"
 	OutcomeRejected  = "rejected"
 	OutcomeError     = "error"
@@ -70,7 +73,7 @@ var (
 	// eventOutcomes are the outcomes of an event delivery (Event).
 	eventOutcomes = set(EventDelivered, EventDuplicate, EventRefused, EventError)
 	stepResults   = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
-	outcomes      = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeConflict, OutcomeRejected, OutcomeError)
+	outcomes      = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeSuperseded, OutcomeConflict, OutcomeRejected, OutcomeError)
 	finalStates   = set("completed", "failed", "cancelled")
 	startStates   = set("running", "completed", "failed", "cancelled", stateNone)
 )

@@ -404,6 +404,28 @@ func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelle
 	})
 }
 
+// Supersede cancels run, read at revision rev, for a newer start of its run
+// ID: the record is written cancelled with cause, with compare-and-set on
+// rev, so of concurrent callers that read the same revision one writes.
+// written is false, and nothing is written, when the record changed since
+// rev (the caller reads it again and decides on what it holds); an error is
+// a write that failed or got no answer.
+func (s *Store) Supersede(ctx context.Context, run state.Run, rev uint64, cause *state.ErrorInfo) (_ state.Run, written bool, _ error) {
+	if run.Status != state.StatusRunning {
+		return run, false, nil
+	}
+	before := run.Status
+	run.Status, run.UpdatedAt, run.Error = state.StatusCancelled, s.now().UTC(), cause
+	if _, err := s.replace(ctx, run, rev); err != nil {
+		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			return run, false, nil
+		}
+		return run, false, err
+	}
+	s.indexRun(ctx, run, before, run.Workflow)
+	return run, true, nil
+}
+
 // Audit reads the duplicate audit of runID (empty if it has absorbed
 // none).
 func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {

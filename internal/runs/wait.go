@@ -339,6 +339,19 @@ func (h *waiters) offer(runID string, rev uint64) {
 // when the watch shows it written. When the client's connection is
 // closed, every Wait returns an error wrapped with jetstream.Unavailable.
 func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
+	return s.waitUntil(ctx, runID, func(r state.Run) bool { return r.Status.Terminal() })
+}
+
+// WaitGeneration is Wait for the generation gen of run runID: it returns
+// the first record that is gen in a final state, or a later generation
+// (which replaced gen: a superseding start, or a start again after gen
+// ended). It reports the same errors as Wait.
+func (s *Store) WaitGeneration(ctx context.Context, runID string, gen int) (state.Run, error) {
+	return s.waitUntil(ctx, runID, func(r state.Run) bool { return r.Status.Terminal() || r.Generation > gen })
+}
+
+// waitUntil waits until the record of runID satisfies done.
+func (s *Store) waitUntil(ctx context.Context, runID string, done func(state.Run) bool) (state.Run, error) {
 	w, err := s.waiters.add(ctx, runID)
 	if err != nil {
 		return state.Run{}, err
@@ -355,7 +368,7 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 	case err != nil:
 		return state.Run{}, jetstream.Unavailable(err)
 	}
-	if r.Status.Terminal() {
+	if done(r) {
 		return r, nil
 	}
 	retry := time.NewTimer(0)
@@ -385,7 +398,7 @@ func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
 			retry.Reset(backoff)
 			backoff = min(2*backoff, waitCheck)
 			continue
-		case r.Status.Terminal():
+		case done(r):
 			return r, nil
 		}
 		rev, backoff = now, readRetry

@@ -75,8 +75,10 @@ type StartReply struct {
 	Status     state.Status `json:"status,omitempty"`
 	Duplicates int64        `json:"duplicates,omitempty"`
 	// AfterExpiry: created over an expired run with the same run ID.
-	AfterExpiry bool        `json:"after_expiry,omitempty"`
-	Error       *ReplyError `json:"error,omitempty"`
+	AfterExpiry bool `json:"after_expiry,omitempty"`
+	// Generation is the run's generation the start created or got.
+	Generation int         `json:"generation,omitempty"`
+	Error      *ReplyError `json:"error,omitempty"`
 
 	// cause is the admission error behind an internal Error (not sent).
 	cause error
@@ -317,7 +319,7 @@ func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedup
 	}
 	return StartReply{
 		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
-		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry,
+		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation,
 	}
 }
 

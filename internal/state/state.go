@@ -233,6 +233,9 @@ const (
 	AuditConflict  = "conflict"  // refused: another workflow or input
 	AuditRejected  = "rejected"  // refused by the conflict policy
 	AuditRestarted = "restarted" // the run had ended; the policy started a new one
+	// AuditSuperseded: the run was running; the policy cancelled its
+	// generation and started a new one with this start's input.
+	AuditSuperseded = "superseded"
 )
 
 // AuditEntry is one duplicate start attempt.
@@ -245,6 +248,9 @@ type AuditEntry struct {
 	FingerprintMatch bool `json:"fingerprint_match"`
 	// Status is the run's state the attempt saw.
 	Status Status `json:"status,omitempty"`
+	// Generation is the generation of the run the attempt was answered
+	// with: the one it started (restarted, superseded) or the one it got.
+	Generation int `json:"generation,omitempty"`
 }
 
 // Audit records the duplicate starts a run has absorbed or refused: their
@@ -465,7 +471,7 @@ func DecodeAudit(b []byte) (Audit, error) {
 	}
 	for _, e := range entries {
 		switch e.Outcome {
-		case AuditExisting, AuditConflict, AuditRejected, AuditRestarted:
+		case AuditExisting, AuditConflict, AuditRejected, AuditRestarted, AuditSuperseded:
 		default:
 			return Audit{}, fmt.Errorf("%w: audit outcome %q", ErrCorrupt, e.Outcome)
 		}
