@@ -53,7 +53,12 @@ type History struct {
 	Generation int               `json:"generation,omitempty"`
 	Status     jetflow.RunStatus `json:"status,omitempty"`
 	Input      json.RawMessage   `json:"input"`
-	Steps      []HistoryStep     `json:"steps"`
+	// Ranked: "seq" counts only the steps with a place (a history read
+	// from a run's JSON, which does not carry the places): the waits that
+	// an event ended are left out of the count, and a place whose step was
+	// not committed yet is not known.
+	Ranked bool          `json:"ranked,omitempty"`
+	Steps  []HistoryStep `json:"steps"`
 }
 
 // HistoryStep is one committed step of a History.
@@ -88,8 +93,8 @@ func (r Report) History() History {
 }
 
 // HistoryOf builds the History of run from its committed steps; seq gives
-// the place of steps[i] (StepRecord.Seq, or i for a list read from JSON,
-// which does not carry it). A wait that an event ended gets -1.
+// the place of steps[i] (StepRecord.Seq; a list read from JSON does not
+// carry it). A wait that an event ended gets -1.
 func HistoryOf(run jetflow.Run, steps []jetflow.StepRecord, seq func(i int) int) History {
 	h := History{Format: HistoryFormat, Workflow: run.Workflow, RunID: run.RunID, Generation: run.Generation,
 		Status: run.Status, Input: run.Input, Steps: make([]HistoryStep, 0, len(steps))}
@@ -123,8 +128,9 @@ func WriteHistory(path string, h History) error {
 
 // ReadHistory reads a History from the file path: a file WriteHistory
 // wrote, or the JSON of a run with its steps (the body of the HTTP API's
-// GET /v1/runs/{id}, or `producer get --output json`), whose steps are
-// taken in the order listed, without gaps. A file that is neither, or
+// GET /v1/runs/{id}, or producer get --output json), whose steps are
+// taken in the order listed, without gaps (places of steps not committed
+// yet are not in that JSON). A file that is neither, or
 // whose steps are not the run's, is ErrInvalidHistory.
 func ReadHistory(path string) (History, error) {
 	b, err := os.ReadFile(path)
@@ -151,7 +157,16 @@ func ParseHistory(b []byte) (History, error) {
 		if err := strictJSON(b, &body); err != nil {
 			return History{}, err
 		}
-		h = HistoryOf(body.Run, body.Steps, func(i int) int { return i })
+		// The list is in the order of places; a wait an event ended has
+		// none of its own.
+		seqs, next := make([]int, len(body.Steps)), 0
+		for i, st := range body.Steps {
+			if st.EventID == "" {
+				seqs[i], next = next, next+1
+			}
+		}
+		h = HistoryOf(body.Run, body.Steps, func(i int) int { return seqs[i] })
+		h.Ranked = true
 	} else if err := strictJSON(b, &h); err != nil {
 		return History{}, err
 	}

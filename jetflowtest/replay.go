@@ -3,6 +3,7 @@ package jetflowtest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -170,57 +171,128 @@ func startStep(s workflow.CheckStart) *ReplayStep {
 
 // comparison holds the two sequences Replay compares.
 type comparison struct {
-	h       History
-	res     workflow.CheckResult
-	byID    map[string]HistoryStep
-	bySeq   map[int]HistoryStep
-	started map[string]int // step ID -> place in res.Started
+	h     History
+	res   workflow.CheckResult
+	byID  map[string]HistoryStep
+	bySeq map[int]HistoryStep
+	// started maps a step ID to its place in res.Started, which is, for a
+	// Ranked history, the code's steps but the waits that the history
+	// holds without a place.
+	started map[string]int
+	// all holds the ID of every step the code started.
+	all map[string]bool
 }
 
-// compare returns the first divergence of res from h, or nil.
+// compare returns the first divergence of res from h, or nil: a place
+// where the code starts another step than the history, a step of the
+// history the code never starts, one that is another kind of step now,
+// or a body that did not end.
 func compare(h History, res workflow.CheckResult) error {
-	c := comparison{h: h, res: res, byID: map[string]HistoryStep{}, bySeq: map[int]HistoryStep{}, started: map[string]int{}}
+	c := comparison{h: h, res: res, byID: map[string]HistoryStep{}, bySeq: map[int]HistoryStep{}, started: map[string]int{}, all: map[string]bool{}}
 	for _, s := range h.Steps {
 		c.byID[s.StepID] = s
 		if s.ordered() {
 			c.bySeq[s.Seq] = s
 		}
 	}
-	for k, n := range res.Started {
+	all := res.Started
+	if h.Ranked {
+		c.res.Started = slices.DeleteFunc(slices.Clone(all), func(n workflow.CheckStart) bool {
+			r, ok := c.byID[n.StepID]
+			return ok && !r.ordered()
+		})
+	}
+	for k, n := range c.res.Started {
 		c.started[n.StepID] = k
 	}
-	if res.Returned && len(res.Started) == 0 && errors.Is(res.Err, jetflow.ErrInvalidInput) {
+	for _, n := range all {
+		c.all[n.StepID] = true
+	}
+	if res.Returned && len(all) == 0 && errors.Is(res.Err, jetflow.ErrInvalidInput) {
 		return c.diverge(InputChanged, 0, nil, nil, res.Err.Error())
 	}
-	for k, n := range res.Started {
+	for k, n := range c.res.Started {
 		if err := c.at(k, n); err != nil {
+			return err
+		}
+	}
+	for k, n := range all {
+		if err := c.sameKind(k, n); err != nil {
 			return err
 		}
 	}
 	switch {
 	case res.Panicked:
-		return c.diverge(Panicked, len(res.Started), nil, nil, res.Err.Error())
+		return c.diverge(Panicked, len(all), nil, nil, res.Err.Error())
 	case res.TimedOut:
 		return c.diverge(TimedOut, 0, nil, nil, "the body did not return within the replay's timeout")
 	}
 	for _, s := range h.Steps {
-		if _, ok := c.started[s.StepID]; ok {
-			continue
+		if !c.all[s.StepID] {
+			return c.notStarted(s)
 		}
-		pos := s.Seq
-		if !s.ordered() {
-			pos = len(res.Started)
-		}
-		var code *ReplayStep
-		if pos < len(res.Started) {
-			code = startStep(res.Started[pos])
-		}
-		if res.Bounded {
-			return c.diverge(Unbounded, pos, s.replayStep(), code, fmt.Sprintf("the body started %d steps without reaching this one", len(res.Started)))
-		}
-		return c.diverge(Removed, pos, s.replayStep(), code, "the body returned without starting this step")
 	}
 	return nil
+}
+
+// notStarted is the divergence of a history's step s that the code never
+// starts.
+func (c comparison) notStarted(s HistoryStep) error {
+	n := len(c.res.Started)
+	pos := s.Seq
+	if !s.ordered() {
+		// Its place is not recorded: the code's first new wait of its
+		// kind at a place the history leaves free stands in its stead.
+		if k, ok := c.newAtFreePlace(s.kind()); ok {
+			return c.diverge(Renamed, k, s.replayStep(), startStep(c.res.Started[k]), "a wait the history does not hold in place of one the code never starts")
+		}
+		pos = n
+	}
+	var code *ReplayStep
+	if pos < n {
+		code = startStep(c.res.Started[pos])
+	}
+	if c.res.Bounded {
+		return c.diverge(Unbounded, pos, s.replayStep(), code, fmt.Sprintf("the body started %d steps without reaching this one", n))
+	}
+	return c.diverge(Removed, pos, s.replayStep(), code, "the body returned without starting this step")
+}
+
+// sameKind checks that n, the k-th step the code started, is the kind of
+// step the history holds under its ID, with the same child run.
+func (c comparison) sameKind(k int, n workflow.CheckStart) error {
+	r, known := c.byID[n.StepID]
+	switch {
+	case !known:
+		return nil
+	case r.kind() != n.Kind:
+		return c.diverge(KindChanged, k, r.replayStep(), startStep(n), fmt.Sprintf("the history's %s is a %s now", r.kind(), n.Kind))
+	case r.Child != "" && r.Child != n.Child:
+		return c.diverge(ChildChanged, k, r.replayStep(), startStep(n), fmt.Sprintf("the history's child run is %s, the code's %s", r.Child, n.Child))
+	}
+	return nil
+}
+
+// unplacedNotStarted returns a step of the history without a place that
+// the code never starts.
+func (c comparison) unplacedNotStarted() (HistoryStep, bool) {
+	for _, s := range c.h.Steps {
+		if !s.ordered() && !c.all[s.StepID] {
+			return s, true
+		}
+	}
+	return HistoryStep{}, false
+}
+
+// newAtFreePlace returns the place of the first step of kind that the
+// code started, the history does not hold and has no step at.
+func (c comparison) newAtFreePlace(kind string) (int, bool) {
+	for k, n := range c.res.Started {
+		if _, taken := c.bySeq[k]; !taken && !n.Known && n.Kind == kind {
+			return k, true
+		}
+	}
+	return 0, false
 }
 
 // at compares the k-th step the code started, n, with the history.
@@ -228,16 +300,10 @@ func (c comparison) at(k int, n workflow.CheckStart) error {
 	if e, ok := c.bySeq[k]; ok && e.StepID != n.StepID && !c.inOneGroup(k, e, n) {
 		return c.classify(k, e, n)
 	}
-	r, known := c.byID[n.StepID]
-	if !known {
-		return nil
-	}
-	switch {
-	case r.kind() != n.Kind:
-		return c.diverge(KindChanged, k, r.replayStep(), startStep(n), fmt.Sprintf("the history's %s is a %s now", r.kind(), n.Kind))
-	case r.Child != "" && r.Child != n.Child:
-		return c.diverge(ChildChanged, k, r.replayStep(), startStep(n), fmt.Sprintf("the history's child run is %s, the code's %s", r.Child, n.Child))
-	case r.ordered() && r.Seq != k && !c.sameGroup(k, r.Seq):
+	if r, ok := c.byID[n.StepID]; ok && r.ordered() && r.Seq != k && !c.sameGroup(k, r.Seq) {
+		if w, ok := c.unplacedNotStarted(); ok && r.Seq > k {
+			return c.diverge(Removed, k, w.replayStep(), startStep(n), "the code never starts this wait, which the history holds before "+n.StepID)
+		}
 		return c.diverge(Reordered, k, nil, startStep(n), fmt.Sprintf("the history has this step at place %d", r.Seq))
 	}
 	return nil
