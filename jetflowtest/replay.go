@@ -47,7 +47,9 @@ const (
 	// TimedOut: the body did not return within the replay's timeout.
 	TimedOut DivergenceKind = "timed-out"
 	// Unbounded: the body started more steps than the check allows
-	// without reaching every step of the history.
+	// without reaching every step of the history: a loop over new steps
+	// (whose results are zero values in the check) where the history has
+	// another step.
 	Unbounded DivergenceKind = "unbounded"
 )
 
@@ -97,10 +99,14 @@ type replayOptions struct {
 }
 
 // WithReplayTimeout bounds how long Replay waits for the body (default
-// 10s). A body still running then is reported as TimedOut, its context
-// cancelled.
+// 10s; d <= 0 keeps it). A body still running then is reported as
+// TimedOut, its context cancelled.
 func WithReplayTimeout(d time.Duration) ReplayOption {
-	return func(o *replayOptions) { o.timeout = d }
+	return func(o *replayOptions) {
+		if d > 0 {
+			o.timeout = d
+		}
+	}
 }
 
 // Replay checks that wf's code, as it is now, replays h: that a run
@@ -322,15 +328,23 @@ func (c comparison) classify(k int, e HistoryStep, n workflow.CheckStart) error 
 	case eStarted:
 		return c.diverge(Inserted, k, e.replayStep(), startStep(n), fmt.Sprintf("a new step before the history's, which the code starts at %d", c.started[e.StepID]))
 	}
+	if c.res.Bounded {
+		return c.diverge(Unbounded, k, e.replayStep(), startStep(n), fmt.Sprintf("the body started %d steps, new ones from here, and never the history's", len(c.res.Started)))
+	}
 	return c.diverge(Renamed, k, e.replayStep(), startStep(n), "a step the history does not hold in place of one the code never starts: it would run again")
 }
 
 // inOneGroup: e and n are both in the group of steps the code started
-// with n, in flight together, and the history has n in that group too.
+// with n, in flight together, and the history has n in that group too, or
+// not at all (its step was not committed when the history was taken).
 func (c comparison) inOneGroup(k int, e HistoryStep, n workflow.CheckStart) bool {
 	pe, ok := c.started[e.StepID]
 	r, known := c.byID[n.StepID]
-	return ok && known && r.ordered() && c.sameGroup(k, pe) && c.sameGroup(k, r.Seq)
+	if !ok || !c.sameGroup(k, pe) {
+		return false
+	}
+	// n not in the history: in flight when the history was taken.
+	return !known || (r.ordered() && c.sameGroup(k, r.Seq))
 }
 
 // sameGroup reports whether places i and j of the code's steps are in one

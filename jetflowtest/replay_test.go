@@ -233,7 +233,8 @@ func TestReplayCheck(t *testing.T) {
 		{"EventRemoved", replaced(5), want{kind: jetflowtest.Removed, pos: 6, hist: "o-1.event=paid.0", code: "o-1.ship.0"}},
 		{"LastStepRemoved", goldenPlan[:6], want{kind: jetflowtest.Removed, pos: 7, hist: "o-1.ship.0", code: ""}},
 		{"Panics", replaced(3, op{kind: "panic"}), want{kind: jetflowtest.Panicked, pos: 4}},
-		{"LoopsOverNewSteps", replaced(1, op{kind: "loop"}), want{kind: jetflowtest.Renamed, pos: 1, hist: "o-1.charge.0", code: "o-1.poll.0"}},
+		{"LoopsOverNewSteps", replaced(1, op{kind: "loop"}), want{kind: jetflowtest.Unbounded, pos: 1, hist: "o-1.charge.0", code: "o-1.poll.0"}},
+		{"LoopsAfterTheLastStep", append(slices.Clone(goldenPlan), op{kind: "loop"}), want{passes: true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -339,5 +340,79 @@ func TestHistoryFileRoundTripsAndRefusesBadInput(t *testing.T) {
 	}
 	if err := jetflowtest.Replay(receipt, golden); !errors.Is(err, jetflowtest.ErrInvalidHistory) {
 		t.Fatalf("Replay of another workflow's history = %v, want ErrInvalidHistory", err)
+	}
+}
+
+// inFlight is golden as a history taken while the run was in its parallel
+// group: pack not committed yet, label committed, nothing after.
+func inFlight(t *testing.T) jetflowtest.History {
+	h := readGolden(t)
+	h.Status = jetflow.StatusRunning
+	h.Steps = slices.DeleteFunc(h.Steps, func(s jetflowtest.HistoryStep) bool {
+		return s.Name == "pack" || s.Seq > 3 || s.Seq < 0
+	})
+	if len(h.Steps) != 3 {
+		t.Fatalf("in-flight history %+v", h.Steps)
+	}
+	return h
+}
+
+// TestReplayOfARunInFlight: a history with a step of a parallel group not
+// committed yet replays with the group in any order and steps added after
+// it, and still reports a renamed step.
+func TestReplayOfARunInFlight(t *testing.T) {
+	t.Parallel()
+	h := inFlight(t)
+	for name, plan := range map[string][]op{
+		"Unchanged":      goldenPlan,
+		"GroupReordered": replaced(2, group("label", "pack")),
+		"ShipRenamed":    replaced(6, step("dispatch")), // not reached yet: a change for this run
+	} {
+		if err := jetflowtest.Replay(orderPlan(plan), h); err != nil {
+			t.Errorf("%s: Replay = %v, want nil", name, err)
+		}
+	}
+	var d *jetflowtest.DivergenceError
+	if err := jetflowtest.Replay(orderPlan(replaced(2, group("pack", "labels"))), h); !errors.As(err, &d) || d.Kind != jetflowtest.Renamed || d.Position != 3 {
+		t.Fatalf("a renamed committed step of the group: %v", err)
+	}
+}
+
+// TestReplayAwaitFirstFollowsTheCommitOrder: AwaitFirst's winner in the
+// check is the step the history committed first, as in the engine.
+func TestReplayAwaitFirstFollowsTheCommitOrder(t *testing.T) {
+	t.Parallel()
+	run := func(name string) func(context.Context) (string, error) {
+		return func(context.Context) (string, error) { return name, nil }
+	}
+	wf := jetflow.NewWorkflow("race", func(ctx *jetflow.Context, _ int) (string, error) {
+		fs := []jetflow.Awaitable{jetflow.Go(ctx, "a", run("a")), jetflow.Go(ctx, "b", run("b"))}
+		won, err := jetflow.AwaitFirst(ctx, fs...)
+		if err != nil {
+			return "", err
+		}
+		return jetflow.Step(ctx, "after-"+[]string{"a", "b"}[won], run("after"))
+	})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	history := func(aFirst bool) jetflowtest.History {
+		at := func(first bool) time.Time {
+			if first {
+				return t0
+			}
+			return t0.Add(time.Second)
+		}
+		return jetflowtest.History{Format: jetflowtest.HistoryFormat, Workflow: "race", RunID: "r-1", Input: json.RawMessage("1"),
+			Steps: []jetflowtest.HistoryStep{
+				{Seq: 0, StepID: "r-1.a.0", Name: "a", Output: json.RawMessage(`"a"`), CommittedAt: at(aFirst)},
+				{Seq: 1, StepID: "r-1.b.0", Name: "b", Output: json.RawMessage(`"b"`), CommittedAt: at(!aFirst)},
+				{Seq: 2, StepID: "r-1.after-b.0", Name: "after-b", Output: json.RawMessage(`"after"`), CommittedAt: t0.Add(2 * time.Second)},
+			}}
+	}
+	if err := jetflowtest.Replay(wf, history(false)); err != nil {
+		t.Fatalf("b committed first: Replay = %v", err)
+	}
+	var d *jetflowtest.DivergenceError
+	if err := jetflowtest.Replay(wf, history(true)); !errors.As(err, &d) || d.Kind != jetflowtest.Renamed || d.Code.Name != "after-a" {
+		t.Fatalf("a committed first: Replay = %v, want after-a in place of after-b", err)
 	}
 }
