@@ -70,7 +70,8 @@ func (s *ReplayStep) String() string {
 
 // DivergenceError is Replay's report of changed code that would not
 // replay a run's history: where (Position, the step's place in the
-// history, counted from 0 in the order the body starts steps), what the
+// history, counted from 0 in the order the body starts steps; for a
+// Ranked history, not counting the waits an event ended), what the
 // history has there and what the changed code does.
 type DivergenceError struct {
 	Workflow string

@@ -26,8 +26,8 @@ var goldenPath = filepath.Join("testdata", "order-history.json")
 // in flight together (Go, then AwaitAll), a child run, a sleep, an event
 // wait, a panic or a loop of steps that never ends.
 type op struct {
-	kind  string // step, group, child, sleep, event, panic, loop
-	names []string
+	kind  string   // step, group, child, sleep, event, panic, loop, block
+	names []string // a child's: its run ID, when set
 	d     time.Duration
 }
 
@@ -68,7 +68,11 @@ func orderPlan(plan []op) *jetflow.Workflow[int, string] {
 				}
 				err = jetflow.AwaitAll(ctx, fs...)
 			case "child":
-				_, err = jetflow.Child(ctx, receipt, amount).Get(ctx)
+				var opts []jetflow.ChildOption
+				if len(o.names) > 0 {
+					opts = append(opts, jetflow.WithChildRunID(o.names[0]))
+				}
+				_, err = jetflow.Child(ctx, receipt, amount, opts...).Get(ctx)
 			case "sleep":
 				err = jetflow.Sleep(ctx, o.names[0], o.d)
 			case "event":
@@ -232,6 +236,7 @@ func TestReplayCheck(t *testing.T) {
 		{"EventRenamed", replaced(5, event("settled")), want{kind: jetflowtest.Renamed, pos: 6, hist: "o-1.event=paid.0", code: "o-1.event=settled.0"}},
 		{"EventRemoved", replaced(5), want{kind: jetflowtest.Removed, pos: 6, hist: "o-1.event=paid.0", code: "o-1.ship.0"}},
 		{"LastStepRemoved", goldenPlan[:6], want{kind: jetflowtest.Removed, pos: 7, hist: "o-1.ship.0", code: ""}},
+		{"ChildRunIDChanged", replaced(3, op{kind: "child", names: []string{"receipt-o-1"}}), want{kind: jetflowtest.ChildChanged, pos: 4, hist: "o-1.receipt.0", code: "o-1.receipt.0"}},
 		{"Panics", replaced(3, op{kind: "panic"}), want{kind: jetflowtest.Panicked, pos: 4}},
 		{"LoopsOverNewSteps", replaced(1, op{kind: "loop"}), want{kind: jetflowtest.Unbounded, pos: 1, hist: "o-1.charge.0", code: "o-1.poll.0"}},
 		{"LoopsAfterTheLastStep", append(slices.Clone(goldenPlan), op{kind: "loop"}), want{passes: true}},
