@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -419,5 +420,37 @@ func TestReplayAwaitFirstFollowsTheCommitOrder(t *testing.T) {
 	var d *jetflowtest.DivergenceError
 	if err := jetflowtest.Replay(wf, history(true)); !errors.As(err, &d) || d.Kind != jetflowtest.Renamed || d.Code.Name != "after-a" {
 		t.Fatalf("a committed first: Replay = %v, want after-a in place of after-b", err)
+	}
+}
+
+// TestReplayCallsNoStepFunction: the check replays committed results and
+// gives new steps zero values; no step function runs, not even one the
+// history does not hold.
+func TestReplayCallsNoStepFunction(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	count := func(context.Context) (string, error) {
+		calls.Add(1)
+		return "called", nil
+	}
+	var got []string
+	wf := jetflow.NewWorkflow("order", func(ctx *jetflow.Context, _ int) (string, error) {
+		got = got[:0]
+		for _, name := range []string{"reserve", "charge", "refund"} {
+			out, err := jetflow.Step(ctx, name, count)
+			if err != nil {
+				return "", err
+			}
+			got = append(got, out)
+		}
+		return "", nil
+	})
+	h := readGolden(t)
+	h.Steps = slices.DeleteFunc(h.Steps, func(s jetflowtest.HistoryStep) bool { return s.Seq < 0 || s.Seq > 1 })
+	if err := jetflowtest.Replay(wf, h); err != nil {
+		t.Fatalf("Replay = %v", err)
+	}
+	if n := calls.Load(); n != 0 || !slices.Equal(got, []string{"reserve", "charge", ""}) {
+		t.Fatalf("step functions called %d times, results %q; want none, the committed results and a zero value", n, got)
 	}
 }
