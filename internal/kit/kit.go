@@ -23,3 +23,7 @@ type WorkerOptions struct {
 // ApplyWorker returns cfg, a jetflow.WorkerConfig, with o applied. Package
 // jetflow sets it.
 var ApplyWorker func(cfg any, o WorkerOptions) any
+
+// Definition returns the engine's definition of wf, a jetflow.Registrable
+// (the replay check runs its body). Package jetflow sets it.
+var Definition func(wf any) workflow.Definition

@@ -54,9 +54,9 @@ const (
 	// OutcomeSuperseded: the start cancelled the running generation and
 	// started a new one (conflict policy Supersede).
 	OutcomeSuperseded = "superseded"
-	OutcomeConflict  = "conflict"
-	OutcomeRejected  = "rejected"
-	OutcomeError     = "error"
+	OutcomeConflict   = "conflict"
+	OutcomeRejected   = "rejected"
+	OutcomeError      = "error"
 )
 
 // other replaces any label value outside its fixed list; stateNone is the

@@ -57,6 +57,9 @@ type Context struct {
 	// calls then unwind too, without touching NATS or settling again.
 	parked bool
 	done   chan *settlement
+	// check is set in a replay check (check.go): steps are looked up in
+	// its history only, and nothing is executed.
+	check *checker
 }
 
 // Context is the worker's context: cancelled when the worker stops.

@@ -163,6 +163,10 @@ func (c *Context) next(name string) *Pending {
 // progress, so its first step runs as a step task, not in one of the few
 // slots a worker keeps for starting runs.
 func (c *Context) begin(p *Pending) {
+	if c.check != nil {
+		c.check.begin(c, p)
+		return
+	}
 	startsRun := c.task.StepID == "" && p.seq == 0 && c.run.Parent == nil
 	if c.executed || c.own != nil || !(c.task.StepID == p.id || startsRun) {
 		return

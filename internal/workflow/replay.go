@@ -18,6 +18,13 @@ import (
 // to settle the task.
 func (e *Executor) replay(d *delivery, def Definition) *settlement {
 	c := &Context{delivery: d, exec: e, occ: make(map[string]int), ownEpoch: -1, settledEpoch: -1, done: make(chan *settlement, 1)}
+	c.spawn(def)
+	return <-c.done
+}
+
+// spawn runs def's body on a goroutine of its own, which sends how it
+// ended on c.done: its return, its panic, or the settlement it parked on.
+func (c *Context) spawn(def Definition) {
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
@@ -28,7 +35,6 @@ func (e *Executor) replay(d *delivery, def Definition) *settlement {
 		out, err := def.Run(c, c.run.Input)
 		c.done <- &settlement{kind: settleFinish, output: out, err: err}
 	}()
-	return <-c.done
 }
 
 // lookup returns the committed record of stepID, from the cache or the
