@@ -118,9 +118,10 @@ type Hooks struct {
 	// AfterStartPublished runs in Admit once the start task is published,
 	// before the run record is written or read: a start that stalls there.
 	AfterStartPublished func(runID string)
-	// AfterSupersede runs once a superseding start has cancelled the
-	// running generation, before it starts the new one.
-	AfterSupersede func(runID string)
+	// AfterSupersede runs once a superseding start has written the
+	// running generation cancelled (run, as written), before it tells
+	// anyone or starts the new one.
+	AfterSupersede func(run state.Run)
 }
 
 // SetHooks installs h. Call it before the Admitter is used.
@@ -386,7 +387,7 @@ func (a *Admitter) supersede(ctx context.Context, req Request, run state.Run, re
 		return err
 	}
 	if h := a.hooks.AfterSupersede; h != nil {
-		h(req.RunID)
+		h(cancelled)
 	}
 	return a.finishCancel(ctx, cancelled, true)
 }
