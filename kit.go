@@ -7,7 +7,7 @@ import "github.com/jetflow/jetflow/internal/kit"
 func init() {
 	kit.ApplyWorker = func(cfg any, o kit.WorkerOptions) any {
 		c := cfg.(WorkerConfig)
-		c.hooks, c.now = o.Hooks, o.Now
+		c.hooks, c.now, c.schedule = o.Hooks, o.Now, o.Schedule
 		return c
 	}
 }

@@ -61,7 +61,9 @@ type Config struct {
 	// CacheRuns bounds the history cache (runs).
 	CacheRuns int
 	Now       func() time.Time
-	Hooks     Hooks
+	// Schedule stores timers on Now's time (nil: Now is real time).
+	Schedule ScheduleFunc
+	Hooks    Hooks
 	// Metrics counts steps, runs and redeliveries (nil: none).
 	Metrics *metrics.Metrics
 	// Tracer emits step and run spans (nil: none).

@@ -200,7 +200,7 @@ func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Ti
 	if err != nil {
 		return err
 	}
-	err = jetstream.ScheduleTask(d.nctx, e.cfg.Assets.JS, subject, timerMsgID(t), b, at)
+	err = e.scheduleTimer(d.nctx, subject, timerMsgID(t), b, at)
 	if errors.Is(err, jetstream.ErrTimerExists) {
 		return nil // stored by an earlier delivery within the broker's window
 	}
