@@ -245,3 +245,62 @@ func TestTimeNeverGoesBackwards(t *testing.T) {
 		t.Fatalf("offset after AdvanceTo(+48h) = %s; want beyond 48h", off)
 	}
 }
+
+// napper calls work in a step, then sleeps for d.
+func napper(d time.Duration, work func()) *jetflow.Workflow[string, string] {
+	return jetflow.NewWorkflow("napper", func(ctx *jetflow.Context, user string) (string, error) {
+		if _, err := jetflow.Step(ctx, "work", func(context.Context) (string, error) { work(); return "done", nil }); err != nil {
+			return "", err
+		}
+		if err := jetflow.Sleep(ctx, "nap", d); err != nil {
+			return "", err
+		}
+		return "rested " + user, nil
+	})
+}
+
+func TestRealTimeStillRunsAfterAnAdvance(t *testing.T) {
+	t.Parallel()
+	wf := napper(timeAckWait, func() {})
+	env := jetflowtest.NewWithConfig(t, timeCfg, wf)
+	env.Advance(24 * time.Hour)
+	// A short sleep started after the move is due by the moved clock and
+	// fires by real time, never early.
+	started := time.Now()
+	out, err := jetflowtest.Run(env, wf, "ada", jetflow.WithRunID("napper-1"))
+	if err != nil || out != "rested ada" {
+		t.Fatalf("Run = %q, %v; want rested ada", out, err)
+	}
+	if took := time.Since(started); took < timeAckWait {
+		t.Fatalf("a %s sleep ended after %s", timeAckWait, took)
+	}
+	within(t, started)
+}
+
+func TestAdvanceWhileAStepRuns(t *testing.T) {
+	t.Parallel()
+	running, gate := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	wf := napper(time.Hour, func() {
+		once.Do(func() { close(running) })
+		<-gate
+	})
+	env := jetflowtest.NewWithConfig(t, timeCfg, wf)
+	h := jetflowtest.Start(env, wf, "ada", jetflow.WithRunID("napper-1"))
+	<-running
+	env.Advance(24 * time.Hour)
+	moved := env.Clock().Now()
+	close(gate)
+	tm := env.WaitTimer(h.RunID)
+	if tm.StepID != "napper-1.nap.0" || tm.Due.Before(moved.Add(time.Hour)) {
+		t.Fatalf("timer = %+v; want the nap due an hour after the move (%s)", tm, moved)
+	}
+	advanced := time.Now()
+	if n := env.Advance(time.Hour); n != 1 {
+		t.Fatalf("Advance(1h) fired %d timers; want 1", n)
+	}
+	if out, err := h.Result(ctxFor(t, env)); err != nil || out != "rested ada" {
+		t.Fatalf("Result = %q, %v; want rested ada", out, err)
+	}
+	within(t, advanced)
+}
