@@ -22,7 +22,9 @@ import (
 // schedules the server publishes when due; the clock maps a timer's due
 // time back to the real time it is due at (due minus the offset), and
 // Advance makes the server publish at once the timers that the move made
-// due. The sweeper and the StuckAfter check keep real time.
+// due. Only timers count by the Env's time: step and run records, attempt
+// logs, the sweeper and its StuckAfter check, retention and the run index
+// keep real time, so a move makes none of them misfire.
 type Clock struct {
 	offset atomic.Int64 // nanoseconds
 	// moving is held shared by a worker storing a timer and alone by a

@@ -94,6 +94,12 @@ func TestAdvanceWakesAThreeDaySleep(t *testing.T) {
 	if len(env.Timers()) != 0 {
 		t.Fatalf("timers left after the run: %+v", env.Timers())
 	}
+	// Records keep real time (the sweeper, retention and the run index
+	// read them by real time): nothing is stamped three days ahead.
+	tips, _ := r.Step("tips")
+	if now := time.Now(); tips.CommittedAt.After(now) || r.Run.UpdatedAt.After(now) {
+		t.Fatalf("tips committed at %s, run updated at %s: after the real time %s", tips.CommittedAt, r.Run.UpdatedAt, now)
+	}
 }
 
 // ctxFor is a context bounded by the Env's Timeout, cancelled with the

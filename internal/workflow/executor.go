@@ -61,7 +61,10 @@ type Config struct {
 	// CacheRuns bounds the history cache (runs).
 	CacheRuns int
 	Now       func() time.Time
-	// Schedule stores timers on Now's time (nil: Now is real time).
+	// TimerNow is the clock sleeps, wait timeouts and retry delays count
+	// by (nil: Now); Schedule stores their timers on its time (nil: it is
+	// real time). The test kit's time control sets both; records keep Now.
+	TimerNow func() time.Time
 	Schedule ScheduleFunc
 	Hooks    Hooks
 	// Metrics counts steps, runs and redeliveries (nil: none).
@@ -84,6 +87,9 @@ type Executor struct {
 func NewExecutor(cfg Config) *Executor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.TimerNow == nil {
+		cfg.TimerNow = cfg.Now
 	}
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second

@@ -106,7 +106,7 @@ func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlemen
 	if s := e.stillRunning(d, true); s != nil {
 		return nil, s
 	}
-	w, now := sc.wait, e.cfg.Now()
+	w, now := sc.wait, e.cfg.TimerNow()
 	if due := d.task.WakeAt; d.task.StepID == sc.id && !due.IsZero() {
 		if now.Before(due) {
 			// The server's clock is ahead of this worker's: the wait is
