@@ -15,8 +15,8 @@ import (
 	"github.com/jetflow/jetflow/jetflowtest"
 )
 
-// sleeper sleeps three days between two steps.
-func sleeper() *jetflow.Workflow[string, string] {
+// threeDaySleeper sleeps three days between two steps.
+func threeDaySleeper() *jetflow.Workflow[string, string] {
 	return jetflow.NewWorkflow("sleeper", func(ctx *jetflow.Context, user string) (string, error) {
 		if _, err := jetflow.Step(ctx, "welcome", func(context.Context) (string, error) { return "hi " + user, nil }); err != nil {
 			return "", err
@@ -34,9 +34,9 @@ const timeAckWait = time.Second
 
 var timeCfg = jetflowtest.Config{AckWait: timeAckWait, Timeout: 30 * timeAckWait}
 
-// within fails the test unless the run ended within the Env's Timeout
+// endedWithin fails the test unless the run ended within the Env's Timeout
 // after since.
-func within(t *testing.T, since time.Time) {
+func endedWithin(t *testing.T, since time.Time) {
 	t.Helper()
 	if took, limit := time.Since(since), timeCfg.Timeout; took > limit {
 		t.Fatalf("run ended %s after the advance; want within the Env's Timeout %s", took, limit)
@@ -45,9 +45,9 @@ func within(t *testing.T, since time.Time) {
 
 func TestAdvanceWakesAThreeDaySleep(t *testing.T) {
 	t.Parallel()
-	env := jetflowtest.NewWithConfig(t, timeCfg, sleeper())
+	env := jetflowtest.NewWithConfig(t, timeCfg, threeDaySleeper())
 	started := env.Clock().Now()
-	h := jetflowtest.Start(env, sleeper(), "ada", jetflow.WithRunID("sleep-1"))
+	h := jetflowtest.Start(env, threeDaySleeper(), "ada", jetflow.WithRunID("sleep-1"))
 	tm := env.WaitTimer(h.RunID)
 	if tm.StepID != "sleep-1.cool-off.0" || tm.Attempt != 0 {
 		t.Fatalf("timer = %+v; want the sleep's", tm)
@@ -76,11 +76,11 @@ func TestAdvanceWakesAThreeDaySleep(t *testing.T) {
 	if n := env.Advance(time.Hour); n != 1 {
 		t.Fatalf("Advance(1h) fired %d timers; want 1", n)
 	}
-	out, err := h.Result(ctxFor(t, env))
+	out, err := h.Result(timeCtx(t, env))
 	if err != nil || out != "tips for ada" {
 		t.Fatalf("Result = %q, %v; want tips for ada", out, err)
 	}
-	within(t, advanced)
+	endedWithin(t, advanced)
 	t.Logf("72h sleep woke %s after the advance", time.Since(advanced))
 	r = env.Inspect(h.RunID)
 	s, ok := r.Step("cool-off")
@@ -102,17 +102,17 @@ func TestAdvanceWakesAThreeDaySleep(t *testing.T) {
 	}
 }
 
-// ctxFor is a context bounded by the Env's Timeout, cancelled with the
+// timeCtx is a context bounded by the Env's Timeout, cancelled with the
 // test.
-func ctxFor(t *testing.T, env *jetflowtest.Env) context.Context {
+func timeCtx(t *testing.T, env *jetflowtest.Env) context.Context {
 	ctx, cancel := env.Background()
 	t.Cleanup(cancel)
 	return ctx
 }
 
-// approval waits a day for an approval; without one it answers "timed
+// dayApproval waits a day for an approval; without one it answers "timed
 // out".
-func approval() *jetflow.Workflow[string, string] {
+func dayApproval() *jetflow.Workflow[string, string] {
 	return jetflow.NewWorkflow("approval", func(ctx *jetflow.Context, doc string) (string, error) {
 		who, err := jetflow.WaitEvent[string](ctx, "approved", jetflow.WithTimeout(24*time.Hour))
 		if errors.Is(err, jetflow.ErrEventTimeout) {
@@ -127,16 +127,16 @@ func approval() *jetflow.Workflow[string, string] {
 
 func TestAdvancePastAnEventTimeout(t *testing.T) {
 	t.Parallel()
-	env := jetflowtest.NewWithConfig(t, timeCfg, approval())
+	env := jetflowtest.NewWithConfig(t, timeCfg, dayApproval())
 
-	timedOut := jetflowtest.Start(env, approval(), "doc-1", jetflow.WithRunID("approval-1"))
-	delivered := jetflowtest.Start(env, approval(), "doc-2", jetflow.WithRunID("approval-2"))
+	timedOut := jetflowtest.Start(env, dayApproval(), "doc-1", jetflow.WithRunID("approval-1"))
+	delivered := jetflowtest.Start(env, dayApproval(), "doc-2", jetflow.WithRunID("approval-2"))
 	for _, id := range []string{timedOut.RunID, delivered.RunID} {
 		if tm := env.WaitTimer(id); tm.StepID != id+".event=approved.0" {
 			t.Fatalf("timer of %s = %+v; want its wait's timeout", id, tm)
 		}
 	}
-	ctx := ctxFor(t, env)
+	ctx := timeCtx(t, env)
 	payload, _ := json.Marshal("grace")
 	if _, err := env.Client().SendEvent(ctx, delivered.RunID, "approved", "ev-1", payload); err != nil {
 		t.Fatalf("SendEvent: %v", err)
@@ -148,7 +148,7 @@ func TestAdvancePastAnEventTimeout(t *testing.T) {
 	if err != nil || out != "doc-1: timed out" {
 		t.Fatalf("run without an event = %q, %v; want doc-1: timed out", out, err)
 	}
-	within(t, advanced)
+	endedWithin(t, advanced)
 	if out, err := delivered.Result(ctx); err != nil || out != "doc-2: approved by grace" {
 		t.Fatalf("run with an event = %q, %v; want doc-2: approved by grace", out, err)
 	}
@@ -158,8 +158,8 @@ func TestAdvancePastAnEventTimeout(t *testing.T) {
 	}
 }
 
-// flaky fails its first charge with RetryAfter an hour.
-func flaky(calls *int, mu *sync.Mutex) *jetflow.Workflow[int, string] {
+// rateLimited fails its first charge with RetryAfter an hour.
+func rateLimited(calls *int, mu *sync.Mutex) *jetflow.Workflow[int, string] {
 	return jetflow.NewWorkflow("flaky", func(ctx *jetflow.Context, amount int) (string, error) {
 		return jetflow.Step(ctx, "charge", func(context.Context) (string, error) {
 			mu.Lock()
@@ -177,7 +177,7 @@ func TestAdvanceRunsARetryAfterItsDelay(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	calls := 0
-	wf := flaky(&calls, &mu)
+	wf := rateLimited(&calls, &mu)
 	env := jetflowtest.NewWithConfig(t, timeCfg, wf)
 	h := jetflowtest.Start(env, wf, 5, jetflow.WithRunID("flaky-1"))
 	tm := env.WaitTimer(h.RunID)
@@ -196,26 +196,26 @@ func TestAdvanceRunsARetryAfterItsDelay(t *testing.T) {
 	if n := env.Advance(time.Minute); n != 1 {
 		t.Fatalf("Advance(1m) fired %d timers; want 1", n)
 	}
-	out, err := h.Result(ctxFor(t, env))
+	out, err := h.Result(timeCtx(t, env))
 	if err != nil || out != "charged 5 on call 2" {
 		t.Fatalf("Result = %q, %v; want charged 5 on call 2", out, err)
 	}
-	within(t, advanced)
+	endedWithin(t, advanced)
 	s, _ := env.Inspect(h.RunID).Step("charge")
 	if s.Attempt != 2 || len(s.Attempts) != 1 || !strings.Contains(s.Attempts[0].Error, "rate limited") {
 		t.Fatalf("charge = attempt %d after %+v; want attempt 2 after the rate limit", s.Attempt, s.Attempts)
 	}
 }
 
-// fatalRecorder is a testing.TB whose Fatalf records the message and ends
+// fatalTB is a testing.TB whose Fatalf records the message and ends
 // the goroutine, as the real one does.
-type fatalRecorder struct {
+type fatalTB struct {
 	testing.TB
 	mu  sync.Mutex
 	msg string
 }
 
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
+func (f *fatalTB) Fatalf(format string, args ...any) {
 	f.mu.Lock()
 	f.msg = fmt.Sprintf(format, args...)
 	f.mu.Unlock()
@@ -224,8 +224,8 @@ func (f *fatalRecorder) Fatalf(format string, args ...any) {
 
 func TestTimeNeverGoesBackwards(t *testing.T) {
 	t.Parallel()
-	tb := &fatalRecorder{TB: t}
-	env := jetflowtest.NewWithConfig(tb, timeCfg, sleeper())
+	tb := &fatalTB{TB: t}
+	env := jetflowtest.NewWithConfig(tb, timeCfg, threeDaySleeper())
 	env.Advance(time.Hour)
 	for _, back := range []func(){
 		func() { env.Advance(-time.Minute) },
@@ -280,7 +280,7 @@ func TestRealTimeStillRunsAfterAnAdvance(t *testing.T) {
 	if took := time.Since(started); took < timeAckWait {
 		t.Fatalf("a %s sleep ended after %s", timeAckWait, took)
 	}
-	within(t, started)
+	endedWithin(t, started)
 }
 
 func TestAdvanceWhileAStepRuns(t *testing.T) {
@@ -305,8 +305,8 @@ func TestAdvanceWhileAStepRuns(t *testing.T) {
 	if n := env.Advance(time.Hour); n != 1 {
 		t.Fatalf("Advance(1h) fired %d timers; want 1", n)
 	}
-	if out, err := h.Result(ctxFor(t, env)); err != nil || out != "rested ada" {
+	if out, err := h.Result(timeCtx(t, env)); err != nil || out != "rested ada" {
 		t.Fatalf("Result = %q, %v; want rested ada", out, err)
 	}
-	within(t, advanced)
+	endedWithin(t, advanced)
 }
