@@ -11,7 +11,7 @@ import (
 func init() {
 	kit.ApplyWorker = func(cfg any, o kit.WorkerOptions) any {
 		c := cfg.(WorkerConfig)
-		c.hooks, c.now = o.Hooks, o.Now
+		c.hooks, c.now, c.schedule = o.Hooks, o.Now, o.Schedule
 		return c
 	}
 	kit.Definition = func(wf any) workflow.Definition { return wf.(Registrable).definition() }

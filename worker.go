@@ -88,9 +88,11 @@ type WorkerConfig struct {
 
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
-	// now is the worker's clock (nil: time.Now); the test kit's time
-	// control sets it.
-	now func() time.Time
+	// now is the clock sleeps, wait timeouts and retry delays count by
+	// (nil: time.Now; records keep real time); the test kit's time control
+	// sets it, and schedule, which stores timers on its time.
+	now      func() time.Time
+	schedule workflow.ScheduleFunc
 	// sweepHook sees the report of every sweep pass (tests).
 	sweepHook func(sweep.Pass)
 }
@@ -213,7 +215,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
-		Tracer: w.cfg.Tracing.internal(), Now: w.cfg.now,
+		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
 	})
 	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,

@@ -165,7 +165,7 @@ func (e *Env) startWorker() error {
 	if wc.Logger.GetLevel() == zerolog.DebugLevel { // the zero Logger
 		wc.Logger = zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
 	}
-	wc = kit.ApplyWorker(wc, kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now}).(jetflow.WorkerConfig)
+	wc = kit.ApplyWorker(wc, kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now, Schedule: e.clock.schedule}).(jetflow.WorkerConfig)
 	w, err := jetflow.NewWorker(nc, reg, wc)
 	if err != nil {
 		nc.Close()

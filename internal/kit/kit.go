@@ -18,6 +18,10 @@ type WorkerOptions struct {
 	// Now is the worker's clock (nil: time.Now): what it counts sleeps,
 	// timeouts and retry delays from.
 	Now func() time.Time
+	// Schedule stores the worker's timers (sleeps, wait timeouts, retry
+	// delays) due by Now at the real time they are due (nil: Now is real
+	// time).
+	Schedule workflow.ScheduleFunc
 }
 
 // ApplyWorker returns cfg, a jetflow.WorkerConfig, with o applied. Package

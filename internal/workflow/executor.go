@@ -61,7 +61,12 @@ type Config struct {
 	// CacheRuns bounds the history cache (runs).
 	CacheRuns int
 	Now       func() time.Time
-	Hooks     Hooks
+	// TimerNow is the clock sleeps, wait timeouts and retry delays count
+	// by (nil: Now); Schedule stores their timers on its time (nil: it is
+	// real time). The test kit's time control sets both; records keep Now.
+	TimerNow func() time.Time
+	Schedule ScheduleFunc
+	Hooks    Hooks
 	// Metrics counts steps, runs and redeliveries (nil: none).
 	Metrics *metrics.Metrics
 	// Tracer emits step and run spans (nil: none).
@@ -82,6 +87,9 @@ type Executor struct {
 func NewExecutor(cfg Config) *Executor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.TimerNow == nil {
+		cfg.TimerNow = cfg.Now
 	}
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second

@@ -40,7 +40,7 @@ func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg
 	b, eerr := state.Encode(t)
 	err = errors.Join(err, eerr)
 	if err == nil {
-		err = jetstream.ScheduleTask(ctx, e.cfg.Assets.JS, msg.Subject(), retryMsgID(t), b, e.cfg.Now().Add(s.delay))
+		err = e.scheduleTimer(ctx, msg.Subject(), retryMsgID(t), b, e.cfg.TimerNow().Add(s.delay))
 	}
 	if err != nil {
 		log.Warn().Err(err).Msg("cannot store the retry timer; the task waits ack-pending instead")
@@ -50,6 +50,25 @@ func (e *Executor) retry(ctx context.Context, log zerolog.Logger, msg natsjs.Msg
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	settleErr(log, msg.DoubleAck(actx), "ack")
+}
+
+// ScheduleFunc stores a timer due at due by the executor's timer clock
+// (Config.TimerNow): it calls store with the real time the server is to publish
+// the timer at and returns store's error. A test kit whose clock runs ahead
+// of real time maps due back to real time, and may hold a store while it
+// moves its clock.
+type ScheduleFunc func(due time.Time, store func(at time.Time) error) error
+
+// scheduleTimer stores data as the timer of taskSubject, due at due by
+// Config.TimerNow, through Config.Schedule.
+func (e *Executor) scheduleTimer(ctx context.Context, taskSubject, msgID string, data []byte, due time.Time) error {
+	store := func(at time.Time) error {
+		return jetstream.ScheduleTimer(ctx, e.cfg.Assets.JS, taskSubject, msgID, data, due, at)
+	}
+	if e.cfg.Schedule == nil {
+		return store(due)
+	}
+	return e.cfg.Schedule(due, store)
 }
 
 // retryMsgID names the task message of one retry of a step: the timer and

@@ -106,7 +106,7 @@ func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlemen
 	if s := e.stillRunning(d, true); s != nil {
 		return nil, s
 	}
-	w, now := sc.wait, e.cfg.Now()
+	w, now := sc.wait, e.cfg.TimerNow()
 	if due := d.task.WakeAt; d.task.StepID == sc.id && !due.IsZero() {
 		if now.Before(due) {
 			// The server's clock is ahead of this worker's: the wait is
@@ -200,7 +200,7 @@ func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Ti
 	if err != nil {
 		return err
 	}
-	err = jetstream.ScheduleTask(d.nctx, e.cfg.Assets.JS, subject, timerMsgID(t), b, at)
+	err = e.scheduleTimer(d.nctx, subject, timerMsgID(t), b, at)
 	if errors.Is(err, jetstream.ErrTimerExists) {
 		return nil // stored by an earlier delivery within the broker's window
 	}
