@@ -152,3 +152,25 @@ func TestDeclinedChargeFailsTheOrder(t *testing.T) {
 		t.Fatalf("steps %v, %d charges: a declined order must not ship or charge", r.StepNames(), s.pay.Charges())
 	}
 }
+
+// An order whose carrier never reports delivery: once the test moves the
+// Env's time past the carrier wait, the wait times out and the order sends
+// a reminder, without waiting DeliveryWait (days, in a real shop) in real
+// time.
+func TestUndeliveredOrderGetsAReminder(t *testing.T) {
+	t.Parallel()
+	s := newShop(t)
+	h := jetflowtest.Start(s.env, s.wf, input("o-5"), jetflow.WithRunID("order-o-5"))
+	timer := s.env.WaitTimer("order-o-5") // the order waits for the carrier
+	if want := "order-o-5.event=" + orders.EventDelivered + ".0"; timer.StepID != want {
+		t.Fatalf("timer of step %s, want the carrier wait %s", timer.StepID, want)
+	}
+	fired := s.env.Advance(orders.DeliveryWait)
+	ctx, cancel := s.env.Background()
+	defer cancel()
+	res, err := h.Result(ctx)
+	if err != nil || res.Delivery != "reminder sent" {
+		t.Fatalf("Result = %+v, %v; want the reminder", res, err)
+	}
+	t.Logf("the Advance fired %d timer(s)", fired)
+}
