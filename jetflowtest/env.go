@@ -64,6 +64,11 @@ type Env struct {
 	worker  *proc
 	seq     int
 	crashes int
+	// replaced counts the crashed workers whose fresh worker has started.
+	replaced int
+	// changed is closed, and replaced by a new channel, when crashes or
+	// replaced change.
+	changed chan struct{}
 	// points are the armed crash points, by step name.
 	points map[string]*crashPoint
 	// stubs replace step functions, by workflow and step name ("" for
@@ -99,7 +104,7 @@ func NewWithConfig(t T, cfg Config, wfs ...jetflow.Registrable) *Env {
 	if err != nil {
 		t.Fatalf("jetflowtest: start embedded NATS: %v", err)
 	}
-	e := &Env{t: t, cfg: cfg, srv: srv, wfs: wfs, clock: newClock(),
+	e := &Env{t: t, cfg: cfg, srv: srv, wfs: wfs, clock: newClock(), changed: make(chan struct{}),
 		points: map[string]*crashPoint{}, stubs: map[stubKey]workflow.StepFunc{}}
 	t.Cleanup(e.close)
 	if e.nc, err = srv.Connect(t.Name() + "-client"); err != nil {
@@ -131,6 +136,37 @@ func (e *Env) Crashes() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.crashes
+}
+
+// AwaitCrashes waits, within the Env's Timeout, until n crashes have
+// happened and the fresh worker that replaces each has started, and fails
+// the test otherwise. Call it before a request that a worker answers
+// (Client.SendEvent, StartByName) and that must not reach the worker being
+// crashed: a request that a worker receives and dies before answering is
+// not answered, and waits for its context to end.
+func (e *Env) AwaitCrashes(n int) {
+	e.t.Helper()
+	timeout := time.NewTimer(e.cfg.Timeout)
+	defer timeout.Stop()
+	for {
+		e.mu.Lock()
+		crashes, replaced, changed := e.crashes, e.replaced, e.changed
+		e.mu.Unlock()
+		if crashes >= n && replaced >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			e.t.Fatalf("jetflowtest: %d crash(es) and %d fresh worker(s) within %s, want %d", crashes, replaced, e.cfg.Timeout, n)
+		}
+	}
+}
+
+// noteChange wakes AwaitCrashes; e.mu is held.
+func (e *Env) noteChange() {
+	close(e.changed)
+	e.changed = make(chan struct{})
 }
 
 // context is bounded by the Env's Timeout.

@@ -101,6 +101,7 @@ func (e *Env) crash(p *proc) {
 		p.nc.Close()
 		e.mu.Lock()
 		e.crashes++
+		e.noteChange()
 		e.mu.Unlock()
 		e.reaping.Add(1)
 		go func() {
@@ -117,7 +118,12 @@ func (e *Env) crash(p *proc) {
 			defer e.reaping.Done()
 			if err := e.startWorker(); err != nil {
 				e.t.Errorf("jetflowtest: restart the worker after a crash: %v", err)
+				return
 			}
+			e.mu.Lock()
+			e.replaced++
+			e.noteChange()
+			e.mu.Unlock()
 		}()
 	})
 }

@@ -216,6 +216,8 @@ func (p *printer) start(res jetflow.StartResult) error {
 		_, err = fmt.Fprintf(p.w, "created run %s\n", res.RunID)
 	case res.Outcome == jetflow.OutcomeRestarted:
 		_, err = fmt.Fprintf(p.w, "restarted run %s (the previous run had ended; the conflict policy starts a new one)\n", res.RunID)
+	case res.Outcome == jetflow.OutcomeSuperseded:
+		_, err = fmt.Fprintf(p.w, "superseded run %s: generation %d cancelled, generation %d started with this input\n", res.RunID, res.Generation-1, res.Generation)
 	default:
 		_, err = fmt.Fprintf(p.w, "existing run %s (status %s, %d duplicates absorbed)\n", res.RunID, res.Status, res.Duplicates)
 	}

@@ -93,6 +93,7 @@ func TestCrashAfterChargeCommitsChargesOnce(t *testing.T) {
 	s := newShop(t)
 	s.env.CrashAfterCommit(orders.StepCharge)
 	h := jetflowtest.Start(s.env, s.wf, input("o-2"), jetflow.WithRunID("order-o-2"))
+	s.env.AwaitCrashes(1) // the event goes to the fresh worker
 	s.deliver(t, "order-o-2")
 	ctx, cancel := s.env.Background()
 	defer cancel()
@@ -116,6 +117,7 @@ func TestCrashDuringChargeChargesOnce(t *testing.T) {
 	s := newShop(t)
 	s.env.CrashDuringStep(orders.StepCharge)
 	h := jetflowtest.Start(s.env, s.wf, input("o-3"), jetflow.WithRunID("order-o-3"))
+	s.env.AwaitCrashes(1) // the event goes to the fresh worker
 	s.deliver(t, "order-o-3")
 	ctx, cancel := s.env.Background()
 	defer cancel()

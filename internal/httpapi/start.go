@@ -25,7 +25,8 @@ const (
 	// HeaderReplayed is "true" on the answer to a start that found its run
 	// already there (outcome existing).
 	HeaderReplayed = "Idempotent-Replayed"
-	// HeaderOutcome is the start's outcome: created, existing or restarted.
+	// HeaderOutcome is the start's outcome: created, existing, restarted or
+	// superseded.
 	HeaderOutcome = "Jetflow-Outcome"
 	// HeaderRunStatus is the run's status when the answer was made.
 	HeaderRunStatus = "Jetflow-Run-Status"

@@ -20,7 +20,7 @@ type WebhookAccepted struct {
 	// that are not UTF-8 replaced by U+FFFD, as JSON needs), which the run
 	// ID keeps only when it fits one.
 	EventID string `json:"event_id"`
-	// Outcome is created, existing or restarted.
+	// Outcome is created, existing, restarted or superseded.
 	Outcome string `json:"outcome"`
 }
 

@@ -163,7 +163,7 @@ func TestStartReplySchemaMatchesStartReply(t *testing.T) {
 	require.Equal(t, sorted(always), sorted(es.Required))
 	require.Equal(t, sorted(ReplyCodes), sorted(es.Properties["code"].Enum))
 
-	require.Equal(t, []string{dedupe.Created.String(), dedupe.Existing.String(), dedupe.Restarted.String()}, s.Properties["outcome"].Enum)
+	require.Equal(t, []string{dedupe.Created.String(), dedupe.Existing.String(), dedupe.Restarted.String(), dedupe.Superseded.String()}, s.Properties["outcome"].Enum)
 	var statuses []string
 	for _, st := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
 		statuses = append(statuses, string(st))
