@@ -27,6 +27,7 @@ func TestConflictPolicyWhileRunningConversion(t *testing.T) {
 	}{
 		{Attach, dedupe.Attach},
 		{RejectWhileRunning, dedupe.RejectRunning},
+		{Supersede, dedupe.Supersede},
 	} {
 		in, err := tc.pub.toInternal()
 		require.NoError(t, err)
@@ -35,11 +36,11 @@ func TestConflictPolicyWhileRunningConversion(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tc.pub, pub)
 	}
-	for _, bad := range []WhileRunning{-1, 2, 99} {
+	for _, bad := range []WhileRunning{-1, 3, 99} {
 		_, err := bad.toInternal()
 		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
 	}
-	for _, bad := range []dedupe.OnRunning{-1, 2, 99} {
+	for _, bad := range []dedupe.OnRunning{-1, 3, 99} {
 		_, err := whileRunningFrom(bad)
 		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
 	}

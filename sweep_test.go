@@ -139,7 +139,10 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 	require.Equal(t, 1, effects.get("swept-1.b.0"))
 	require.Equal(t, 1, effects.get("swept-1.c.0"))
 	for id, want := range map[string]int{"swept-2": 4, "swept-3": 13, "swept-4": 23} {
-		out, err := (&Handle[int]{RunID: id, client: c}).Result(ctx)
+		run, err := c.GetRun(ctx, id)
+		require.NoError(t, err)
+		// The handle of the generation the run was seeded as.
+		out, err := (&Handle[int]{RunID: id, client: c, Generation: run.Generation}).Result(ctx)
 		require.NoError(t, err)
 		require.Equal(t, want, out, id)
 	}
