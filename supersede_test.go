@@ -50,6 +50,21 @@ func newSuperseding(name string) *superseding {
 	return s
 }
 
+// running starts the workflow's env, worker and client, and a run runID
+// with input 1 whose first generation's step a has started.
+func (s *superseding) running(t *testing.T, runID string) (*Client, *Handle[int], context.Context) {
+	t.Helper()
+	env := newEnv(t, Topology{})
+	env.worker(WorkerConfig{}, s.wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	h, err := Start(ctx, c, s.wf, 1, WithRunID(runID))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCreated, h.Outcome)
+	require.Equal(t, runID+".a.0", <-s.started)
+	return c, h, ctx
+}
+
 // startsOf are the start times of step stepID.
 func (s *superseding) startsOf(stepID string) []time.Time {
 	s.mu.Lock()
@@ -79,16 +94,8 @@ func tasksSettled(t *testing.T, c *Client, workflow string) {
 // refuse another input.
 func TestSupersedeReplacesTheRunningGeneration(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
 	s := newSuperseding("sup")
-	env.worker(WorkerConfig{}, s.wf)
-	c := env.client()
-	ctx := ctxT(t, 30*time.Second)
-
-	h0, err := Start(ctx, c, s.wf, 1, WithRunID("sup-1"))
-	require.NoError(t, err)
-	require.Equal(t, OutcomeCreated, h0.Outcome)
-	require.Equal(t, "sup-1.a.0", <-s.started)
+	c, h0, ctx := s.running(t, "sup-1")
 
 	same, err := Start(ctx, c, s.wf, 1, WithRunID("sup-1"))
 	require.NoError(t, err)
@@ -138,10 +145,8 @@ func TestSupersedeReplacesTheRunningGeneration(t *testing.T) {
 // one whose cancel check was already passed.
 func TestConcurrentSupersedingStartsLeaveOneGeneration(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
 	s := newSuperseding("sup-race")
-	env.worker(WorkerConfig{}, s.wf)
-	c := env.client()
+	c, h0, ctx := s.running(t, "race-1")
 	var (
 		mu        sync.Mutex
 		cancelled = map[int]time.Time{} // generation -> when its cancel was written
@@ -153,11 +158,6 @@ func TestConcurrentSupersedingStartsLeaveOneGeneration(t *testing.T) {
 		require.False(t, again, "generation %d cancelled twice", run.Generation)
 		cancelled[run.Generation] = time.Now()
 	}})
-	ctx := ctxT(t, 60*time.Second)
-	h0, err := Start(ctx, c, s.wf, 0, WithRunID("race-1"))
-	require.NoError(t, err)
-	<-s.started
-
 	const n = 20
 	handles := make([]*Handle[int], n)
 	errs := make([]error, n)
@@ -247,20 +247,14 @@ func handlesOf(hs []*Handle[int], gen int) *Handle[int] {
 // job, and its outcome says it superseded.
 func TestSupersedeInterruptedIsFinishedByTheNextStart(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
 	s := newSuperseding("sup-crash")
-	env.worker(WorkerConfig{}, s.wf)
-	c := env.client()
-	ctx := ctxT(t, 30*time.Second)
-	_, err := Start(ctx, c, s.wf, 1, WithRunID("crash-1"))
-	require.NoError(t, err)
-	<-s.started
+	c, _, ctx := s.running(t, "crash-1")
 
 	// A start that dies right after its cancel was written: its context
 	// ends there, so nothing after the cancel happens.
 	dying, die := context.WithCancel(ctx)
 	c.admit.SetHooks(dedupe.Hooks{AfterSupersede: func(state.Run) { die() }})
-	_, err = Start(dying, c, s.wf, 2, WithRunID("crash-1"))
+	_, err := Start(dying, c, s.wf, 2, WithRunID("crash-1"))
 	require.Error(t, err)
 	run, err := c.GetRun(ctx, "crash-1")
 	require.NoError(t, err)
@@ -282,14 +276,8 @@ func TestSupersedeInterruptedIsFinishedByTheNextStart(t *testing.T) {
 // cancels and replaces the running generation the same way.
 func TestSupersedeByName(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
 	s := newSuperseding("sup-name")
-	env.worker(WorkerConfig{}, s.wf)
-	c := env.client()
-	ctx := ctxT(t, 30*time.Second)
-	_, err := Start(ctx, c, s.wf, 1, WithRunID("name-1"))
-	require.NoError(t, err)
-	<-s.started
+	c, _, ctx := s.running(t, "name-1")
 	res, err := c.StartByName(ctx, "sup-name", []byte(`7`), WithRunID("name-1"))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeSuperseded, res.Outcome)

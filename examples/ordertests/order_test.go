@@ -48,6 +48,26 @@ func (s *shop) deliver(t *testing.T, runID string) {
 	}
 }
 
+// crashedOrder runs the order id with the crash point armed: the worker
+// crashes once, and the carrier's event goes to the fresh worker (a request
+// the dying worker received would not be answered).
+func (s *shop) crashedOrder(t *testing.T, id string) orders.OrderResult {
+	t.Helper()
+	h := jetflowtest.Start(s.env, s.wf, input(id), jetflow.WithRunID("order-"+id))
+	s.env.AwaitCrashes(1)
+	s.deliver(t, "order-"+id)
+	ctx, cancel := s.env.Background()
+	defer cancel()
+	res, err := h.Result(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.env.Crashes() != 1 {
+		t.Fatalf("%d crashes, want 1", s.env.Crashes())
+	}
+	return res
+}
+
 func TestOrderCompletes(t *testing.T) {
 	t.Parallel()
 	s := newShop(t)
@@ -92,17 +112,7 @@ func TestCrashAfterChargeCommitsChargesOnce(t *testing.T) {
 	t.Parallel()
 	s := newShop(t)
 	s.env.CrashAfterCommit(orders.StepCharge)
-	h := jetflowtest.Start(s.env, s.wf, input("o-2"), jetflow.WithRunID("order-o-2"))
-	s.env.AwaitCrashes(1) // the event goes to the fresh worker
-	s.deliver(t, "order-o-2")
-	ctx, cancel := s.env.Background()
-	defer cancel()
-	if _, err := h.Result(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s.env.Crashes() != 1 {
-		t.Fatalf("%d crashes, want 1", s.env.Crashes())
-	}
+	s.crashedOrder(t, "o-2")
 	key := "order-o-2.charge.0"
 	if req, n := s.pay.Requests(key), s.pay.ChargesFor(key); req != 1 || n != 1 {
 		t.Fatalf("payment service: %d requests, %d charges under %s; want 1 and 1", req, n, key)
@@ -116,15 +126,7 @@ func TestCrashDuringChargeChargesOnce(t *testing.T) {
 	t.Parallel()
 	s := newShop(t)
 	s.env.CrashDuringStep(orders.StepCharge)
-	h := jetflowtest.Start(s.env, s.wf, input("o-3"), jetflow.WithRunID("order-o-3"))
-	s.env.AwaitCrashes(1) // the event goes to the fresh worker
-	s.deliver(t, "order-o-3")
-	ctx, cancel := s.env.Background()
-	defer cancel()
-	res, err := h.Result(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := s.crashedOrder(t, "o-3")
 	key := "order-o-3.charge.0"
 	if req, n := s.pay.Requests(key), s.pay.ChargesFor(key); req != 2 || n != 1 {
 		t.Fatalf("payment service: %d requests, %d charges under %s; want 2 and 1", req, n, key)
