@@ -12,6 +12,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/workflow"
 )
 
 // superseding is a workflow of steps "a" then "b" under the conflict
@@ -288,4 +289,51 @@ func TestSupersedeByName(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, StatusCompleted, run.Status)
 	require.JSONEq(t, `7`, string(run.Output))
+}
+
+// A child linked by the superseded generation and admitted only after the
+// supersede (whose cancel found no child to cancel yet) is cancelled by the
+// step that admitted it, not left to run on.
+func TestSupersededGenerationsLateChildIsCancelled(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	kidStarted := make(chan string, 4)
+	kid := NewWorkflow("sup-kid", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "work", func(sctx context.Context) (int, error) {
+			kidStarted <- ctx.RunID()
+			<-sctx.Done() // until cancelled, or the worker stops
+			return 0, sctx.Err()
+		})
+	})
+	parent := NewWorkflow("sup-parent", func(ctx *Context, in int) (int, error) {
+		return Child(ctx, kid, in).Get(ctx)
+	}, WithDefaultConflictPolicy(ConflictPolicy{WhileRunning: Supersede}))
+	linked, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	env.worker(WorkerConfig{hooks: workflow.Hooks{BeforeChildAdmit: func(string, string) {
+		once.Do(func() { close(linked); <-proceed }) // the first generation's child only
+	}}}, parent, kid)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	h0, err := Start(ctx, c, parent, 1, WithRunID("pk-1"))
+	require.NoError(t, err)
+	<-linked
+	h1, err := Start(ctx, c, parent, 2, WithRunID("pk-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeSuperseded, h1.Outcome)
+	close(proceed)
+
+	_, err = h0.Result(ctx)
+	var re *RunError
+	require.ErrorAs(t, err, &re)
+	orphan, err := c.WaitRun(ctx, "pk-1=sup-kid=0")
+	require.NoError(t, err)
+	require.Equal(t, StatusCancelled, orphan.Status, "the superseded generation's child")
+	run, err := c.GetRun(ctx, "pk-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, run.Status, "the new generation's child still runs")
+	require.Equal(t, 1, run.Generation)
+	out, err := c.CancelRun(ctx, "pk-1") // ends the new generation's child too, so the worker drains
+	require.NoError(t, err)
+	require.Equal(t, []string{"pk-1=sup-kid=0=g1"}, out.Children)
 }

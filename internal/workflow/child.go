@@ -131,6 +131,11 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
 	if parent.Token != d.run.Token || parent.Generation != d.run.Generation {
+		// An earlier delivery may have admitted the child of this
+		// generation and died before it saw the generation replaced.
+		if s := e.cancelOrphan(d, spec); s != nil {
+			return nil, s
+		}
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
 	}
 	if parent.Status.Terminal() {
@@ -146,6 +151,9 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		return nil, &settlement{kind: settleRelease, err: err}
 	} else if !known {
 		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
+	}
+	if h := e.cfg.Hooks.BeforeChildAdmit; h != nil {
+		h(sc.id, spec.RunID)
 	}
 	res, err := e.cfg.Admitter.Admit(e.cfg.Tracer.RunContext(d.nctx, &d.run), dedupe.Request{
 		RunID: spec.RunID, Workflow: spec.Workflow, Input: spec.Input, Source: "run " + d.run.RunID,
@@ -179,6 +187,15 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		p, _, err := e.runs.Get(d.nctx, d.run.RunID)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
+		}
+		if p.Token != d.run.Token || p.Generation != d.run.Generation {
+			// The generation was replaced (a superseding start, whose
+			// cancel read its children before this link) since the link
+			// was written: its child must not outlive it.
+			if s := e.cancelOrphan(d, spec); s != nil {
+				return nil, s
+			}
+			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
 		}
 		if p.Status == state.StatusCancelled {
 			if s := e.cancelChildOf(d, p, spec); s != nil {
@@ -221,6 +238,30 @@ func (e *Executor) cancelChildOf(d *delivery, parent state.Run, spec *ChildSpec)
 		if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
 			return &settlement{kind: settleRelease, err: err}
 		}
+	}
+	return nil
+}
+
+// cancelOrphan cancels the attached child spec of d's generation, when it
+// was admitted, after that generation was replaced by another run under
+// the same run ID. A child that does not exist, is detached, or belongs
+// to another parent or generation is left alone.
+func (e *Executor) cancelOrphan(d *delivery, spec *ChildSpec) *settlement {
+	if spec.Detached {
+		return nil
+	}
+	child, _, err := e.runs.Get(d.nctx, spec.RunID)
+	switch {
+	case errors.Is(err, runs.ErrNotFound):
+		return nil
+	case err != nil:
+		return &settlement{kind: settleRelease, err: err}
+	}
+	if p := child.Parent; p == nil || p.RunID != d.run.RunID || p.Token != d.run.Token || p.Generation != d.run.Generation {
+		return nil
+	}
+	if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
+		return &settlement{kind: settleRelease, err: err}
 	}
 	return nil
 }

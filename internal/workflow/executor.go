@@ -37,6 +37,9 @@ type Hooks struct {
 	AfterRelease func(runID string)
 	// AfterChildStart runs once a child step's child run was admitted, before its parent's task is settled.
 	AfterChildStart func(stepID, childRunID string)
+	// BeforeChildAdmit runs once a child step's link is in its parent's
+	// record, before the child run is admitted.
+	BeforeChildAdmit func(stepID, childRunID string)
 	// NoHeartbeat (read by the Pool) stops tasks from extending their ack
 	// deadline, as a paused or partitioned worker would fail to: the task
 	// is redelivered while its step still runs (a zombie).
