@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -229,10 +230,26 @@ type Handle[R any] struct {
 	// new run, not a duplicate of that one.
 	AfterExpiry bool
 	// Generation is the generation of the run this start created or got
-	// (0 for a run ID's first run; see StartNew and Supersede).
+	// (see StartNew and Supersede; a run ID's first run has 0, or a higher
+	// number when an expired run had the ID before).
 	Generation int
 
 	client *Client
+	// anyGeneration: the generation is unknown (the answer of a worker
+	// that did not send it), so Result waits for whichever one runs.
+	anyGeneration bool
+
+	// memo keeps the first final answer of Result, which later calls
+	// repeat (a pointer, so that a copy of the Handle shares it).
+	memo *handleMemo[R]
+}
+
+// handleMemo is the first final answer of Handle.Result.
+type handleMemo[R any] struct {
+	mu   sync.Mutex
+	done bool
+	out  R
+	err  error
 }
 
 // Start starts a run of wf with input, or returns the run that already has
@@ -286,6 +303,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	return &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
 		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation, client: c,
+		memo: &handleMemo[R]{},
 	}, nil
 }
 
@@ -302,6 +320,14 @@ func outcome(o dedupe.Outcome) Outcome {
 	default:
 		return Outcome(o.String())
 	}
+}
+
+// derefInt is *p, or 0 for nil.
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 // startByRequest is Start by request-reply to a worker that serves
@@ -323,41 +349,77 @@ func startByRequest[R any](ctx context.Context, c *Client, workflow string, rete
 	return &Handle[R]{
 		RunID: res.RunID, Outcome: res.Outcome, Status: res.Status,
 		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Generation, client: c,
+		anyGeneration: !res.generationKnown, memo: &handleMemo[R]{},
 	}, nil
 }
 
 // Result waits until the run ends and returns its typed output, or a
-// *RunError if it failed. Calling it again returns the same result.
+// *RunError if it failed. Its first final answer (an output, a run error,
+// ErrRunReplaced, ErrRunNotFound or ErrMalformed) is kept: calling it
+// again returns the same. An ended ctx or a NATS error is not final: a
+// later call waits again.
 //
-// It waits for the generation the start created or got (Generation): when
-// a newer start replaces that generation (Supersede while it runs, or
-// StartNew after it ended), Result returns a *RunError with status
-// cancelled and Code CodeSuperseded, since the replaced generation's
-// record is no longer kept. WaitRun, by run ID, waits for whichever
-// generation runs.
+// It waits for the generation the start created or got (Generation). A
+// generation cancelled by a superseding start ends with a *RunError whose
+// Code is CodeSuperseded; but once a newer generation has replaced it
+// (Supersede while it runs, or StartNew after it ended) the record holds
+// the newer one, and Result returns an error matching ErrRunReplaced,
+// since the replaced generation's outcome is no longer kept. WaitRun, by
+// run ID, waits for whichever generation runs.
 func (h *Handle[R]) Result(ctx context.Context) (R, error) {
-	var out R
-	if err := state.ValidateRunID(h.RunID); err != nil {
+	m := h.memo
+	if m == nil { // a Handle not made by a start
+		out, err, _ := h.result(ctx)
 		return out, err
 	}
-	r, err := h.client.runs.WaitGeneration(ctx, h.RunID, h.Generation)
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	if !done {
+		out, err, final := h.result(ctx) // not under mu: concurrent calls wait each with its own ctx
+		if !final {
+			return out, err
+		}
+		m.mu.Lock()
+		if !m.done { // the first final answer is kept
+			m.out, m.err, m.done = out, err, true
+		}
+		m.mu.Unlock()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.out, m.err
+}
+
+// result waits for the handle's generation and says whether its answer is
+// final.
+func (h *Handle[R]) result(ctx context.Context) (out R, err error, final bool) {
+	if err := state.ValidateRunID(h.RunID); err != nil {
+		return out, err, true
+	}
+	var r state.Run
+	if h.anyGeneration {
+		r, err = h.client.runs.Wait(ctx, h.RunID)
+	} else {
+		r, err = h.client.runs.WaitGeneration(ctx, h.RunID, h.Generation)
+	}
 	if errors.Is(err, runs.ErrNotFound) {
-		return out, fmt.Errorf("%w: %s", ErrRunNotFound, h.RunID)
+		return out, fmt.Errorf("%w: %s", ErrRunNotFound, h.RunID), true
 	}
 	if err != nil {
-		return out, err // ctx's own error as it is, not ErrUnavailable
+		return out, err, false // ctx's own error as it is, not ErrUnavailable
 	}
-	if r.Generation > h.Generation {
-		return out, &RunError{RunID: h.RunID, Status: StatusCancelled, Kind: "cancelled", Code: CodeSuperseded,
-			Message: fmt.Sprintf("generation %d of run %s was replaced by generation %d; its result is not kept", h.Generation, h.RunID, r.Generation)}
+	if !h.anyGeneration && r.Generation > h.Generation {
+		return out, fmt.Errorf("%w: generation %d of run %s was replaced by generation %d (a superseding start, or a start again after it ended); its outcome is not kept",
+			ErrRunReplaced, h.Generation, h.RunID, r.Generation), true
 	}
 	if r.Error != nil {
-		return out, runErrorFrom(r.RunID, RunStatus(r.Status), r.Error)
+		return out, runErrorFrom(r.RunID, RunStatus(r.Status), r.Error), true
 	}
 	if err := json.Unmarshal(r.Output, &out); err != nil {
-		return out, fmt.Errorf("%w: output of run %s does not decode into %T: %w", ErrMalformed, h.RunID, out, err)
+		return out, fmt.Errorf("%w: output of run %s does not decode into %T: %w", ErrMalformed, h.RunID, out, err), true
 	}
-	return out, nil
+	return out, nil, true
 }
 
 // StartResult is the untyped result of StartByName: the fields of Handle,
@@ -372,6 +434,10 @@ type StartResult struct {
 	Duplicates  int64 `json:"duplicates"`
 	AfterExpiry bool  `json:"after_expiry,omitempty"`
 	Generation  int   `json:"generation,omitempty"`
+
+	// generationKnown: the answering worker sent the generation (one of an
+	// earlier version does not).
+	generationKnown bool
 }
 
 // StartByName starts a run of the workflow called name with JSON input, by
@@ -454,7 +520,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	return StartResult{
 		RunID: reply.RunID, Workflow: reply.Workflow, Outcome: Outcome(reply.Outcome),
 		Status: RunStatus(reply.Status), Duplicates: reply.Duplicates, AfterExpiry: reply.AfterExpiry,
-		Generation: reply.Generation,
+		Generation: derefInt(reply.Generation), generationKnown: reply.Generation != nil,
 	}, nil
 }
 

@@ -89,6 +89,11 @@ var (
 	ErrPermissionDenied = errors.New("jetflow: permission denied")
 	// ErrRunEnded: the run has already completed or failed.
 	ErrRunEnded = workflow.ErrRunEnded
+	// ErrRunReplaced: Handle.Result's generation of the run was replaced
+	// by a newer one under the same run ID (a superseding start, or a
+	// start again after it ended) before Result read its outcome, which is
+	// no longer kept.
+	ErrRunReplaced = errors.New("jetflow: the run's generation was replaced by a newer one")
 	// ErrInvalidListOptions: a ListOptions field is out of range.
 	ErrInvalidListOptions = errors.New("jetflow: invalid list options")
 	// ErrInvalidKey: a task key option is not acceptable: an empty key, a

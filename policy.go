@@ -43,9 +43,8 @@ const (
 	Supersede
 )
 
-// CodeSuperseded is the RunError.Code of a generation that a newer start
-// replaced (Supersede), as its record and the handles of its starts report
-// it.
+// CodeSuperseded is the RunError.Code of a generation that a superseding
+// start cancelled (Supersede).
 const CodeSuperseded = dedupe.CodeSuperseded
 
 // AfterEnded is what a duplicate start gets once the run has ended.

@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -113,10 +114,7 @@ func TestSupersedeReplacesTheRunningGeneration(t *testing.T) {
 	require.Equal(t, StatusRunning, h1.Status)
 
 	_, err = h0.Result(ctx)
-	var re *RunError
-	require.ErrorAs(t, err, &re, "the superseded generation's handle")
-	require.Equal(t, StatusCancelled, re.Status)
-	require.Equal(t, CodeSuperseded, re.Code)
+	requireSuperseded(t, err)
 
 	require.Equal(t, "sup-1/1.a.0", <-s.started)
 	close(s.release)
@@ -201,9 +199,7 @@ func TestConcurrentSupersedingStartsLeaveOneGeneration(t *testing.T) {
 			continue
 		}
 		_, err := h.Result(ctx)
-		var re *RunError
-		require.ErrorAs(t, err, &re, "handle %d of generation %d", i, h.Generation)
-		require.Equal(t, CodeSuperseded, re.Code)
+		requireSuperseded(t, err, "handle %d of generation %d", i, h.Generation)
 	}
 
 	// Every generation whose step a started, but the last, has its step b
@@ -231,6 +227,20 @@ func TestConcurrentSupersedingStartsLeaveOneGeneration(t *testing.T) {
 		}
 		require.LessOrEqual(t, late, 1, "generation %d: step a started after its cancel", g)
 	}
+}
+
+// requireSuperseded checks the answer of Handle.Result for a superseded
+// generation: its cancellation when the handle read it, or ErrRunReplaced
+// when the record already held the newer generation.
+func requireSuperseded(t *testing.T, err error, msgAndArgs ...any) {
+	t.Helper()
+	if errors.Is(err, ErrRunReplaced) {
+		return
+	}
+	var re *RunError
+	require.ErrorAs(t, err, &re, msgAndArgs...)
+	require.Equal(t, StatusCancelled, re.Status, msgAndArgs...)
+	require.Equal(t, CodeSuperseded, re.Code, msgAndArgs...)
 }
 
 // handlesOf is the handle of generation gen among hs.
@@ -324,11 +334,13 @@ func TestSupersededGenerationsLateChildIsCancelled(t *testing.T) {
 	close(proceed)
 
 	_, err = h0.Result(ctx)
-	var re *RunError
-	require.ErrorAs(t, err, &re)
-	orphan, err := c.WaitRun(ctx, "pk-1=sup-kid=0")
-	require.NoError(t, err)
-	require.Equal(t, StatusCancelled, orphan.Status, "the superseded generation's child")
+	requireSuperseded(t, err)
+	// The superseded generation's child: admitted once the parked step
+	// goes on, then cancelled by that step.
+	require.Eventually(t, func() bool {
+		orphan, err := c.GetRun(ctx, "pk-1=sup-kid=0")
+		return err == nil && orphan.Status == StatusCancelled
+	}, 20*time.Second, 10*time.Millisecond, "the superseded generation's child is cancelled")
 	run, err := c.GetRun(ctx, "pk-1")
 	require.NoError(t, err)
 	require.Equal(t, StatusRunning, run.Status, "the new generation's child still runs")
@@ -336,4 +348,39 @@ func TestSupersededGenerationsLateChildIsCancelled(t *testing.T) {
 	out, err := c.CancelRun(ctx, "pk-1") // ends the new generation's child too, so the worker drains
 	require.NoError(t, err)
 	require.Equal(t, []string{"pk-1=sup-kid=0=g1"}, out.Children)
+}
+
+// A handle keeps its first final answer: after a StartNew restart of the
+// run ID its Result still returns the output it returned before, and a
+// handle that read nothing before the restart says its generation was
+// replaced.
+func TestHandleResultSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("sn-keep", func(ctx *Context, in int) (int, error) {
+		return Step(ctx, "a", func(context.Context) (int, error) { return in, nil })
+	}, WithDefaultConflictPolicy(ConflictPolicy{AfterCompleted: StartNew}))
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	h0, err := Start(ctx, c, wf, 1, WithRunID("keep-1"))
+	require.NoError(t, err)
+	// A second handle of generation 0 that reads nothing until the end.
+	unread := &Handle[int]{RunID: h0.RunID, Generation: h0.Generation, client: c, memo: &handleMemo[int]{}}
+	out, err := h0.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, out)
+
+	h1, err := Start(ctx, c, wf, 2, WithRunID("keep-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeRestarted, h1.Outcome)
+	out, err = h1.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, out)
+
+	out, err = h0.Result(ctx)
+	require.NoError(t, err, "the same answer again")
+	require.Equal(t, 1, out)
+	_, err = unread.Result(ctx)
+	require.ErrorIs(t, err, ErrRunReplaced)
 }

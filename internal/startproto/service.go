@@ -76,8 +76,10 @@ type StartReply struct {
 	Duplicates int64        `json:"duplicates,omitempty"`
 	// AfterExpiry: created over an expired run with the same run ID.
 	AfterExpiry bool `json:"after_expiry,omitempty"`
-	// Generation is the run's generation the start created or got.
-	Generation int         `json:"generation,omitempty"`
+	// Generation is the run's generation the start created or got; sent
+	// on every success (a pointer, so that 0 is sent and a reply of an
+	// earlier version, without it, is told apart).
+	Generation *int `json:"generation,omitempty"`
 	Error      *ReplyError `json:"error,omitempty"`
 
 	// cause is the admission error behind an internal Error (not sent).
@@ -319,7 +321,7 @@ func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedup
 	}
 	return StartReply{
 		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
-		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation,
+		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: &res.Run.Generation,
 	}
 }
 

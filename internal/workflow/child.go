@@ -235,8 +235,27 @@ func (e *Executor) cancelChildOf(d *delivery, parent state.Run, spec *ChildSpec)
 		if c.RunID != spec.RunID {
 			continue
 		}
-		if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
-			return &settlement{kind: settleRelease, err: err}
+		if s := e.cancelChild(d, spec.RunID); s != nil {
+			return s
+		}
+	}
+	return nil
+}
+
+// cancelChild writes the child run runID cancelled, if it still runs, and
+// tells the workers, so that a step of it that runs now sees its context
+// cancelled (the notice is best effort: the child's next step reads its
+// record first).
+func (e *Executor) cancelChild(d *delivery, runID string) *settlement {
+	child, cancelled, err := e.runs.Cancel(d.nctx, runID)
+	switch {
+	case errors.Is(err, runs.ErrNotFound):
+		return nil
+	case err != nil:
+		return &settlement{kind: settleRelease, err: err}
+	case cancelled:
+		if err := e.cfg.Assets.JS.Conn().Publish(jetstream.CancelSubjectPrefix+child.RunID, []byte(child.Token)); err != nil {
+			d.log.Warn().Err(err).Str("child_run_id", runID).Msg("child cancelled, but notifying workers failed")
 		}
 	}
 	return nil
@@ -260,10 +279,7 @@ func (e *Executor) cancelOrphan(d *delivery, spec *ChildSpec) *settlement {
 	if p := child.Parent; p == nil || p.RunID != d.run.RunID || p.Token != d.run.Token || p.Generation != d.run.Generation {
 		return nil
 	}
-	if _, _, err := e.runs.Cancel(d.nctx, spec.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
-		return &settlement{kind: settleRelease, err: err}
-	}
-	return nil
+	return e.cancelChild(d, spec.RunID)
 }
 
 // refusedChild is the record of child step sc whose child could not be
