@@ -46,6 +46,9 @@ type Current func(ctx context.Context, runID string) (*state.Run, error)
 // are never replaced. Several processes may build at once: each write is
 // create-if-absent.
 //
+// A run's attribute entries are written with its entry, create-if-absent
+// too: a live writer's are newer, and it removes older ones of the run.
+//
 // A record src read may have changed before its entry was written (the
 // live writer then wrote the new state's entry and removed the old one,
 // which this build brings back). A stale terminal entry expires; a stale
@@ -57,8 +60,9 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		return false, err
 	}
 	type write struct {
-		run state.Run
-		ack natsjs.PubAckFuture
+		run  state.Run
+		ack  natsjs.PubAckFuture
+		attr bool // an attribute entry
 	}
 	var pending []write
 	var running []Entry // the running entries written, to check
@@ -66,7 +70,7 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		for _, w := range pending {
 			select {
 			case ack := <-w.ack.Ok():
-				if w.run.Status == state.StatusRunning {
+				if w.run.Status == state.StatusRunning && !w.attr {
 					e := EntryOf(w.run)
 					e.Seq = ack.Sequence
 					running = append(running, e)
@@ -87,7 +91,15 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		if err != nil {
 			return err
 		}
-		if pending = append(pending, write{run: r.Run, ack: f}); len(pending) == rebuildWindow {
+		pending = append(pending, write{run: r.Run, ack: f})
+		attrs, err := x.putAttributesIfAbsent(r.Run, r.TTL)
+		if err != nil {
+			return err
+		}
+		for _, f := range attrs {
+			pending = append(pending, write{run: r.Run, ack: f, attr: true})
+		}
+		if len(pending) >= rebuildWindow {
 			return settle()
 		}
 		return nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,11 +29,22 @@ type Query struct {
 	// newest).
 	Before uint64
 	Limit  int
+	// AttrName and AttrValue select the runs with this attribute (""
+	// for all): the page walks that attribute's entries only, and checks
+	// status, workflow and prefix on each entry.
+	AttrName, AttrValue string
 }
 
-// inTime reports whether e's time is within q's Since and Until.
-func (q Query) inTime(e Entry) bool {
-	return (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
+// admits reports whether e is within q's Since and Until, and, for a page
+// by attribute (whose subject filter names the attribute alone), of q's
+// status, workflow and run ID prefix.
+func (q Query) admits(e Entry) bool {
+	inTime := (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
+	if !inTime || q.AttrName == "" {
+		return inTime
+	}
+	return (q.Status == "" || e.Status == q.Status) && (q.Workflow == "" || e.Workflow == q.Workflow) &&
+		strings.HasPrefix(e.RunID, q.Prefix)
 }
 
 // Page is a page of entries, newest first, and the cursor of the next
@@ -69,7 +81,10 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		hi = min(hi, q.Before)
 	}
 	lo := first
-	if !q.Until.IsZero() {
+	// An attribute entry is written just after its run's entry, so it may
+	// follow the first entry at Until: a page by attribute is bounded by
+	// the entries' times alone at that end.
+	if !q.Until.IsZero() && q.AttrName == "" {
 		s, err := x.seqAt(ctx, q.Until, first, last)
 		if err != nil {
 			return Page{}, err
@@ -91,8 +106,8 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	seen := map[string]bool{}
 	add := func(got, es []Entry) []Entry {
 		for _, e := range es {
-			if !q.inTime(e) {
-				continue // out of order by a little, at a bound
+			if !q.admits(e) {
+				continue // out of order by a little, at a bound; or another status or workflow
 			}
 			if !seen[e.RunID] {
 				seen[e.RunID] = true
@@ -102,11 +117,11 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		return got
 	}
 	window, scanned := uint64(max(minWindow, 4*q.Limit)), uint64(0)
-	// A prefix selects few runs as a rule, scattered over the whole
-	// index: ask for them at once first.
+	// A prefix or an attribute selects few runs as a rule, scattered over
+	// the whole index: ask for them at once first.
 	askedAll := false
 	for hi > lo && len(got) <= q.Limit {
-		if !askedAll && (scanned >= scanBudget || q.Prefix != "") {
+		if !askedAll && (scanned >= scanBudget || q.Prefix != "" || q.AttrName != "") {
 			askedAll = true
 			older, ok, err := x.lastPerSubject(ctx, filter, lo, hi)
 			if err != nil {
@@ -314,6 +329,7 @@ func decodeEntry(m *nats.Msg) (Entry, error) {
 		return Entry{}, err
 	}
 	e.Seq = seq
+	e.AttrName, e.AttrValue, _ = parseAttrSubject(m.Subject)
 	return e, nil
 }
 

@@ -144,14 +144,30 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 // the index holds no entry of its run ID (the usual case). When it holds
 // one — the worker that ran the run to its end came first, or an earlier
 // run's entry outlived its record — the entry is written as any other and
-// dropped again if the record has moved on (dropIfOvertaken).
+// dropped again if the record has moved on (dropIfOvertaken). A run with
+// attributes then has its attribute entries written, and the record read
+// once more: a worker that ended the run meanwhile may have written its
+// terminal attribute entries before these running ones (dropIfOvertaken).
+// A run without attributes costs the one request.
 func (s *Store) indexNew(ctx context.Context, run state.Run) error {
 	_, err := s.index.PutNew(ctx, run, s.ttl(run))
+	if err == nil {
+		if len(run.Attributes) == 0 {
+			return nil
+		}
+		if err := s.index.PutAttributes(ctx, run, s.ttl(run), false); err != nil {
+			return err
+		}
+		return s.dropIfOvertaken(ctx, run, 0)
+	}
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
 	}
 	seq, err := s.index.Put(ctx, run, s.ttl(run))
 	if err != nil {
+		return err
+	}
+	if err := s.index.PutAttributes(ctx, run, s.ttl(run), true); err != nil {
 		return err
 	}
 	return s.dropIfOvertaken(ctx, run, seq)
@@ -194,6 +210,9 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 		err = s.index.RemoveOlder(ctx, run.RunID, seq)
 	}
 	if err == nil {
+		err = s.index.PutAttributes(ctx, run, s.ttl(run), true)
+	}
+	if err == nil {
 		err = s.dropIfOvertaken(ctx, run, seq)
 	}
 	if err != nil {
@@ -208,7 +227,10 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 // stored before the record): that worker's terminal entry then comes
 // first, and removes no running entry, so the late one would stay, with
 // no expiry, a run counted as running for ever. A terminal entry needs no
-// check: a later write of the run supersedes it by its own removal.
+// check: a later write of the run supersedes it by its own removal. The
+// run's attribute entries, written after seq (0: the entry itself is not
+// to be removed), are then written again from the record as it stands,
+// which removes the running ones.
 func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) error {
 	if run.Status != state.StatusRunning {
 		return nil
@@ -224,8 +246,16 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 	if e.Matches(now) {
 		return nil
 	}
-	e.Seq = seq
-	return s.index.RemoveEntry(ctx, e)
+	if seq > 0 {
+		e.Seq = seq
+		if err := s.index.RemoveEntry(ctx, e); err != nil {
+			return err
+		}
+	}
+	if len(run.Attributes) == 0 {
+		return nil
+	}
+	return s.index.PutAttributes(ctx, now, s.ttl(now), true)
 }
 
 // Repair handles index entry e, which a reader met and found not to stand
@@ -242,8 +272,19 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 //     failed, a later reader repairs. (So a reader never leaves a run
 //     with no entry, and a run does not move to the top of the list
 //     because a reader came by.)
+//
+// An attribute entry (e.AttrName set) is removed when the record is gone
+// or has no such attribute (an earlier generation's); when it has, the
+// entry is stale by status alone, and is written again from the record
+// once RepairGrace has passed.
 func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) error {
-	if run != nil {
+	if e.AttrName != "" && run != nil && e.StandsFor(*run) {
+		if s.now().Sub(run.UpdatedAt) < RepairGrace {
+			return nil
+		}
+		return s.index.PutAttributes(ctx, *run, s.repairTTL(*run), true)
+	}
+	if run != nil && e.AttrName == "" {
 		has, err := s.index.Has(ctx, *run)
 		if err != nil {
 			return err
@@ -253,6 +294,9 @@ func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) er
 				return nil
 			}
 			if _, err := s.index.Put(ctx, *run, s.repairTTL(*run)); err != nil {
+				return err
+			}
+			if err := s.index.PutAttributes(ctx, *run, s.repairTTL(*run), true); err != nil {
 				return err
 			}
 		}
@@ -282,6 +326,9 @@ func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
 		return false, err
 	}
 	if _, err := s.index.Put(ctx, run, s.repairTTL(run)); err != nil {
+		return false, err
+	}
+	if err := s.index.PutAttributes(ctx, run, s.repairTTL(run), true); err != nil {
 		return false, err
 	}
 	return true, nil
