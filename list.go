@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -30,8 +28,8 @@ type ListOptions struct {
 	Since, Until time.Time
 	// Attributes keeps only runs started with every one of these
 	// attributes (WithAttributes), equal in name and value (nil for all).
-	// The page walks the run index's entries of one of them (the first
-	// name in order) and checks the others on each run's record, so a
+	// The page walks the run index's entries of one of them (the one
+	// fewest runs have) and checks the others on each run's record, so a
 	// page of several attributes may hold fewer runs while more follow.
 	Attributes map[string]string
 	// After is the cursor: RunPage.Next of the previous page ("" for the
@@ -271,9 +269,6 @@ func (o ListOptions) query() (runindex.Query, error) {
 	}
 	q := runindex.Query{Status: state.Status(o.Status), Workflow: o.Workflow, Prefix: o.RunIDPrefix,
 		Since: o.Since, Until: o.Until, Before: before, Limit: limit}
-	if len(o.Attributes) > 0 {
-		q.AttrName = slices.Min(slices.Collect(maps.Keys(o.Attributes)))
-		q.AttrValue = o.Attributes[q.AttrName]
-	}
+	q.Attributes = o.Attributes
 	return q, nil
 }

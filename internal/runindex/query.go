@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,9 +30,13 @@ type Query struct {
 	// newest).
 	Before uint64
 	Limit  int
-	// AttrName and AttrValue select the runs with this attribute (""
-	// for all): the page walks that attribute's entries only, and checks
-	// status, workflow and prefix on each entry.
+	// Attributes select the runs with all these attributes (nil for
+	// all): the page walks the entries of the one that fewest entries
+	// have (Rarest), and checks status, workflow and prefix on each
+	// entry; the others are the caller's to check on the records.
+	Attributes map[string]string
+	// AttrName and AttrValue are the attribute whose entries the page
+	// walks (set by Page).
 	AttrName, AttrValue string
 }
 
@@ -72,6 +77,13 @@ const (
 // on how densely the filter matches the newest entries, not on how many
 // entries the index holds.
 func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
+	if len(q.Attributes) > 0 {
+		var err error
+		if q.AttrName, err = x.Rarest(ctx, q.Attributes); err != nil {
+			return Page{}, err
+		}
+		q.AttrValue = q.Attributes[q.AttrName]
+	}
 	first, last, err := x.bounds(ctx)
 	if err != nil {
 		return Page{}, err
@@ -294,6 +306,40 @@ func cmpDesc(a, b uint64) int {
 	return 0
 }
 
+// Rarest is the name of the attribute of attrs that the fewest entries
+// have: one request per attribute (none for one), answered from the
+// server's subject index. Ties go to the first name in order.
+func (x *Index) Rarest(ctx context.Context, attrs map[string]string) (string, error) {
+	names := slices.Sorted(maps.Keys(attrs))
+	if len(names) == 1 {
+		return names[0], nil
+	}
+	best, fewest := "", int64(-1)
+	for _, name := range names {
+		n, err := x.count(ctx, attrFilter(name, attrs[name]))
+		if err != nil {
+			return "", err
+		}
+		if fewest < 0 || n < fewest {
+			best, fewest = name, n
+		}
+	}
+	return best, nil
+}
+
+// count counts the entries matching filter.
+func (x *Index) count(ctx context.Context, filter string) (int64, error) {
+	msgs, _, err := x.direct(ctx, directRequest{Seq: 1, NextFor: filter, Batch: 1})
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	pending, err := strconv.ParseInt(msgs[0].Header.Get("Nats-Num-Pending"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("jetflow: run index: count %s: pending %q: %w", filter, msgs[0].Header.Get("Nats-Num-Pending"), err)
+	}
+	return pending + 1, nil
+}
+
 // Counts is the number of kept runs in each status.
 type Counts map[state.Status]int64
 
@@ -302,19 +348,11 @@ type Counts map[state.Status]int64
 func (x *Index) Count(ctx context.Context, workflow string) (Counts, error) {
 	out := Counts{}
 	for _, s := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
-		msgs, _, err := x.direct(ctx, directRequest{Seq: 1, NextFor: Query{Status: s, Workflow: workflow}.filter(), Batch: 1})
+		n, err := x.count(ctx, Query{Status: s, Workflow: workflow}.filter())
 		if err != nil {
 			return nil, err
 		}
-		if len(msgs) == 0 {
-			out[s] = 0
-			continue
-		}
-		pending, err := strconv.ParseInt(msgs[0].Header.Get("Nats-Num-Pending"), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("jetflow: run index: count %s: pending %q: %w", s, msgs[0].Header.Get("Nats-Num-Pending"), err)
-		}
-		out[s] = pending + 1
+		out[s] = n
 	}
 	return out, nil
 }
