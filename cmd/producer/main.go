@@ -87,6 +87,8 @@
 //	  workflow: order
 //	  secret_env: STRIPE_WEBHOOK_SECRET   # or a list; or secrets: [...] inline
 //	  tolerance: 5m
+//	  attributes:             # optional: run attributes read from each event
+//	    order_id: /data/object/metadata/order_id   # a JSON pointer (RFC 6901)
 //
 // # Exit codes
 //

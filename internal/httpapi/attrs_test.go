@@ -6,10 +6,12 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/webhook"
 )
 
 // TestStartAndListByAttributes: a start's attr.<name>=<value> query
@@ -63,4 +65,35 @@ func TestStartAndListByAttributes(t *testing.T) {
 		require.Contains(t, res.problem(t).Detail, bad.names, bad.query)
 	}
 	require.Equal(t, http.StatusNotFound, b.do(http.MethodGet, "/v1/runs/att-bad", nil, "").code, "a refused start stores nothing")
+}
+
+// TestWebhookAttributes: a webhook source's attributes are read from each
+// verified event's payload by JSON pointer, and the run the event starts
+// is found by them; an attribute the payload does not give (no such
+// field, an object, a value over the limits) is left out and the event
+// still starts its run.
+func TestWebhookAttributes(t *testing.T) {
+	t.Parallel()
+	ptr := func(s string) webhook.Pointer {
+		p, err := webhook.ParsePointer(s)
+		require.NoError(t, err)
+		return p
+	}
+	src := testSources[2] // stripe
+	src.Name = "shop"
+	src.Attributes = map[string]webhook.Pointer{
+		"order_id": ptr("/data/object/metadata/order_id"), "customer": ptr("/data/object/customer"),
+		"amount": ptr("/data/object/amount"), "missing": ptr("/data/nothing"), "nested": ptr("/data/object/metadata"),
+		"long": ptr("/data/object/long"),
+	}
+	b := setup(t, func(c *Config) { c.Sources = append(append([]webhook.Source{}, testSources...), src) })
+	body := `{"id":"evt_a1","type":"charge.succeeded","data":{"object":{"customer":"cus_7","amount":1999,` +
+		`"long":"` + strings.Repeat("x", 65) + `","metadata":{"order_id":"42"}}}}`
+	res := b.deliver("shop", signed(src, "evt_a1", testNow, body))
+	require.Equal(t, http.StatusAccepted, res.code, "body: %s", res.body)
+
+	run, err := b.client.GetRun(ctxT(t, 10*time.Second), "shop-evt_a1")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"order_id": "42", "customer": "cus_7", "amount": "1999"}, run.Attributes)
+	b.waitListed("attr.order_id=42&workflow=hook", []string{"shop-evt_a1"})
 }
