@@ -307,3 +307,36 @@ func TestAttributesAreTheFirstStarts(t *testing.T) {
 		require.NotEmpty(t, m.Header.Get(natsjs.MsgTTLHeader), "an ended run's attribute entry expires")
 	}
 }
+
+// TestAttributeEntriesRebuilt: a run index deleted by hand is rebuilt with
+// the attribute entries of every kept run, running and ended, from the run
+// records: the next listing by attribute finds them again.
+func TestAttributeEntriesRebuilt(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := NewWorkflow("rebuilt", func(ctx *Context, in int) (int, error) { return in, nil })
+	held := NewWorkflow("held", func(ctx *Context, in int) (int, error) { return in, nil }) // no worker: stays running
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	byOrder := map[string]string{"order_id": "9"}
+	for _, id := range []string{"rb-1", "rb-2"} {
+		h, err := Start(ctx, c, wf, 1, WithRunID(id), WithAttributes(byOrder))
+		require.NoError(t, err)
+		_, err = h.Result(ctx)
+		require.NoError(t, err)
+		awaitIndexed(t, c, id, StatusCompleted)
+	}
+	_, err := Start(ctx, c, held, 1, WithRunID("rb-3"), WithAttributes(byOrder))
+	require.NoError(t, err)
+	_, err = Start(ctx, c, held, 1, WithRunID("rb-other"), WithAttributes(map[string]string{"order_id": "10"}))
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"rb-1", "rb-2", "rb-3"}, runIDs(walkAll(t, c, ListOptions{Attributes: byOrder})))
+
+	js, err := natsjs.New(env.conn())
+	require.NoError(t, err)
+	require.NoError(t, js.DeleteStream(ctx, jetstream.IndexStream))
+	require.ElementsMatch(t, []string{"rb-1", "rb-2", "rb-3"}, runIDs(walkAll(t, c, ListOptions{Attributes: byOrder})))
+	require.Equal(t, []string{"rb-3"}, runIDs(walkAll(t, c, ListOptions{Attributes: byOrder, Status: StatusRunning})))
+	require.ElementsMatch(t, []string{"rb-1", "rb-2"}, runIDs(walkAll(t, c, ListOptions{Attributes: byOrder, Workflow: "rebuilt"})))
+}

@@ -47,7 +47,7 @@ type Current func(ctx context.Context, runID string) (*state.Run, error)
 // create-if-absent.
 //
 // A run's attribute entries are written with its entry, create-if-absent
-// too: a live writer's are newer, and it removes older ones of the run.
+// too, and a running one is checked as the run's entry is.
 //
 // A record src read may have changed before its entry was written (the
 // live writer then wrote the new state's entry and removed the old one,
@@ -62,7 +62,7 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 	type write struct {
 		run  state.Run
 		ack  natsjs.PubAckFuture
-		attr bool // an attribute entry
+		attr string // an attribute entry's name
 	}
 	var pending []write
 	var running []Entry // the running entries written, to check
@@ -70,9 +70,12 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		for _, w := range pending {
 			select {
 			case ack := <-w.ack.Ok():
-				if w.run.Status == state.StatusRunning && !w.attr {
+				if w.run.Status == state.StatusRunning {
 					e := EntryOf(w.run)
 					e.Seq = ack.Sequence
+					if w.attr != "" {
+						e.AttrName, e.AttrValue = w.attr, w.run.Attributes[w.attr]
+					}
 					running = append(running, e)
 				}
 			case err := <-w.ack.Err():
@@ -92,12 +95,12 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 			return err
 		}
 		pending = append(pending, write{run: r.Run, ack: f})
-		attrs, err := x.putAttributesIfAbsent(r.Run, r.TTL)
+		attrs, names, err := x.putAttributesIfAbsent(r.Run, r.TTL)
 		if err != nil {
 			return err
 		}
-		for _, f := range attrs {
-			pending = append(pending, write{run: r.Run, ack: f, attr: true})
+		for i, f := range attrs {
+			pending = append(pending, write{run: r.Run, ack: f, attr: names[i]})
 		}
 		if len(pending) >= rebuildWindow {
 			return settle()
@@ -127,7 +130,7 @@ func (x *Index) dropIfStale(ctx context.Context, e Entry, cur Current) error {
 	if err != nil {
 		return err
 	}
-	if run != nil && e.Matches(*run) {
+	if run != nil && e.Matches(*run) && e.StandsFor(*run) {
 		return nil
 	}
 	return x.RemoveEntry(ctx, e)

@@ -41,15 +41,11 @@ type Query struct {
 }
 
 // admits reports whether e is within q's Since and Until, and, for a page
-// by attribute (whose subject filter names the attribute alone), of q's
-// status, workflow and run ID prefix.
+// by attribute (whose subject filter names the attribute, the status and
+// the workflow), of q's run ID prefix.
 func (q Query) admits(e Entry) bool {
 	inTime := (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
-	if !inTime || q.AttrName == "" {
-		return inTime
-	}
-	return (q.Status == "" || e.Status == q.Status) && (q.Workflow == "" || e.Workflow == q.Workflow) &&
-		strings.HasPrefix(e.RunID, q.Prefix)
+	return inTime && (q.AttrName == "" || strings.HasPrefix(e.RunID, q.Prefix))
 }
 
 // Page is a page of entries, newest first, and the cursor of the next
@@ -79,7 +75,7 @@ const (
 func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	if len(q.Attributes) > 0 {
 		var err error
-		if q.AttrName, err = x.Rarest(ctx, q.Attributes); err != nil {
+		if q.AttrName, err = x.Rarest(ctx, q.Attributes, q.Status, q.Workflow); err != nil {
 			return Page{}, err
 		}
 		q.AttrValue = q.Attributes[q.AttrName]
@@ -307,16 +303,17 @@ func cmpDesc(a, b uint64) int {
 }
 
 // Rarest is the name of the attribute of attrs that the fewest entries
-// have: one request per attribute (none for one), answered from the
-// server's subject index. Ties go to the first name in order.
-func (x *Index) Rarest(ctx context.Context, attrs map[string]string) (string, error) {
+// in status and of workflow ("" for any) have: one request per attribute
+// (none for one), answered from the server's subject index. Ties go to
+// the first name in order.
+func (x *Index) Rarest(ctx context.Context, attrs map[string]string, status state.Status, workflow string) (string, error) {
 	names := slices.Sorted(maps.Keys(attrs))
 	if len(names) == 1 {
 		return names[0], nil
 	}
 	best, fewest := "", int64(-1)
 	for _, name := range names {
-		n, err := x.count(ctx, attrFilter(name, attrs[name]))
+		n, err := x.count(ctx, attrFilter(name, attrs[name], status, workflow))
 		if err != nil {
 			return "", err
 		}

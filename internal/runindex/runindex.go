@@ -170,7 +170,7 @@ func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFutu
 // in the same state, a run's attribute entry written since) stays.
 func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
 	if e.AttrName != "" {
-		return x.purgeSubject(ctx, attrSubject(e.AttrName, e.AttrValue, e.RunID), e.Seq+1)
+		return x.purgeSubject(ctx, attrSubject(e.AttrName, e.AttrValue, e.Status, e.Workflow, e.RunID), e.Seq+1)
 	}
 	if err := x.RemoveState(ctx, e.Status, e.Workflow, e.RunID, e.Seq+1); err != nil {
 		return fmt.Errorf("jetflow: remove stale entry: %w", err)

@@ -62,7 +62,7 @@ func writeChars(b *strings.Builder, s string) {
 // for a page by attribute.
 func (q Query) filter() string {
 	if q.AttrName != "" {
-		return attrFilter(q.AttrName, q.AttrValue)
+		return attrFilter(q.AttrName, q.AttrValue, q.Status, q.Workflow)
 	}
 	var b strings.Builder
 	b.WriteString(entryPrefix)

@@ -155,10 +155,11 @@ func (s *Store) indexNew(ctx context.Context, run state.Run) error {
 		if len(run.Attributes) == 0 {
 			return nil
 		}
-		if err := s.index.PutAttributes(ctx, run, s.ttl(run), false); err != nil {
+		seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
+		if err != nil {
 			return err
 		}
-		return s.dropIfOvertaken(ctx, run, 0)
+		return s.dropIfOvertaken(ctx, run, 0, seqs)
 	}
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
@@ -167,10 +168,25 @@ func (s *Store) indexNew(ctx context.Context, run state.Run) error {
 	if err != nil {
 		return err
 	}
-	if err := s.index.PutAttributes(ctx, run, s.ttl(run), true); err != nil {
+	seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
+	if err != nil {
 		return err
 	}
-	return s.dropIfOvertaken(ctx, run, seq)
+	return s.dropIfOvertaken(ctx, run, seq, seqs)
+}
+
+// putAttributes writes run's attribute entries with ttl, then removes the
+// run's older ones in state left of workflow prevWorkflow (both "": in any
+// state). A run without attributes writes nothing.
+func (s *Store) putAttributes(ctx context.Context, run state.Run, ttl time.Duration, left state.Status, prevWorkflow string) (runindex.AttrSeqs, error) {
+	if len(run.Attributes) == 0 {
+		return nil, nil
+	}
+	seqs, err := s.index.PutAttributes(ctx, run, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return seqs, s.index.RemoveAttributes(ctx, run.Attributes, left, prevWorkflow, run.RunID, seqs)
 }
 
 // Replace writes run over the record or marker at revision rev
@@ -209,11 +225,12 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 	default:
 		err = s.index.RemoveOlder(ctx, run.RunID, seq)
 	}
+	var seqs runindex.AttrSeqs
 	if err == nil {
-		err = s.index.PutAttributes(ctx, run, s.ttl(run), true)
+		seqs, err = s.putAttributes(ctx, run, s.ttl(run), left, prevWorkflow)
 	}
 	if err == nil {
-		err = s.dropIfOvertaken(ctx, run, seq)
+		err = s.dropIfOvertaken(ctx, run, seq, seqs)
 	}
 	if err != nil {
 		s.IndexFailed(run.RunID, err)
@@ -227,11 +244,10 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 // stored before the record): that worker's terminal entry then comes
 // first, and removes no running entry, so the late one would stay, with
 // no expiry, a run counted as running for ever. A terminal entry needs no
-// check: a later write of the run supersedes it by its own removal. The
-// run's attribute entries, written after seq (0: the entry itself is not
-// to be removed), are then written again from the record as it stands,
-// which removes the running ones.
-func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) error {
+// check: a later write of the run supersedes it by its own removal. So
+// do the run's running attribute entries just written (at seqs), and the
+// run's entry itself unless seq is 0.
+func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64, seqs runindex.AttrSeqs) error {
 	if run.Status != state.StatusRunning {
 		return nil
 	}
@@ -252,10 +268,7 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 			return err
 		}
 	}
-	if len(run.Attributes) == 0 {
-		return nil
-	}
-	return s.index.PutAttributes(ctx, now, s.ttl(now), true)
+	return s.index.RemoveAttributes(ctx, run.Attributes, run.Status, run.Workflow, run.RunID, seqs.Next())
 }
 
 // Repair handles index entry e, which a reader met and found not to stand
@@ -275,14 +288,16 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 //
 // An attribute entry (e.AttrName set) is removed when the record is gone
 // or has no such attribute (an earlier generation's); when it has, the
-// entry is stale by status alone, and is written again from the record
-// once RepairGrace has passed.
+// entry is stale by status alone: once RepairGrace has passed the run's
+// attribute entries are written from the record, then e removed.
 func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) error {
 	if e.AttrName != "" && run != nil && e.StandsFor(*run) {
 		if s.now().Sub(run.UpdatedAt) < RepairGrace {
 			return nil
 		}
-		return s.index.PutAttributes(ctx, *run, s.repairTTL(*run), true)
+		if _, err := s.index.PutAttributes(ctx, *run, s.repairTTL(*run)); err != nil {
+			return err
+		}
 	}
 	if run != nil && e.AttrName == "" {
 		has, err := s.index.Has(ctx, *run)
@@ -296,7 +311,7 @@ func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) er
 			if _, err := s.index.Put(ctx, *run, s.repairTTL(*run)); err != nil {
 				return err
 			}
-			if err := s.index.PutAttributes(ctx, *run, s.repairTTL(*run), true); err != nil {
+			if _, err := s.putAttributes(ctx, *run, s.repairTTL(*run), "", ""); err != nil {
 				return err
 			}
 		}
@@ -328,7 +343,7 @@ func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
 	if _, err := s.index.Put(ctx, run, s.repairTTL(run)); err != nil {
 		return false, err
 	}
-	if err := s.index.PutAttributes(ctx, run, s.repairTTL(run), true); err != nil {
+	if _, err := s.putAttributes(ctx, run, s.repairTTL(run), "", ""); err != nil {
 		return false, err
 	}
 	return true, nil
