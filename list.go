@@ -59,8 +59,8 @@ type RunPage struct {
 // ListRuns returns the runs whose records are kept (within retention),
 // newest first by the time of their last status change — a running run
 // by when it started (or was started again), an ended run by when it
-// ended — filtered by workflow, status, run ID prefix and time, one page
-// at a time.
+// ended — filtered by workflow, status, run ID prefix, time and
+// attributes (WithAttributes), one page at a time.
 //
 // It reads the run index, so a page costs about the same with a thousand
 // or a million kept runs; each run of the page is then read from its
