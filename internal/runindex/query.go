@@ -32,8 +32,9 @@ type Query struct {
 	Limit  int
 	// Attributes select the runs with all these attributes (nil for
 	// all): the page walks the entries of the one that fewest entries
-	// have (Rarest), and checks status, workflow and prefix on each
-	// entry; the others are the caller's to check on the records.
+	// have (Rarest) in Status and of Workflow (both part of an attribute
+	// entry's subject), and checks the prefix on each entry; the other
+	// attributes are the caller's to check on the records.
 	Attributes map[string]string
 	// AttrName and AttrValue are the attribute whose entries the page
 	// walks (set by Page).
