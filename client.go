@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -158,6 +159,7 @@ type startOptions struct {
 	source      string
 	ignoreInput bool
 	policy      *ConflictPolicy
+	attributes  map[string]string
 	// entry labels the starts metric: the entry point ctx names (a
 	// gateway's; see internal/entry), "" for the default.
 	entry entry.Point
@@ -196,6 +198,20 @@ func (o startOptions) checkRunID(workflow string, requireRunID bool) error {
 	return state.ValidateRunID(o.runID)
 }
 
+// WithAttributes attaches business attributes to the run — the order,
+// customer or account it is about — so that ListRuns (ListOptions.
+// Attributes), GET /v1/runs?attr.<name>=<value>, producer list --attr and
+// the inspector find it by them. A run carries at most 8; a name is
+// [a-z][a-z0-9_]{0,31}, a value 1..64 bytes of printable UTF-8. A set
+// outside these limits fails the start with ErrInvalidAttributes before
+// anything is published or stored. Attributes are metadata: they are not
+// part of the input's fingerprint, and a duplicate start keeps the first
+// start's attributes (its own are ignored). Given twice, the last set
+// counts.
+func WithAttributes(attrs map[string]string) StartOption {
+	return func(o *startOptions) { o.attributes = maps.Clone(attrs) }
+}
+
 // WithSource overrides the client name recorded in the audit for this start.
 func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
 
@@ -206,6 +222,9 @@ func (c *Client) startOpts(ctx context.Context, opts []StartOption) (startOption
 	}
 	if o.err == nil && o.policy != nil {
 		_, o.err = o.policy.toInternal()
+	}
+	if o.err == nil {
+		o.err = state.ValidateAttributes(o.attributes)
 	}
 	return o, o.err
 }
@@ -295,7 +314,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
 		IgnoreInput: o.ignoreInput, Policy: ipolicy, Retention: wf.retention,
-		Entry: string(o.entry),
+		Entry: string(o.entry), Attributes: o.attributes,
 	})
 	if err != nil {
 		return nil, admitError(err)
@@ -477,7 +496,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source}
+	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source, Attributes: o.attributes}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
@@ -552,6 +571,7 @@ var replyCodes = map[string]error{
 	startproto.CodeRejected:     ErrDuplicateRejected,
 	startproto.CodeBadPolicy:    ErrInvalidConflictPolicy,
 	startproto.CodeRunIDNeeded:  ErrRunIDRequired,
+	startproto.CodeBadAttrs:     ErrInvalidAttributes,
 }
 
 func replyError(e *startproto.ReplyError) error {
@@ -611,6 +631,9 @@ type Run struct {
 	// Children are the child runs this run started, in the order their
 	// starts were recorded.
 	Children []RunLink `json:"children,omitempty"`
+	// Attributes are the business attributes the run was started with
+	// (WithAttributes).
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // RunLink links a parent run and a child run: the other run, and the
@@ -673,7 +696,7 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 	run := Run{
 		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
 		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-		Generation: r.Generation, Duplicates: audit.Duplicates,
+		Generation: r.Generation, Duplicates: audit.Duplicates, Attributes: r.Attributes,
 	}
 	if audit.First != nil {
 		first := toAttempt(*audit.First)

@@ -23,6 +23,11 @@ var (
 	ErrInvalidName = state.ErrInvalidName
 	// ErrInputTooLarge: the encoded input is over the limit.
 	ErrInputTooLarge = state.ErrInputTooLarge
+	// ErrInvalidAttributes: a start's attributes (WithAttributes) break a
+	// limit: more than 8, a name outside [a-z][a-z0-9_]{0,31}, a value
+	// empty, over 64 bytes or not printable UTF-8. The message names the
+	// attribute; nothing is stored.
+	ErrInvalidAttributes = state.ErrInvalidAttributes
 	// ErrMalformed: bytes from outside (an envelope, a stored record) do not
 	// decode.
 	ErrMalformed = state.ErrCorrupt

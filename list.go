@@ -26,6 +26,12 @@ type ListOptions struct {
 	// Since and Until keep only runs whose last status change (start,
 	// start again, end) is in [Since, Until); zero for open.
 	Since, Until time.Time
+	// Attributes keeps only runs started with every one of these
+	// attributes (WithAttributes), equal in name and value (nil for all).
+	// The page walks the run index's entries of one of them (the one
+	// fewest runs have) and checks the others on each run's record, so a
+	// page of several attributes may hold fewer runs while more follow.
+	Attributes map[string]string
 	// After is the cursor: RunPage.Next of the previous page ("" for the
 	// first page). It is opaque.
 	After string
@@ -53,8 +59,8 @@ type RunPage struct {
 // ListRuns returns the runs whose records are kept (within retention),
 // newest first by the time of their last status change — a running run
 // by when it started (or was started again), an ended run by when it
-// ended — filtered by workflow, status, run ID prefix and time, one page
-// at a time.
+// ended — filtered by workflow, status, run ID prefix, time and
+// attributes (WithAttributes), one page at a time.
 //
 // It reads the run index, so a page costs about the same with a thousand
 // or a million kept runs; each run of the page is then read from its
@@ -140,8 +146,8 @@ func (c *Client) listed(ctx context.Context, e runindex.Entry, opts ListOptions)
 	if err != nil {
 		return listing{}, err
 	}
-	l := listing{show: true}
-	if !e.Matches(r) {
+	l := listing{show: opts.selects(r)}
+	if !e.Matches(r) || !e.StandsFor(r) {
 		l = listing{stale: true, entry: e, record: &r, show: opts.selects(r)}
 	}
 	if l.show {
@@ -150,10 +156,11 @@ func (c *Client) listed(ctx context.Context, e runindex.Entry, opts ListOptions)
 	return l, err
 }
 
-// selects reports whether run passes o's status and workflow filters (the
-// run ID prefix holds: the entry had the run's ID).
+// selects reports whether run passes o's status, workflow and attribute
+// filters (the run ID prefix holds: the entry had the run's ID).
 func (o ListOptions) selects(run state.Run) bool {
-	return (o.Status == "" || RunStatus(run.Status) == o.Status) && (o.Workflow == "" || run.Workflow == o.Workflow)
+	return (o.Status == "" || RunStatus(run.Status) == o.Status) && (o.Workflow == "" || run.Workflow == o.Workflow) &&
+		state.HasAttributes(run.Attributes, o.Attributes)
 }
 
 // repairIndex repairs the stale entries a page met (runs.Store.Repair).
@@ -249,6 +256,9 @@ func (o ListOptions) query() (runindex.Query, error) {
 	case o.Limit < 0 || o.Limit > MaxListLimit:
 		return bad("limit %d: want 1..%d (0 for %d)", o.Limit, MaxListLimit, DefaultListLimit)
 	}
+	if err := state.ValidateAttributes(o.Attributes); err != nil {
+		return bad("%w", err)
+	}
 	before, err := runindex.ParseCursor(o.After)
 	if err != nil {
 		return bad("%w", err)
@@ -257,6 +267,8 @@ func (o ListOptions) query() (runindex.Query, error) {
 	if limit == 0 {
 		limit = DefaultListLimit
 	}
-	return runindex.Query{Status: state.Status(o.Status), Workflow: o.Workflow, Prefix: o.RunIDPrefix,
-		Since: o.Since, Until: o.Until, Before: before, Limit: limit}, nil
+	q := runindex.Query{Status: state.Status(o.Status), Workflow: o.Workflow, Prefix: o.RunIDPrefix,
+		Since: o.Since, Until: o.Until, Before: before, Limit: limit}
+	q.Attributes = o.Attributes
+	return q, nil
 }

@@ -423,7 +423,7 @@ func measurePage(ctx context.Context, c *jetflow.Client, x *runindex.Index, name
 func indexQuery(o jetflow.ListOptions) (runindex.Query, error) {
 	before, err := runindex.ParseCursor(o.After)
 	return runindex.Query{Status: state.Status(o.Status), Workflow: o.Workflow, Prefix: o.RunIDPrefix,
-		Since: o.Since, Until: o.Until, Before: before, Limit: o.Limit}, err
+		Since: o.Since, Until: o.Until, Before: before, Limit: o.Limit, Attributes: o.Attributes}, err
 }
 
 // deepCursor follows newest-first pages up to page indexDeepPages and

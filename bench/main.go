@@ -77,7 +77,7 @@ type config struct {
 // shapes, which take longer and are asked for by name.
 var (
 	defaultPhases = []string{"publish", "kv", "mini", "e2e", "gated", "api", "admit", "taskkey", "http"}
-	allPhases     = append(slices.Clone(defaultPhases), "latency", "waiters", "backlog", "fanout", "deep", "sleepers", "wakeups", "events", "index")
+	allPhases     = append(slices.Clone(defaultPhases), "latency", "waiters", "backlog", "fanout", "deep", "sleepers", "wakeups", "events", "index", "attrs")
 )
 
 // parseFlags parses the command line's arguments (without the program
@@ -399,6 +399,14 @@ func run(ctx context.Context, cfg config) error {
 				indexResults = append(indexResults, f)
 				return num(float64(f.n)/f.populate.Seconds()) + " runs written/s", nil
 			})
+			step("attrs", rep, func() (string, error) {
+				f, err := engineAttrs(ctx, e, cfg)
+				if err != nil {
+					return "", err
+				}
+				attrResults = append(attrResults, f)
+				return num(float64(f.n)/f.populate.Seconds()) + " runs with attributes written/s", nil
+			})
 		}
 	}
 	fmt.Println()
@@ -410,6 +418,7 @@ func run(ctx context.Context, cfg config) error {
 	printShapeReports(os.Stdout, res)
 	printWaitsReport(os.Stdout, res)
 	printIndexReport(os.Stdout, res)
+	printAttrsReport(os.Stdout)
 	if ctx.Err() != nil {
 		failures = append(failures, ctx.Err())
 	}

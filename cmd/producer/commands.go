@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -23,7 +25,7 @@ const opTimeout = 10 * time.Second
 // under a generated run ID when generate is set (parseArgs allows exactly
 // one), so that an unknown workflow, an undecodable input or an invalid run
 // ID is refused before anything is stored.
-func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input, runID string, generate bool) error {
+func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input, runID string, generate bool, attrs map[string]string) error {
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, []byte(input)); err != nil {
 		return fmt.Errorf("invalid JSON input: %w", err)
@@ -34,7 +36,11 @@ func start(ctx context.Context, c *jetflow.Client, out *printer, workflow, input
 	if generate {
 		opt = jetflow.WithGeneratedRunID()
 	}
-	res, err := c.StartByName(ctx, workflow, compact.Bytes(), opt)
+	opts := []jetflow.StartOption{opt}
+	if len(attrs) > 0 {
+		opts = append(opts, jetflow.WithAttributes(attrs))
+	}
+	res, err := c.StartByName(ctx, workflow, compact.Bytes(), opts...)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", workflow, err)
 	}
@@ -273,11 +279,22 @@ func (p *printer) page(page jetflow.RunPage) error {
 		_, err := fmt.Fprintln(p.w, "no runs")
 		return err
 	}
+	// An ATTRIBUTES column when a run of the page has attributes.
+	withAttrs := slices.ContainsFunc(page.Runs, func(r jetflow.Run) bool { return len(r.Attributes) > 0 })
 	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN ID\tWORKFLOW\tSTATUS\tUPDATED\tCREATED\tDUPLICATES")
+	header := "RUN ID\tWORKFLOW\tSTATUS\tUPDATED\tCREATED\tDUPLICATES"
+	if withAttrs {
+		header += "\tATTRIBUTES"
+	}
+	fmt.Fprintln(tw, header)
 	for _, r := range page.Runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.RunID, r.Workflow, r.Status,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d", r.RunID, r.Workflow, r.Status,
 			r.UpdatedAt.UTC().Format(time.RFC3339), r.CreatedAt.UTC().Format(time.RFC3339), r.Duplicates)
+		if withAttrs {
+			a := attrsFlag(r.Attributes)
+			fmt.Fprintf(tw, "\t%s", strconv.QuoteToGraphic(a.String()))
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

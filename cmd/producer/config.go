@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,8 @@ type cli struct {
 	prefix       string
 	since, until time.Time
 	counts       bool
+	// start and list: --attr name=value, repeatable.
+	attrs attrsFlag
 	// watch: how often it reads the run again while nothing ends it.
 	interval time.Duration
 	scope    jetflow.KeyScope
@@ -71,12 +74,12 @@ var arity = map[string]struct {
 	n        int
 	synopsis string
 }{
-	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id"},
+	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id [--attr NAME=VALUE]..."},
 	"get":    {1, "get takes one run ID: producer get <run-id>"},
 	"wait":   {1, "wait takes one run ID: producer wait <run-id>"},
 	"watch":  {1, "watch takes one run ID: producer watch <run-id> [--interval 1s]"},
 	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
-	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
+	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
 	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
 	"send":   {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
 	"resume": {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
@@ -95,6 +98,7 @@ var commandFlags = map[string][]string{
 	"limit":           {"list"},
 	"cursor":          {"list"},
 	"prefix":          {"list"},
+	"attr":            {"start", "list"},
 	"since":           {"list"},
 	"until":           {"list"},
 	"counts":          {"list"},
@@ -115,7 +119,7 @@ var commandFlags = map[string][]string{
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
 var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor",
-	"prefix", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "print-config"}
+	"prefix", "attr", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -147,6 +151,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.IntVar(&c.limit, "limit", 0, "")
 	fs.StringVar(&c.cursor, "cursor", "", "")
 	fs.StringVar(&c.prefix, "prefix", "", "")
+	fs.Var(&c.attrs, "attr", "")
 	fs.StringVar(&since, "since", "", "")
 	fs.StringVar(&until, "until", "", "")
 	fs.BoolVar(&c.counts, "counts", false, "")
@@ -372,7 +377,7 @@ func (c *cli) listWindow(since, until string, o conf.Origins) error {
 	if !c.counts {
 		return nil
 	}
-	for _, name := range []string{"status", "prefix", "since", "until", "limit", "cursor"} {
+	for _, name := range []string{"status", "prefix", "attr", "since", "until", "limit", "cursor"} {
 		if o[name].Source == conf.FromFlag {
 			return fmt.Errorf("--counts takes no --%s (only --workflow)", name)
 		}
@@ -402,8 +407,39 @@ func (c *cli) checkStartID() error {
 func (c cli) listOptions() jetflow.ListOptions {
 	return jetflow.ListOptions{
 		Workflow: c.workflow, Status: jetflow.RunStatus(c.status), RunIDPrefix: c.prefix,
-		Since: c.since, Until: c.until, After: c.cursor, Limit: c.limit,
+		Since: c.since, Until: c.until, After: c.cursor, Limit: c.limit, Attributes: c.attrs,
 	}
+}
+
+// attrsFlag is --attr NAME=VALUE, repeatable: a run's attributes (start)
+// or the attributes runs must have (list). The value is everything after
+// the first "="; jetflow checks names and values (ErrInvalidAttributes).
+type attrsFlag map[string]string
+
+func (a *attrsFlag) String() string {
+	if a == nil || len(*a) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(*a))
+	for _, name := range slices.Sorted(maps.Keys(*a)) {
+		parts = append(parts, name+"="+(*a)[name])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (a *attrsFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("want NAME=VALUE, such as order_id=42")
+	}
+	if _, dup := (*a)[name]; dup {
+		return fmt.Errorf("attribute %s given twice", name)
+	}
+	if *a == nil {
+		*a = attrsFlag{}
+	}
+	(*a)[name] = value
+	return nil
 }
 
 // scopeID is the ID of reset's scope: the workflow, the run ID, or "" for

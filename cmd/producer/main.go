@@ -1,14 +1,14 @@
 // Command producer starts, reads, cancels, lists and resets jetflow runs
 // and sends them events from the command line, and serves them over HTTP.
 //
-//	producer start <workflow> <json-input> --id RUNID | --generate-id
+//	producer start <workflow> <json-input> --id RUNID | --generate-id [--attr NAME=VALUE]...
 //	producer get <run-id>
 //	producer watch <run-id> [--interval 1s]
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
 //	producer send <run-id> <event-name> --event-id ID [--data JSON]
 //	producer resume <token> --event-id ID [--data JSON]
-//	producer list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C]
+//	producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C]
 //	producer list --counts [--workflow W]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
@@ -34,8 +34,10 @@
 // does, with wait's exit code: between readings it waits on the run's
 // record (Client.WaitRun) for at most --interval, so it does not poll in
 // a loop. list prints runs newest first by their last status change;
-// --since and --until (RFC 3339) bound that time, --prefix the run ID;
-// list --counts prints how many runs are in each state.
+// --since and --until (RFC 3339) bound that time, --prefix the run ID,
+// --attr NAME=VALUE (repeatable) the run's attributes, which start's
+// --attr gives a run (jetflow.WithAttributes); list --counts prints how
+// many runs are in each state.
 //
 // # Idempotency
 //
@@ -66,7 +68,7 @@
 // (--nats-url from JETFLOW_NATS_URL), else from the YAML file named by
 // --config or JETFLOW_CONFIG (keys are flag names), else its default. The
 // flags of one invocation (--id, --generate-id, --timeout, --workflow,
-// --status, --prefix, --since, --until, --limit, --cursor, --counts,
+// --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
 // --interval, --scope, --run-id, --event-id, --data, --print-config) are read
 // from the command line only. --print-config prints the effective
 // settings, secrets redacted, and exits.
@@ -85,6 +87,8 @@
 //	  workflow: order
 //	  secret_env: STRIPE_WEBHOOK_SECRET   # or a list; or secrets: [...] inline
 //	  tolerance: 5m
+//	  attributes:             # optional: run attributes read from each event
+//	    order_id: /data/object/metadata/order_id   # a JSON pointer (RFC 6901)
 //
 // # Exit codes
 //
@@ -138,7 +142,7 @@ const (
 const usage = `Usage: producer [flags] <command> [arguments]
 
 Commands:
-  start <workflow> <json-input> --id RUNID | --generate-id
+  start <workflow> <json-input> --id RUNID | --generate-id [--attr NAME=VALUE]...
         start a run; the same RUNID again finds the existing run
   get <run-id>
         show a run's timeline: the run, its steps and attempts, its open steps
@@ -152,7 +156,7 @@ Commands:
         deliver an event to a run's wait for it; a repeat says "duplicate"
   resume <token> --event-id ID [--data JSON]
         deliver an event to the wait on a hook token; a repeat says "duplicate"
-  list [--workflow W] [--status S] [--prefix P] [--since T] [--until T] [--limit N] [--cursor C]
+  list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C]
         one page of runs, newest first by last status change, and the next cursor
   list --counts [--workflow W]
         how many runs are in each state
@@ -180,11 +184,14 @@ Flags (anywhere on the line):
 
   start:  --id RUNID             the run ID, your idempotency key (required; "" is an error)
           --generate-id          instead of --id: a generated run ID, a new run each time
+          --attr NAME=VALUE      an attribute of the run, repeatable (at most 8; a repeat
+                                 start keeps the first start's)
   wait:   --timeout D            how long to wait (default 60s)
   watch:  --interval D           the longest time between two readings of the run (default 1s)
   list:   --workflow W           only runs of workflow W
           --status S             only runs in state S: running, completed, failed, cancelled
           --prefix P             only run IDs starting with P
+          --attr NAME=VALUE      only runs with this attribute, repeatable (all must match)
           --since T, --until T   only runs whose last status change is at or after --since
                                  and before --until (RFC 3339 times)
           --limit N              runs per page, 1..500 (default 50)
@@ -207,7 +214,7 @@ Flags (anywhere on the line):
 Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
 (or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
---workflow, --status, --prefix, --since, --until, --limit, --cursor, --counts,
+--workflow, --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
 --interval, --scope, --run-id, --event-id, --data and --print-config are read
 from the command line only. Colour: only on a terminal, never with NO_COLOR set.
 
@@ -274,7 +281,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	out := &printer{w: stdout, json: c.output == "json", color: logging.IsTerminal(stdout) && getenv("NO_COLOR") == ""}
 	switch c.command {
 	case "start":
-		err = start(ctx, client, out, c.args[0], c.args[1], c.id, c.generateID)
+		err = start(ctx, client, out, c.args[0], c.args[1], c.id, c.generateID, c.attrs)
 	case "get":
 		err = get(ctx, client, out, c.args[0])
 	case "watch":

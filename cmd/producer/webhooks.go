@@ -39,7 +39,7 @@ func webhooksFileError(path string, line int, source string, err error) error {
 }
 
 // sourceFields are the keys of one source in a --webhooks file.
-var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secrets", "tolerance", "resume"}
+var sourceFields = []string{"name", "provider", "workflow", "secret_env", "secrets", "tolerance", "resume", "attributes"}
 
 // resumeFields are the keys of one item of a source's resume list.
 var resumeFields = []string{"type", "token"}
@@ -169,6 +169,11 @@ func decodeSource(item *yaml.Node, getenv func(string) string) (webhook.Source, 
 			if src.Resume, lerr = decodeResume(v); lerr != nil {
 				return src, lerr
 			}
+		case "attributes":
+			var lerr *lineError
+			if src.Attributes, lerr = decodeAttributes(v); lerr != nil {
+				return src, lerr
+			}
 		default:
 			return src, &lineError{k.Line, fmt.Errorf("%w %q (want one of %s)", errUnknownField, field, strings.Join(sourceFields, ", "))}
 		}
@@ -243,6 +248,31 @@ func decodeResume(v *yaml.Node) ([]webhook.Resume, *lineError) {
 			}
 		}
 		out = append(out, r)
+	}
+	return out, nil
+}
+
+// decodeAttributes decodes a source's attributes field: a map of
+// attribute name to a JSON pointer into the event's payload
+// (webhook.ParsePointer); a pointer that cannot parse fails here, at load.
+func decodeAttributes(v *yaml.Node) (map[string]webhook.Pointer, *lineError) {
+	if v.Kind != yaml.MappingNode || len(v.Content) == 0 {
+		return nil, &lineError{v.Line, fmt.Errorf("field attributes: %w: want a map of attribute name to JSON pointer, such as order_id: /data/object/metadata/order_id", errWebhooksMalformed)}
+	}
+	out := make(map[string]webhook.Pointer, len(v.Content)/2)
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		k, val := v.Content[i], v.Content[i+1]
+		if _, dup := out[k.Value]; dup {
+			return nil, &lineError{k.Line, fmt.Errorf("field attributes: %w: %s given twice", errWebhooksMalformed, k.Value)}
+		}
+		if val.Kind != yaml.ScalarNode {
+			return nil, &lineError{val.Line, fmt.Errorf("field attributes: %s: %w: want a JSON pointer", k.Value, errWebhooksMalformed)}
+		}
+		p, err := webhook.ParsePointer(val.Value)
+		if err != nil {
+			return nil, &lineError{val.Line, fmt.Errorf("field attributes: %s: %w", k.Value, err)}
+		}
+		out[k.Value] = p
 	}
 	return out, nil
 }

@@ -32,6 +32,9 @@ func TestLoadWebhooks(t *testing.T) {
   provider: stripe
   workflow: order
   secrets: ["`+stripeSecret+`"]
+  attributes:
+    order_id: /data/object/metadata/order_id
+    customer: /data/object/customer
 - name: gh
   provider: github
   workflow: sync
@@ -40,9 +43,15 @@ func TestLoadWebhooks(t *testing.T) {
 	env := map[string]string{"USERS_OLD": stdSecret, "USERS_NEW": stdSecret2, "GH_SECRET": githubSecret}
 	sources, err := loadWebhooks(path, func(k string) string { return env[k] })
 	require.NoError(t, err)
+	ptr := func(s string) webhook.Pointer {
+		p, err := webhook.ParsePointer(s)
+		require.NoError(t, err)
+		return p
+	}
 	require.Equal(t, []webhook.Source{
 		{Name: "users", Provider: webhook.Standard, Workflow: "greet", Secrets: []string{stdSecret, stdSecret2}, Tolerance: 2 * time.Minute},
-		{Name: "stripe", Provider: webhook.Stripe, Workflow: "order", Secrets: []string{stripeSecret}},
+		{Name: "stripe", Provider: webhook.Stripe, Workflow: "order", Secrets: []string{stripeSecret}, Attributes: map[string]webhook.Pointer{
+			"order_id": ptr("/data/object/metadata/order_id"), "customer": ptr("/data/object/customer")}},
 		{Name: "gh", Provider: webhook.GitHub, Workflow: "sync", Secrets: []string{githubSecret}},
 	}, sources)
 }
@@ -100,6 +109,12 @@ func TestLoadWebhooksErrors(t *testing.T) {
 			errWebhooksMalformed, []string{"field resume", "want a non-empty list"}, false},
 		{"ResumeGitHub", "- name: s\n  provider: github\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: push, token: 'x-{id}'}\n",
 			webhook.ErrInvalidSource, []string{"GitHub does not sign the event type"}, false},
+		{"AttributesNotAMap", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  attributes: [order_id]\n",
+			errWebhooksMalformed, []string{"line 5", "field attributes", "want a map of attribute name to JSON pointer"}, false},
+		{"AttributeBadPointer", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  attributes:\n    order_id: data.order\n",
+			webhook.ErrInvalidSource, []string{"line 6", "field attributes: order_id", `JSON pointer "data.order"`}, false},
+		{"AttributeBadName", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  attributes:\n    Order: /order\n",
+			webhook.ErrInvalidSource, []string{`attribute name "Order"`}, false},
 		{"ResumeTypeTwice", "- name: s\n  provider: stripe\n  workflow: w\n  secret_env: GH\n  resume:\n    - {type: t, token: 'x-{id}'}\n    - {type: t, token: 'y-{id}'}\n",
 			webhook.ErrInvalidSource, []string{`event type "t" is given twice`}, false},
 	} {

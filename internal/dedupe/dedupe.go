@@ -79,6 +79,10 @@ type Request struct {
 	Entry string
 	// Parent links a child run to the run (and step) that starts it.
 	Parent *state.ParentLink
+	// Attributes are the run's business keys (state.ValidateAttributes),
+	// stored on the record the start creates. They are metadata, not part
+	// of the fingerprint: a duplicate's attributes are ignored.
+	Attributes map[string]string
 }
 
 // Result is the admission decision.
@@ -172,6 +176,9 @@ func Validate(req Request) error {
 	if err := state.ValidateSource(req.Source); err != nil {
 		return err
 	}
+	if err := state.ValidateAttributes(req.Attributes); err != nil {
+		return err
+	}
 	if err := req.Policy.Validate(); err != nil {
 		return err
 	}
@@ -237,7 +244,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
 		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention, Parent: req.Parent,
-		TraceParent: traceParent,
+		TraceParent: traceParent, Attributes: req.Attributes,
 	})
 	if err != nil {
 		return Result{}, err
@@ -430,7 +437,7 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev, Retention: req.Retention,
-		TraceParent: traceParent,
+		TraceParent: traceParent, Attributes: req.Attributes,
 	})
 	if err != nil {
 		return state.Run{}, 0, false, err
@@ -554,7 +561,7 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 // revision) whose publisher died before replacing the marker: it finishes
 // the replacement with compare-and-set on the marker.
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
-	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source, Parent: t.Parent}, t.Token)
+	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source, Parent: t.Parent, Attributes: t.Attributes}, t.Token)
 	if err != nil {
 		return state.Run{}, 0, err
 	}
@@ -590,6 +597,7 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
 		Retention: req.Retention, CreatedAt: now, UpdatedAt: now, Parent: req.Parent,
+		Attributes: req.Attributes,
 	}, nil
 }
 
@@ -726,7 +734,7 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
 		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention, AfterExpiry: true,
-		TraceParent: rec.TraceParent,
+		TraceParent: rec.TraceParent, Attributes: rec.Attributes,
 	})
 	if err != nil {
 		return admitted{}, false, err

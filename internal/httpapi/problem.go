@@ -102,6 +102,7 @@ var errorStatuses = []struct {
 	{jetflow.ErrInvalidListOptions, http.StatusBadRequest},
 	{jetflow.ErrInvalidKey, http.StatusBadRequest},
 	{jetflow.ErrInvalidRunID, http.StatusBadRequest},
+	{jetflow.ErrInvalidAttributes, http.StatusBadRequest},
 	{errBadRequest, http.StatusBadRequest},
 	// A workflow name that is not a valid name names no workflow.
 	{jetflow.ErrInvalidName, http.StatusNotFound},

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jetflow/jetflow"
@@ -154,8 +155,8 @@ func parseWait(v string) (time.Duration, error) {
 }
 
 // listRuns is GET
-// /v1/runs?workflow=&status=&prefix=&since=&until=&cursor=&limit=: one
-// page of runs, newest first by their last status change.
+// /v1/runs?workflow=&status=&prefix=&since=&until=&attr.<name>=&cursor=&limit=:
+// one page of runs, newest first by their last status change.
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 	opts, err := ParseListQuery(r.URL.Query())
 	if err != nil {
@@ -173,11 +174,17 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 }
 
 // ParseListQuery reads the list parameters of GET /v1/runs: workflow,
-// status, prefix, since and until (RFC 3339), cursor and limit. An error matches errBadRequest (400)
+// status, prefix, since and until (RFC 3339), attr.<name> (attributes,
+// ParseAttributes), cursor and limit. An error matches errBadRequest (400)
 // and names the parameter; the cursor, opaque here, is checked by ListRuns.
 func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
 	opts := jetflow.ListOptions{Workflow: q.Get("workflow"), Status: jetflow.RunStatus(q.Get("status")),
 		RunIDPrefix: q.Get("prefix"), After: q.Get("cursor")}
+	attrs, err := ParseAttributes(q)
+	if err != nil {
+		return opts, err
+	}
+	opts.Attributes = attrs
 	if opts.Workflow != "" {
 		if err := state.ValidateName(opts.Workflow); err != nil {
 			return opts, fmt.Errorf("%w: workflow %q: %w", errBadRequest, clip(opts.Workflow), err)
@@ -216,6 +223,36 @@ func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
 		opts.Limit = n
 	}
 	return opts, nil
+}
+
+// AttrParam prefixes a query parameter that names an attribute:
+// attr.<name>=<value>, on a start (the run's attributes) and on a list
+// (the runs with them).
+const AttrParam = "attr."
+
+// ParseAttributes reads the attr.<name>=<value> parameters of q (nil when
+// there are none). A name or value outside the limits of
+// jetflow.WithAttributes, or a name given twice, is an error matching
+// errBadRequest and jetflow.ErrInvalidAttributes that names the attribute.
+func ParseAttributes(q url.Values) (map[string]string, error) {
+	var attrs map[string]string
+	for key, values := range q {
+		name, ok := strings.CutPrefix(key, AttrParam)
+		if !ok {
+			continue
+		}
+		if len(values) != 1 {
+			return nil, fmt.Errorf("%w: %w: attribute %q given %d times, want once", errBadRequest, jetflow.ErrInvalidAttributes, clip(name), len(values))
+		}
+		if attrs == nil {
+			attrs = map[string]string{}
+		}
+		attrs[name] = values[0]
+	}
+	if err := state.ValidateAttributes(attrs); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadRequest, err)
+	}
+	return attrs, nil
 }
 
 // counts is GET /v1/runs/counts?workflow=: how many kept runs are in each

@@ -65,7 +65,8 @@ func runLinks(runID string) RunLinks {
 }
 
 // start is POST /v1/workflows/{name}/runs: the body is the input, the
-// Idempotency-Key header the run ID. A request without the header is
+// Idempotency-Key header the run ID, attr.<name>=<value> query parameters
+// the run's attributes (ParseAttributes). A request without the header is
 // refused (400, idempotency-key-required) unless it asks for a generated
 // run ID with ?generate_run_id=true: a client whose key variable was unset
 // must not start a new run on every retry.
@@ -77,9 +78,14 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	generate, err := parseGenerate(r.URL.Query())
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	attrs, err := ParseAttributes(r.URL.Query())
 	switch {
 	case err != nil:
-		s.fail(w, r, "", err)
+		s.fail(w, r, key, err)
 		return
 	case generate && key != "":
 		s.fail(w, r, key, fmt.Errorf("%w: an Idempotency-Key and generate_run_id=true exclude each other", errBadRequest))
@@ -105,6 +111,9 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts := []jetflow.StartOption{jetflow.WithSource("http")}
+	if attrs != nil {
+		opts = append(opts, jetflow.WithAttributes(attrs))
+	}
 	if generate {
 		opts = append(opts, jetflow.WithGeneratedRunID())
 	} else {

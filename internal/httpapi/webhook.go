@@ -63,6 +63,7 @@ func (s *Server) webhook(w http.ResponseWriter, r *http.Request) {
 	// (a StartNew policy would process the event twice, a reject policy
 	// would make the provider retry until it gives up).
 	res, err := s.cfg.Backend.StartByName(entry.With(ctx, entry.Webhook), src.Workflow, body,
+		jetflow.WithAttributes(src.AttributesOf(body)),
 		jetflow.WithRunID(runID),
 		jetflow.WithSource(src.RunSource(ev)),
 		jetflow.WithFingerprintMode(jetflow.FingerprintIgnore),

@@ -112,12 +112,14 @@ func newEnv(t *testing.T, tokens ...string) *env {
 	return e
 }
 
-// start starts workflow with input under runID and returns its result.
-func (e *env) start(workflow, runID string, input any) jetflow.StartResult {
+// start starts workflow with input under runID (and opts) and returns its
+// result.
+func (e *env) start(workflow, runID string, input any, opts ...jetflow.StartOption) jetflow.StartResult {
 	e.t.Helper()
 	b, err := json.Marshal(input)
 	require.NoError(e.t, err)
-	res, err := e.client.StartByName(ctxT(e.t, 20*time.Second), workflow, b, jetflow.WithRunID(runID), jetflow.WithSource("test"))
+	opts = append([]jetflow.StartOption{jetflow.WithRunID(runID), jetflow.WithSource("test")}, opts...)
+	res, err := e.client.StartByName(ctxT(e.t, 20*time.Second), workflow, b, opts...)
 	require.NoError(e.t, err)
 	return res
 }

@@ -254,3 +254,50 @@ func TestBrowserOpenStep(t *testing.T) {
 	b.eval(`[...document.querySelectorAll("#timeline .open-step .attempt")].map(a => a.dataset.attempt)`, &rows)
 	require.Equal(t, []string{"1", "2"}, rows, "the failed attempt, and the next one to come")
 }
+
+// The search box finds runs by attribute: "order_id=42" lists the runs
+// started with that attribute, two terms both, the run page shows a run's
+// attributes as links to the runs that share each, and a search box with
+// a run ID still finds that run.
+func TestBrowserSearchByAttribute(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := newBrowser(t)
+	attrs := func(order, customer string) jetflow.StartOption {
+		return jetflow.WithAttributes(map[string]string{"order_id": order, "customer": customer})
+	}
+	e.start("echo", "att-1", map[string]any{"n": 1}, attrs("42", "7"))
+	e.start("echo", "att-2", map[string]any{"n": 2}, attrs("43", "7"))
+	e.start("echo", "att-3", map[string]any{"n": 3}, attrs("42", "8"))
+	for _, id := range []string{"att-1", "att-2", "att-3"} {
+		e.wait(id)
+	}
+
+	require.EqualValues(t, 200, b.navigate(e.srv.URL+"/ui/"))
+	b.waitFor("three rows", `document.querySelectorAll("#runs-body tr").length === 3`)
+	b.run("search an attribute", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order_id=42"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the runs of order 42", `location.hash.includes("attr.order_id=42") && document.querySelectorAll("#runs-body tr").length === 2`)
+	var rows [][]string
+	b.eval(rowsJS, &rows)
+	require.ElementsMatch(t, [][]string{{"att-1", "completed"}, {"att-3", "completed"}}, rows)
+	require.True(t, b.hidden("#exact"), "no run is called order_id=42")
+
+	b.run("search two attributes", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order_id=42 customer=8"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the one run", `location.hash.includes("attr.customer=8") && document.querySelectorAll("#runs-body tr").length === 1`)
+	b.eval(rowsJS, &rows)
+	require.Equal(t, [][]string{{"att-3", "completed"}}, rows)
+	var box string
+	b.eval(`document.querySelector("#search").value`, &box)
+	require.Equal(t, "order_id=42 customer=8", box, "the box keeps what was searched")
+
+	b.run("open the run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/att-2"))
+	b.waitFor("the run page", `document.querySelector("#run-id")?.textContent === "att-2"`)
+	require.Equal(t, "customer=7, order_id=43", b.text("#run-attributes"))
+	b.run("follow an attribute", chromedp.Click(`#run-attributes a`, chromedp.ByQuery))
+	b.waitFor("the runs of customer 7", `location.hash.includes("attr.customer=7") && document.querySelectorAll("#runs-body tr").length === 2`)
+	b.eval(rowsJS, &rows)
+	require.ElementsMatch(t, [][]string{{"att-1", "completed"}, {"att-2", "completed"}}, rows)
+
+	b.run("search a run ID", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "att-3"+kb.Enter, chromedp.ByQuery))
+	b.waitFor("the exact match", `location.hash.includes("prefix=att-3") && document.querySelector("#exact-link")?.textContent === "att-3"`)
+}

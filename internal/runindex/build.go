@@ -46,6 +46,9 @@ type Current func(ctx context.Context, runID string) (*state.Run, error)
 // are never replaced. Several processes may build at once: each write is
 // create-if-absent.
 //
+// A run's attribute entries are written with its entry, create-if-absent
+// too, and a running one is checked as the run's entry is.
+//
 // A record src read may have changed before its entry was written (the
 // live writer then wrote the new state's entry and removed the old one,
 // which this build brings back). A stale terminal entry expires; a stale
@@ -57,8 +60,9 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		return false, err
 	}
 	type write struct {
-		run state.Run
-		ack natsjs.PubAckFuture
+		run  state.Run
+		ack  natsjs.PubAckFuture
+		attr string // an attribute entry's name
 	}
 	var pending []write
 	var running []Entry // the running entries written, to check
@@ -69,6 +73,9 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 				if w.run.Status == state.StatusRunning {
 					e := EntryOf(w.run)
 					e.Seq = ack.Sequence
+					if w.attr != "" {
+						e.AttrName, e.AttrValue = w.attr, w.run.Attributes[w.attr]
+					}
 					running = append(running, e)
 				}
 			case err := <-w.ack.Err():
@@ -87,7 +94,15 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		if err != nil {
 			return err
 		}
-		if pending = append(pending, write{run: r.Run, ack: f}); len(pending) == rebuildWindow {
+		pending = append(pending, write{run: r.Run, ack: f})
+		attrs, names, err := x.putAttributesIfAbsent(r.Run, r.TTL)
+		if err != nil {
+			return err
+		}
+		for i, f := range attrs {
+			pending = append(pending, write{run: r.Run, ack: f, attr: names[i]})
+		}
+		if len(pending) >= rebuildWindow {
 			return settle()
 		}
 		return nil
@@ -115,7 +130,7 @@ func (x *Index) dropIfStale(ctx context.Context, e Entry, cur Current) error {
 	if err != nil {
 		return err
 	}
-	if run != nil && e.Matches(*run) {
+	if run != nil && e.Matches(*run) && e.StandsFor(*run) {
 		return nil
 	}
 	return x.RemoveEntry(ctx, e)

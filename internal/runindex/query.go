@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,11 +30,23 @@ type Query struct {
 	// newest).
 	Before uint64
 	Limit  int
+	// Attributes select the runs with all these attributes (nil for
+	// all): the page walks the entries of the one that fewest entries
+	// have (Rarest) in Status and of Workflow (both part of an attribute
+	// entry's subject), and checks the prefix on each entry; the other
+	// attributes are the caller's to check on the records.
+	Attributes map[string]string
+	// AttrName and AttrValue are the attribute whose entries the page
+	// walks (set by Page).
+	AttrName, AttrValue string
 }
 
-// inTime reports whether e's time is within q's Since and Until.
-func (q Query) inTime(e Entry) bool {
-	return (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
+// admits reports whether e is within q's Since and Until, and, for a page
+// by attribute (whose subject filter names the attribute, the status and
+// the workflow), of q's run ID prefix.
+func (q Query) admits(e Entry) bool {
+	inTime := (q.Since.IsZero() || !e.UpdatedAt.Before(q.Since)) && (q.Until.IsZero() || e.UpdatedAt.Before(q.Until))
+	return inTime && (q.AttrName == "" || strings.HasPrefix(e.RunID, q.Prefix))
 }
 
 // Page is a page of entries, newest first, and the cursor of the next
@@ -60,6 +74,13 @@ const (
 // on how densely the filter matches the newest entries, not on how many
 // entries the index holds.
 func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
+	if len(q.Attributes) > 0 {
+		var err error
+		if q.AttrName, err = x.Rarest(ctx, q.Attributes, q.Status, q.Workflow); err != nil {
+			return Page{}, err
+		}
+		q.AttrValue = q.Attributes[q.AttrName]
+	}
 	first, last, err := x.bounds(ctx)
 	if err != nil {
 		return Page{}, err
@@ -69,7 +90,10 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		hi = min(hi, q.Before)
 	}
 	lo := first
-	if !q.Until.IsZero() {
+	// An attribute entry is written just after its run's entry, so it may
+	// follow the first entry at Until: a page by attribute is bounded by
+	// the entries' times alone at that end.
+	if !q.Until.IsZero() && q.AttrName == "" {
 		s, err := x.seqAt(ctx, q.Until, first, last)
 		if err != nil {
 			return Page{}, err
@@ -91,8 +115,8 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 	seen := map[string]bool{}
 	add := func(got, es []Entry) []Entry {
 		for _, e := range es {
-			if !q.inTime(e) {
-				continue // out of order by a little, at a bound
+			if !q.admits(e) {
+				continue // out of order by a little, at a bound; or another status or workflow
 			}
 			if !seen[e.RunID] {
 				seen[e.RunID] = true
@@ -102,11 +126,11 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		return got
 	}
 	window, scanned := uint64(max(minWindow, 4*q.Limit)), uint64(0)
-	// A prefix selects few runs as a rule, scattered over the whole
-	// index: ask for them at once first.
+	// A prefix or an attribute selects few runs as a rule, scattered over
+	// the whole index: ask for them at once first.
 	askedAll := false
 	for hi > lo && len(got) <= q.Limit {
-		if !askedAll && (scanned >= scanBudget || q.Prefix != "") {
+		if !askedAll && (scanned >= scanBudget || q.Prefix != "" || q.AttrName != "") {
 			askedAll = true
 			older, ok, err := x.lastPerSubject(ctx, filter, lo, hi)
 			if err != nil {
@@ -279,6 +303,41 @@ func cmpDesc(a, b uint64) int {
 	return 0
 }
 
+// Rarest is the name of the attribute of attrs that the fewest entries
+// in status and of workflow ("" for any) have: one request per attribute
+// (none for one), answered from the server's subject index. Ties go to
+// the first name in order.
+func (x *Index) Rarest(ctx context.Context, attrs map[string]string, status state.Status, workflow string) (string, error) {
+	names := slices.Sorted(maps.Keys(attrs))
+	if len(names) == 1 {
+		return names[0], nil
+	}
+	best, fewest := "", int64(-1)
+	for _, name := range names {
+		n, err := x.count(ctx, attrFilter(name, attrs[name], status, workflow))
+		if err != nil {
+			return "", err
+		}
+		if fewest < 0 || n < fewest {
+			best, fewest = name, n
+		}
+	}
+	return best, nil
+}
+
+// count counts the entries matching filter.
+func (x *Index) count(ctx context.Context, filter string) (int64, error) {
+	msgs, _, err := x.direct(ctx, directRequest{Seq: 1, NextFor: filter, Batch: 1})
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	pending, err := strconv.ParseInt(msgs[0].Header.Get("Nats-Num-Pending"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("jetflow: run index: count %s: pending %q: %w", filter, msgs[0].Header.Get("Nats-Num-Pending"), err)
+	}
+	return pending + 1, nil
+}
+
 // Counts is the number of kept runs in each status.
 type Counts map[state.Status]int64
 
@@ -287,19 +346,11 @@ type Counts map[state.Status]int64
 func (x *Index) Count(ctx context.Context, workflow string) (Counts, error) {
 	out := Counts{}
 	for _, s := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
-		msgs, _, err := x.direct(ctx, directRequest{Seq: 1, NextFor: Query{Status: s, Workflow: workflow}.filter(), Batch: 1})
+		n, err := x.count(ctx, Query{Status: s, Workflow: workflow}.filter())
 		if err != nil {
 			return nil, err
 		}
-		if len(msgs) == 0 {
-			out[s] = 0
-			continue
-		}
-		pending, err := strconv.ParseInt(msgs[0].Header.Get("Nats-Num-Pending"), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("jetflow: run index: count %s: pending %q: %w", s, msgs[0].Header.Get("Nats-Num-Pending"), err)
-		}
-		out[s] = pending + 1
+		out[s] = n
 	}
 	return out, nil
 }
@@ -314,6 +365,7 @@ func decodeEntry(m *nats.Msg) (Entry, error) {
 		return Entry{}, err
 	}
 	e.Seq = seq
+	e.AttrName, e.AttrValue, _ = parseAttrSubject(m.Subject)
 	return e, nil
 }
 

@@ -51,6 +51,9 @@ type Entry struct {
 	// Seq is the entry's stream sequence (not stored): its place in the
 	// index's order.
 	Seq uint64 `json:"-"`
+	// AttrName and AttrValue are the attribute of an attribute entry (read
+	// from its subject, not stored); "" for the run's own entry.
+	AttrName, AttrValue string `json:"-"`
 }
 
 // EntryOf is the entry of run.
@@ -114,11 +117,7 @@ func (x *Index) put(ctx context.Context, run state.Run, ttl time.Duration, opts 
 		return 0, err
 	}
 	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
-	opts = append(opts, natsjs.WithExpectStream(jetstream.IndexStream))
-	if ttl > 0 && ttl != jetstream.TTLNever {
-		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
-	}
-	ack, err := x.js.PublishMsg(ctx, msg, opts...)
+	ack, err := x.js.PublishMsg(ctx, msg, x.putOpts(ttl, opts...)...)
 	if err != nil {
 		return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
 	}
@@ -163,17 +162,16 @@ func (x *Index) putIfAbsent(run state.Run, ttl time.Duration) (natsjs.PubAckFutu
 		return nil, err
 	}
 	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
-	opts := []natsjs.PublishOpt{natsjs.WithExpectStream(jetstream.IndexStream), natsjs.WithExpectLastSequencePerSubject(0)}
-	if ttl > 0 && ttl != jetstream.TTLNever {
-		opts = append(opts, natsjs.WithMsgTTL(jetstream.WholeSeconds(ttl)))
-	}
-	return x.js.PublishMsgAsync(msg, opts...)
+	return x.js.PublishMsgAsync(msg, x.putOpts(ttl, natsjs.WithExpectLastSequencePerSubject(0))...)
 }
 
 // RemoveEntry removes entry e, and only it: the messages of its subject
 // up to its sequence. A newer entry on the same subject (a new generation
-// in the same state) stays.
+// in the same state, a run's attribute entry written since) stays.
 func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
+	if e.AttrName != "" {
+		return x.purgeSubject(ctx, attrSubject(e.AttrName, e.AttrValue, e.Status, e.Workflow, e.RunID), e.Seq+1)
+	}
 	if err := x.RemoveState(ctx, e.Status, e.Workflow, e.RunID, e.Seq+1); err != nil {
 		return fmt.Errorf("jetflow: remove stale entry: %w", err)
 	}

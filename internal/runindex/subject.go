@@ -58,8 +58,12 @@ func writeChars(b *strings.Builder, s string) {
 	}
 }
 
-// filter is the subject filter of q's entries.
+// filter is the subject filter of q's entries: its attribute's entries
+// for a page by attribute.
 func (q Query) filter() string {
+	if q.AttrName != "" {
+		return attrFilter(q.AttrName, q.AttrValue, q.Status, q.Workflow)
+	}
 	var b strings.Builder
 	b.WriteString(entryPrefix)
 	b.WriteString(orAny(string(q.Status)))

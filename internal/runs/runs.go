@@ -144,9 +144,23 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 // the index holds no entry of its run ID (the usual case). When it holds
 // one — the worker that ran the run to its end came first, or an earlier
 // run's entry outlived its record — the entry is written as any other and
-// dropped again if the record has moved on (dropIfOvertaken).
+// dropped again if the record has moved on (dropIfOvertaken). A run with
+// attributes then has its attribute entries written, and the record read
+// once more: a worker that ended the run meanwhile may have written its
+// terminal attribute entries before these running ones (dropIfOvertaken).
+// A run without attributes costs the one request.
 func (s *Store) indexNew(ctx context.Context, run state.Run) error {
 	_, err := s.index.PutNew(ctx, run, s.ttl(run))
+	if err == nil {
+		if len(run.Attributes) == 0 {
+			return nil
+		}
+		seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
+		if err != nil {
+			return err
+		}
+		return s.dropIfOvertaken(ctx, run, 0, seqs)
+	}
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
 	}
@@ -154,7 +168,25 @@ func (s *Store) indexNew(ctx context.Context, run state.Run) error {
 	if err != nil {
 		return err
 	}
-	return s.dropIfOvertaken(ctx, run, seq)
+	seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
+	if err != nil {
+		return err
+	}
+	return s.dropIfOvertaken(ctx, run, seq, seqs)
+}
+
+// putAttributes writes run's attribute entries with ttl, then removes the
+// run's older ones in state left of workflow prevWorkflow (both "": in any
+// state). A run without attributes writes nothing.
+func (s *Store) putAttributes(ctx context.Context, run state.Run, ttl time.Duration, left state.Status, prevWorkflow string) (runindex.AttrSeqs, error) {
+	if len(run.Attributes) == 0 {
+		return nil, nil
+	}
+	seqs, err := s.index.PutAttributes(ctx, run, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return seqs, s.index.RemoveAttributes(ctx, run.Attributes, left, prevWorkflow, run.RunID, seqs)
 }
 
 // Replace writes run over the record or marker at revision rev
@@ -193,8 +225,12 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 	default:
 		err = s.index.RemoveOlder(ctx, run.RunID, seq)
 	}
+	var seqs runindex.AttrSeqs
 	if err == nil {
-		err = s.dropIfOvertaken(ctx, run, seq)
+		seqs, err = s.putAttributes(ctx, run, s.ttl(run), left, prevWorkflow)
+	}
+	if err == nil {
+		err = s.dropIfOvertaken(ctx, run, seq, seqs)
 	}
 	if err != nil {
 		s.IndexFailed(run.RunID, err)
@@ -208,8 +244,10 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 // stored before the record): that worker's terminal entry then comes
 // first, and removes no running entry, so the late one would stay, with
 // no expiry, a run counted as running for ever. A terminal entry needs no
-// check: a later write of the run supersedes it by its own removal.
-func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) error {
+// check: a later write of the run supersedes it by its own removal. So
+// do the run's running attribute entries just written (at seqs), and the
+// run's entry itself unless seq is 0.
+func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64, seqs runindex.AttrSeqs) error {
 	if run.Status != state.StatusRunning {
 		return nil
 	}
@@ -224,8 +262,13 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 	if e.Matches(now) {
 		return nil
 	}
-	e.Seq = seq
-	return s.index.RemoveEntry(ctx, e)
+	if seq > 0 {
+		e.Seq = seq
+		if err := s.index.RemoveEntry(ctx, e); err != nil {
+			return err
+		}
+	}
+	return s.index.RemoveAttributes(ctx, run.Attributes, run.Status, run.Workflow, run.RunID, seqs.Next())
 }
 
 // Repair handles index entry e, which a reader met and found not to stand
@@ -242,8 +285,21 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64) 
 //     failed, a later reader repairs. (So a reader never leaves a run
 //     with no entry, and a run does not move to the top of the list
 //     because a reader came by.)
+//
+// An attribute entry (e.AttrName set) is removed when the record is gone
+// or has no such attribute (an earlier generation's); when it has, the
+// entry is stale by status alone: once RepairGrace has passed the run's
+// attribute entries are written from the record, then e removed.
 func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) error {
-	if run != nil {
+	if e.AttrName != "" && run != nil && e.StandsFor(*run) {
+		if s.now().Sub(run.UpdatedAt) < RepairGrace {
+			return nil
+		}
+		if _, err := s.index.PutAttributes(ctx, *run, s.repairTTL(*run)); err != nil {
+			return err
+		}
+	}
+	if run != nil && e.AttrName == "" {
 		has, err := s.index.Has(ctx, *run)
 		if err != nil {
 			return err
@@ -253,6 +309,9 @@ func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) er
 				return nil
 			}
 			if _, err := s.index.Put(ctx, *run, s.repairTTL(*run)); err != nil {
+				return err
+			}
+			if _, err := s.putAttributes(ctx, *run, s.repairTTL(*run), "", ""); err != nil {
 				return err
 			}
 		}
@@ -282,6 +341,9 @@ func (s *Store) EnsureIndexed(ctx context.Context, runID string) (bool, error) {
 		return false, err
 	}
 	if _, err := s.index.Put(ctx, run, s.repairTTL(run)); err != nil {
+		return false, err
+	}
+	if _, err := s.putAttributes(ctx, run, s.repairTTL(run), "", ""); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -309,9 +309,13 @@ func TestWaitersShareOneConsumer(t *testing.T) {
 
 // indexed lists the run IDs of the run index's first page of status ("":
 // all).
-func indexed(t *testing.T, s *Store, status state.Status) []string {
+func indexed(t *testing.T, s *Store, status state.Status, attrs ...map[string]string) []string {
 	t.Helper()
-	page, err := s.Index().Page(ctx(t), runindex.Query{Status: status, Limit: 50})
+	q := runindex.Query{Status: status, Limit: 50}
+	if len(attrs) > 0 {
+		q.Attributes = attrs[0]
+	}
+	page, err := s.Index().Page(ctx(t), q)
 	require.NoError(t, err)
 	var ids []string
 	for _, e := range page.Entries {
@@ -431,11 +435,13 @@ func TestIndexPageCountsRunsNotEntries(t *testing.T) {
 // A run admitted by one process and ended by a worker before the
 // admitting process wrote its running entry: the late running entry is
 // removed once written (the record has moved on), so the run is not
-// counted as running for ever.
+// counted as running for ever. Its attribute entries likewise.
 func TestLateRunningEntryIsDropped(t *testing.T) {
 	t.Parallel()
 	s, a := setup(t, jetstream.Topology{})
 	run := running("late-1", "a")
+	byOrder := map[string]string{"order_id": "1"}
+	run.Attributes = byOrder
 	b, err := state.Encode(run)
 	require.NoError(t, err)
 	_, err = a.Runs.CreateTTL(ctx(t), run.RunID, b, jetstream.TTLNever) // the admission's record; its entry comes late
@@ -443,13 +449,19 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 	_, _, err = s.Finish(ctx(t), run, 0, func(r *state.Run) { r.Status = state.StatusFailed })
 	require.NoError(t, err)
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed, byOrder))
 
 	seq, err := s.Index().Put(ctx(t), run, jetstream.TTLNever) // the admission's entry, late
 	require.NoError(t, err)
+	seqs, err := s.Index().PutAttributes(ctx(t), run, jetstream.TTLNever)
+	require.NoError(t, err)
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusRunning))
-	require.NoError(t, s.dropIfOvertaken(ctx(t), run, seq))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusRunning, byOrder))
+	require.NoError(t, s.dropIfOvertaken(ctx(t), run, seq, seqs))
 	require.Empty(t, indexed(t, s, state.StatusRunning))
+	require.Empty(t, indexed(t, s, state.StatusRunning, byOrder))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed, byOrder), "the worker's attribute entry stays")
 
 	// The admission's own write (indexNew) of a run already ended writes
 	// no running entry at all: the failed entry is there.
@@ -457,7 +469,9 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 	require.ErrorIs(t, err, runindex.ErrEntryExists)
 	require.NoError(t, s.indexNew(ctx(t), run))
 	require.Empty(t, indexed(t, s, state.StatusRunning))
+	require.Empty(t, indexed(t, s, state.StatusRunning, byOrder))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
+	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed, byOrder))
 
 	// A running entry that is the record's own stays.
 	live := running("live-1", "b")

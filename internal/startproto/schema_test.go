@@ -23,7 +23,9 @@ import (
 type schema struct {
 	Properties           map[string]*schema         `json:"properties"`
 	Required             []string                   `json:"required"`
-	AdditionalProperties *bool                      `json:"additionalProperties"`
+	AdditionalProperties json.RawMessage            `json:"additionalProperties"` // false, or a schema
+	MaxProperties        int                        `json:"maxProperties"`
+	PropertyNames        *schema                    `json:"propertyNames"`
 	Enum                 []string                   `json:"enum"`
 	Pattern              string                     `json:"pattern"`
 	MaxLength            int                        `json:"maxLength"`
@@ -76,13 +78,35 @@ func sorted(s []string) []string {
 	return out
 }
 
+// The envelope's attributes schema states the limits the decoder enforces
+// (state.ValidateAttributes).
+func TestStartEnvelopeSchemaAttributes(t *testing.T) {
+	t.Parallel()
+	a := loadSchema(t, "start-envelope.schema.json").Properties["attributes"]
+	require.NotNil(t, a)
+	require.Equal(t, state.MaxAttributes, a.MaxProperties)
+	require.Equal(t, "^[a-z][a-z0-9_]{0,31}$", a.PropertyNames.Pattern)
+	var values schema
+	require.NoError(t, json.Unmarshal(a.AdditionalProperties, &values))
+	require.Equal(t, state.MaxAttributeValueLen, values.MaxLength)
+	name := regexp.MustCompile(a.PropertyNames.Pattern)
+	for _, n := range []string{"order_id", "a", "Order", "1a", "a.b", "a" + strings.Repeat("b", 31), "a" + strings.Repeat("b", 32)} {
+		require.Equal(t, name.MatchString(n), state.ValidateAttributeName(n) == nil, n)
+	}
+	_, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"Order":"1"}}`), dedupe.Policy{})
+	require.ErrorIs(t, err, state.ErrInvalidAttributes)
+	require.Equal(t, CodeBadAttrs, errorReply(err).Error.Code)
+	req, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"order_id":"42"}}`), dedupe.Policy{})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"order_id": "42"}, req.Attributes)
+}
+
 func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 	t.Parallel()
 	s := loadSchema(t, "start-envelope.schema.json")
 	names, _ := jsonTags(StartRequest{})
 	require.Equal(t, names, keys(s.Properties), "envelope schema properties vs StartRequest JSON tags")
-	require.NotNil(t, s.AdditionalProperties)
-	require.False(t, *s.AdditionalProperties, "the decoder refuses unknown fields")
+	require.Equal(t, "false", string(s.AdditionalProperties), "the decoder refuses unknown fields")
 
 	// required lists exactly the fields the decoder cannot do without:
 	// a minimal valid envelope missing that field is refused.
@@ -137,7 +161,7 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 	ps := s.Properties["policy"]
 	pnames, _ := jsonTags(dedupe.EnvelopePolicy{})
 	require.Equal(t, pnames, keys(ps.Properties))
-	require.False(t, *ps.AdditionalProperties)
+	require.Equal(t, "false", string(ps.AdditionalProperties))
 	runningNames, endedNames := dedupe.EnvelopeNames()
 	require.Equal(t, runningNames, ps.Properties["while_running"].Enum)
 	require.Equal(t, endedNames, ps.Properties["after_completed"].Enum)
@@ -149,7 +173,7 @@ func TestStartReplySchemaMatchesStartReply(t *testing.T) {
 	s := loadSchema(t, "start-reply.schema.json")
 	names, _ := jsonTags(StartReply{})
 	require.Equal(t, names, keys(s.Properties), "reply schema properties vs StartReply JSON tags")
-	require.False(t, *s.AdditionalProperties)
+	require.Equal(t, "false", string(s.AdditionalProperties))
 
 	es := s.Properties["error"]
 	enames, omit := jsonTags(ReplyError{})

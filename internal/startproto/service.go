@@ -61,6 +61,10 @@ type StartRequest struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Policy overrides the workflow's conflict policy for this start.
 	Policy *dedupe.EnvelopePolicy `json:"policy,omitempty"`
+	// Attributes are the run's business keys (at most 8; names
+	// [a-z][a-z0-9_]{0,31}; values 1..64 bytes of printable UTF-8), by
+	// which runs are listed. The first start's are kept.
+	Attributes map[string]string `json:"attributes,omitempty"`
 
 	// runIDGiven records that the envelope had a run_id field (possibly ""
 	// or null), as opposed to none.
@@ -102,13 +106,14 @@ const (
 	CodeRejected     = "rejected"
 	CodeBadPolicy    = "invalid_policy"
 	CodeRunIDNeeded  = "run_id_required"
+	CodeBadAttrs     = "invalid_attributes"
 	CodeInternal     = "internal"
 )
 
 // ReplyCodes lists every error code a StartReply can carry (the reply's
 // JSON Schema enumerates the same).
 var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, CodeTooLarge,
-	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeInternal}
+	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeBadAttrs, CodeInternal}
 
 // DecodeStartRequest parses and validates a request-reply envelope, as
 // Serve does for a workflow that does not require a run ID: the run ID is
@@ -187,7 +192,8 @@ func (sr StartRequest) request(workflow string, base dedupe.Policy) (dedupe.Requ
 	if sr.Fingerprint != "" && sr.Fingerprint != "strict" && sr.Fingerprint != "ignore" {
 		return dedupe.Request{}, fmt.Errorf("%w: start envelope: fingerprint must be \"strict\" or \"ignore\", got %q", state.ErrCorrupt, sr.Fingerprint)
 	}
-	req := dedupe.Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore", Policy: base}
+	req := dedupe.Request{RunID: sr.RunID, Workflow: workflow, Input: sr.Input, Source: sr.Source, IgnoreInput: sr.Fingerprint == "ignore", Policy: base,
+		Attributes: sr.Attributes}
 	if sr.Policy != nil {
 		p, err := sr.Policy.Policy(base)
 		if err != nil {
@@ -336,6 +342,8 @@ func errorReply(err error) StartReply {
 		code = CodeBadPolicy
 	case errors.Is(err, ErrRunIDRequired):
 		code = CodeRunIDNeeded
+	case errors.Is(err, state.ErrInvalidAttributes):
+		code = CodeBadAttrs
 	case errors.Is(err, state.ErrCorrupt), errors.Is(err, state.ErrInvalidName):
 		code = CodeMalformed
 	}

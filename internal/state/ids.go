@@ -26,17 +26,19 @@ import (
 //     at most that in every task and record. (With HTML-escaping, an input
 //     of '<' characters grew six-fold, to 3 MiB, and failed to publish.)
 //   - envelope: the other fields of a start task (run ID <= 128 bytes,
-//     workflow <= 64, token, source, field names) take 1,815 bytes at most
-//     with a source of MaxSourceLen control characters (each escaped to
-//     six bytes): a maximal start task is 526,103 bytes.
+//     workflow <= 64, token, source, attributes, field names) take 3,158
+//     bytes at most with a source of MaxSourceLen control characters (each
+//     escaped to six bytes) and MaxAttributes attributes of the longest
+//     names and values of '"' (each escaped to two bytes): a maximal start
+//     task is 527,446 bytes.
 //   - a step task adds the step ID (<= 213 bytes), created_at and rev: at
-//     most 526,407 bytes. The run record made from the start task: 526,226.
+//     most 527,750 bytes. The run record made from the start task: 527,569.
 //     MaxStartTaskBytes keeps a start task 4 KiB below MaxRecordBytes, so
 //     whatever start task fits, its step tasks and run record fit too.
 //   - headers: Nats-Msg-Id (the run ID) and Nats-Expected-Stream on a task,
 //     Nats-Expected-Last-Subject-Sequence on a KV write: under 250 bytes;
 //     MaxRecordBytes leaves 8 KiB for them.
-//   - what is left: a run's final record has about 500 KiB (514,158 bytes
+//   - what is left: a run's final record has about 500 KiB (512,815 bytes
 //     next to a maximal input) for its output and error.
 //
 // Encode refuses a record over its limit with ErrInputTooLarge, so a start

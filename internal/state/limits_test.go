@@ -20,6 +20,17 @@ func worstInput() json.RawMessage {
 	return json.RawMessage(`"` + body + `"`)
 }
 
+// maximalAttributes is the largest attribute set a start may carry, in
+// encoded bytes: MaxAttributes names of the longest length, each value
+// MaxAttributeValueLen '"' characters (each escaped to two bytes).
+func maximalAttributes() map[string]string {
+	attrs := map[string]string{}
+	for i := range MaxAttributes {
+		attrs[string(rune('a'+i))+strings.Repeat("z", MaxAttributeNameLen-1)] = strings.Repeat(`"`, MaxAttributeValueLen)
+	}
+	return attrs
+}
+
 // The largest start jetflow accepts fits, with its step tasks and its run
 // record, in a NATS message of the default max_payload, with room to spare.
 func TestMaximalStartFitsInANATSMessage(t *testing.T) {
@@ -30,14 +41,17 @@ func TestMaximalStartFitsInANATSMessage(t *testing.T) {
 	name := strings.Repeat("n", MaxNameLen)
 	start := Task{
 		V: Version, RunID: runID, Workflow: name, Input: input,
-		Token:  "ABCDEFGHIJKLMNOPQRSTUV", // a nuid
-		Source: strings.Repeat("\x01", MaxSourceLen),
+		Token:      "ABCDEFGHIJKLMNOPQRSTUV", // a nuid
+		Source:     strings.Repeat("\x01", MaxSourceLen),
+		Attributes: maximalAttributes(),
 	}
+	require.NoError(t, ValidateAttributes(start.Attributes))
 	b, err := Encode(start)
 	require.NoError(t, err)
 	require.LessOrEqual(t, len(b), MaxStartTaskBytes)
 	require.True(t, bytes.Contains(b, input), "the input is carried as it came, not escaped")
 	overhead := len(b) - len(input)
+	t.Logf("start task envelope (everything but the input): %d bytes", overhead)
 	require.Less(t, overhead, 4*1024, "envelope of a start task with a maximal source")
 	decoded, err := DecodeTask(b)
 	require.NoError(t, err)

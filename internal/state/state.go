@@ -92,6 +92,10 @@ type Run struct {
 	// TraceParent is the W3C trace context (traceparent form) of the start
 	// that created the run; its tasks carry it (internal/tracing).
 	TraceParent string `json:"traceparent,omitempty"`
+	// Attributes are the business keys the start that created the run
+	// attached (ValidateAttributes): the run index lists runs by them.
+	// They never change: a duplicate start's attributes are ignored.
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // ParentLink is what a child run knows of its parent: enough to commit the
@@ -334,6 +338,9 @@ type Task struct {
 	// TraceParent is the start's W3C trace context (a start task) or the
 	// run record's (a step task).
 	TraceParent string `json:"traceparent,omitempty"`
+	// Attributes are the start's (a start task) or the run record's (a
+	// step task).
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -349,7 +356,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
-		TraceParent: r.TraceParent,
+		TraceParent: r.TraceParent, Attributes: r.Attributes,
 	}
 }
 
@@ -360,7 +367,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		Parent: t.Parent, TraceParent: t.TraceParent,
+		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes,
 	}
 }
 

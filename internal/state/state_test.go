@@ -72,6 +72,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Parent:      &ParentLink{RunID: "p", Workflow: "pw", Token: "pt", StepID: "p.child.0"},
 		Children:    []ChildLink{{RunID: "order-42=ship=0", Workflow: "ship", StepID: "order-42/7.ship.0"}},
 		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		Attributes:  map[string]string{"order_id": "42"},
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children are not carried: a child's start is recorded with

@@ -62,6 +62,10 @@ type Source struct {
 	// Workflow (see Resume); events of other types start Workflow. Not for
 	// GitHub, which does not sign the event type.
 	Resume []Resume
+	// Attributes name the attributes of each run the source starts
+	// (jetflow.WithAttributes) and where in the event's payload each is
+	// read (AttributesOf): at most 8, by attribute name.
+	Attributes map[string]Pointer
 }
 
 // Validate reports the first bad field as ErrInvalidSource, naming the
@@ -81,6 +85,9 @@ func (s Source) Validate() error {
 	}
 	if len(s.Secrets) == 0 {
 		return fmt.Errorf("%w: Secrets: none given", ErrInvalidSource)
+	}
+	if err := validateAttributes(s.Attributes); err != nil {
+		return err
 	}
 	if _, err := s.keys(); err != nil {
 		return err

@@ -27,7 +27,7 @@ function el(tag, attrs, ...children) {
 }
 
 function append(node, children) {
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === undefined || c === null || c === false) continue;
     node.append(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
   }
@@ -213,7 +213,29 @@ async function refreshCounts(workflow, current) {
 function listQuery(f) {
   const q = new URLSearchParams();
   for (const k of ["workflow", "status", "prefix", "since", "until"]) if (f[k]) q.set(k, f[k]);
+  for (const [name, value] of Object.entries(f.attrs || {})) q.set("attr." + name, value);
   return q.toString();
+}
+
+// The search box holds a run ID (or its beginning), or attribute terms
+// name=value separated by spaces (order_id=42 customer=7): the runs
+// started with those attributes (GET /v1/runs?attr.<name>=<value>).
+const ATTR_TERM = /^([a-z][a-z0-9_]{0,31})=(.+)$/;
+
+function parseSearch(text) {
+  const terms = text.split(/\s+/).filter(Boolean);
+  if (!terms.length || !terms.every((t) => ATTR_TERM.test(t))) return { prefix: text, attrs: {} };
+  const attrs = {};
+  for (const t of terms) {
+    const [, name, value] = t.match(ATTR_TERM);
+    attrs[name] = value;
+  }
+  return { prefix: "", attrs };
+}
+
+function searchText(f) {
+  const terms = Object.entries(f.attrs || {}).map(([name, value]) => name + "=" + value);
+  return terms.length ? terms.join(" ") : f.prefix;
 }
 
 // ---- runs list -------------------------------------------------------------
@@ -228,12 +250,14 @@ function localInput(iso) {
 function listView(params) {
   const f = {};
   for (const k of ["workflow", "status", "prefix", "since", "until"]) f[k] = params.get(k) || "";
+  f.attrs = {};
+  for (const [k, v] of params) if (k.startsWith("attr.")) f.attrs[k.slice(5)] = v;
   const cursors = [""]; // cursors[i] reads page i
   let page = 0;
   let next = "";
   let stopped = false;
 
-  const search = el("input", { id: "search", type: "search", value: f.prefix, placeholder: "run ID or its beginning", spellcheck: false, autocomplete: "off" });
+  const search = el("input", { id: "search", type: "search", value: searchText(f), placeholder: "run ID, its beginning, or order_id=42", spellcheck: false, autocomplete: "off" });
   const workflow = el("input", { id: "f-workflow", type: "text", value: f.workflow, placeholder: "all", size: 14, autocomplete: "off" });
   const status = el("select", { id: "f-status" },
     el("option", { value: "", text: "all" }), STATUSES.map((s) => el("option", { value: s, text: s, selected: s === f.status })));
@@ -241,14 +265,14 @@ function listView(params) {
   const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: localInput(f.until) });
   const apply = () => {
     const q = {
-      workflow: workflow.value.trim(), status: status.value, prefix: search.value.trim(),
+      workflow: workflow.value.trim(), status: status.value, ...parseSearch(search.value.trim()),
       since: since.value ? new Date(since.value).toISOString() : "",
       until: until.value ? new Date(until.value).toISOString() : "",
     };
     location.hash = "#/?" + listQuery(q);
   };
   const form = el("form", { class: "filters", role: "search", onsubmit: (e) => { e.preventDefault(); apply(); } },
-    el("div", { class: "field grow" }, el("label", { for: "search" }, "Run ID (exact or prefix) ", el("span", { class: "kbd", text: "/" })), search),
+    el("div", { class: "field grow" }, el("label", { for: "search" }, "Run ID (exact or prefix) or attribute name=value ", el("span", { class: "kbd", text: "/" })), search),
     el("div", { class: "field" }, el("label", { for: "f-workflow", text: "Workflow" }), workflow),
     el("div", { class: "field" }, el("label", { for: "f-status", text: "Status" }), status),
     el("div", { class: "field" }, el("label", { for: "f-since", text: "Changed from" }), since),
@@ -300,9 +324,12 @@ function listView(params) {
     c[6].textContent = ago(run.updated_at).replace(" ago", "");
   }
 
+  // A run whose ID is the box's text, whatever the list shows: a run ID
+  // may hold "=" too.
   async function showExact() {
-    if (!f.prefix) { exact.hidden = true; return; }
-    const r = await api("GET", "/v1/runs/" + encodeURIComponent(f.prefix));
+    const id = searchText(f);
+    if (!id || /\s/.test(id)) { exact.hidden = true; return; }
+    const r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
     if (stopped) return;
     if (r.ok && r.data) {
       exact.replaceChildren("Exact match: ", statusLabel(r.data.status), " ",
@@ -449,6 +476,8 @@ function renderRun(run, actions) {
     fact("Workflow", run.workflow, "run-workflow"),
     fact("Generation", String(run.generation || 0), "run-generation"),
     fact("Source", run.source || "—", "run-source"),
+    fact("Attributes", run.attributes ? Object.entries(run.attributes).map(([name, value], i) =>
+      [i ? ", " : "", el("a", { href: "#/?" + listQuery({ attrs: { [name]: value } }), title: "runs with " + name + "=" + value, text: name + "=" + value })]) : "—", "run-attributes"),
     fact(ended ? "Duration" : "Running for", fmtDur((ended ? updated : Date.now()) - created), "run-duration"),
     fact("Created", timeEl(run.created_at)),
     fact(ended ? "Ended" : "Last change", timeEl(run.updated_at)),
