@@ -83,7 +83,7 @@ type StartReply struct {
 	// Generation is the run's generation the start created or got; sent
 	// on every success (a pointer, so that 0 is sent and a reply of an
 	// earlier version, without it, is told apart).
-	Generation *int `json:"generation,omitempty"`
+	Generation *int        `json:"generation,omitempty"`
 	Error      *ReplyError `json:"error,omitempty"`
 
 	// cause is the admission error behind an internal Error (not sent).
