@@ -15,9 +15,10 @@ import (
 // concurrent use.
 //
 // A step calls Apply from its function; afterwards the test asserts with
-// RequireAppliedOnce (every key applied once: no charge without a key, no
-// key charged twice) and with Calls (how often the step's function ran:
-// once, unless its worker crashed before the result was committed).
+// RequireCalledOnce (every step's function ran once), RequireApplied
+// (exactly these keys took effect, however often they were called) and
+// Calls (how often a step's function ran: once, unless its worker crashed
+// before the result was committed).
 type Effects struct {
 	mu    sync.Mutex
 	calls map[string]int
@@ -31,8 +32,14 @@ func NewEffects() *Effects { return &Effects{calls: map[string]int{}} }
 // Apply records one call made from the step whose context ctx is, under
 // its step ID, and reports whether it is the key's first call: the one
 // that takes effect. A call from outside a step (no step ID) is recorded
-// as a call without a key, which RequireAppliedOnce fails.
+// as a call without a key, which RequireCalledOnce and RequireApplied
+// fail. A call that a step of a crashed worker makes after the crash (its
+// function ignored its cancelled context) is not recorded, and returns
+// false: a killed process makes no call.
 func (e *Effects) Apply(ctx context.Context) (first bool) {
+	if killedStep(ctx) {
+		return false // the call of a worker the Env killed: it never reached anyone
+	}
 	d, ok := jetflow.StepInfo(ctx)
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -2,6 +2,7 @@ package jetflowtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -77,15 +78,6 @@ type Env struct {
 	// reaping are the crashed workers being stopped.
 	reaping sync.WaitGroup
 	closed  bool
-}
-
-// proc is one worker "process": its own connection, so that a crash cuts
-// everything it would still send.
-type proc struct {
-	name    string
-	nc      *nats.Conn
-	w       *jetflow.Worker
-	crashed sync.Once
 }
 
 // New starts an Env serving wfs with the default Config. See NewWithConfig.
@@ -186,11 +178,10 @@ func (e *Env) startWorker() error {
 	p := &proc{name: fmt.Sprintf("%s-worker-%d", sanitize(e.t.Name()), e.seq)}
 	e.mu.Unlock()
 
-	nc, err := e.srv.Connect(p.name)
-	if err != nil {
+	if err := p.dial(e.srv.ClientURL()); err != nil {
 		return fmt.Errorf("connect worker: %w", err)
 	}
-	p.nc = nc
+	nc := p.nc
 	reg := jetflow.NewRegistry()
 	if err := reg.Register(e.wfs...); err != nil {
 		nc.Close()
@@ -199,7 +190,8 @@ func (e *Env) startWorker() error {
 	wc := e.cfg.Worker
 	wc.Name, wc.AckWait = p.name, e.cfg.AckWait
 	if wc.Logger.GetLevel() == zerolog.DebugLevel { // the zero Logger
-		wc.Logger = zerolog.New(zerolog.NewTestWriter(e.t)).Level(zerolog.WarnLevel)
+		p.log = &silencer{w: zerolog.NewTestWriter(e.t)}
+		wc.Logger = zerolog.New(p.log).Level(zerolog.WarnLevel)
 	}
 	wc = kit.ApplyWorker(wc, kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now, Schedule: e.clock.schedule}).(jetflow.WorkerConfig)
 	w, err := jetflow.NewWorker(nc, reg, wc)
@@ -232,10 +224,12 @@ func (e *Env) hooks(p *proc) workflow.Hooks {
 			if stub := e.stub(wf, step); stub != nil {
 				fn = stub
 			}
-			if !e.armed(step, duringStep) {
-				return fn
+			if e.armed(step, duringStep) {
+				fn = e.crashDuring(p, step, fn)
 			}
-			return e.crashDuring(p, step, fn)
+			return func(ctx context.Context) (json.RawMessage, error) {
+				return fn(withProc(ctx, p)) // Effects ignores what a killed worker's steps still do
+			}
 		},
 	}
 }
@@ -275,6 +269,7 @@ func (e *Env) close() {
 		}
 		cancel()
 		p.nc.Close()
+		p.log.off() // goroutines that ignored the drain's cancellation may still log
 	}
 	if e.nc != nil {
 		e.nc.Close()

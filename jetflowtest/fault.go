@@ -92,38 +92,42 @@ func (e *Env) crashDuring(p *proc, step string, fn workflow.StepFunc) workflow.S
 	}
 }
 
-// crash kills worker p as a SIGKILL would: its connection is closed at
-// once, so nothing it would still send (a commit, a publish, an ack, a
-// heartbeat) reaches the server, and a fresh worker is started in its
-// place. A second crash of p does nothing.
+// crash kills worker p as a SIGKILL would: its sockets are closed at once,
+// so nothing it would still send (a commit, a publish, an ack, a heartbeat,
+// even one already buffered) reaches the server, and a fresh worker is
+// started in its place. A second crash of p does nothing; a crash while the
+// Env stops starts no worker.
 func (e *Env) crash(p *proc) {
-	p.crashed.Do(func() {
-		p.nc.Close()
+	if !p.kill() {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.crashes++
+	e.noteChange()
+	if e.closed {
+		return // the Env stops p with the others
+	}
+	e.reaping.Add(2)
+	go func() {
+		defer e.reaping.Done()
+		// Reap the dead worker's goroutines: every call it makes fails on
+		// the closed connection, and its steps' contexts are cancelled at
+		// once. A step function that ignores its context runs on, as
+		// nothing stops it in a test process; Effects ignores its calls.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = p.w.Stop(ctx) // it crashed: its drain has nothing to report
+	}()
+	go func() {
+		defer e.reaping.Done()
+		if err := e.startWorker(); err != nil {
+			e.t.Errorf("jetflowtest: restart the worker after a crash: %v", err)
+			return
+		}
 		e.mu.Lock()
-		e.crashes++
+		e.replaced++
 		e.noteChange()
 		e.mu.Unlock()
-		e.reaping.Add(1)
-		go func() {
-			defer e.reaping.Done()
-			// Reap the dead worker's goroutines: every call it makes fails
-			// on the closed connection, and its steps' contexts are
-			// cancelled at once.
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			_ = p.w.Stop(ctx) // it crashed: its drain has nothing to report
-		}()
-		e.reaping.Add(1)
-		go func() {
-			defer e.reaping.Done()
-			if err := e.startWorker(); err != nil {
-				e.t.Errorf("jetflowtest: restart the worker after a crash: %v", err)
-				return
-			}
-			e.mu.Lock()
-			e.replaced++
-			e.noteChange()
-			e.mu.Unlock()
-		}()
-	})
+	}()
 }

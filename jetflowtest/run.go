@@ -10,8 +10,9 @@ import (
 
 // Run starts wf with input through the Env's client and waits for its
 // result within the Env's Timeout. It returns the run's output, or the
-// run's error (a *jetflow.RunError) when it failed or was cancelled.
-// A start or a wait that could not be made fails the test at once.
+// run's error (a *jetflow.RunError) when it failed or was cancelled, or
+// the wait's error (context.DeadlineExceeded when the Timeout passed). A
+// start that could not be made fails the test at once.
 //
 // A repeat call with the same run ID (jetflow.WithRunID) lands on the same
 // run, as any start does: it returns that run's result.

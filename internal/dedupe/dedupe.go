@@ -294,7 +294,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case act == actSupersede && run.Fingerprint != fp && round < maxSupersedeRounds:
+		case act == actSupersede && !entry.FingerprintMatch && round < maxSupersedeRounds:
 			// Another input than the running generation's: a newer
 			// request, not a retry of the one that started it.
 			if err := a.supersede(ctx, req, run, res.Revision); err != nil {
