@@ -15,14 +15,16 @@ import (
 func TestCallsOfACrashedWorkersStepAreNotCounted(t *testing.T) {
 	t.Parallel()
 	fx := jetflowtest.NewEffects()
-	crashed := make(chan struct{})
+	bRuns, crashed := make(chan struct{}), make(chan struct{})
 	zombieDone := make(chan bool, 1)
 	var env *jetflowtest.Env
 	wf := jetflow.NewWorkflow("zombie", func(ctx *jetflow.Context, _ int) (int, error) {
-		a := jetflow.Go(ctx, "a", func(context.Context) (int, error) { return 1, nil })
+		// a commits, and the worker is killed, only while b runs on it.
+		a := jetflow.Go(ctx, "a", func(context.Context) (int, error) { <-bRuns; return 1, nil })
 		b := jetflow.Go(ctx, "b", func(sctx context.Context) (int, error) {
 			if d, _ := jetflow.StepInfo(sctx); d.Attempt == 1 {
-				<-crashed // the worker is killed while b runs
+				close(bRuns)
+				<-crashed
 				zombieDone <- fx.Apply(sctx)
 			} else {
 				fx.Apply(sctx)
