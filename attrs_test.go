@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -88,31 +87,20 @@ func TestAttributeQueryFindsExactlyItsRuns(t *testing.T) {
 
 	// Churn until the walks are done: fleeting runs, every other one
 	// with order_id 42, start, complete and expire.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			attrs := map[string]string{"order_id": fmt.Sprintf("f-%d", i)}
-			if i%2 == 0 {
-				attrs["order_id"] = "42"
-			}
-			_, err := Start(ctx, c, fleeting, i, WithRunID(fmt.Sprintf("fleet-%05d", i)), WithAttributes(attrs))
-			// A start that stalls for longer than the run lives is told to
-			// start again (ErrRetryStart): the churn goes on with the next.
-			if err != nil && ctx.Err() == nil && !errors.Is(err, ErrRetryStart) {
-				t.Errorf("start fleet-%05d: %v", i, err)
-				return
-			}
+	defer churn(func(i int) bool {
+		attrs := map[string]string{"order_id": fmt.Sprintf("f-%d", i)}
+		if i%2 == 0 {
+			attrs["order_id"] = "42"
 		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+		_, err := Start(ctx, c, fleeting, i, WithRunID(fmt.Sprintf("fleet-%05d", i)), WithAttributes(attrs))
+		// A start that stalls for longer than the run lives is told to
+		// start again (ErrRetryStart): the churn goes on with the next.
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrRetryStart) {
+			t.Errorf("start fleet-%05d: %v", i, err)
+			return false
+		}
+		return true
+	})()
 
 	expired := func() bool {
 		_, err := c.GetRun(ctx, "fleet-00000")

@@ -142,3 +142,23 @@ func threeSteps(name string, sideEffects *counter) *Workflow[int, int] {
 		return sum, nil
 	})
 }
+
+// churn calls start with 0, 1, 2, ... on a goroutine of its own until
+// start returns false or the returned stop is called; stop waits for it.
+func churn(start func(i int) bool) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if !start(i) {
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,24 +126,13 @@ func TestRunIndexPagesWhileRunsStartAndExpire(t *testing.T) {
 
 	// Churn: fleeting runs start (and complete, and expire a second later)
 	// until the walks are done.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := c.StartByName(ctx, "fleeting", json.RawMessage(`1`), WithRunID(fmt.Sprintf("fleet-%04d", i))); err != nil && ctx.Err() == nil {
-				t.Errorf("start fleet-%04d: %v", i, err)
-				return
-			}
+	defer churn(func(i int) bool {
+		if _, err := c.StartByName(ctx, "fleeting", json.RawMessage(`1`), WithRunID(fmt.Sprintf("fleet-%04d", i))); err != nil && ctx.Err() == nil {
+			t.Errorf("start fleet-%04d: %v", i, err)
+			return false
 		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+		return true
+	})()
 
 	expired := func() bool {
 		_, err := c.GetRun(ctx, "fleet-0000")
