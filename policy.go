@@ -39,7 +39,12 @@ const (
 	// However many superseding starts race, one generation is running when
 	// they have returned, each superseded one is cancelled, and each start
 	// learns the generation it started or got (Handle.Generation). It
-	// overrides FingerprintStrict: another input is what it acts on.
+	// acts on another input under either fingerprint mode, overriding
+	// FingerprintStrict. It acts on running runs only: a start with another
+	// input once the run has ended gets AfterCompleted's or AfterFailed's
+	// answer (a conflict under FingerprintStrict, unless StartNew). A late
+	// retry of an older generation's start carries another input than the
+	// running generation's, and supersedes it too.
 	Supersede
 )
 
