@@ -182,26 +182,18 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		h(sc.id, spec.RunID)
 	}
 	if !spec.Detached {
-		// A cancel of the parent that read its children before the link
-		// was written has missed this child: cancel it here.
+		// A cancel of the parent, or of its generation by a superseding
+		// start, that read its children before the link was written has
+		// missed this child: cancel it here.
 		p, _, err := e.runs.Get(d.nctx, d.run.RunID)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		if p.Token != d.run.Token || p.Generation != d.run.Generation {
-			// The generation was replaced (a superseding start, whose
-			// cancel read its children before this link) since the link
-			// was written: its child must not outlive it.
-			if s := e.cancelOrphan(d, spec); s != nil {
+		if p.Token != d.run.Token || p.Generation != d.run.Generation || p.Status == state.StatusCancelled {
+			if s := e.cancelChild(d, spec.RunID); s != nil {
 				return nil, s
 			}
-			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
-		}
-		if p.Status == state.StatusCancelled {
-			if s := e.cancelChildOf(d, p, spec); s != nil {
-				return nil, s
-			}
-			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run was cancelled while its child %s started", errNotThisTask, spec.RunID)}
+			return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run was cancelled or replaced while its child %s started", errNotThisTask, spec.RunID)}
 		}
 	}
 	if !child.Status.Terminal() {
