@@ -207,9 +207,10 @@ func WatchWrites(ctx context.Context, steps *jetstream.KV) (*Writes, error) {
 }
 
 // Stop ends the watch. A watch whose subscription the connection already
-// dropped (a reconnect) has nothing left to stop.
+// dropped (a reconnect), or whose consumer the server no longer has (a
+// server restart), has nothing left to stop.
 func (w *Writes) Stop() error {
-	if err := w.stop(); err != nil && !errors.Is(err, nats.ErrBadSubscription) {
+	if err := w.stop(); err != nil && !errors.Is(err, nats.ErrBadSubscription) && !errors.Is(err, nats.ErrConsumerNotFound) && !errors.Is(err, natsjs.ErrConsumerNotFound) {
 		return err
 	}
 	return nil
