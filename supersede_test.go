@@ -24,6 +24,7 @@ type superseding struct {
 	wf      *Workflow[int, int]
 	started chan string
 	release chan struct{}
+	open    sync.Once
 
 	mu     sync.Mutex
 	starts map[string][]time.Time
@@ -58,6 +59,7 @@ func (s *superseding) running(t *testing.T, runID string) (*Client, *Handle[int]
 	t.Helper()
 	env := newEnv(t, Topology{})
 	env.worker(WorkerConfig{}, s.wf)
+	t.Cleanup(s.releaseAll)
 	c := env.client()
 	ctx := ctxT(t, 60*time.Second)
 	h, err := Start(ctx, c, s.wf, 1, WithRunID(runID))
@@ -66,6 +68,11 @@ func (s *superseding) running(t *testing.T, runID string) (*Client, *Handle[int]
 	require.Equal(t, runID+".a.0", <-s.started)
 	return c, h, ctx
 }
+
+// releaseAll lets every step "a" that waits, or will, go on. running
+// calls it at cleanup too, before the worker is stopped: a test that
+// failed before releasing them leaves no step blocked.
+func (s *superseding) releaseAll() { s.open.Do(func() { close(s.release) }) }
 
 // startsOf are the start times of step stepID.
 func (s *superseding) startsOf(stepID string) []time.Time {
@@ -117,7 +124,7 @@ func TestSupersedeReplacesTheRunningGeneration(t *testing.T) {
 	requireSuperseded(t, err)
 
 	require.Equal(t, "sup-1/1.a.0", <-s.started)
-	close(s.release)
+	s.releaseAll()
 	out, err := h1.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, out)
@@ -190,7 +197,7 @@ func TestConcurrentSupersedingStartsLeaveOneGeneration(t *testing.T) {
 	require.Len(t, cancelled, n, "every generation but the last was cancelled once")
 	mu.Unlock()
 
-	close(s.release)
+	s.releaseAll()
 	out, err := handlesOf(handles, n).Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, byGeneration[n], out, "the running generation has its own start's input")
@@ -277,7 +284,7 @@ func TestSupersedeInterruptedIsFinishedByTheNextStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, OutcomeSuperseded, h.Outcome)
 	require.Equal(t, 1, h.Generation)
-	close(s.release)
+	s.releaseAll()
 	out, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, out)
@@ -294,7 +301,7 @@ func TestSupersedeByName(t *testing.T) {
 	require.Equal(t, OutcomeSuperseded, res.Outcome)
 	require.Equal(t, 1, res.Generation)
 	require.Equal(t, "name-1/1.a.0", <-s.started)
-	close(s.release)
+	s.releaseAll()
 	run, err := c.WaitRun(ctx, "name-1")
 	require.NoError(t, err)
 	require.Equal(t, StatusCompleted, run.Status)

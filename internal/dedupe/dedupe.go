@@ -122,6 +122,11 @@ type Hooks struct {
 	// AfterStartPublished runs in Admit once the start task is published,
 	// before the run record is written or read: a start that stalls there.
 	AfterStartPublished func(runID string)
+	// AfterRestartPublished runs once a start that replaces an ended
+	// generation has published the new generation's start task, before it
+	// replaces the record: a start that stalls there while the task's
+	// receiver writes the generation for it.
+	AfterRestartPublished func(runID string, generation int)
 	// AfterSupersede runs once a superseding start has written the
 	// running generation cancelled (run, as written), before it tells
 	// anyone or starts the new one.
@@ -273,7 +278,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	}
 	res = Result{Run: st.run, Revision: st.rev, Broker: broker, AfterExpiry: st.afterExpiry}
 	if st.created {
-		res.Outcome = Created
+		res.Outcome, res.Run = Created, st.mine
 		return res, nil
 	}
 	return a.duplicate(ctx, req, rec.Fingerprint, res)
@@ -315,14 +320,15 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 					return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
 				}
 			}
-			next, rev, won, err := a.restart(ctx, req, run, res.Revision)
+			st, err := a.restart(ctx, req, run, res.Revision)
 			if err != nil {
 				return res, fmt.Errorf("jetflow: start %s again: %w", req.RunID, err)
 			}
-			res.Run, res.Revision = next, rev
-			if !won {
+			res.Run, res.Revision = st.run, st.rev
+			if !st.created {
 				continue // another start replaced it first: decide again on its run
 			}
+			res.Run = st.mine
 			res.Outcome, entry.Outcome = Restarted, state.AuditRestarted
 			if IsSuperseded(run) {
 				res.Outcome, entry.Outcome = Superseded, state.AuditSuperseded
@@ -428,9 +434,10 @@ func (a *Admitter) finishCancel(ctx context.Context, run state.Run, first bool) 
 // published first, carrying oldRev, so that its receiver can finish the
 // replacement if this process dies; then the record is replaced with
 // compare-and-set on oldRev, which lets exactly one of many concurrent
-// restarts win. It returns the record now stored and whether it is this
-// call's.
-func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
+// restarts win. It returns the record now stored and whether this call
+// made the new generation (created), which a newer one may have replaced
+// already when the task's receiver wrote it for this call.
+func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldRev uint64) (admitted, error) {
 	token := nuid.Next()
 	gen := old.Generation + 1
 	traceParent := tracing.TraceParent(ctx)
@@ -440,51 +447,73 @@ func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldR
 		TraceParent: traceParent, Attributes: req.Attributes,
 	})
 	if err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
 	}
 	if _, err := a.publishStart(ctx, req.Workflow, state.RunIdentity(req.RunID, gen), task); err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
+	}
+	if h := a.hooks.AfterRestartPublished; h != nil {
+		h(req.RunID, gen)
 	}
 	rec, err := a.newRecord(req, token)
 	if err != nil {
-		return state.Run{}, 0, false, err
+		return admitted{}, err
 	}
-	rec.Generation, rec.TraceParent = gen, traceParent
-	return a.replace(ctx, rec, oldRev)
+	rec.Generation, rec.TraceParent, rec.Predecessors = gen, traceParent, old.Successors()
+	stored, rev, err := a.replace(ctx, rec, oldRev)
+	if err != nil {
+		return admitted{}, err
+	}
+	return found(stored, rev, rec), nil
 }
 
-// replace writes rec over the record (or expiry marker) at revision oldRev.
-// When the write is refused or its answer is lost, it reads what is stored;
-// won says whether that is rec (by its token). When the run ID's record has
-// expired since oldRev, the error is ErrRetryStart.
-func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (state.Run, uint64, bool, error) {
+// replace writes rec over the record (or expiry marker) at revision oldRev
+// and returns the record stored then. When the write is refused or its
+// answer is lost, that is the record it reads: rec's own generation (by
+// its token, see found) if the write landed or a start task's receiver
+// wrote it, else another's. When the run ID's record has expired since
+// oldRev, the error is ErrRetryStart.
+func (a *Admitter) replace(ctx context.Context, rec state.Run, oldRev uint64) (state.Run, uint64, error) {
 	if _, err := state.Encode(rec); err != nil {
-		return state.Run{}, 0, false, err // before the write: its error says nothing of what is stored
+		return state.Run{}, 0, err // before the write: its error says nothing of what is stored
 	}
 	rev, err := a.runs.Replace(ctx, rec, oldRev)
 	if err == nil {
-		return rec, rev, true, nil
+		return rec, rev, nil
 	}
 	if !errors.Is(err, jetstream.ErrRevisionMismatch) && jetstream.IsAPIError(err) {
-		return state.Run{}, 0, false, err
+		return state.Run{}, 0, err
 	}
 	// Latest reads from the stream leader: a write it does not show did
 	// not land.
 	latest, lerr := a.runs.Latest(ctx, rec.RunID)
 	switch {
 	case lerr != nil:
-		return state.Run{}, 0, false, errors.Join(err, lerr)
+		return state.Run{}, 0, errors.Join(err, lerr)
 	case !latest.Live && latest.Rev == oldRev:
-		return state.Run{}, 0, false, err // the write got no answer and did not land
+		return state.Run{}, 0, err // the write got no answer and did not land
 	case !latest.Live:
-		return state.Run{}, 0, false, fmt.Errorf("%w: run %s expired at revision %d, after revision %d was read",
+		return state.Run{}, 0, fmt.Errorf("%w: run %s expired at revision %d, after revision %d was read",
 			ErrRetryStart, rec.RunID, latest.Rev, oldRev)
 	}
-	stored, derr := state.DecodeRun(latest.Value)
-	if derr != nil {
-		return state.Run{}, 0, false, derr
+	stored, err := state.DecodeRun(latest.Value)
+	return stored, latest.Rev, err
+}
+
+// found is the admission of rec (by its token) that finds stored at rev.
+// It created a generation when stored is rec's or lists rec's among the
+// generations it replaced (Run.MadeBy): a start task's receiver may write
+// a start's generation for it, and a newer start replace that, before the
+// start reads what it made. mine is that generation, as stored or as it
+// ended.
+func found(stored state.Run, rev uint64, rec state.Run) admitted {
+	gen, status, ok := stored.MadeBy(rec.Token)
+	mine := stored
+	if ok && stored.Token != rec.Token {
+		mine = rec
+		mine.Generation, mine.Status = gen, status
 	}
-	return stored, latest.Rev, stored.Token == rec.Token, nil
+	return admitted{run: stored, rev: rev, mine: mine, created: ok, afterExpiry: ok && mine.AfterExpiry}
 }
 
 // short abbreviates a fingerprint for messages.
@@ -573,7 +602,8 @@ func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, ui
 		return run, rev, staleOnRetry(err)
 	}
 	if run.Generation == t.Generation-1 && run.Status.Terminal() && rev == t.PrevRev {
-		run, rev, _, err = a.replace(ctx, rec, rev)
+		rec.Predecessors = run.Successors()
+		run, rev, err = a.replace(ctx, rec, rev)
 	}
 	return run, rev, staleOnRetry(err)
 }
@@ -628,10 +658,13 @@ type starter struct {
 
 // admitted is the run record admission ended up with.
 type admitted struct {
+	// run is the record stored at revision rev.
 	run state.Run
 	rev uint64
-	// created: the record carries this call's token.
+	// created: this call made run's generation, or one that run
+	// replaced since (found); mine is that generation.
 	created bool
+	mine    state.Run
 	// afterExpiry: it was created over the marker of an expired record
 	// with the same run ID.
 	afterExpiry bool
@@ -652,7 +685,7 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) 
 		rev, err := a.runs.Create(actx, rec)
 		cancel()
 		if err == nil {
-			return admitted{run: rec, rev: rev, created: true}, nil
+			return admitted{run: rec, rev: rev, mine: rec, created: true}, nil
 		}
 		if errors.Is(err, jetstream.ErrExists) {
 			st, again, err := a.readExisting(ctx, rec, by)
@@ -686,8 +719,7 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) 
 func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) (admitted, bool, error) {
 	run, rev, err := a.runs.Get(ctx, rec.RunID)
 	if err == nil {
-		own := run.Token == rec.Token
-		return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, false, nil
+		return found(run, rev, rec), false, nil
 	}
 	if !errors.Is(err, runs.ErrNotFound) {
 		return admitted{}, false, err
@@ -700,8 +732,10 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 		return admitted{}, true, nil
 	case latest.Live: // a lagging replica missed it on the first read
 		run, err := state.DecodeRun(latest.Value)
-		own := err == nil && run.Token == rec.Token
-		return admitted{run: run, rev: latest.Rev, created: own, afterExpiry: own && run.AfterExpiry}, false, err
+		if err != nil {
+			return admitted{}, false, err
+		}
+		return found(run, latest.Rev, rec), false, nil
 	}
 	if t := by.task; t != nil {
 		if !t.AfterExpiry || uint64(t.Generation) != latest.Rev {
@@ -711,11 +745,11 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 		// The after-expiry run's own start task, whose publisher died
 		// before replacing the marker: finish the replacement.
 		rec.Generation, rec.AfterExpiry = t.Generation, true
-		run, rev, won, err := a.replace(ctx, rec, latest.Rev)
+		run, rev, err := a.replace(ctx, rec, latest.Rev)
 		if err != nil {
 			return admitted{}, false, err
 		}
-		return admitted{run: run, rev: rev, created: won, afterExpiry: won && run.AfterExpiry}, false, nil
+		return found(run, rev, rec), false, nil
 	}
 	if !latest.Time.Before(by.began) {
 		// Expired after this call began: the call overlapped the run's
@@ -743,11 +777,11 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 		return admitted{}, false, err
 	}
 	// Compare-and-set on the marker; a lost answer is resolved by the token.
-	run, rev, won, err := a.replace(ctx, rec, latest.Rev)
+	run, rev, err = a.replace(ctx, rec, latest.Rev)
 	if err != nil {
 		return admitted{}, false, err
 	}
-	return admitted{run: run, rev: rev, created: won, afterExpiry: won && run.AfterExpiry}, false, nil
+	return found(run, rev, rec), false, nil
 }
 
 // readOrCreate reads the stored record and falls back to createOrRead when
@@ -760,6 +794,5 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run, by starter) 
 	if err != nil {
 		return admitted{}, err
 	}
-	own := run.Token == rec.Token
-	return admitted{run: run, rev: rev, created: own, afterExpiry: own && run.AfterExpiry}, nil
+	return found(run, rev, rec), nil
 }

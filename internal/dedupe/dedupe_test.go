@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -158,4 +159,69 @@ func end(t *testing.T, a *Admitter, runID string) {
 	}
 	_, err = a.assets.Runs.UpdateTTL(ctx(t), runID, b, rev, ttl)
 	require.NoError(t, err)
+}
+
+// A superseding start whose new generation the receiver of its start task
+// wrote for it, and a newer start superseded, before the start read the
+// record back: it made that generation and says so (cancelled by now), and
+// makes no other. Without the predecessors a record keeps, it took the
+// newer generation for another start's and superseded it with a second
+// generation of its own input.
+func TestSupersedingStartFindsTheGenerationWrittenForIt(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	supersede := Policy{Running: Supersede}
+	request := func(input string) Request {
+		return Request{RunID: "s-1", Workflow: "w", Input: json.RawMessage(input), Policy: supersede}
+	}
+	res, err := a.Admit(ctx(t), request(`0`))
+	require.NoError(t, err)
+	require.Equal(t, Created, res.Outcome)
+
+	newer := false
+	a.SetHooks(Hooks{AfterRestartPublished: func(runID string, gen int) {
+		if gen != 1 {
+			return // the newer start's own restart
+		}
+		// The worker receives generation 1's start task and writes it.
+		m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.TaskSubject("w", state.RunIdentity(runID, gen), ""))
+		require.NoError(t, err)
+		task, err := state.DecodeTask(m.Data)
+		require.NoError(t, err)
+		run, _, err := a.Materialize(ctx(t), task)
+		require.NoError(t, err)
+		require.Equal(t, 1, run.Generation)
+		require.Equal(t, task.Token, run.Token)
+		// A newer start supersedes it.
+		res, err := a.Admit(ctx(t), request(`2`))
+		require.NoError(t, err)
+		require.Equal(t, Superseded, res.Outcome)
+		require.Equal(t, 2, res.Run.Generation)
+		newer = true
+	}})
+	res, err = a.Admit(ctx(t), request(`1`))
+	require.NoError(t, err)
+	require.True(t, newer)
+	require.Equal(t, Superseded, res.Outcome)
+	require.Equal(t, 1, res.Run.Generation, "the generation written for it")
+	require.Equal(t, state.StatusCancelled, res.Run.Status, "and superseded since")
+
+	run, _, err := a.runs.Get(ctx(t), "s-1")
+	require.NoError(t, err)
+	require.Equal(t, 2, run.Generation, "no generation after the newer start's")
+	require.JSONEq(t, `2`, string(run.Input))
+	require.Equal(t, []string{"superseded@2", "superseded@1"}, auditOutcomes(t, a, "s-1"))
+}
+
+// auditOutcomes are the outcomes the audit of runID holds, as
+// outcome@generation, oldest first.
+func auditOutcomes(t *testing.T, a *Admitter, runID string) []string {
+	t.Helper()
+	au, err := a.runs.Audit(ctx(t), runID)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range au.Recent {
+		out = append(out, fmt.Sprintf("%s@%d", e.Outcome, e.Generation))
+	}
+	return out
 }

@@ -96,6 +96,53 @@ type Run struct {
 	// attached (ValidateAttributes): the run index lists runs by them.
 	// They never change: a duplicate start's attributes are ignored.
 	Attributes map[string]string `json:"attributes,omitempty"`
+	// Predecessors are the latest generations this record's generation
+	// replaced under the run ID, oldest first, at most MaxPredecessors
+	// (Successors). A start whose own generation was written for it (a
+	// worker finished the replacement its start task asked for) or whose
+	// write's answer was lost finds its token here when a newer
+	// generation already replaced its own (MadeBy).
+	Predecessors []Predecessor `json:"predecessors,omitempty"`
+}
+
+// Predecessor is a generation that a newer one replaced: who made it (the
+// token of its start) and how it ended.
+type Predecessor struct {
+	Generation int    `json:"g"`
+	Token      string `json:"t"`
+	Status     Status `json:"s"`
+}
+
+// MaxPredecessors bounds Run.Predecessors. A start that looks for its
+// generation after more than this many newer ones replaced it cannot tell
+// whether it made one.
+const MaxPredecessors = 32
+
+// Successors is the Predecessors of the generation that replaces r: r's
+// own, then r itself, the oldest dropped beyond MaxPredecessors.
+func (r Run) Successors() []Predecessor {
+	ps := append(r.Predecessors[:len(r.Predecessors):len(r.Predecessors)],
+		Predecessor{Generation: r.Generation, Token: r.Token, Status: r.Status})
+	return ps[max(0, len(ps)-MaxPredecessors):]
+}
+
+// MadeBy reports whether the start call with token made r's generation or
+// one that r lists among its predecessors, and that generation's number
+// and status (the latter as it ended, for a predecessor). An empty token
+// made nothing.
+func (r Run) MadeBy(token string) (generation int, status Status, ok bool) {
+	if token == "" {
+		return 0, "", false
+	}
+	if r.Token == token {
+		return r.Generation, r.Status, true
+	}
+	for _, p := range r.Predecessors {
+		if p.Token == token {
+			return p.Generation, p.Status, true
+		}
+	}
+	return 0, "", false
 }
 
 // ParentLink is what a child run knows of its parent: enough to commit the
@@ -346,10 +393,11 @@ type Task struct {
 // StepTask is the task of stepID in the running run r, read at revision
 // rev: it carries every stored field of r, so that RunFromTask gives r back
 // and the run's final write (which starts from it) loses none of them —
-// except its children, which can be many: the task of a run with children
-// carries no revision, so that its final write reads the record first.
+// except its children and predecessors, which can be many: the task of a
+// run with either carries no revision, so that its final write reads the
+// record first.
 func StepTask(r Run, rev uint64, stepID string) Task {
-	if len(r.Children) > 0 {
+	if len(r.Children) > 0 || len(r.Predecessors) > 0 {
 		rev = 0
 	}
 	return Task{

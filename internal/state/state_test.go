@@ -2,6 +2,7 @@ package state
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -69,16 +70,16 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Status: StatusRunning, Token: "tok", Fingerprint: "fp", Generation: 7, Retention: time.Hour,
 		AfterExpiry: true, Source: "svc", CreatedAt: created, UpdatedAt: created,
 		Output: json.RawMessage(`1`), Error: &ErrorInfo{Message: "x"},
-		Parent:      &ParentLink{RunID: "p", Workflow: "pw", Token: "pt", StepID: "p.child.0"},
-		Children:    []ChildLink{{RunID: "order-42=ship=0", Workflow: "ship", StepID: "order-42/7.ship.0"}},
-		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		Attributes:  map[string]string{"order_id": "42"},
+		Parent:       &ParentLink{RunID: "p", Workflow: "pw", Token: "pt", StepID: "p.child.0"},
+		Children:     []ChildLink{{RunID: "order-42=ship=0", Workflow: "ship", StepID: "order-42/7.ship.0"}},
+		TraceParent:  "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		Attributes:   map[string]string{"order_id": "42"},
+		Predecessors: []Predecessor{{Generation: 6, Token: "tok6", Status: StatusCancelled}},
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
-	// Children are not carried: a child's start is recorded with
-	// compare-and-set, which changes the revision a task carries, so the
-	// finish reads the record again before it writes.
-	rewritten := map[string]bool{"Status": true, "UpdatedAt": true, "Output": true, "Error": true, "Children": true}
+	// Children and predecessors are not carried (they can be many): the
+	// finish of a run with either reads the record again before it writes.
+	rewritten := map[string]bool{"Status": true, "UpdatedAt": true, "Output": true, "Error": true, "Children": true, "Predecessors": true}
 	v := reflect.ValueOf(run)
 	for i := range v.NumField() {
 		require.False(t, v.Field(i).IsZero(), "set Run.%s in this test", v.Type().Field(i).Name)
@@ -87,6 +88,8 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 	require.Zero(t, task.Rev, "a run with children: the finish must read the record")
 	withoutChildren := run
 	withoutChildren.Children = nil
+	require.Zero(t, StepTask(withoutChildren, 9, "order-42/7.a.0").Rev, "a run with predecessors: the finish must read the record")
+	withoutChildren.Predecessors = nil
 	require.Equal(t, uint64(9), StepTask(withoutChildren, 9, "order-42/7.a.0").Rev)
 	b, err := Encode(task)
 	require.NoError(t, err)
@@ -100,4 +103,39 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		}
 		require.Equal(t, v.Field(i).Interface(), got.Field(i).Interface(), "Run.%s lost through a step task", name)
 	}
+}
+
+// A generation's successor lists it after its own predecessors, keeps the
+// newest MaxPredecessors, and never shares the list it came from; MadeBy
+// finds a token in the run or among its predecessors, with the status that
+// generation ended in.
+func TestSuccessorsKeepTheNewestGenerations(t *testing.T) {
+	t.Parallel()
+	run := Run{Generation: 0, Token: "t0", Status: StatusCancelled}
+	for g := 1; g <= MaxPredecessors+5; g++ {
+		next := Run{Generation: g, Token: fmt.Sprintf("t%d", g), Status: StatusCancelled, Predecessors: run.Successors()}
+		require.Len(t, next.Predecessors, min(g, MaxPredecessors))
+		require.Equal(t, Predecessor{Generation: g - 1, Token: fmt.Sprintf("t%d", g-1), Status: StatusCancelled}, next.Predecessors[len(next.Predecessors)-1])
+		run = next
+	}
+	require.Equal(t, 5, run.Predecessors[0].Generation, "the oldest dropped")
+
+	shared := Run{Generation: 1, Token: "a", Status: StatusCompleted, Predecessors: make([]Predecessor, 1, 8)}
+	x, y := shared.Successors(), shared.Successors()
+	x[1].Token = "changed"
+	require.Equal(t, "a", y[1].Token, "successor lists share no array")
+
+	run.Status = StatusRunning
+	gen, status, ok := run.MadeBy(run.Token)
+	require.True(t, ok)
+	require.Equal(t, run.Generation, gen)
+	require.Equal(t, StatusRunning, status)
+	gen, status, ok = run.MadeBy("t20")
+	require.True(t, ok)
+	require.Equal(t, 20, gen)
+	require.Equal(t, StatusCancelled, status)
+	_, _, ok = run.MadeBy("t4")
+	require.False(t, ok, "beyond the bound")
+	_, _, ok = run.MadeBy("")
+	require.False(t, ok)
 }
