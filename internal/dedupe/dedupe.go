@@ -299,7 +299,12 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case act == actSupersede && !entry.FingerprintMatch && round < maxSupersedeRounds:
+		case superseding(act, run, entry.FingerprintMatch) && round >= maxSupersedeRounds:
+			// Other starts superseded each generation before this one
+			// could: it started nothing, and its input is not running.
+			return res, fmt.Errorf("%w: start %s lost to other superseding starts of its run ID %d times in a row; start it again",
+				jetstream.ErrUnavailable, req.RunID, round)
+		case act == actSupersede && !entry.FingerprintMatch:
 			// Another input than the running generation's: a newer
 			// request, not a retry of the one that started it.
 			if err := a.supersede(ctx, req, run, res.Revision); err != nil {
@@ -334,9 +339,8 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 				res.Outcome, entry.Outcome = Superseded, state.AuditSuperseded
 			}
 		case act == actSupersede:
-			// The same input as the running generation's (a retry of the
-			// start that created it), or a start that lost the race
-			// maxSupersedeRounds times: it attaches.
+			// The same input as the running generation's: a retry of the
+			// start that created it attaches.
 			entry.Outcome = state.AuditExisting
 		case !entry.FingerprintMatch && !req.IgnoreInput:
 			// Before the policy's refusal: a key reused with another
@@ -366,8 +370,16 @@ const maxRestartRounds = 3
 
 // maxSupersedeRounds bounds the same for superseding starts, which each
 // start a generation of their own: of n racing, the last to win has lost
-// up to 2(n-1) rounds (a cancel and a restart per winner before it).
+// up to 2(n-1) rounds (a cancel and a restart per winner before it). A
+// start that loses more gets ErrUnavailable: it started nothing.
 const maxSupersedeRounds = 64
+
+// superseding reports whether act on run (match: the start's input is
+// the run's) is a superseding start's: cancelling the running generation,
+// or starting the next one after a superseded generation.
+func superseding(act action, run state.Run, match bool) bool {
+	return act == actSupersede && !match || act == actStartNew && IsSuperseded(run)
+}
 
 // maxRounds is the bound for act on run.
 func maxRounds(act action, run state.Run) int {

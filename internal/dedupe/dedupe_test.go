@@ -225,3 +225,40 @@ func auditOutcomes(t *testing.T, a *Admitter, runID string) []string {
 	}
 	return out
 }
+
+// A superseding start that loses every round to other superseding starts
+// (each supersedes the generation it would have replaced, just before it)
+// gives up after maxSupersedeRounds with a retryable ErrUnavailable: it
+// started nothing, and is not told its input runs. Each rival's start
+// made one generation.
+func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	request := func(input string) Request {
+		return Request{RunID: "s-2", Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
+	}
+	_, err := a.Admit(ctx(t), request(`0`))
+	require.NoError(t, err)
+
+	rivals, inRival := 0, false
+	a.SetHooks(Hooks{AfterRestartPublished: func(string, int) {
+		if inRival {
+			return
+		}
+		inRival = true
+		defer func() { inRival = false }()
+		rivals++
+		res, err := a.Admit(ctx(t), request(fmt.Sprint(1000+rivals)))
+		require.NoError(t, err)
+		require.Equal(t, Superseded, res.Outcome)
+	}})
+	_, err = a.Admit(ctx(t), request(`1`))
+	require.ErrorIs(t, err, jetstream.ErrUnavailable)
+	require.Equal(t, maxSupersedeRounds/2, rivals, "a round to cancel, a round to lose the restart")
+
+	run, _, err := a.runs.Get(ctx(t), "s-2")
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, run.Status)
+	require.Equal(t, rivals, run.Generation, "one generation per rival")
+	require.JSONEq(t, fmt.Sprint(1000+rivals), string(run.Input))
+}
