@@ -3,6 +3,7 @@ package jetflow
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,4 +78,60 @@ func TestZombieWorkerCannotOverwriteCommittedResult(t *testing.T) {
 	run, err := c.GetRun(ctxT(t, 5*time.Second), "z-1")
 	require.NoError(t, err)
 	require.JSONEq(t, `"receipt for charge-from-attempt-2"`, string(run.Output))
+}
+
+// A redelivery that finds the step not yet committed, while the attempt
+// before it still runs on a stalled worker that commits just after: the
+// redelivered attempt reads the step's record again right before its
+// function would run, takes the commit as the step's result, and the
+// function runs once in all.
+func TestRedeliveryTakesACommitMadeAfterItsLookup(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	var calls sync.Map // attempt -> struct{}
+	release := make(chan struct{})
+	committed := make(chan bool, 4)
+	wf := NewWorkflow("latecommit", func(ctx *Context, _ int) (string, error) {
+		return Step(ctx, "charge", func(sctx context.Context) (string, error) {
+			info, _ := StepDetailsFrom(sctx)
+			calls.Store(info.Attempt, struct{}{})
+			if info.Attempt == 1 {
+				<-release // the stalled worker: no heartbeat, past its ack deadline
+			}
+			return fmt.Sprintf("charge-from-attempt-%d", info.Attempt), nil
+		})
+	})
+	hooks := workflow.Hooks{
+		NoHeartbeat: true,
+		AfterCommit: func(stepID string, won bool) {
+			if stepID == "lc-1.charge.0" {
+				committed <- won
+			}
+		},
+		BeforeAttempt: func(stepID string, attempt int) {
+			if stepID == "lc-1.charge.0" && attempt == 2 {
+				// The redelivery has looked the step up and found nothing:
+				// now the stalled attempt commits.
+				close(release)
+				if !<-committed {
+					t.Error("the stalled attempt did not commit first")
+				}
+			}
+		},
+	}
+	env.worker(WorkerConfig{AckWait: 300 * time.Millisecond, hooks: hooks}, wf)
+	env.worker(WorkerConfig{AckWait: 300 * time.Millisecond, hooks: hooks}, wf)
+	c := env.client()
+
+	h, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("lc-1"))
+	require.NoError(t, err)
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "charge-from-attempt-1", out)
+	_, second := calls.Load(2)
+	require.False(t, second, "the redelivered attempt ran the step function after the commit")
+	steps, err := c.Steps(ctxT(t, 5*time.Second), "lc-1")
+	require.NoError(t, err)
+	require.Len(t, steps, 1)
+	require.Equal(t, 1, steps[0].Attempt)
 }

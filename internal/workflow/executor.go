@@ -44,6 +44,10 @@ type Hooks struct {
 	// deadline, as a paused or partitioned worker would fail to: the task
 	// is redelivered while its step still runs (a zombie).
 	NoHeartbeat bool
+	// BeforeAttempt runs once a task's attempt at its step function is
+	// numbered and the run checked, before a redelivery reads the step's
+	// record again and the function runs.
+	BeforeAttempt func(stepID string, attempt int)
 	// WrapStep returns the function to run for the step called step of
 	// workflow wf, whose own function is fn: fn itself, a wrapper or a
 	// replacement (the test kit's step stubs and crash points). It is

@@ -62,6 +62,18 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 	if s := e.ranCheck(d, sc); s != nil {
 		return nil, s
 	}
+	if h := e.cfg.Hooks.BeforeAttempt; h != nil {
+		h(sc.id, attempt)
+	}
+	if attempt > 1 {
+		// A redelivery can come while the attempt before it still runs
+		// (its worker stalled past the AckWait) and commits after this
+		// task's lookup: read the record again just before the function
+		// runs, so that such a commit is the result, not a second run.
+		if stored, err := e.lookup(d.nctx, d.runKey(), sc.id); err != nil || stored != nil {
+			return stored, releaseOn(err)
+		}
+	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
 	span := e.startStepSpan(d, a)
 	defer func() { endStepSpan(span, a, rec, s) }()
@@ -73,6 +85,14 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 		return nil, s
 	}
 	return e.record(d, a, rec, result)
+}
+
+// releaseOn is the settlement for err: a release, or none for nil.
+func releaseOn(err error) *settlement {
+	if err == nil {
+		return nil
+	}
+	return &settlement{kind: settleRelease, err: err}
 }
 
 // ranCheck is stillRunning's answer for sc: the one started beside its
