@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/startproto"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -115,4 +117,47 @@ func TestStartByRequestAsLeastPrivilegeProducer(t *testing.T) {
 	producerPerms.requireNone(t)
 	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))
 	workerPerms.requireNone(t)
+}
+
+// A start answered by a worker of a version before generations (its reply
+// has no "generation", as during a rolling deploy) gives a handle that
+// waits for whichever generation runs the run ID, as WaitRun does: it is
+// not taken for generation 0, whose handle reports it replaced.
+func TestStartAnsweredWithoutGenerationWaitsForAnyGeneration(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := threeSteps("oldreply", newCounter())
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+
+	// Generation 0, cancelled, then generation 1 (no worker runs them yet).
+	h0, err := Start(ctx, c, wf, 1, WithRunID("old-1"))
+	require.NoError(t, err)
+	_, err = c.CancelRun(ctx, "old-1")
+	require.NoError(t, err)
+	h1, err := Start(ctx, c, wf, 10, WithRunID("old-1"), WithConflictPolicy(ConflictPolicy{AfterFailed: StartNew}))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeRestarted, h1.Outcome)
+	require.Equal(t, 1, h1.Generation)
+
+	// The old worker's answer to a start of old-1.
+	nc := env.conn()
+	sub, err := nc.Subscribe(startproto.AdmitSubjectPrefix+wf.Name(), func(m *nats.Msg) {
+		_ = m.Respond([]byte(`{"outcome":"existing","run_id":"old-1","workflow":"oldreply","status":"running","duplicates":1}`))
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
+	h, err := Start(ctx, pc, wf, 10, WithRunID("old-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeExisting, h.Outcome)
+	require.NoError(t, sub.Unsubscribe())
+
+	env.worker(WorkerConfig{}, wf)
+	out, err := h.Result(ctx)
+	require.NoError(t, err, "the generation that ran is the handle's answer")
+	require.Equal(t, 13, out)
+	_, err = h0.Result(ctx)
+	require.ErrorIs(t, err, ErrRunReplaced, "a handle that knows its generation 0 is told it was replaced")
 }
