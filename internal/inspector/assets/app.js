@@ -83,7 +83,9 @@ function pretty(v) {
 // ---- API -----------------------------------------------------------------
 
 // api calls the JSON API with the inspector's header (with which the API
-// takes the login cookie) and returns {ok, status, data}. A 401 shows the
+// takes the login cookie) and returns {ok, status, data}; it never throws:
+// a request that fails on the way (the network, a cut connection, a body
+// cut short) is {ok: false, status: 0} with the reason. A 401 shows the
 // log-in banner.
 async function api(method, path, body) {
   const opts = { method, headers: { ...UI_HEADERS }, credentials: "same-origin" };
@@ -91,13 +93,13 @@ async function api(method, path, body) {
     opts.headers["Content-Type"] = "application/json";
     opts.body = JSON.stringify(body);
   }
-  let res;
+  let res, text;
   try {
     res = await fetch(path, opts);
+    text = await res.text();
   } catch (e) {
     return { ok: false, status: 0, data: { title: "Network error", detail: String(e) } };
   }
-  const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = { detail: text }; }
   if (res.status === 401) showBanner("Not authorized (401): the token is missing or not valid. ", true);
@@ -120,10 +122,35 @@ function clearBanner() { $("#banner").hidden = true; }
 
 // ---- confirmation dialog -------------------------------------------------
 
+// One dialog serves every confirmation, one at a time. Its "close" event is
+// dispatched after the dialog closed (Chromium: at the next animation
+// frame), so it can arrive after the dialog was opened again for the next
+// confirmation: an opening is therefore answered by the dialog's state
+// (closed, and its returnValue), never by whichever close event comes
+// next. confirming is the opening not answered yet.
+let confirming = null;
+
+// settleConfirm answers the opening not answered yet, if the dialog is
+// closed: with the extra input's value (or true) when it was closed by the
+// confirm button, null otherwise. A repeat call does nothing.
+function settleConfirm() {
+  const dlg = $("#confirm");
+  if (!confirming || dlg.open) return;
+  const { resolve, field } = confirming;
+  confirming = null;
+  resolve(dlg.returnValue === "ok" ? (field ? field.value : true) : null);
+}
+
+$("#confirm").addEventListener("close", settleConfirm);
+$("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
+
 // confirmAction shows the dialog and resolves to the extra input's value
-// (or true) on confirm, null on cancel or Esc.
+// (or true) on confirm, null on cancel or Esc. While the dialog is open
+// another confirmation resolves to null at once.
 function confirmAction({ title, text, ok, input }) {
   const dlg = $("#confirm");
+  if (dlg.open) return Promise.resolve(null);
+  settleConfirm(); // the previous opening, whose close event may still be on its way
   $("#confirm-title").textContent = title;
   $("#confirm-text").textContent = text;
   $("#confirm-ok").textContent = ok;
@@ -135,14 +162,7 @@ function confirmAction({ title, text, ok, input }) {
     extra.append(el("label", { for: "confirm-input", text: input.label }), field);
   }
   return new Promise((resolve) => {
-    const done = (v) => {
-      dlg.removeEventListener("close", onClose);
-      $("#confirm-cancel").onclick = null;
-      resolve(v);
-    };
-    const onClose = () => done(dlg.returnValue === "ok" ? (field ? field.value : true) : null);
-    dlg.addEventListener("close", onClose);
-    $("#confirm-cancel").onclick = () => dlg.close("cancel");
+    confirming = { resolve, field };
     dlg.returnValue = "";
     dlg.showModal();
     (field || $("#confirm-cancel")).focus();
@@ -378,19 +398,27 @@ function runView(id) {
   let stopped = false;
   let last = "";
   let run = null;
+  let asked = 0; // reads of the run asked for
+  let shown = 0; // the latest of them shown: an older answer arriving later is dropped
   const result = el("div", { class: "result", id: "action-result", role: "status", "aria-live": "polite", hidden: true });
   const body = el("div", { id: "run" });
   $("#view").replaceChildren(el("a", { class: "crumb", href: "#/", text: "← All runs" }), body, result);
 
+  // say shows an action's state in the result line: "pending" while its
+  // request is on its way, then its answer (ok) or its error.
   function say(ok, text) {
-    result.className = "result " + (ok ? "ok" : "err");
+    result.className = "result " + (ok === "pending" ? "pending" : ok ? "ok" : "err");
     result.textContent = text;
     result.hidden = false;
   }
 
-  async function act(opts, call, describe) {
+  // act asks for confirmation, then says that the action is on its way,
+  // calls it and says its answer or its error (api never throws), and
+  // reads the run again: a confirmed action always ends in a shown answer.
+  async function act(opts, pending, call, describe) {
     const v = await confirmAction(opts);
     if (v === null) return;
+    say("pending", pending);
     const r = await call(v);
     say(r.ok, r.ok ? describe(r.data) : problemText(r));
     await load(true);
@@ -398,12 +426,14 @@ function runView(id) {
 
   const cancel = () => act(
     { title: "Cancel this run?", text: `Run ${id} and its attached child runs will be cancelled. Steps already done stay done.`, ok: "Cancel run" },
+    `Cancelling run ${id}…`,
     () => api("POST", `/v1/runs/${encodeURIComponent(id)}/cancel`),
     (d) => d.already_cancelled ? `Run ${d.run_id} was already cancelled.` :
       `Run ${d.run_id} cancelled` + (d.children && d.children.length ? ` with ${d.children.length} child run(s): ${d.children.join(", ")}` : "") + ".");
 
   const startAgain = () => act(
     { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Its steps get new step IDs.`, ok: "Start again" },
+    `Starting run ${id} again…`,
     () => api("POST", `/ui/api/runs/${encodeURIComponent(id)}/start-again`),
     (d) => `Run ${d.run_id} started again (${d.outcome}); status ${d.status}.`);
 
@@ -414,13 +444,19 @@ function runView(id) {
     if (scope === "workflow") q.set("workflow", scopeId);
     return act(
       { title: "Reset this task key?", text: `The next step called with this key (scope ${scope}${scopeId ? " " + scopeId : ""}) runs again instead of reusing its result. The stored key is a hash; enter the key the step was called with.`, ok: "Reset key", input: { label: "Task key", placeholder: "the key given to WithTaskKey" } },
+      "Resetting the task key…",
       (key) => api("DELETE", `/v1/task-keys/${encodeURIComponent(key)}?${q}`),
       (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
   };
 
+  // load reads the run and draws it (force: even when unchanged). A read
+  // answered after a later one was drawn is dropped: the periodic refresh
+  // may ask before an action and be answered after the action's own read.
   async function load(force) {
+    const n = ++asked;
     const r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
-    if (stopped) return;
+    if (stopped || n < shown) return;
+    shown = n;
     if (!r.ok) {
       body.replaceChildren(el("div", { class: "result err", id: "run-error-load", role: "alert", text: problemText(r) }));
       return;
@@ -522,7 +558,12 @@ function renderDuplicates(run) {
 function renderTimeline(run, actions) {
   const steps = run.steps || [];
   const open = run.open_steps || [];
-  if (!steps.length && !open.length) return el("div", { class: "panel empty", id: "timeline", text: "No step has started yet." });
+  // A step is written when it commits or fails: a step running, or a wait
+  // not over yet, for the first time has nothing to show.
+  if (!steps.length && !open.length) {
+    return el("div", { class: "panel empty", id: "timeline",
+      text: run.status === "running" ? "No step has committed or failed yet (a step running or waiting for the first time shows once it does)." : "No step committed or failed." });
+  }
   const t0 = parseTime(run.created_at);
   const now = Date.now();
   const items = [];
