@@ -159,7 +159,8 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 }
 
 // A running run (waiting for an event) is cancelled from its page through
-// the confirmation dialog: Esc closes the dialog and changes nothing; a
+// the confirmation dialog: the page's refresh keeps the cancel button in
+// place; Esc closes the dialog and changes nothing; a
 // dialog dismissed and opened again before its close event is dispatched
 // still takes the confirm (the stale event once answered the new opening
 // "dismissed", and the confirmed cancel was silently dropped); while the
@@ -176,6 +177,13 @@ func TestBrowserCancelAndStartAgain(t *testing.T) {
 
 	b.navigate(e.srv.URL + "/ui/#/runs/parcel-7")
 	b.waitFor("the cancel button", `document.querySelector("#cancel-run") !== null`)
+	// A refresh of the unchanged running run moves its clock, not its
+	// buttons: a click whose press and release straddle a refresh lands.
+	b.eval(`window.__cancel = document.querySelector("#cancel-run"); window.__ran = document.querySelector("#run-duration").textContent`, nil)
+	b.waitFor("a refresh", `document.querySelector("#run-duration").textContent !== window.__ran`)
+	var same bool
+	b.eval(`document.querySelector("#cancel-run") === window.__cancel`, &same)
+	require.True(t, same, "a refresh keeps the cancel button")
 	b.run("open the dialog", chromedp.Click("#cancel-run", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("Esc", chromedp.KeyEvent(kb.Escape))

@@ -413,15 +413,25 @@ function runView(id) {
   }
 
   // act asks for confirmation, then says that the action is on its way,
-  // calls it and says its answer or its error (api never throws), and
-  // reads the run again: a confirmed action always ends in a shown answer.
+  // calls it, reads the run again and says the action's answer or its
+  // error (api never throws): a confirmed action always ends in a shown
+  // answer, shown once the page shows the run as it is after the action.
   async function act(opts, pending, call, describe) {
     const v = await confirmAction(opts);
     if (v === null) return;
     say("pending", pending);
     const r = await call(v);
-    say(r.ok, r.ok ? describe(r.data) : problemText(r));
     await load(true);
+    say(r.ok, r.ok ? describe(r.data) : problemText(r));
+  }
+
+  // button returns the view's button for key, made by attrs the first
+  // time: a drawing moves the same element into place, so a click whose
+  // press and release straddle a drawing still lands on its button.
+  const buttons = new Map();
+  function button(key, attrs) {
+    if (!buttons.has(key)) buttons.set(key, el("button", { type: "button", ...attrs }));
+    return buttons.get(key);
   }
 
   const cancel = () => act(
@@ -449,6 +459,8 @@ function runView(id) {
       (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
   };
 
+  const actions = { cancel, startAgain, resetKey, button };
+
   // load reads the run and draws it (force: even when unchanged). A read
   // answered after a later one was drawn is dropped: the periodic refresh
   // may ask before an action and be answered after the action's own read.
@@ -458,20 +470,36 @@ function runView(id) {
     if (stopped || n < shown) return;
     shown = n;
     if (!r.ok) {
+      last = ""; // the next read draws the run again
       body.replaceChildren(el("div", { class: "result err", id: "run-error-load", role: "alert", text: problemText(r) }));
       return;
     }
     stamp();
     const key = JSON.stringify(r.data);
-    if (!force && key === last && r.data.status !== "running") return;
+    if (!force && key === last) {
+      // Unchanged: only what moves with the clock is drawn again, so the
+      // action buttons stay in place between changes.
+      if (run.status === "running") {
+        redraw(() => {
+          $("#run-duration").textContent = runDuration(run);
+          $("#timeline").replaceWith(renderTimeline(run, actions));
+        });
+      }
+      return;
+    }
     last = key;
     run = r.data;
-    // A refresh keeps the scroll position and the focused control.
+    redraw(() => body.replaceChildren(...renderRun(run, actions)));
+  }
+
+  // redraw runs draw, keeping the scroll position and the focused control.
+  function redraw(draw) {
     const y = window.scrollY;
-    const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.id : "";
-    body.replaceChildren(...renderRun(run, { cancel, startAgain, resetKey }));
+    let focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement : null;
+    draw();
     window.scrollTo(0, y);
-    if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
+    if (focused && !focused.isConnected && focused.id) focused = document.getElementById(focused.id);
+    if (focused && focused.isConnected && document.activeElement !== focused) focused.focus();
   }
 
   return {
@@ -497,16 +525,20 @@ function fact(label, value, id) {
   return el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { id }, value));
 }
 
+// runDuration is how long run ran (ended), or has run until now.
+function runDuration(run) {
+  const end = run.status === "running" ? Date.now() : parseTime(run.updated_at);
+  return fmtDur(end - parseTime(run.created_at));
+}
+
 function renderRun(run, actions) {
   const ended = run.status !== "running";
-  const created = parseTime(run.created_at);
-  const updated = parseTime(run.updated_at);
   const head = el("div", { class: "run-head" },
     el("h1", { id: "run-id", text: run.run_id }),
     el("span", { id: "run-status" }, statusLabel(run.status)),
     el("div", { class: "actions" },
-      run.status === "running" ? el("button", { type: "button", id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
-      run.status === "failed" || run.status === "cancelled" ? el("button", { type: "button", id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
+      run.status === "running" ? actions.button("cancel", { id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
+      run.status === "failed" || run.status === "cancelled" ? actions.button("start-again", { id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
 
   const facts = el("dl", { class: "facts panel" },
     fact("Workflow", run.workflow, "run-workflow"),
@@ -514,7 +546,7 @@ function renderRun(run, actions) {
     fact("Source", run.source || "—", "run-source"),
     fact("Attributes", run.attributes ? Object.entries(run.attributes).map(([name, value], i) =>
       [i ? ", " : "", el("a", { href: "#/?" + listQuery({ attrs: { [name]: value } }), title: "runs with " + name + "=" + value, text: name + "=" + value })]) : "—", "run-attributes"),
-    fact(ended ? "Duration" : "Running for", fmtDur((ended ? updated : Date.now()) - created), "run-duration"),
+    fact(ended ? "Duration" : "Running for", runDuration(run), "run-duration"),
     fact("Created", timeEl(run.created_at)),
     fact(ended ? "Ended" : "Last change", timeEl(run.updated_at)),
     fact("Parent", run.parent ? runLink(run.parent.run_id) : "—", "run-parent"),
@@ -636,7 +668,7 @@ function renderTimeline(run, actions) {
       notes.append(el("div", { class: "note task-key" }, "task key ", el("span", { class: "mono", text: tk.key }), " · ",
         tk.served ? el("span", { class: "hit", text: "hit" }) : el("span", { class: "miss", text: "miss" }),
         tk.served && tk.from ? [" (result of ", el("span", { class: "mono", text: tk.from }), ")"] : null, " ",
-        el("button", { type: "button", class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
+        actions.button("reset-key " + s.step_id, { class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
     }
     return el("div", { class: "step" + (isOpen ? " open-step" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
   }));
