@@ -23,12 +23,14 @@ import (
 // parallel, and each browser is a handful of processes.
 var browsers = make(chan struct{}, 3)
 
-// browserTimeout bounds each browser test, and waitTimeout each wait for
-// the page (page loads, API round trips and the page's 3s refresh on a
-// busy machine), leaving time to record a failed wait's page.
+// waitTimeout bounds each wait for the page. What a wait waits for takes
+// at most a refresh tick and two requests (an action's, then the page's
+// read of the run), each bounded on the server by requestTimeout; the
+// factor 2 is for a browser slowed down by a loaded machine. browserTimeout
+// bounds each browser test, leaving time to record a failed wait's page.
 const (
-	browserTimeout = 180 * time.Second
-	waitTimeout    = 45 * time.Second
+	waitTimeout    = 2 * (pageRefresh + 2*requestTimeout)
+	browserTimeout = 4 * waitTimeout
 )
 
 func chromiumPath(t *testing.T) string {

@@ -149,7 +149,8 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "the page's reset removed the key")
 
-	// The running run: its wait is an open step, and it has a cancel button.
+	// The running run (its wait is not a step until the event comes) has a
+	// cancel button.
 	b.run("open the running run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/shipment-9"))
 	b.waitFor("the running run", `document.querySelector("#run-id")?.textContent === "shipment-9" && document.querySelector("#cancel-run")`)
 	require.Equal(t, "running", b.text("#run-status"))
@@ -158,10 +159,15 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 }
 
 // A running run (waiting for an event) is cancelled from its page through
-// the confirmation dialog: Esc closes the dialog and changes nothing, the
-// confirm button cancels, and the page shows the new status; the
-// cancelled run is then started again, with the same input, as a new
-// generation.
+// the confirmation dialog: the page's refresh keeps the cancel button in
+// place; Esc closes the dialog and changes nothing; a
+// dialog dismissed and opened again before its close event is dispatched
+// still takes the confirm (the stale event once answered the new opening
+// "dismissed", and the confirmed cancel was silently dropped); while the
+// cancel is on its way the page says so, then shows the answer and the
+// new status. The cancelled run is then started again: a request that
+// fails on the way shows an error and changes nothing, and the next try
+// starts the run again, with the same input, as a new generation.
 func TestBrowserCancelAndStartAgain(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -171,33 +177,59 @@ func TestBrowserCancelAndStartAgain(t *testing.T) {
 
 	b.navigate(e.srv.URL + "/ui/#/runs/parcel-7")
 	b.waitFor("the cancel button", `document.querySelector("#cancel-run") !== null`)
+	// A refresh of the unchanged running run moves its clock, not its
+	// buttons: a click whose press and release straddle a refresh lands.
+	b.eval(`window.__cancel = document.querySelector("#cancel-run"); window.__ran = document.querySelector("#run-duration").textContent`, nil)
+	b.waitFor("a refresh", `document.querySelector("#run-duration").textContent !== window.__ran`)
+	var same bool
+	b.eval(`document.querySelector("#cancel-run") === window.__cancel`, &same)
+	require.True(t, same, "a refresh keeps the cancel button")
 	b.run("open the dialog", chromedp.Click("#cancel-run", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("Esc", chromedp.KeyEvent(kb.Escape))
 	b.waitFor("the dialog closed", `!document.querySelector("#confirm").open`)
-	run, err := e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusRunning, run.Status, "Esc cancels the dialog, not the run")
+	e.requireRun("parcel-7", jetflow.StatusRunning, 0, "Esc cancels the dialog, not the run")
 
-	b.run("open the dialog again", chromedp.Click("#cancel-run", chromedp.ByQuery))
+	// Open, dismiss and open again in one task of the page: the dismissal's
+	// close event is dispatched after the second opening (Chromium
+	// dispatches it at the next animation frame, which a loaded machine
+	// delays past a quick second click).
+	b.eval(`(() => {
+		document.querySelector("#cancel-run").click();
+		document.querySelector("#confirm").close();
+		document.querySelector("#cancel-run").click();
+	})()`, nil)
+	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
+	arrived, decide := e.hold("POST", "/v1/runs/parcel-7/cancel")
+	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
+	b.waitFor("the cancel on its way", `!document.querySelector("#confirm").open && document.querySelector("#action-result")?.textContent === "Cancelling run parcel-7…"`)
+	e.arrives(arrived, "the page's cancel")
+	e.requireRun("parcel-7", jetflow.StatusRunning, 0, "the cancel is held")
+	decide(true)
+	b.waitFor("the status cancelled", `document.querySelector("#run-status")?.textContent === "cancelled"`)
+	require.Equal(t, "Run parcel-7 cancelled.", b.text("#action-result"))
+	e.requireRun("parcel-7", jetflow.StatusCancelled, 0, "cancelled from the page")
+
+	// Start again, with the request cut on its way: an error, nothing
+	// changed, and the button is still there.
+	arrived, decide = e.hold("POST", "/ui/api/runs/parcel-7/start-again")
+	decide(false)
+	b.waitFor("the start-again button", `document.querySelector("#start-again") !== null`)
+	b.run("start again", chromedp.Click("#start-again", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
-	b.waitFor("the status cancelled", `document.querySelector("#run-status")?.textContent === "cancelled"`)
-	require.Contains(t, b.text("#action-result"), "parcel-7 cancelled")
-	run, err = e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusCancelled, run.Status)
+	b.waitFor("the error", `document.querySelector("#action-result.err")?.textContent.startsWith("Network error")`)
+	e.arrives(arrived, "the page's start again")
+	e.requireRun("parcel-7", jetflow.StatusCancelled, 0, "a start again that never reached the server")
 
+	e.unhold("POST", "/ui/api/runs/parcel-7/start-again")
 	b.waitFor("the start-again button", `document.querySelector("#start-again") !== null`)
 	b.run("start again", chromedp.Click("#start-again", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
 	b.waitFor("generation 1, running", `document.querySelector("#run-generation")?.textContent === "1" && document.querySelector("#run-status")?.textContent === "running"`)
 	require.Contains(t, b.text("#action-result"), "started again (restarted)")
-	run, err = e.client.GetRun(ctxT(t, 10*time.Second), "parcel-7")
-	require.NoError(t, err)
-	require.Equal(t, jetflow.StatusRunning, run.Status)
-	require.Equal(t, 1, run.Generation)
+	run := e.requireRun("parcel-7", jetflow.StatusRunning, 1, "started again from the page")
 	require.JSONEq(t, `{"carrier":"ups","parcel":7}`, string(run.Input), "started again with the same input")
 }
 

@@ -83,7 +83,9 @@ function pretty(v) {
 // ---- API -----------------------------------------------------------------
 
 // api calls the JSON API with the inspector's header (with which the API
-// takes the login cookie) and returns {ok, status, data}. A 401 shows the
+// takes the login cookie) and returns {ok, status, data}; it never throws:
+// a request that fails on the way (the network, a cut connection, a body
+// cut short) is {ok: false, status: 0} with the reason. A 401 shows the
 // log-in banner.
 async function api(method, path, body) {
   const opts = { method, headers: { ...UI_HEADERS }, credentials: "same-origin" };
@@ -91,13 +93,13 @@ async function api(method, path, body) {
     opts.headers["Content-Type"] = "application/json";
     opts.body = JSON.stringify(body);
   }
-  let res;
+  let res, text;
   try {
     res = await fetch(path, opts);
+    text = await res.text();
   } catch (e) {
     return { ok: false, status: 0, data: { title: "Network error", detail: String(e) } };
   }
-  const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = { detail: text }; }
   if (res.status === 401) showBanner("Not authorized (401): the token is missing or not valid. ", true);
@@ -120,10 +122,35 @@ function clearBanner() { $("#banner").hidden = true; }
 
 // ---- confirmation dialog -------------------------------------------------
 
+// One dialog serves every confirmation, one at a time. Its "close" event is
+// dispatched after the dialog closed (Chromium: at the next animation
+// frame), so it can arrive after the dialog was opened again for the next
+// confirmation: an opening is therefore answered by the dialog's state
+// (closed, and its returnValue), never by whichever close event comes
+// next. confirming is the opening not answered yet.
+let confirming = null;
+
+// settleConfirm answers the opening not answered yet, if the dialog is
+// closed: with the extra input's value (or true) when it was closed by the
+// confirm button, null otherwise. A repeat call does nothing.
+function settleConfirm() {
+  const dlg = $("#confirm");
+  if (!confirming || dlg.open) return;
+  const { resolve, field } = confirming;
+  confirming = null;
+  resolve(dlg.returnValue === "ok" ? (field ? field.value : true) : null);
+}
+
+$("#confirm").addEventListener("close", settleConfirm);
+$("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
+
 // confirmAction shows the dialog and resolves to the extra input's value
-// (or true) on confirm, null on cancel or Esc.
+// (or true) on confirm, null on cancel or Esc. While the dialog is open
+// another confirmation resolves to null at once.
 function confirmAction({ title, text, ok, input }) {
   const dlg = $("#confirm");
+  if (dlg.open) return Promise.resolve(null);
+  settleConfirm(); // the previous opening, whose close event may still be on its way
   $("#confirm-title").textContent = title;
   $("#confirm-text").textContent = text;
   $("#confirm-ok").textContent = ok;
@@ -135,14 +162,7 @@ function confirmAction({ title, text, ok, input }) {
     extra.append(el("label", { for: "confirm-input", text: input.label }), field);
   }
   return new Promise((resolve) => {
-    const done = (v) => {
-      dlg.removeEventListener("close", onClose);
-      $("#confirm-cancel").onclick = null;
-      resolve(v);
-    };
-    const onClose = () => done(dlg.returnValue === "ok" ? (field ? field.value : true) : null);
-    dlg.addEventListener("close", onClose);
-    $("#confirm-cancel").onclick = () => dlg.close("cancel");
+    confirming = { resolve, field };
     dlg.returnValue = "";
     dlg.showModal();
     (field || $("#confirm-cancel")).focus();
@@ -378,32 +398,52 @@ function runView(id) {
   let stopped = false;
   let last = "";
   let run = null;
+  let asked = 0; // reads of the run asked for
+  let shown = 0; // the latest of them shown: an older answer arriving later is dropped
   const result = el("div", { class: "result", id: "action-result", role: "status", "aria-live": "polite", hidden: true });
   const body = el("div", { id: "run" });
   $("#view").replaceChildren(el("a", { class: "crumb", href: "#/", text: "← All runs" }), body, result);
 
+  // say shows an action's state in the result line: "pending" while its
+  // request is on its way, then its answer (ok) or its error.
   function say(ok, text) {
-    result.className = "result " + (ok ? "ok" : "err");
+    result.className = "result " + (ok === "pending" ? "pending" : ok ? "ok" : "err");
     result.textContent = text;
     result.hidden = false;
   }
 
-  async function act(opts, call, describe) {
+  // act asks for confirmation, then says that the action is on its way,
+  // calls it, reads the run again and says the action's answer or its
+  // error (api never throws): a confirmed action always ends in a shown
+  // answer, shown once the page shows the run as it is after the action.
+  async function act(opts, pending, call, describe) {
     const v = await confirmAction(opts);
     if (v === null) return;
+    say("pending", pending);
     const r = await call(v);
-    say(r.ok, r.ok ? describe(r.data) : problemText(r));
     await load(true);
+    say(r.ok, r.ok ? describe(r.data) : problemText(r));
+  }
+
+  // button returns the view's button for key, made by attrs the first
+  // time: a drawing moves the same element into place, so a click whose
+  // press and release straddle a drawing still lands on its button.
+  const buttons = new Map();
+  function button(key, attrs) {
+    if (!buttons.has(key)) buttons.set(key, el("button", { type: "button", ...attrs }));
+    return buttons.get(key);
   }
 
   const cancel = () => act(
     { title: "Cancel this run?", text: `Run ${id} and its attached child runs will be cancelled. Steps already done stay done.`, ok: "Cancel run" },
+    `Cancelling run ${id}…`,
     () => api("POST", `/v1/runs/${encodeURIComponent(id)}/cancel`),
     (d) => d.already_cancelled ? `Run ${d.run_id} was already cancelled.` :
       `Run ${d.run_id} cancelled` + (d.children && d.children.length ? ` with ${d.children.length} child run(s): ${d.children.join(", ")}` : "") + ".");
 
   const startAgain = () => act(
     { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Its steps get new step IDs.`, ok: "Start again" },
+    `Starting run ${id} again…`,
     () => api("POST", `/ui/api/runs/${encodeURIComponent(id)}/start-again`),
     (d) => `Run ${d.run_id} started again (${d.outcome}); status ${d.status}.`);
 
@@ -414,28 +454,52 @@ function runView(id) {
     if (scope === "workflow") q.set("workflow", scopeId);
     return act(
       { title: "Reset this task key?", text: `The next step called with this key (scope ${scope}${scopeId ? " " + scopeId : ""}) runs again instead of reusing its result. The stored key is a hash; enter the key the step was called with.`, ok: "Reset key", input: { label: "Task key", placeholder: "the key given to WithTaskKey" } },
+      "Resetting the task key…",
       (key) => api("DELETE", `/v1/task-keys/${encodeURIComponent(key)}?${q}`),
       (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
   };
 
+  const actions = { cancel, startAgain, resetKey, button };
+
+  // load reads the run and draws it (force: even when unchanged). A read
+  // answered after a later one was drawn is dropped: the periodic refresh
+  // may ask before an action and be answered after the action's own read.
   async function load(force) {
+    const n = ++asked;
     const r = await api("GET", "/v1/runs/" + encodeURIComponent(id));
-    if (stopped) return;
+    if (stopped || n < shown) return;
+    shown = n;
     if (!r.ok) {
+      last = ""; // the next read draws the run again
       body.replaceChildren(el("div", { class: "result err", id: "run-error-load", role: "alert", text: problemText(r) }));
       return;
     }
     stamp();
     const key = JSON.stringify(r.data);
-    if (!force && key === last && r.data.status !== "running") return;
+    if (!force && key === last) {
+      // Unchanged: only what moves with the clock is drawn again, so the
+      // action buttons stay in place between changes.
+      if (run.status === "running") {
+        redraw(() => {
+          $("#run-duration").textContent = runDuration(run);
+          $("#timeline").replaceWith(renderTimeline(run, actions));
+        });
+      }
+      return;
+    }
     last = key;
     run = r.data;
-    // A refresh keeps the scroll position and the focused control.
+    redraw(() => body.replaceChildren(...renderRun(run, actions)));
+  }
+
+  // redraw runs draw, keeping the scroll position and the focused control.
+  function redraw(draw) {
     const y = window.scrollY;
-    const focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement.id : "";
-    body.replaceChildren(...renderRun(run, { cancel, startAgain, resetKey }));
+    let focused = document.activeElement && body.contains(document.activeElement) ? document.activeElement : null;
+    draw();
     window.scrollTo(0, y);
-    if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
+    if (focused && !focused.isConnected && focused.id) focused = document.getElementById(focused.id);
+    if (focused && focused.isConnected && document.activeElement !== focused) focused.focus();
   }
 
   return {
@@ -461,16 +525,20 @@ function fact(label, value, id) {
   return el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { id }, value));
 }
 
+// runDuration is how long run ran (ended), or has run until now.
+function runDuration(run) {
+  const end = run.status === "running" ? Date.now() : parseTime(run.updated_at);
+  return fmtDur(end - parseTime(run.created_at));
+}
+
 function renderRun(run, actions) {
   const ended = run.status !== "running";
-  const created = parseTime(run.created_at);
-  const updated = parseTime(run.updated_at);
   const head = el("div", { class: "run-head" },
     el("h1", { id: "run-id", text: run.run_id }),
     el("span", { id: "run-status" }, statusLabel(run.status)),
     el("div", { class: "actions" },
-      run.status === "running" ? el("button", { type: "button", id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
-      run.status === "failed" || run.status === "cancelled" ? el("button", { type: "button", id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
+      run.status === "running" ? actions.button("cancel", { id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
+      run.status === "failed" || run.status === "cancelled" ? actions.button("start-again", { id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
 
   const facts = el("dl", { class: "facts panel" },
     fact("Workflow", run.workflow, "run-workflow"),
@@ -478,7 +546,7 @@ function renderRun(run, actions) {
     fact("Source", run.source || "—", "run-source"),
     fact("Attributes", run.attributes ? Object.entries(run.attributes).map(([name, value], i) =>
       [i ? ", " : "", el("a", { href: "#/?" + listQuery({ attrs: { [name]: value } }), title: "runs with " + name + "=" + value, text: name + "=" + value })]) : "—", "run-attributes"),
-    fact(ended ? "Duration" : "Running for", fmtDur((ended ? updated : Date.now()) - created), "run-duration"),
+    fact(ended ? "Duration" : "Running for", runDuration(run), "run-duration"),
     fact("Created", timeEl(run.created_at)),
     fact(ended ? "Ended" : "Last change", timeEl(run.updated_at)),
     fact("Parent", run.parent ? runLink(run.parent.run_id) : "—", "run-parent"),
@@ -522,7 +590,12 @@ function renderDuplicates(run) {
 function renderTimeline(run, actions) {
   const steps = run.steps || [];
   const open = run.open_steps || [];
-  if (!steps.length && !open.length) return el("div", { class: "panel empty", id: "timeline", text: "No step has started yet." });
+  // A step is written when it commits or fails: a step running, or a wait
+  // not over yet, for the first time has nothing to show.
+  if (!steps.length && !open.length) {
+    return el("div", { class: "panel empty", id: "timeline",
+      text: run.status === "running" ? "No step has committed or failed yet (a step running or waiting for the first time shows once it does)." : "No step committed or failed." });
+  }
   const t0 = parseTime(run.created_at);
   const now = Date.now();
   const items = [];
@@ -595,7 +668,7 @@ function renderTimeline(run, actions) {
       notes.append(el("div", { class: "note task-key" }, "task key ", el("span", { class: "mono", text: tk.key }), " · ",
         tk.served ? el("span", { class: "hit", text: "hit" }) : el("span", { class: "miss", text: "miss" }),
         tk.served && tk.from ? [" (result of ", el("span", { class: "mono", text: tk.from }), ")"] : null, " ",
-        el("button", { type: "button", class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
+        actions.button("reset-key " + s.step_id, { class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
     }
     return el("div", { class: "step" + (isOpen ? " open-step" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
   }));
