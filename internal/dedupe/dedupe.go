@@ -89,7 +89,10 @@ type Request struct {
 type Result struct {
 	Outcome Outcome
 	// Run is the stored run record: the one just created, or the existing
-	// one with its current state.
+	// one with its current state. When the generation this start made was
+	// already replaced by a newer one before the start read it back (see
+	// found), Run is that generation as far as the stored record tells:
+	// its number and how it ended, with no output or error.
 	Run state.Run
 	// Revision of Run in the runs bucket.
 	Revision uint64
@@ -281,15 +284,25 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		res.Outcome, res.Run = Created, st.mine
 		return res, nil
 	}
-	return a.duplicate(ctx, req, rec.Fingerprint, res)
+	return a.duplicate(ctx, req, rec, res)
 }
 
 // duplicate decides what a start gets for a run that already exists
 // (res.Run at res.Revision), by the conflict policy and the fingerprint, and
-// records the attempt on the run's audit.
-func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Result) (Result, error) {
+// records the attempt on the run's audit. rec is the record the start would
+// have created: its fingerprint, and its token, which every generation the
+// start tries to make carries too, so that whichever of its rounds made
+// one is recognised (a start task of an earlier round may be the one a
+// worker wrote).
+func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, res Result) (Result, error) {
 	res.Outcome = Existing
+	fp := rec.Fingerprint
+	// cancelled: the last round wrote the running generation cancelled;
+	// this round restarts it, however many rounds the start has lost.
+	cancelled := false
 	for round := 0; ; round++ {
+		restartOwn := cancelled
+		cancelled = false
 		run := res.Run
 		entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Status: run.Status,
 			FingerprintMatch: run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == fp)}
@@ -299,25 +312,26 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case superseding(act, run, entry.FingerprintMatch) && round >= maxSupersedeRounds:
+		case superseding(act, run, entry.FingerprintMatch) && round >= maxSupersedeRounds && !(restartOwn && act == actStartNew):
 			// Other starts superseded each generation before this one
-			// could: it started nothing, and its input is not running.
+			// could: it started nothing, cancelled nothing it did not
+			// restart, and its input is not running.
 			return res, fmt.Errorf("%w: start %s lost to other superseding starts of its run ID %d times in a row; start it again",
 				jetstream.ErrUnavailable, req.RunID, round)
 		case act == actSupersede && !entry.FingerprintMatch:
 			// Another input than the running generation's: a newer
 			// request, not a retry of the one that started it.
-			if err := a.supersede(ctx, req, run, res.Revision); err != nil {
+			var err error
+			if cancelled, err = a.supersede(ctx, req, run, res.Revision); err != nil {
 				return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
 			}
 			// Decide again on what is stored now: the generation this
 			// start or another one cancelled, or a newer generation.
-			var err error
 			if res.Run, res.Revision, err = a.reread(ctx, req.RunID); err != nil {
 				return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 			}
 			continue
-		case act == actStartNew && round < maxRounds(act, run):
+		case act == actStartNew && (restartOwn || round < maxRounds(act, run)):
 			if IsSuperseded(run) {
 				// Whoever cancelled it may have died before telling its
 				// workers, parent and children: repeat it.
@@ -325,7 +339,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, fp string, res Re
 					return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
 				}
 			}
-			st, err := a.restart(ctx, req, run, res.Revision)
+			st, err := a.restart(ctx, req, rec.Token, run, res.Revision)
 			if err != nil {
 				return res, fmt.Errorf("jetflow: start %s again: %w", req.RunID, err)
 			}
@@ -401,20 +415,21 @@ func IsSuperseded(run state.Run) bool {
 
 // supersede cancels the generation run (read at rev, running) for a newer
 // start. Of concurrent superseding starts that read the same revision, one
-// cancels it and finishes the cancel (finishCancel); the others find it
-// changed. Either way the caller reads what is stored and decides again.
-func (a *Admitter) supersede(ctx context.Context, req Request, run state.Run, rev uint64) error {
+// cancels it (written) and finishes the cancel (finishCancel); the others
+// find it changed. Either way the caller reads what is stored and decides
+// again.
+func (a *Admitter) supersede(ctx context.Context, req Request, run state.Run, rev uint64) (written bool, err error) {
 	cancelled, written, err := a.runs.Supersede(ctx, run, rev, &state.ErrorInfo{
 		Kind: "cancelled", Code: CodeSuperseded, Fatal: true,
 		Message: fmt.Sprintf("superseded by a newer start (source %q)", req.Source),
 	})
 	if err != nil || !written {
-		return err
+		return false, err
 	}
 	if h := a.hooks.AfterSupersede; h != nil {
 		h(cancelled)
 	}
-	return a.finishCancel(ctx, cancelled, true)
+	return true, a.finishCancel(ctx, cancelled, true)
 }
 
 // reread reads the record of runID as the stream leader holds it; a record
@@ -442,15 +457,14 @@ func (a *Admitter) finishCancel(ctx context.Context, run state.Run, first bool) 
 }
 
 // restart replaces the ended run old (at revision oldRev) by a new
-// generation with the request's input. The new generation's start task is
+// generation with the request's input, made with the start's token. The new generation's start task is
 // published first, carrying oldRev, so that its receiver can finish the
 // replacement if this process dies; then the record is replaced with
 // compare-and-set on oldRev, which lets exactly one of many concurrent
 // restarts win. It returns the record now stored and whether this call
 // made the new generation (created), which a newer one may have replaced
 // already when the task's receiver wrote it for this call.
-func (a *Admitter) restart(ctx context.Context, req Request, old state.Run, oldRev uint64) (admitted, error) {
-	token := nuid.Next()
+func (a *Admitter) restart(ctx context.Context, req Request, token string, old state.Run, oldRev uint64) (admitted, error) {
 	gen := old.Generation + 1
 	traceParent := tracing.TraceParent(ctx)
 	task, err := state.Encode(state.Task{

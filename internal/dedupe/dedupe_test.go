@@ -262,3 +262,40 @@ func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
 	require.Equal(t, rivals, run.Generation, "one generation per rival")
 	require.JSONEq(t, fmt.Sprint(1000+rivals), string(run.Input))
 }
+
+// A start that begins on a generation a superseding start cancelled and
+// died before restarting, and that then loses every round: the bound never
+// stops it between its own cancel and the restart that follows, so it never
+// leaves the run ID with no running generation. (Found by review: starting
+// on a cancelled record shifts the rounds by one, and the start gave up
+// right after cancelling rival 32's generation.)
+func TestSupersedingStartNeverGivesUpAfterItsOwnCancel(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	request := func(input string) Request {
+		return Request{RunID: "s-9", Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
+	}
+	res, err := a.Admit(ctx(t), request(`0`))
+	require.NoError(t, err)
+	_, written, err := a.runs.Supersede(ctx(t), res.Run, res.Revision, &state.ErrorInfo{Kind: "cancelled", Code: CodeSuperseded, Fatal: true, Message: "by a start that died"})
+	require.NoError(t, err)
+	require.True(t, written)
+
+	rivals, inRival := 0, false
+	a.SetHooks(Hooks{AfterRestartPublished: func(string, int) {
+		if inRival {
+			return
+		}
+		inRival = true
+		defer func() { inRival = false }()
+		rivals++
+		_, err := a.Admit(ctx(t), request(fmt.Sprint(1000+rivals)))
+		require.NoError(t, err)
+	}})
+	_, err = a.Admit(ctx(t), request(`1`))
+	require.ErrorIs(t, err, jetstream.ErrUnavailable)
+	run, _, err := a.runs.Get(ctx(t), "s-9")
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, run.Status, "the run ID has a running generation")
+	require.JSONEq(t, fmt.Sprint(1000+rivals), string(run.Input), "the last rival's")
+}
