@@ -195,10 +195,10 @@ func (c *Context) begin(p *Pending) {
 // for a child that still runs); a step that is not to be committed now
 // (a retry, a release, a drop) parks the body.
 func (c *Context) execute(p *Pending) {
-	c.executed, c.ownEpoch, c.mine = true, p.epoch, p
 	var (
-		rec *state.Step
-		s   *settlement
+		rec   *state.Step
+		s     *settlement
+		found bool // committed before its function ran: this task ran nothing
 	)
 	switch {
 	case p.call.child != nil:
@@ -206,7 +206,10 @@ func (c *Context) execute(p *Pending) {
 	case p.call.wait != nil:
 		rec, s = c.exec.startWait(c.delivery, p.call)
 	default:
-		rec, s = c.exec.execute(c.delivery, p.call)
+		rec, s, found = c.exec.execute(c.delivery, p.call)
+	}
+	if !found {
+		c.executed, c.ownEpoch, c.mine = true, p.epoch, p
 	}
 	if s != nil {
 		c.park(s)

@@ -46,21 +46,23 @@ type stepAttempt struct {
 // execute runs the step this task owns and commits its result. It returns
 // the committed record, which is the one another worker committed first if
 // this one lost the race; or, when this attempt commits nothing, how to
-// settle the task instead (a retry, a release, a drop).
-func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settlement) {
+// settle the task instead (a retry, a release, a drop). found is set when
+// the step turned out committed before its function ran: the task ran
+// nothing, as if its lookup had found the record.
+func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settlement, found bool) {
 	key, err := e.keyCall(d, sc)
 	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}, false
 	}
 	attempt, err := e.beginAttempt(d)
 	if errors.Is(err, errNotThisTask) {
-		return nil, &settlement{kind: settleDrop, err: err}
+		return nil, &settlement{kind: settleDrop, err: err}, false
 	}
 	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}
+		return nil, &settlement{kind: settleRelease, err: err}, false
 	}
 	if s := e.ranCheck(d, sc); s != nil {
-		return nil, s
+		return nil, s, false
 	}
 	if h := e.cfg.Hooks.BeforeAttempt; h != nil {
 		h(sc.id, attempt)
@@ -70,8 +72,14 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 		// (its worker stalled past the AckWait) and commits after this
 		// task's lookup: read the record again just before the function
 		// runs, so that such a commit is the result, not a second run.
-		if stored, err := e.lookup(d.nctx, d.runKey(), sc.id); err != nil || stored != nil {
-			return stored, releaseOn(err)
+		stored, err := e.lookup(d.nctx, d.runKey(), sc.id)
+		if err != nil {
+			return nil, &settlement{kind: settleRelease, err: err}, false
+		}
+		if stored != nil {
+			d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
+				Msg("step was committed by an earlier attempt after this task looked it up; keeping its result")
+			return stored, nil, true
 		}
 	}
 	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
@@ -82,17 +90,10 @@ func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settl
 	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
 	rec, result, s := e.outcome(d, a)
 	if s != nil {
-		return nil, s
+		return nil, s, false
 	}
-	return e.record(d, a, rec, result)
-}
-
-// releaseOn is the settlement for err: a release, or none for nil.
-func releaseOn(err error) *settlement {
-	if err == nil {
-		return nil
-	}
-	return &settlement{kind: settleRelease, err: err}
+	rec, s = e.record(d, a, rec, result)
+	return rec, s, false
 }
 
 // ranCheck is stillRunning's answer for sc: the one started beside its
