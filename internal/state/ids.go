@@ -32,14 +32,17 @@ import (
 //     names and values of '"' (each escaped to two bytes): a maximal start
 //     task is 527,446 bytes.
 //   - a step task adds the step ID (<= 213 bytes), created_at and rev: at
-//     most 527,750 bytes. The run record made from the start task: 527,569.
-//     MaxStartTaskBytes keeps a start task 4 KiB below MaxRecordBytes, so
-//     whatever start task fits, its step tasks and run record fit too.
+//     most 527,750 bytes. The run record made from the start task: 527,569,
+//     and 2,272 bytes more for a generation listing MaxPredecessors
+//     predecessors with the largest generation numbers. MaxStartTaskBytes
+//     keeps a start task 4 KiB below MaxRecordBytes, so whatever start task
+//     fits, its step tasks and run record fit too.
 //   - headers: Nats-Msg-Id (the run ID) and Nats-Expected-Stream on a task,
 //     Nats-Expected-Last-Subject-Sequence on a KV write: under 250 bytes;
 //     MaxRecordBytes leaves 8 KiB for them.
 //   - what is left: a run's final record has about 500 KiB (512,815 bytes
-//     next to a maximal input) for its output and error.
+//     next to a maximal input, 510,526 for such a generation) for its
+//     output and error.
 //
 // Encode refuses a record over its limit with ErrInputTooLarge, so a start
 // too large for a message (a huge source, say) fails before anything is
