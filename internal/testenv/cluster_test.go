@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -19,23 +20,40 @@ func TestClusterStopRestartKeepsStreams(t *testing.T) {
 	defer cancel()
 	js, err := natsjs.New(c.Conn(t, -1))
 	require.NoError(t, err)
+	// A publish whose answer is lost (its connection's node stopped while
+	// it was out) is sent again, under its message ID, until ctx ends.
+	publish := func(subject, id string) {
+		t.Helper()
+		for {
+			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := js.Publish(actx, subject, []byte(id), natsjs.WithMsgID(id))
+			acancel()
+			if err == nil || ctx.Err() != nil {
+				require.NoError(t, err, "publish %s", id)
+				return
+			}
+			t.Logf("publish %s: %v; sending it again", id, err)
+			select { // a refusal comes at once: not in a tight loop
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
 	require.NoError(t, err)
 
 	c.MoveLeader(c.Conn(t, 1), "S", 2)
 	require.Equal(t, 2, c.StreamLeader("S"))
-	for range 10 {
-		_, err := js.Publish(ctx, "s.a", []byte("x"))
-		require.NoError(t, err)
+	for i := range 10 {
+		publish("s.a", fmt.Sprint("a-", i))
 	}
 
 	c.Stop(2)
 	require.Nil(t, c.Server(2))
 	leader := c.StreamLeader("S")
 	require.NotEqual(t, 2, leader)
-	for range 10 {
-		_, err := js.Publish(ctx, "s.b", []byte("y"))
-		require.NoError(t, err)
+	for i := range 10 {
+		publish("s.b", fmt.Sprint("b-", i))
 	}
 
 	c.Restart(2)
