@@ -170,10 +170,7 @@ func end(t *testing.T, a *Admitter, runID string) {
 func TestSupersedingStartFindsTheGenerationWrittenForIt(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
-	supersede := Policy{Running: Supersede}
-	request := func(input string) Request {
-		return Request{RunID: "s-1", Workflow: "w", Input: json.RawMessage(input), Policy: supersede}
-	}
+	request := func(input string) Request { return supersedeRequest("s-1", input) }
 	res, err := a.Admit(ctx(t), request(`0`))
 	require.NoError(t, err)
 	require.Equal(t, Created, res.Outcome)
@@ -234,12 +231,30 @@ func auditOutcomes(t *testing.T, a *Admitter, runID string) []string {
 func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
-	request := func(input string) Request {
-		return Request{RunID: "s-2", Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
-	}
-	_, err := a.Admit(ctx(t), request(`0`))
+	_, err := a.Admit(ctx(t), supersedeRequest("s-2", `0`))
 	require.NoError(t, err)
 
+	rivals := rivalEveryRestart(t, a, "s-2")
+	_, err = a.Admit(ctx(t), supersedeRequest("s-2", `1`))
+	require.ErrorIs(t, err, jetstream.ErrUnavailable)
+	require.Equal(t, maxSupersedeRounds/2, *rivals, "a round to cancel, a round to lose the restart")
+
+	run, _, err := a.runs.Get(ctx(t), "s-2")
+	require.NoError(t, err)
+	require.Equal(t, state.StatusRunning, run.Status)
+	require.Equal(t, *rivals, run.Generation, "one generation per rival")
+	require.JSONEq(t, fmt.Sprint(1000+*rivals), string(run.Input))
+}
+
+// supersedeRequest is a start of runID with input under Supersede.
+func supersedeRequest(runID, input string) Request {
+	return Request{RunID: runID, Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
+}
+
+// rivalEveryRestart makes a rival start of runID (inputs 1001, 1002...)
+// supersede just before every restart another start of a's makes, which so
+// loses it; it returns the rivals' count.
+func rivalEveryRestart(t *testing.T, a *Admitter, runID string) *int {
 	rivals, inRival := 0, false
 	a.SetHooks(Hooks{AfterRestartPublished: func(string, int) {
 		if inRival {
@@ -248,19 +263,11 @@ func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
 		inRival = true
 		defer func() { inRival = false }()
 		rivals++
-		res, err := a.Admit(ctx(t), request(fmt.Sprint(1000+rivals)))
+		res, err := a.Admit(ctx(t), supersedeRequest(runID, fmt.Sprint(1000+rivals)))
 		require.NoError(t, err)
 		require.Equal(t, Superseded, res.Outcome)
 	}})
-	_, err = a.Admit(ctx(t), request(`1`))
-	require.ErrorIs(t, err, jetstream.ErrUnavailable)
-	require.Equal(t, maxSupersedeRounds/2, rivals, "a round to cancel, a round to lose the restart")
-
-	run, _, err := a.runs.Get(ctx(t), "s-2")
-	require.NoError(t, err)
-	require.Equal(t, state.StatusRunning, run.Status)
-	require.Equal(t, rivals, run.Generation, "one generation per rival")
-	require.JSONEq(t, fmt.Sprint(1000+rivals), string(run.Input))
+	return &rivals
 }
 
 // A start that begins on a generation a superseding start cancelled and
@@ -272,30 +279,17 @@ func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
 func TestSupersedingStartNeverGivesUpAfterItsOwnCancel(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
-	request := func(input string) Request {
-		return Request{RunID: "s-9", Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
-	}
-	res, err := a.Admit(ctx(t), request(`0`))
+	res, err := a.Admit(ctx(t), supersedeRequest("s-9", `0`))
 	require.NoError(t, err)
 	_, written, err := a.runs.Supersede(ctx(t), res.Run, res.Revision, &state.ErrorInfo{Kind: "cancelled", Code: CodeSuperseded, Fatal: true, Message: "by a start that died"})
 	require.NoError(t, err)
 	require.True(t, written)
 
-	rivals, inRival := 0, false
-	a.SetHooks(Hooks{AfterRestartPublished: func(string, int) {
-		if inRival {
-			return
-		}
-		inRival = true
-		defer func() { inRival = false }()
-		rivals++
-		_, err := a.Admit(ctx(t), request(fmt.Sprint(1000+rivals)))
-		require.NoError(t, err)
-	}})
-	_, err = a.Admit(ctx(t), request(`1`))
+	rivals := rivalEveryRestart(t, a, "s-9")
+	_, err = a.Admit(ctx(t), supersedeRequest("s-9", `1`))
 	require.ErrorIs(t, err, jetstream.ErrUnavailable)
 	run, _, err := a.runs.Get(ctx(t), "s-9")
 	require.NoError(t, err)
 	require.Equal(t, state.StatusRunning, run.Status, "the run ID has a running generation")
-	require.JSONEq(t, fmt.Sprint(1000+rivals), string(run.Input), "the last rival's")
+	require.JSONEq(t, fmt.Sprint(1000+*rivals), string(run.Input), "the last rival's")
 }
