@@ -1,7 +1,6 @@
 package jetflow
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,29 +14,6 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
-
-// walkRuns lists every page of opts (Limit 7) and returns the run IDs in
-// order, failing t if a run shows twice.
-func walkRuns(t *testing.T, ctx context.Context, c *Client, opts ListOptions) []string {
-	t.Helper()
-	opts.Limit = 7
-	var ids []string
-	seen := map[string]bool{}
-	for pages := 0; ; pages++ {
-		require.Less(t, pages, 10_000, "paging must end")
-		page, err := c.ListRuns(ctx, opts)
-		require.NoError(t, err)
-		for _, r := range page.Runs {
-			require.False(t, seen[r.RunID], "run %s listed twice in one walk", r.RunID)
-			seen[r.RunID] = true
-			ids = append(ids, r.RunID)
-		}
-		if page.Next == "" {
-			return ids
-		}
-		opts.After = page.Next
-	}
-}
 
 // TestRunIndexRebuiltWhenRemoved: the run index stream deleted by hand
 // (or lost) is made again from the run records — by the next listing, and
@@ -80,12 +56,12 @@ func TestRunIndexRebuiltWhenRemoved(t *testing.T) {
 	want = append(want, "idx-21")
 
 	// The next listing finds it missing and rebuilds it.
-	require.ElementsMatch(t, want, walkRuns(t, ctx, c, ListOptions{}))
+	require.ElementsMatch(t, want, runIDs(walkAll(t, c, ListOptions{Limit: 7})))
 	// A time range reads the runs' own times, not the rebuilt entries'.
 	tenth, err := c.GetRun(ctx, "idx-10")
 	require.NoError(t, err)
-	require.ElementsMatch(t, want[:10], walkRuns(t, ctx, c, ListOptions{Until: tenth.UpdatedAt}))
-	require.ElementsMatch(t, want[10:], walkRuns(t, ctx, c, ListOptions{Since: tenth.UpdatedAt}))
+	require.ElementsMatch(t, want[:10], runIDs(walkAll(t, c, ListOptions{Until: tenth.UpdatedAt, Limit: 7})))
+	require.ElementsMatch(t, want[10:], runIDs(walkAll(t, c, ListOptions{Since: tenth.UpdatedAt, Limit: 7})))
 	counts, err := c.CountRuns(ctx, "indexed")
 	require.NoError(t, err)
 	require.Equal(t, RunCounts{Completed: 16, Failed: 5}, counts)
@@ -96,7 +72,7 @@ func TestRunIndexRebuiltWhenRemoved(t *testing.T) {
 	info, err := js.Stream(ctx, jetstream.IndexStream)
 	require.NoError(t, err, "the worker made the index again")
 	require.Equal(t, uint64(21+1), info.CachedInfo().State.Msgs, "an entry per run and the build marker")
-	require.ElementsMatch(t, want, walkRuns(t, ctx, c, ListOptions{}))
+	require.ElementsMatch(t, want, runIDs(walkAll(t, c, ListOptions{Limit: 7})))
 }
 
 // TestRunIndexPagesWhileRunsStartAndExpire: while runs are started and
@@ -140,7 +116,7 @@ func TestRunIndexPagesWhileRunsStartAndExpire(t *testing.T) {
 	}
 	for walks := 0; walks < 3 || !expired(); walks++ {
 		require.NoError(t, ctx.Err(), "no fleeting run expired")
-		ids := walkRuns(t, ctx, c, ListOptions{})
+		ids := runIDs(walkAll(t, c, ListOptions{Limit: 7}))
 		var listedKept []string
 		for _, id := range ids {
 			if slices.Contains(keptIDs, id) {
@@ -148,14 +124,14 @@ func TestRunIndexPagesWhileRunsStartAndExpire(t *testing.T) {
 			}
 		}
 		require.ElementsMatch(t, keptIDs, listedKept, "walk %d", walks)
-		require.ElementsMatch(t, keptIDs, walkRuns(t, ctx, c, ListOptions{Workflow: "kept"}))
+		require.ElementsMatch(t, keptIDs, runIDs(walkAll(t, c, ListOptions{Workflow: "kept", Limit: 7})))
 		counts, err := c.CountRuns(ctx, "kept")
 		require.NoError(t, err)
 		require.Equal(t, RunCounts{Completed: int64(len(keptIDs))}, counts)
 	}
 	// Expired runs leave the index: their entries expire with them, or the
 	// listing that meets one removes it.
-	require.NotContains(t, walkRuns(t, ctx, c, ListOptions{Workflow: "fleeting"}), "fleet-0000")
+	require.NotContains(t, runIDs(walkAll(t, c, ListOptions{Workflow: "fleeting", Limit: 7})), "fleet-0000")
 }
 
 // TestRunIndexRepairsStaleEntries: an entry the index holds for a run in a

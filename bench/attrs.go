@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
-	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -54,35 +52,17 @@ var attrResults []attrFigures
 func engineAttrs(ctx context.Context, e *env, cfg config) (f attrFigures, err error) {
 	f = attrFigures{n: cfg.indexRuns}
 	plan := newIndexPlan(cfg.indexRuns)
-	nc, err := e.conn("attrs")
+	b, err := newIndexBench(ctx, e, "attrs")
 	if err != nil {
 		return f, err
 	}
-	assets, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.Ensure)
-	if err != nil {
-		return f, err
-	}
-	var failed error
-	assets.IndexFailed = func(_ string, err error) { failed = err }
-	store := runs.New(assets)
-	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "bench-attrs", RequestTimeout: time.Minute})
-	if err != nil {
-		return f, err
-	}
-	if f.populate, err = parallel(ctx, cfg.indexRuns, cfg.indexGoroutines, func(ctx context.Context, i int) error {
-		run := plan.record(i, time.Now().UTC())
+	store, client := b.store, b.client
+	if f.populate, _, err = b.populate(ctx, cfg, plan, func(i int, now time.Time) state.Run {
+		run := plan.record(i, now)
 		run.RunID, run.Attributes = "attr-"+strconv.Itoa(i), attrsOf(i)
-		rev, err := store.Create(ctx, run)
-		if err != nil || plan.status[i] == state.StatusRunning {
-			return err
-		}
-		_, _, err = store.Finish(ctx, run, rev, func(r *state.Run) { plan.end(i, r, time.Now().UTC()) })
-		return err
+		return run
 	}); err != nil {
-		return f, fmt.Errorf("populate: %w", err)
-	}
-	if failed != nil {
-		return f, fmt.Errorf("populate: an index write failed: %w", failed)
+		return f, err
 	}
 	if f.plainStart, f.attrsStart, err = startCost(ctx, client); err != nil {
 		return f, err

@@ -171,51 +171,82 @@ type indexFigures struct {
 
 var indexResults []indexFigures
 
+// indexBench is what the index and attrs phases measure on: provisioned
+// assets on a connection of their own, counting failed index writes, a
+// run store and a client.
+type indexBench struct {
+	nc           *nats.Conn
+	assets       *jetstream.Assets
+	store        *runs.Store
+	client       *jetflow.Client
+	failures     atomic.Int64
+	firstFailure atomic.Pointer[error]
+}
+
+func newIndexBench(ctx context.Context, e *env, name string) (*indexBench, error) {
+	nc, err := e.conn(name)
+	if err != nil {
+		return nil, err
+	}
+	assets, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.Ensure)
+	if err != nil {
+		return nil, err
+	}
+	b := &indexBench{nc: nc, assets: assets, store: runs.New(assets)}
+	assets.IndexFailed = func(_ string, err error) {
+		b.failures.Add(1)
+		b.firstFailure.CompareAndSwap(nil, &err)
+	}
+	if b.client, err = jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "bench-" + name, RequestTimeout: time.Minute}); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// populate writes cfg.indexRuns run records, record(i) each, from
+// cfg.indexGoroutines goroutines, and ends those the plan ends, as
+// workers do. It returns how long that took and the index writes that
+// failed (an error when any did).
+func (b *indexBench) populate(ctx context.Context, cfg config, plan indexPlan, record func(i int, now time.Time) state.Run) (time.Duration, int64, error) {
+	took, err := parallel(ctx, cfg.indexRuns, cfg.indexGoroutines, func(ctx context.Context, i int) error {
+		run := record(i, time.Now().UTC())
+		rev, err := b.store.Create(ctx, run)
+		if err != nil || plan.status[i] == state.StatusRunning {
+			return err
+		}
+		_, written, err := b.store.Finish(ctx, run, rev, func(r *state.Run) { plan.end(i, r, time.Now().UTC()) })
+		if err == nil && !written {
+			err = fmt.Errorf("run %s: end not written", run.RunID)
+		}
+		return err
+	})
+	if err != nil {
+		return took, 0, fmt.Errorf("populate: %w", err)
+	}
+	if n := b.failures.Load(); n > 0 {
+		return took, n, fmt.Errorf("populate: %d index writes failed, the first: %w", n, *b.firstFailure.Load())
+	}
+	return took, 0, nil
+}
+
 // engineIndex is the index phase.
 func engineIndex(ctx context.Context, e *env, cfg config) (f indexFigures, err error) {
 	f = indexFigures{n: cfg.indexRuns, goroutines: cfg.indexGoroutines, samples: cfg.indexSamples}
 	plan := newIndexPlan(cfg.indexRuns)
-	nc, err := e.conn("index")
+	b, err := newIndexBench(ctx, e, "index")
 	if err != nil {
 		return f, err
 	}
-	assets, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.Ensure)
-	if err != nil {
-		return f, err
-	}
-	var failures atomic.Int64
-	var firstFailure atomic.Pointer[error]
-	assets.IndexFailed = func(_ string, err error) {
-		failures.Add(1)
-		firstFailure.CompareAndSwap(nil, &err)
-	}
-	store := runs.New(assets)
-	client, err := jetflow.NewClient(ctx, nc, jetflow.ClientConfig{Name: "bench-index", RequestTimeout: time.Minute})
-	if err != nil {
-		return f, err
-	}
+	nc, assets, store, client := b.nc, b.assets, b.store, b.client
 	before, err := client.CountRuns(ctx, "")
 	if err != nil {
 		return f, err
 	}
 
 	t0 := time.Now()
-	if f.populate, err = parallel(ctx, cfg.indexRuns, cfg.indexGoroutines, func(ctx context.Context, i int) error {
-		run := plan.record(i, time.Now().UTC())
-		rev, err := store.Create(ctx, run)
-		if err != nil || plan.status[i] == state.StatusRunning {
-			return err
-		}
-		_, written, err := store.Finish(ctx, run, rev, func(r *state.Run) { plan.end(i, r, time.Now().UTC()) })
-		if err == nil && !written {
-			err = fmt.Errorf("run %s: end not written", run.RunID)
-		}
-		return err
-	}); err != nil {
-		return f, fmt.Errorf("populate: %w", err)
-	}
-	if f.indexFailures = failures.Load(); f.indexFailures > 0 {
-		return f, fmt.Errorf("populate: %d index writes failed, the first: %w", f.indexFailures, *firstFailure.Load())
+	f.populate, f.indexFailures, err = b.populate(ctx, cfg, plan, func(i int, now time.Time) state.Run { return plan.record(i, now) })
+	if err != nil {
+		return f, err
 	}
 	if f.rawCreate, f.rawRecords, err = rawIndexReference(ctx, e, cfg, plan); err != nil {
 		return f, err
