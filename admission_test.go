@@ -249,7 +249,7 @@ func TestStartTaskWithoutRecordStillRuns(t *testing.T) {
 	c := env.client()
 	task, err := json.Marshal(map[string]any{"v": 1, "run_id": "orphan-1", "workflow": "orphan", "input": 2, "token": "died"})
 	require.NoError(t, err)
-	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.TaskSubject("orphan", "orphan-1", ""), "orphan-1", task)
+	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.RunSubject("orphan", "orphan-1"), "orphan-1", task)
 	require.NoError(t, err)
 	_, err = c.GetRun(ctxT(t, 5*time.Second), "orphan-1")
 	require.ErrorIs(t, err, ErrRunNotFound)

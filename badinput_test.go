@@ -116,7 +116,7 @@ func TestMalformedTaskDoesNotStopTheWorker(t *testing.T) {
 	c := env.client()
 
 	for i, body := range []string{`garbage`, `{"v":1,"run_id":"x y","workflow":"sum"}`, `{"v":1,"run_id":"ok","workflow":"sum","input":1}`} {
-		_, err := jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, "jetflow.task.sum.junk-"+string(rune('a'+i)), "junk-"+string(rune('a'+i)), []byte(body))
+		_, err := jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.RunSubject("sum", "junk-"+string(rune('a'+i))), "junk-"+string(rune('a'+i)), []byte(body))
 		require.NoError(t, err)
 	}
 	h, err := Start(ctxT(t, 10*time.Second), c, wf, 1, WithRunID("after-junk"))

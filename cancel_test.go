@@ -36,8 +36,9 @@ func gatedSteps(name string, effects *counter, started chan<- string, release <-
 }
 
 // A cancel recorded while a step runs, whose notice the worker never gets
-// (the record is written, nothing is published): the running step still
-// commits, but the next step does not start.
+// (the record is written, nothing is published): the running step's commit
+// is refused (the cancel moved the run's lease) and the next step does not
+// start.
 func TestCancelHoldsWhenTheNoticeIsLost(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -57,13 +58,16 @@ func TestCancelHoldsWhenTheNoticeIsLost(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		for _, l := range levelLines(t, logs, "info", "task dropped") {
-			if l["step_id"] == "lost-1.b.0" {
+			if l["run_id"] == "lost-1" {
 				return true
 			}
 		}
 		return false
-	}, 30*time.Second, 10*time.Millisecond, "step b's task is dropped:\n%s", logs.String())
+	}, 30*time.Second, 10*time.Millisecond, "the run's task is dropped:\n%s", logs.String())
 	require.Equal(t, map[string]int{"lost-1.a.0": 1}, effects.snapshot(), "a step started after the cancel was recorded")
+	steps, err := c.Steps(ctxT(t, 5*time.Second), "lost-1")
+	require.NoError(t, err)
+	require.Empty(t, steps, "a commit made after the cancel was recorded")
 	_, err = h.Result(ctxT(t, 10*time.Second))
 	var re *RunError
 	require.ErrorAs(t, err, &re)

@@ -28,9 +28,12 @@ type canceller struct {
 	tracer  *tracing.Tracer
 }
 
-func newCanceller(nc *nats.Conn, assets *jetstream.Assets, store *runs.Store, m *metrics.Metrics, t *tracing.Tracer) *canceller {
+// newCanceller returns the canceller of a worker, or of a client
+// (viaWorkers): a client wakes a cancelled child's parent through a
+// worker (workflow.ParentNotifier.ViaBranch).
+func newCanceller(nc *nats.Conn, assets *jetstream.Assets, store *runs.Store, m *metrics.Metrics, t *tracing.Tracer, viaWorkers bool) *canceller {
 	return &canceller{nc: nc, runs: store, metrics: m, tracer: t,
-		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now}}
+		parents: workflow.ParentNotifier{Assets: assets, Runs: store, Now: time.Now, ViaBranch: viaWorkers}}
 }
 
 // attach makes a's superseding starts finish their cancels through x.
@@ -39,6 +42,17 @@ func (x *canceller) attach(a *dedupe.Admitter) {
 		_, err := x.ended(ctx, run, first)
 		return err
 	})
+}
+
+// finish finishes the cancel of run runID that its canceller began (its
+// lease moved) and may not have ended: for the executor (see
+// workflow.Config.Cancel). A run that ended meanwhile is left as it is.
+func (x *canceller) finish(ctx context.Context, runID string) error {
+	_, err := x.cancel(ctx, runID)
+	if errors.Is(err, ErrRunEnded) || errors.Is(err, ErrRunNotFound) {
+		return nil
+	}
+	return err
 }
 
 // cancel cancels the run runID and its attached children (see

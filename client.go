@@ -136,7 +136,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	store := runs.New(assets)
 	admit := dedupe.New(assets, nil, cfg.Metrics.internal())
 	admit.SetTracer(cfg.Tracing.internal())
-	cancels := newCanceller(nc, assets, store, cfg.Metrics.internal(), cfg.Tracing.internal())
+	cancels := newCanceller(nc, assets, store, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
 	cancels.attach(admit)
 	return &Client{nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store, cancels: cancels}, nil
 }
@@ -827,7 +827,8 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 		return nil, err
 	}
 	identity := c.identity(ctx, runID)
-	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".>")
+	// Step IDs have three tokens; the run's lease (two) is not a step.
+	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".*.*")
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
 	}
@@ -916,10 +917,11 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 }
 
 // cancelWrites are the subjects CancelRun publishes to: run records, the
-// parent's step record, its resume task and the workers' notice.
+// run's lease and the parent's step record, the parent's wake and the
+// workers' notice.
 var cancelWrites = []string{
 	"$KV." + jetstream.RunsBucket + ".",
 	"$KV." + jetstream.StepsBucket + ".",
-	"jetflow.task.", // jetstream.ResumeSubject
+	"jetflow.branch.", // jetstream.BranchSubject: a worker wakes the parent
 	jetstream.CancelSubjectPrefix,
 }

@@ -204,7 +204,7 @@ func r3Failover(t *testing.T, stream string) {
 		}
 		env.cl.MoveLeader(admin, s, 1+n%2)
 	}
-	for _, kind := range []jetstream.TaskKind{jetstream.StartTasks, jetstream.StepTasks} {
+	for _, kind := range []jetstream.TaskKind{jetstream.RunTasks, jetstream.BranchTasks} {
 		to := 2
 		if stream == jetstream.TasksStream {
 			to = victim
@@ -948,6 +948,9 @@ func r3CommittedSteps(t *testing.T, c *Client) map[string]r3StepRecord {
 			if e == nil {
 				return out
 			}
+			if state.IsLeaseKey(e.Key()) {
+				continue // a run's lease, not a step
+			}
 			st, err := state.DecodeStep(e.Value())
 			require.NoError(t, err)
 			out[e.Key()] = r3StepRecord{Step: st, Stored: e.Created()}
@@ -1155,7 +1158,7 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 	// three nodes at once. Count the 10158 answers PublishTask retries.
 	inProcess := 0
 	for i := range n {
-		subj := jetstream.TaskSubject("r3raw", fmt.Sprint("raw-", i), "")
+		subj := jetstream.RunSubject("r3raw", fmt.Sprint("raw-", i))
 		errs := make([]error, 3)
 		acks := make([]*natsjs.PubAck, 3)
 		var wg sync.WaitGroup
@@ -1190,7 +1193,7 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 	// stored, the other absorbed, neither fails.
 	for i := range n {
 		id := fmt.Sprint("pub-", i)
-		subj := jetstream.TaskSubject("r3pub", id, "")
+		subj := jetstream.RunSubject("r3pub", id)
 		ds := make([]jetstream.Dedup, 2)
 		errs := make([]error, 2)
 		var wg sync.WaitGroup

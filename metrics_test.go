@@ -206,7 +206,7 @@ func TestMetricsCountOneRun(t *testing.T) {
 
 	// Backlog gauges are sampled from the worker's consumers; in-flight
 	// returns to zero once nothing runs.
-	// Backlogs cover the step and start task consumers, the durable
+	// Backlogs cover the run and branch task consumers, the durable
 	// start consumer and the due-timer consumer.
 	var consumers []string
 	require.Eventually(t, func() bool {
@@ -219,7 +219,7 @@ func TestMetricsCountOneRun(t *testing.T) {
 		}
 		return len(consumers) == 4 && sample(f, "jetflow_steps_in_flight", nil) == 0
 	}, 10*time.Second, 20*time.Millisecond)
-	require.ElementsMatch(t, []string{"jetflow_start_metered", "jetflow_step_metered", "jetflow_admit_metered", "jetflow_due"}, consumers)
+	require.ElementsMatch(t, []string{"jetflow_run_metered", "jetflow_branch_metered", "jetflow_admit_metered", "jetflow_fire"}, consumers)
 
 	resp, err := http.Get(srv.URL + "/readyz")
 	require.NoError(t, err)

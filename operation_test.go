@@ -131,7 +131,7 @@ func TestWorkerWithAnotherAckWaitDoesNotImposeIt(t *testing.T) {
 	waitActive(t, probe, "skew-1.first.0")
 
 	short := startWorker(t, env.conn(), WorkerConfig{Concurrency: 4, AckWait: 300 * time.Millisecond, Topology: env.topo}, wf)
-	cons, err := c.assets.JS.Consumer(ctxT(t, 5*time.Second), jetstream.TasksStream, jetstream.ConsumerName("skew", jetstream.StepTasks))
+	cons, err := c.assets.JS.Consumer(ctxT(t, 5*time.Second), jetstream.TasksStream, jetstream.ConsumerName("skew", jetstream.BranchTasks))
 	require.NoError(t, err)
 	require.Equal(t, ackWait, cons.CachedInfo().Config.AckWait, "a joining worker changed the deployment's AckWait")
 	require.NoError(t, short.Stop(ctxT(t, 20*time.Second)))
@@ -163,7 +163,7 @@ func TestLoweringAckWaitIsFollowedByRunningWorkers(t *testing.T) {
 
 	// Start returns once the lower value is applied.
 	env.worker(WorkerConfig{Concurrency: 4, AckWait: lower, ApplyAckWait: true}, wf)
-	for _, kind := range []jetstream.TaskKind{jetstream.StartTasks, jetstream.StepTasks} {
+	for _, kind := range []jetstream.TaskKind{jetstream.RunTasks, jetstream.BranchTasks} {
 		cons, err := c.assets.JS.Consumer(ctxT(t, 5*time.Second), jetstream.TasksStream, jetstream.ConsumerName("lower", kind))
 		require.NoError(t, err)
 		require.Equal(t, lower, cons.CachedInfo().Config.AckWait)

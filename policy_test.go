@@ -298,7 +298,7 @@ func TestInterruptedStartNewIsFinishedByTheWorker(t *testing.T) {
 		Input: json.RawMessage(`{"mode":"ok"}`), Token: "died", Generation: 1, PrevRev: rev})
 	require.NoError(t, err)
 	identity := state.RunIdentity("half-1", 1)
-	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.TaskSubject("pol", identity, ""), identity, task)
+	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.RunSubject("pol", identity), identity, task)
 	require.NoError(t, err)
 
 	require.Eventually(t, func() bool {
@@ -311,7 +311,7 @@ func TestInterruptedStartNewIsFinishedByTheWorker(t *testing.T) {
 	stale, err := state.Encode(state.Task{V: state.Version, RunID: "half-1", Workflow: "pol",
 		Input: json.RawMessage(`{"mode":"ok"}`), Token: "late", Generation: 1, PrevRev: rev})
 	require.NoError(t, err)
-	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.TaskSubject("pol", identity, ""), identity+"-late", stale)
+	_, err = jetstream.PublishTask(ctxT(t, 5*time.Second), c.assets.JS, jetstream.RunSubject("pol", identity), identity+"-late", stale)
 	require.NoError(t, err)
 	waitTasksDrained(t, c)
 	run, err := c.GetRun(ctxT(t, 5*time.Second), "half-1")

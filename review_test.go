@@ -139,8 +139,8 @@ func TestBufferedTaskIsNotRunTwice(t *testing.T) {
 // a run whose start task was received by a stopping worker, and waited
 // there for a slot, runs its steps at attempt 1 on the next worker. (A
 // worker pulls only what its slots can take, so a task waits only for a
-// slot another consumer of the same worker holds: here a step task of o-0
-// holds the only slot while the start task of o-1 waits.)
+// slot another consumer of the same worker holds: here a branch task of
+// o-0 holds the only slot while the start task of o-1 waits.)
 //
 // A task that the server sent while the worker was unsubscribing can be
 // lost in transit and redelivered at once: that delivery counts as an
@@ -160,7 +160,8 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 		}); err != nil {
 			return 0, err
 		}
-		return Step(ctx, "only", func(sctx context.Context) (int, error) {
+		// Two branches: a branch task holds the slot, not the run's task.
+		only := Go(ctx, "only", func(sctx context.Context) (int, error) {
 			info, _ := StepDetailsFrom(sctx)
 			effects.inc(fmt.Sprintf("%s#%d", info.StepID, info.Attempt))
 			if in == 0 {
@@ -169,6 +170,11 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 			}
 			return in, nil
 		}, WithMaxAttempts(2))
+		side := Go(ctx, "side", func(context.Context) (int, error) { return 0, nil })
+		if err := AwaitAll(ctx, only, side); err != nil {
+			return 0, err
+		}
+		return only.Get(ctx)
 	})
 	var (
 		mu       sync.Mutex
@@ -189,7 +195,7 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 	}
 	// o-1 is delivered and waits for o-0's slot; then the worker stops
 	// before o-0 finishes, so o-1 is handed back, never started.
-	cons, err := c.assets.JS.Consumer(ctxT(t, 5*time.Second), jetstream.TasksStream, jetstream.ConsumerName("once", jetstream.StartTasks))
+	cons, err := c.assets.JS.Consumer(ctxT(t, 5*time.Second), jetstream.TasksStream, jetstream.ConsumerName("once", jetstream.RunTasks))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		info, err := cons.Info(context.Background())
@@ -218,7 +224,7 @@ func TestReleasedTasksKeepTheirAttempts(t *testing.T) {
 	for id := range released {
 		steps, err := c.Steps(ctxT(t, 5*time.Second), id)
 		require.NoError(t, err)
-		require.Len(t, steps, 2)
+		require.Len(t, steps, 3)
 		for _, s := range steps {
 			require.Equal(t, 1, s.Attempt, "run %s: a handed-back task must not count as an attempt", id)
 		}

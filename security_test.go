@@ -421,9 +421,9 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	})
 
 	t.Run("producer cannot publish a task", func(t *testing.T) {
-		_, err := pjs.Publish(ctxT(t, 2*time.Second), "jetflow.task.secure.sec-forged", []byte(`{}`))
+		_, err := pjs.Publish(ctxT(t, 2*time.Second), "jetflow.run.secure.sec-forged", []byte(`{}`))
 		require.Error(t, err)
-		producerPerms.requireDenied(t, "jetflow.task.secure.sec-forged")
+		producerPerms.requireDenied(t, "jetflow.run.secure.sec-forged")
 		// A stored start task would have been turned into a run by the worker.
 		_, err = pc.GetRun(ctx, "sec-forged")
 		require.ErrorIs(t, err, ErrRunNotFound)
@@ -542,9 +542,10 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		_, err = pc.CancelRun(cctx, "sec-cancel-denied")
 		require.ErrorIs(t, err, ErrPermissionDenied)
 		require.NotErrorIs(t, err, ErrUnavailable, "not a retryable condition")
-		require.ErrorContains(t, err, "$KV.jetflow_runs.sec-cancel-denied")
+		// The cancel's first write is the run's lease.
+		require.ErrorContains(t, err, "$KV.jetflow_steps.sec-cancel-denied.lease")
 		require.NoError(t, cctx.Err(), "CancelRun waited for its context to end")
-		producerPerms.requireDenied(t, "$KV.jetflow_runs.sec-cancel-denied")
+		producerPerms.requireDenied(t, "$KV.jetflow_steps.sec-cancel-denied.lease")
 
 		now, err := workerRuns.Get(ctx, "sec-cancel-denied")
 		require.NoError(t, err)
@@ -631,9 +632,9 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		_, err = audits.Put(ctxT(t, 2*time.Second), "sec-1", []byte(`{"forged":true}`))
 		require.Error(t, err)
 		operatorPerms.requireDenied(t, "$KV.jetflow_audit.sec-1")
-		_, err = ojs.Publish(ctxT(t, 2*time.Second), "jetflow.task.secure.sec-op-forged", []byte(`{}`))
+		_, err = ojs.Publish(ctxT(t, 2*time.Second), "jetflow.run.secure.sec-op-forged", []byte(`{}`))
 		require.Error(t, err)
-		operatorPerms.requireDenied(t, "jetflow.task.secure.sec-op-forged")
+		operatorPerms.requireDenied(t, "jetflow.run.secure.sec-op-forged")
 
 		now, err := workerRuns.Get(ctx, "sec-1")
 		require.NoError(t, err)
@@ -652,7 +653,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.Error(t, r.err)
 		require.ErrorIs(t, r.err, context.DeadlineExceeded)
 		require.Less(t, r.elapsed, 15*time.Second)
-		producerPerms.requireDenied(t, "jetflow.task.secure.sec-direct")
+		producerPerms.requireDenied(t, "jetflow.run.secure.sec-direct")
 		_, err := pc.GetRun(ctx, "sec-direct")
 		require.ErrorIs(t, err, ErrRunNotFound)
 	})

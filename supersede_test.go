@@ -86,7 +86,7 @@ func (s *superseding) startsOf(stepID string) []time.Time {
 // superseded generation have been dropped, or run.
 func tasksSettled(t *testing.T, c *Client, workflow string) {
 	t.Helper()
-	for _, kind := range []jetstream.TaskKind{jetstream.StartTasks, jetstream.StepTasks} {
+	for _, kind := range []jetstream.TaskKind{jetstream.RunTasks, jetstream.BranchTasks} {
 		cons, err := c.assets.JS.Consumer(t.Context(), jetstream.TasksStream, jetstream.ConsumerName(workflow, kind))
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {

@@ -193,6 +193,7 @@ func writeStuckRun(t *testing.T, assets *jetstream.Assets, wf, runID string, gen
 	rec, err := state.Encode(state.Run{
 		V: state.Version, RunID: runID, Workflow: wf, Input: json.RawMessage(input), Status: state.StatusRunning,
 		Token: "token-" + runID, Fingerprint: fp, Generation: gen, CreatedAt: created, UpdatedAt: created,
+		Exec: state.ExecLease,
 	})
 	require.NoError(t, err)
 	_, err = assets.Runs.Create(ctx, runID, rec)

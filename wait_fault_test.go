@@ -430,7 +430,7 @@ func TestFaultCancelDuringSleep(t *testing.T) {
 	control, err := Start(ctx, c, wf, nap+ackWait, WithRunID("cn-ctl"))
 	require.NoError(t, err)
 	sleeping := func() bool {
-		ok, err := jetstream.HasTimer(ctx, c.assets.Timers, jetstream.TaskSubject(wf.Name(), "cn-1", "cn-1.nap.0"), false)
+		ok, err := jetstream.HasTimer(ctx, c.assets.Timers, jetstream.RunTimer(wf.Name(), "cn-1.nap.0"), false)
 		require.NoError(t, err)
 		return ok
 	}
@@ -444,12 +444,14 @@ func TestFaultCancelDuringSleep(t *testing.T) {
 	require.False(t, sleeping(), "the cancelled run's timer has not fired before the later one's")
 	// Every task delivered so far, the cancelled run's wake-up among
 	// them, has been settled.
-	cons, err := c.assets.JS.Consumer(ctx, jetstream.TasksStream, jetstream.ConsumerName(wf.Name(), jetstream.StepTasks))
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
-	}, 10*ackWait, ackWait/50, "the step tasks were not settled")
+	for _, kind := range []jetstream.TaskKind{jetstream.RunTasks, jetstream.BranchTasks} {
+		cons, err := c.assets.JS.Consumer(ctx, jetstream.TasksStream, jetstream.ConsumerName(wf.Name(), kind))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			info, err := cons.Info(ctx)
+			return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		}, 10*ackWait, ackWait/50, "the tasks were not settled")
+	}
 	run, err := c.GetRun(ctx, "cn-1")
 	require.NoError(t, err)
 	require.Equal(t, StatusCancelled, run.Status)

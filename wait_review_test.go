@@ -9,6 +9,8 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
 // TestHookTokenAfterRestart: a run started again under the same run ID
@@ -114,7 +116,7 @@ func TestRecheckOfEndedRunStoresNoTimer(t *testing.T) {
 	require.NoError(t, err)
 	st, err := js.Stream(ctx, "JETFLOW_TIMERS")
 	require.NoError(t, err)
-	timerSubj := "jetflow.timer.rv-recheck.rvr-1.event=ping.0"
+	timerSubj := jetstream.RunTimer("rv-recheck", "rvr-1.event=ping.0").String()
 	m, err := st.GetLastMsgForSubject(ctx, timerSubj)
 	require.NoError(t, err, "a recheck timer is left for the completed run")
 	// A day passes: past the duplicate window, so that a new recheck
@@ -122,7 +124,7 @@ func TestRecheckOfEndedRunStoresNoTimer(t *testing.T) {
 	time.Sleep(3 * window)
 	// The recheck fires: move it into the task stream as the forwarder would.
 	require.NoError(t, st.DeleteMsg(ctx, m.Sequence))
-	_, err = js.Publish(ctx, "jetflow.task.rv-recheck.rvr-1.event=ping.0", m.Data, natsjs.WithMsgID("rv-fired"))
+	_, err = js.Publish(ctx, jetstream.RunSubject("rv-recheck", "rvr-1"), m.Data, natsjs.WithMsgID("rv-fired"))
 	require.NoError(t, err)
 	require.Never(t, func() bool {
 		m2, err := st.GetLastMsgForSubject(ctx, timerSubj)

@@ -201,7 +201,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
 	admit.SetTracer(w.cfg.Tracing.internal())
-	newCanceller(w.nc, assets, runs.New(assets), w.cfg.Metrics.internal(), w.cfg.Tracing.internal()).attach(admit)
+	cancels := newCanceller(w.nc, assets, runs.New(assets), w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
+	cancels.attach(admit)
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
@@ -216,31 +217,31 @@ func (w *Worker) Start(ctx context.Context) error {
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
+		Cancel: cancels.finish,
 	})
-	pool := consume.New(w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat, w.log)
+	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
 	var consumers []natsjs.Consumer
 	for name := range defs {
-		// Runs in progress come first: start tasks get at most a quarter of
-		// the slots, so a burst of starts cannot starve their later steps.
-		for kind, limit := range map[jetstream.TaskKind]int{
-			jetstream.StepTasks:  w.cfg.Concurrency,
-			jetstream.StartTasks: max(1, w.cfg.Concurrency/4),
+		for kind, h := range map[jetstream.TaskKind]consume.Handler{
+			jetstream.RunTasks:    exec.Runs(),
+			jetstream.BranchTasks: exec.Branches(),
 		} {
 			c, err := assets.EnsureConsumer(ctx, name, kind, cc)
 			if err != nil {
 				return errors.Join(err, pool.Stop(ctx))
 			}
-			if err := pool.Consume(c, limit, exec); err != nil {
+			if err := pool.Consume(c, w.cfg.Concurrency, h); err != nil {
 				return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
 			}
 			consumers = append(consumers, c)
 		}
 	}
+	w.warnLegacy(ctx, assets)
 	// Due timers (retries after a long backoff) are moved into the task
 	// stream by a few slots of their own, never waiting behind steps.
-	duePool := consume.New(dueSlots, false, w.log)
+	duePool := consume.New(w.nc, dueSlots, false, w.log)
 	stopPools := func(ctx context.Context) error { return errors.Join(duePool.Stop(ctx), pool.Stop(ctx)) }
 	dueCons, err := assets.EnsureDueConsumer(ctx, cc)
 	if err == nil {
@@ -250,7 +251,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("jetflow: consume due timers: %w", err), stopPools(ctx))
 	}
 	consumers = append(consumers, dueCons)
-	cancels, err := w.nc.Subscribe(jetstream.CancelSubjectPrefix+"*", func(m *nats.Msg) {
+	notices, err := w.nc.Subscribe(jetstream.CancelSubjectPrefix+"*", func(m *nats.Msg) {
 		exec.MarkCancelled(strings.TrimPrefix(m.Subject, jetstream.CancelSubjectPrefix), string(m.Data))
 	})
 	if err != nil {
@@ -262,12 +263,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), stopPools(ctx))
+		return errors.Join(err, notices.Unsubscribe(), stopPools(ctx))
 	}
 	consumers = append(consumers, startConsumers...)
 	stopStarts, err := startproto.Serve(w.nc, admit, served, 10*time.Second, w.log)
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
+		return errors.Join(err, notices.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}
 	events := &eventproto.Service{
 		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log, Metrics: w.cfg.Metrics.internal(),
@@ -275,21 +276,21 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	stopEvents, err := events.Serve()
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), stopStarts(), stopDurable(ctx), stopPools(ctx))
+		return errors.Join(err, notices.Unsubscribe(), stopStarts(), stopDurable(ctx), stopPools(ctx))
 	}
 	stop := func() error { return errors.Join(stopEvents(), stopStarts()) }
 	if w.cfg.ApplyAckWait {
 		// Consumers whose AckWait is longer are lowered all together, in
 		// one grace period (see LowerAckWait).
 		if err := assets.LowerAckWait(ctx, consumers, w.cfg.AckWait, w.logConsumer); err != nil {
-			return errors.Join(err, cancels.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+			return errors.Join(err, notices.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
 		}
 	}
 	// Announced once start requests are answered: a workflow recorded as
 	// known has been served, and a live record means a worker answers.
 	presence, err := roster.Announce(ctx, assets.Workflows, w.ws.Names(), w.cfg.Name, w.cfg.LivenessTTL, w.log)
 	if err != nil {
-		return errors.Join(err, cancels.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+		return errors.Join(err, notices.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
 	}
 	sampling, stopSampling := context.WithCancel(context.Background())
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
@@ -304,7 +305,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		stopSweep()
 		stopSampling()
 		stopUnserved()
-		return errors.Join(presence.Stop(ctx), cancels.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
+		return errors.Join(presence.Stop(ctx), notices.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
@@ -325,6 +326,26 @@ func (w *Worker) eventChecks() map[string]eventproto.Check {
 		}
 	}
 	return checks
+}
+
+// warnLegacy logs what waits for an earlier version's workers: tasks on
+// the task consumers of versions before the lease executor, which this
+// worker neither runs nor touches (docs/operations.md, "Upgrading").
+func (w *Worker) warnLegacy(ctx context.Context, assets *jetstream.Assets) {
+	for name := range w.ws.defs {
+		for _, legacy := range jetstream.LegacyConsumerNames(name) {
+			c, err := assets.JS.Consumer(ctx, jetstream.TasksStream, legacy)
+			if err != nil {
+				continue // none: nothing waits
+			}
+			info, err := c.Info(ctx)
+			if err != nil || info.NumPending+uint64(info.NumAckPending) == 0 {
+				continue
+			}
+			w.log.Warn().Str("consumer", legacy).Uint64("pending", info.NumPending).Int("ack_pending", info.NumAckPending).
+				Msg("tasks of runs started by an earlier jetflow version wait on this consumer; this worker does not run them: keep a worker of that version until they are done")
+		}
+	}
 }
 
 // dueSlots is how many due timers a worker moves into the task stream at

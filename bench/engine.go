@@ -297,7 +297,7 @@ func startWorker(ctx context.Context, nc *nats.Conn, cfg config, name string, lo
 // the work-queue stream once every run completed. Acks are not confirmed by
 // the server (no DoubleAck), so it may still be removing acknowledged tasks.
 func taskDrain(ctx context.Context, assets *jetstream.Assets) string {
-	filter := "jetflow.task." + e2eWorkflow.Name() + ".>"
+	filter := "jetflow.*." + e2eWorkflow.Name() + ".>"
 	t0 := time.Now()
 	for {
 		info, err := assets.Tasks.Info(ctx, natsjs.WithSubjectFilter(filter))
@@ -311,11 +311,12 @@ func taskDrain(ctx context.Context, assets *jetstream.Assets) string {
 		if time.Since(t0) > 10*time.Second || ctx.Err() != nil {
 			kinds := map[string]int{}
 			for subj := range info.State.Subjects {
-				// jetflow.task.<wf>.<run> (start) or .<run>.<step>.<n> (step)
-				if strings.Count(subj, ".") == 3 {
-					kinds["start"]++
+				// jetflow.run.<wf>.<run> (a run task) or
+				// jetflow.branch.<wf>.<run>.<step>.<n> (a branch task)
+				if strings.HasPrefix(subj, "jetflow.run.") {
+					kinds["run"]++
 				} else {
-					kinds["step "+subj[strings.LastIndexByte(subj[:strings.LastIndexByte(subj, '.')], '.')+1:]]++
+					kinds["branch "+subj[strings.LastIndexByte(subj[:strings.LastIndexByte(subj, '.')], '.')+1:]]++
 				}
 			}
 			return fmt.Sprintf("jetflow task stream: %d messages still there 10s after the worker stopped: %v", left, kinds)
@@ -341,7 +342,7 @@ func engineAdmission(ctx context.Context, e *env, cfg config, rep int) (distinct
 		return 0, 0, err
 	}
 	defer func() {
-		_ = assets.Tasks.Purge(context.WithoutCancel(ctx), natsjs.WithPurgeSubject("jetflow.task."+admitWorkflow.Name()+".>"))
+		_ = assets.Tasks.Purge(context.WithoutCancel(ctx), natsjs.WithPurgeSubject(jetstream.RunSubject(admitWorkflow.Name(), ">")))
 	}()
 	id := func(i int) string { return "adm-" + strconv.Itoa(rep) + "-" + strconv.Itoa(i) }
 	start := func(want jetflow.Outcome) func(ctx context.Context, i int) error {

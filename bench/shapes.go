@@ -460,8 +460,10 @@ func classify(subject string) (kind, bucket string) {
 	if rest, ok := cut("$KV."); ok {
 		return opWrite, upTo(rest)
 	}
-	if _, ok := cut("jetflow.task."); ok {
-		return opTask, ""
+	for _, prefix := range []string{"jetflow.run.", "jetflow.branch.", "jetflow.task."} {
+		if _, ok := cut(prefix); ok {
+			return opTask, ""
+		}
 	}
 	if _, ok := cut("bench.gated."); ok {
 		return opTask, "" // the gated program's tasks

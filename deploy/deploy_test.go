@@ -75,8 +75,9 @@ var natsUsers = map[string]string{
 
 // operatorOnly is what the operator may publish beyond the producer: a
 // task-key reset (bucket lookup, key listing through an ordered consumer,
-// a purge per key) and a cancel (the run record, a child's parent step and
-// resume task, the workers' notice, the run's index entry).
+// a purge per key) and a cancel (the run's lease and record, a child's
+// parent step and the branch task that has a worker wake the parent, the
+// workers' notice, the run's index entry).
 // security_test.go checks these against
 // a server.
 var operatorOnly = []string{
@@ -88,7 +89,8 @@ var operatorOnly = []string{
 	"$KV.jetflow_taskkeys.>",
 	"$KV.jetflow_runs.*",
 	"$KV.jetflow_steps.*.*.*",
-	"jetflow.task.*.*.*.*",
+	"$KV.jetflow_steps.*.lease",
+	"jetflow.branch.*.*.*.*",
 	"jetflow.cancel.*",
 	"jetflow.runindex.>",
 	"$JS.API.STREAM.PURGE.JETFLOW_RUN_INDEX",

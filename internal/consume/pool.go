@@ -46,16 +46,74 @@ const fetchWait = time.Second
 
 // Handler processes and settles messages.
 type Handler interface {
-	// Handle processes msg and settles it (ack, nak, term). ctx is
+	// Handle processes d's message and settles it (ack, nak, term). ctx is
 	// cancelled when the pool's drain deadline passes.
-	Handle(ctx context.Context, msg natsjs.Msg)
+	Handle(ctx context.Context, d *Delivery)
 	// Release hands back a message that was fetched but never handled.
 	Release(msg natsjs.Msg) error
+}
+
+// Delivery is a message a handler holds. The pool extends its ack
+// deadline every third of the consumer's AckWait until the handler
+// returns; the handler may hook its own renewal onto those beats (OnBeat)
+// and stop them early (Stop), when the message is no longer its own.
+type Delivery struct {
+	Msg natsjs.Msg
+	// Received is when the pool received the message: its ack deadline
+	// runs from then.
+	Received time.Time
+
+	src     *source
+	mu      sync.Mutex
+	onBeat  func()
+	stopped bool
+}
+
+// AckWait is the consumer's effective AckWait now: how long the broker
+// waits after the last extension before it redelivers the message.
+func (d *Delivery) AckWait() time.Duration { return time.Duration(d.src.ackWait.Load()) }
+
+// OnBeat makes every later heartbeat call f after it extended the
+// message's deadline (nil: nothing). f runs on the heartbeat's goroutine;
+// the next beat waits for it.
+func (d *Delivery) OnBeat(f func()) {
+	d.mu.Lock()
+	d.onBeat = f
+	d.mu.Unlock()
+}
+
+// Stop ends the heartbeats of the message before the handler returns: it
+// is no longer the handler's to keep alive (another delivery owns it, or
+// it was settled). A repeat call does nothing.
+func (d *Delivery) Stop() {
+	d.mu.Lock()
+	d.stopped = true
+	d.mu.Unlock()
+}
+
+// beat extends the deadline (unless extend is false) and calls the
+// handler's hook, unless stopped.
+func (d *Delivery) beat(extend bool, log zerolog.Logger) {
+	d.mu.Lock()
+	stopped, f := d.stopped, d.onBeat
+	d.mu.Unlock()
+	if stopped {
+		return
+	}
+	if extend {
+		if err := d.Msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
+			log.Warn().Err(err).Str("subject", d.Msg.Subject()).Msg("cannot extend ack deadline")
+		}
+	}
+	if f != nil {
+		f()
+	}
 }
 
 // Pool consumes messages from consumers and hands them to their handlers
 // with bounded concurrency.
 type Pool struct {
+	nc          *nats.Conn
 	log         zerolog.Logger
 	sem         chan struct{} // running handlers, across consumers
 	noHeartbeat bool
@@ -85,17 +143,28 @@ type source struct {
 	// ackWait is the consumer's effective AckWait (nanoseconds), followed
 	// while the pool runs.
 	ackWait atomic.Int64
+	// freed tells the pull loop that a slot was freed.
+	freed chan struct{}
+}
+
+// free gives back a settled message's slot and tells the pull loop.
+func (s *source) free() {
+	<-s.own
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
 }
 
 func (s *source) beatEvery() time.Duration {
 	return max(time.Duration(s.ackWait.Load())/3, time.Millisecond)
 }
 
-// New returns a pool running at most concurrency handlers at once.
-// noHeartbeat (tests only) disables ack-deadline extension.
-func New(concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
+// New returns a pool running at most concurrency handlers at once, pulling
+// on nc. noHeartbeat (tests only) disables ack-deadline extension.
+func New(nc *nats.Conn, concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
 	hard, cancel := context.WithCancel(context.Background())
-	p := &Pool{log: log, sem: make(chan struct{}, concurrency), noHeartbeat: noHeartbeat,
+	p := &Pool{nc: nc, log: log, sem: make(chan struct{}, concurrency), noHeartbeat: noHeartbeat,
 		quit: make(chan struct{}), hard: hard, hardCancel: cancel}
 	p.loops.Add(1)
 	go p.follow()
@@ -113,7 +182,7 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int, h Handler) error {
 	if p.stopping.Load() {
 		return errors.New("jetflow: pool is stopping")
 	}
-	s := &source{c: c, h: h, own: make(chan struct{}, limit)}
+	s := &source{c: c, h: h, own: make(chan struct{}, limit), freed: make(chan struct{}, 1)}
 	s.ackWait.Store(int64(jetstream.EffectiveAckWait(c.CachedInfo().Config)))
 	p.mu.Lock()
 	p.sources = append(p.sources, s)
@@ -123,82 +192,24 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int, h Handler) error {
 	return nil
 }
 
-// pull requests as many messages as s has free slots, whenever it has one.
-// Several pull requests may be open at once; each holds the slots it asked
-// for until it ends.
-func (p *Pool) pull(s *source) {
-	defer p.loops.Done()
-	for {
-		select {
-		case s.own <- struct{}{}:
-		case <-p.quit:
-			return
-		}
-		if p.stopping.Load() { // both were ready: never pull after Stop began
-			<-s.own
-			return
-		}
-		n := 1
-	more:
-		for n < cap(s.own) {
-			select {
-			case s.own <- struct{}{}:
-				n++
-			default:
-				break more
-			}
-		}
-		batch, err := s.c.Fetch(n, natsjs.FetchMaxWait(fetchWait))
-		p.loops.Add(1)
-		go p.receive(s, batch, err, n)
-	}
-}
-
-// receive starts the messages of one pull request and gives back the slots
-// it did not fill. A pull that failed without a message (NATS unavailable,
-// a leader change) keeps its slots for a short pause, so that pulling does
-// not spin.
-func (p *Pool) receive(s *source, batch natsjs.MessageBatch, err error, slots int) {
-	defer p.loops.Done()
-	got := 0
-	if err == nil {
-		for msg := range batch.Messages() {
-			got++
-			p.start(s, msg)
-		}
-		err = batch.Error()
-	}
-	if err != nil && got == 0 && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, natsjs.ErrNoMessages) {
-		if !p.stopping.Load() {
-			p.log.Warn().Err(err).Str("consumer", s.c.CachedInfo().Name).Msg("cannot pull tasks; retrying")
-		}
-		select {
-		case <-time.After(fetchWait):
-		case <-p.quit:
-		}
-	}
-	for range slots - got {
-		<-s.own
-	}
-}
-
 // start runs one received message: its ack deadline is extended from now
 // on, while it waits for a slot and while its handler runs. It gives back
 // the message's slot of s when the handler returns.
-func (p *Pool) start(s *source, msg natsjs.Msg) {
-	stopBeat := p.heartbeat(s, msg)
-	if p.stopping.Load() {
+func (p *Pool) start(s *source, msg natsjs.Msg, stopping bool) {
+	d := &Delivery{Msg: msg, Received: time.Now(), src: s}
+	stopBeat := p.heartbeat(s, d)
+	if stopping || p.stopping.Load() {
 		// Handed back under heartbeat too: Release records the unstarted
 		// attempt first, which may take a while if NATS is slow.
 		p.release(msg, s.h)
 		stopBeat()
-		<-s.own
+		s.free()
 		return
 	}
 	p.handlers.Add(1)
 	go func() {
 		defer p.handlers.Done()
-		defer func() { <-s.own }()
+		defer s.free()
 		defer stopBeat()
 		select {
 		case p.sem <- struct{}{}:
@@ -213,21 +224,16 @@ func (p *Pool) start(s *source, msg natsjs.Msg) {
 		}
 		p.inFlight.Add(1)
 		defer p.inFlight.Add(-1)
-		s.h.Handle(p.hard, msg)
+		s.h.Handle(p.hard, d)
 	}()
 }
 
-// heartbeat extends msg's ack deadline every third of s's current AckWait
-// until the returned stop is called.
-func (p *Pool) heartbeat(s *source, msg natsjs.Msg) (stop func()) {
-	if p.noHeartbeat {
-		return func() {}
-	}
-	return heartbeat(s.beatEvery, func() {
-		if err := msg.InProgress(); err != nil && !errors.Is(err, natsjs.ErrMsgAlreadyAckd) {
-			p.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("cannot extend ack deadline")
-		}
-	})
+// heartbeat extends d's ack deadline every third of s's current AckWait
+// until the returned stop is called (without extending it when the pool
+// was made with noHeartbeat, a test's stalled worker: the handler's hook
+// still runs).
+func (p *Pool) heartbeat(s *source, d *Delivery) (stop func()) {
+	return heartbeat(s.beatEvery, func() { d.beat(!p.noHeartbeat, p.log) })
 }
 
 // follow re-reads the consumers' AckWait, each every

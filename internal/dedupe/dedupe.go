@@ -557,7 +557,7 @@ func short(fp string) string {
 // copy absorbs it and the start keeps its token: the caller still learns
 // that it created the run.
 func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, task []byte) (jetstream.Dedup, error) {
-	subject := jetstream.TaskSubject(workflow, identity, "")
+	subject := jetstream.RunSubject(workflow, identity)
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
@@ -653,7 +653,7 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
 		Retention: req.Retention, CreatedAt: now, UpdatedAt: now, Parent: req.Parent,
-		Attributes: req.Attributes,
+		Attributes: req.Attributes, Exec: state.ExecLease,
 	}, nil
 }
 

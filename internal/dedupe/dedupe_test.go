@@ -85,7 +85,7 @@ func TestStartTaskCarriesRetention(t *testing.T) {
 	a := setup(t)
 	_, err := a.Admit(ctx(t), Request{RunID: "keep-3s", Workflow: "w", Input: json.RawMessage(`1`), Retention: 3 * time.Second})
 	require.NoError(t, err)
-	m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.TaskSubject("w", "keep-3s", ""))
+	m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.RunSubject("w", "keep-3s"))
 	require.NoError(t, err)
 	task, err := state.DecodeTask(m.Data)
 	require.NoError(t, err)
@@ -181,7 +181,7 @@ func TestSupersedingStartFindsTheGenerationWrittenForIt(t *testing.T) {
 			return // the newer start's own restart
 		}
 		// The worker receives generation 1's start task and writes it.
-		m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.TaskSubject("w", state.RunIdentity(runID, gen), ""))
+		m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), jetstream.RunSubject("w", state.RunIdentity(runID, gen)))
 		require.NoError(t, err)
 		task, err := state.DecodeTask(m.Data)
 		require.NoError(t, err)

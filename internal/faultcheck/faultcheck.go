@@ -195,8 +195,8 @@ func WatchWrites(ctx context.Context, steps *jetstream.KV) (*Writes, error) {
 	ws := &Writes{perKey: make(map[string]int), stop: w.Stop}
 	go func() {
 		for e := range w.Updates() {
-			if e == nil {
-				continue
+			if e == nil || state.IsLeaseKey(e.Key()) {
+				continue // a run's lease is rewritten by design
 			}
 			ws.mu.Lock()
 			ws.perKey[e.Key()]++
@@ -431,7 +431,8 @@ func note(runs map[string]state.Run, pending map[string]bool, id string, b []byt
 }
 
 // readAll returns the current value of every key in a bucket, read with one
-// ordered consumer.
+// ordered consumer; in the steps bucket, leases are not steps and are left
+// out.
 func readAll(ctx context.Context, kv *jetstream.KV) (map[string][]byte, error) {
 	w, err := kv.Raw().WatchAll(ctx)
 	if err != nil {
@@ -450,7 +451,9 @@ func readAll(ctx context.Context, kv *jetstream.KV) (map[string][]byte, error) {
 			if e == nil {
 				return out, nil
 			}
-			out[e.Key()] = e.Value()
+			if !state.IsLeaseKey(e.Key()) {
+				out[e.Key()] = e.Value()
+			}
 		}
 	}
 }

@@ -75,7 +75,7 @@ func TestKVCreateAndUpdateAreCompareAndSet(t *testing.T) {
 func TestPublishTaskDedupLayers(t *testing.T) {
 	t.Parallel()
 	a := setup(t, Topology{DuplicateWindow: 200 * time.Millisecond})
-	subj := TaskSubject("wf", "run-1", "")
+	subj := RunSubject("wf", "run-1")
 
 	d, err := PublishTask(ctx(t), a.JS, subj, "run-1", []byte("one"))
 	require.NoError(t, err)
@@ -90,7 +90,7 @@ func TestPublishTaskDedupLayers(t *testing.T) {
 		return err == nil && d == PendingSubject
 	}, 10*time.Second, 50*time.Millisecond)
 
-	cons, err := a.EnsureConsumer(ctx(t), "wf", StartTasks, ConsumerConfig{AckWait: time.Second, MaxAckPending: 10})
+	cons, err := a.EnsureConsumer(ctx(t), "wf", RunTasks, ConsumerConfig{AckWait: time.Second, MaxAckPending: 10})
 	require.NoError(t, err)
 	batch, err := cons.Fetch(1, natsjs.FetchMaxWait(5*time.Second))
 	require.NoError(t, err)

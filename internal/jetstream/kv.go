@@ -22,6 +22,9 @@ var (
 	ErrRevisionMismatch = errors.New("jetflow: revision mismatch")
 	// ErrNotFound: the key has no value.
 	ErrNotFound = errors.New("jetflow: key not found")
+	// ErrFenced: a fenced write found its fence key written since the
+	// revision it holds (PutFenced).
+	ErrFenced = errors.New("jetflow: fence key moved")
 )
 
 // KV wraps one bucket with the compare-and-set operations jetflow relies on.
@@ -35,12 +38,15 @@ type KV struct {
 	// reads (is this step committed? whose record is this?).
 	replicated bool
 
+	// direct answers batch reads (Prefix).
+	direct *directMux
+
 	mu     sync.Mutex
 	stream natsjs.Stream // bound on first use by Latest
 }
 
-func newKV(js natsjs.JetStream, kv natsjs.KeyValue, replicas int) *KV {
-	return &KV{js: js, kv: kv, prefix: "$KV." + kv.Bucket() + ".", replicated: replicas > 1}
+func newKV(js natsjs.JetStream, kv natsjs.KeyValue, replicas int, direct *directMux) *KV {
+	return &KV{js: js, kv: kv, prefix: "$KV." + kv.Bucket() + ".", replicated: replicas > 1, direct: direct}
 }
 
 // Bucket is the bucket's name.
@@ -116,6 +122,34 @@ func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl 
 			}
 			return 0, fmt.Errorf("%w: %s/%s at revision %d", ErrRevisionMismatch, k.Bucket(), key, rev)
 		}
+		return 0, fmt.Errorf("jetflow: write %s/%s: %w", k.Bucket(), key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// PutFenced writes value under key only if fenceKey's latest revision is
+// fenceRev (0: fenceKey was never written), in one message: the server
+// checks the fence and stores the value as one step, also while other
+// writes are in flight on a replicated bucket. It returns the new revision,
+// or ErrFenced when fenceKey was written since fenceRev. key itself is not
+// checked: the writer must know what it holds (see internal/workflow's
+// lease).
+func (k *KV) PutFenced(ctx context.Context, key string, value []byte, fenceKey string, fenceRev uint64) (uint64, error) {
+	msg := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
+	ack, err := k.js.PublishMsg(ctx, msg, natsjs.WithExpectLastSequenceForSubject(fenceRev, k.prefix+fenceKey))
+	if err != nil {
+		if IsWrongLastSequence(err) {
+			return 0, fmt.Errorf("%w: %s/%s (writing %s at fence revision %d)", ErrFenced, k.Bucket(), fenceKey, key, fenceRev)
+		}
+		return 0, fmt.Errorf("jetflow: write %s/%s: %w", k.Bucket(), key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// Put writes value under key whatever it held before.
+func (k *KV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	ack, err := k.js.PublishMsg(ctx, &nats.Msg{Subject: k.prefix + key, Data: value})
+	if err != nil {
 		return 0, fmt.Errorf("jetflow: write %s/%s: %w", k.Bucket(), key, err)
 	}
 	return ack.Sequence, nil

@@ -81,7 +81,7 @@ func (t *TaskKeys) bind(ctx context.Context) (*KV, natsjs.Stream, error) {
 	if st.CachedInfo().Config.SubjectDeleteMarkerTTL <= 0 || !st.CachedInfo().Config.AllowMsgTTL {
 		return nil, nil, fmt.Errorf("jetflow: bucket %s has no per-key TTL (LimitMarkerTTL): recreate it", TaskKeysBucket)
 	}
-	t.kv, t.stream = newKV(t.js, kv, t.cfg.Replicas), st
+	t.kv, t.stream = newKV(t.js, kv, t.cfg.Replicas, newDirectMux(t.js.Conn())), st
 	return t.kv, t.stream, nil
 }
 

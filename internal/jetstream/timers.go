@@ -12,33 +12,76 @@ import (
 )
 
 // Timers: a task that must not run before a time (a retry after its
-// backoff) is stored in JETFLOW_TIMERS as a message schedule on
-// jetflow.timer.<rest>, where jetflow.task.<rest> is its task subject. When
-// it is due the server publishes it to jetflow.due.<rest>; a worker moves it
-// from there into the task stream (ForwardDue). Nothing waits in a worker's
-// memory or holds a consumer's ack-pending slot meanwhile.
+// backoff, a sleep's end, a wait's timeout or recheck) is stored in
+// JETFLOW_TIMERS as a message schedule on jetflow.sched.<timer>, where
+// <timer> is <kind>.<workflow>.<step-id> (Timer): one subject per step, so
+// a run can have several timers at once (a sleep and a wait's timeout
+// awaited together), and a later timer of the same step replaces an
+// earlier one that has not fired. When it is due the server publishes it
+// to jetflow.fire.<timer>; a worker moves it from there into the task
+// stream, to the task subject the timer names (DueForwarder in
+// internal/workflow). Nothing waits in a worker's memory or holds a
+// consumer's ack-pending slot meanwhile.
 const (
 	TimersStream = "JETFLOW_TIMERS"
 	// DueConsumer is the durable consumer of due timers, shared by every
 	// worker.
-	DueConsumer   = "jetflow_due"
-	taskPrefix    = "jetflow.task."
-	timerPrefix   = "jetflow.timer."
-	duePrefix     = "jetflow.due."
+	DueConsumer   = "jetflow_fire"
+	timerPrefix   = "jetflow.sched."
+	firePrefix    = "jetflow.fire."
 	timerSubjects = timerPrefix + ">"
+	fireSubjects  = firePrefix + ">"
 	// TimerSubjects are the subjects timers are stored on.
 	TimerSubjects = timerSubjects
-	dueSubjects   = duePrefix + ">"
+	// The timer subjects of versions before the lease executor: kept in
+	// the stream for their workers, never used by this one.
+	legacyTimerSubjects = "jetflow.timer.>"
+	legacyDueSubjects   = "jetflow.due.>"
 )
 
-// ScheduleTask stores data as a timer that becomes a task on taskSubject at
-// at, rounded up to the next whole second (schedules count whole seconds;
-// a timer never fires early). A later timer for the same task subject
-// replaces an earlier one that has not fired. msgID deduplicates a repeated
-// call within the broker's window. It is ScheduleTimer with the timer due
-// at the time the server publishes it.
-func ScheduleTask(ctx context.Context, js natsjs.JetStream, taskSubject, msgID string, data []byte, at time.Time) error {
-	return ScheduleTimer(ctx, js, taskSubject, msgID, data, at, at)
+// Timer kinds: which task a timer becomes.
+const (
+	timerRun    = "run"
+	timerBranch = "branch"
+)
+
+// A Timer names the timer of one step: where it is stored and the task
+// subject it becomes when due.
+type Timer struct {
+	kind, workflow, stepID string
+}
+
+// RunTimer is the timer of step stepID of a run whose due task is a wake
+// of the run (its run subject): a sleep, a wait's timeout or recheck, the
+// retry of a step the run's holder runs.
+func RunTimer(workflow, stepID string) Timer { return Timer{timerRun, workflow, stepID} }
+
+// BranchTimer is the timer of the branch stepID's retry: its due task is
+// the branch's task.
+func BranchTimer(workflow, stepID string) Timer { return Timer{timerBranch, workflow, stepID} }
+
+func (t Timer) rest() string { return t.kind + "." + t.workflow + "." + t.stepID }
+
+// TaskSubject is the subject of the task the timer becomes.
+func (t Timer) TaskSubject() string {
+	if t.kind == timerBranch {
+		return BranchSubject(t.workflow, t.stepID)
+	}
+	identity, _, _ := strings.Cut(t.stepID, ".")
+	return RunSubject(t.workflow, identity)
+}
+
+// String is the timer's stored subject.
+func (t Timer) String() string { return timerPrefix + t.rest() }
+
+// parseTimer reads the timer of rest (<kind>.<workflow>.<step-id>).
+func parseTimer(rest string) (Timer, bool) {
+	kind, rest, ok1 := strings.Cut(rest, ".")
+	workflow, step, ok2 := strings.Cut(rest, ".")
+	if !ok1 || !ok2 || (kind != timerRun && kind != timerBranch) || strings.Count(step, ".") != 2 {
+		return Timer{}, false
+	}
+	return Timer{kind, workflow, step}, true
 }
 
 // DueHeader records on a stored timer when it is due by the clock of the
@@ -47,35 +90,46 @@ func ScheduleTask(ctx context.Context, js natsjs.JetStream, taskSubject, msgID s
 // real time (FireDue).
 const DueHeader = "Jetflow-Due"
 
-// ScheduleTimer is ScheduleTask for a timer due at due by the scheduling
-// worker's clock (recorded in DueHeader) that the server publishes at at
-// (real time, rounded up to the next whole second).
-func ScheduleTimer(ctx context.Context, js natsjs.JetStream, taskSubject, msgID string, data []byte, due, at time.Time) error {
-	if !strings.HasPrefix(taskSubject, taskPrefix) {
-		return fmt.Errorf("jetflow: schedule: %q is not a task subject", taskSubject)
+// TaskIDHeader carries, on a stored timer, the message ID of the task it
+// becomes: the timer keeps its headers when it fires, but for its own
+// message ID, and the task it becomes is published with this one.
+const TaskIDHeader = "Jetflow-Task-Id"
+
+// ScheduleTimer stores data as timer t, due at due by the scheduling
+// worker's clock (recorded in DueHeader), which the server publishes at at
+// (real time, rounded up to the next whole second: schedules count whole
+// seconds, and a timer never fires early). A later timer of the same step
+// replaces an earlier one that has not fired. msgID deduplicates a repeated
+// call within the broker's window (a repeat gets ErrTimerExists), and is
+// the message ID of the task the timer becomes (TaskIDHeader).
+func ScheduleTimer(ctx context.Context, js natsjs.JetStream, t Timer, msgID string, data []byte, due, at time.Time) error {
+	if t.workflow == "" || t.stepID == "" {
+		return fmt.Errorf("jetflow: schedule: timer without workflow or step")
 	}
-	if t := at.Truncate(time.Second); t.Before(at) {
-		at = t.Add(time.Second)
+	if r := at.Truncate(time.Second); r.Before(at) {
+		at = r.Add(time.Second)
 	}
-	rest := strings.TrimPrefix(taskSubject, taskPrefix)
-	ack, err := storeTimer(ctx, js, rest, data, due, at, natsjs.WithMsgID(msgID))
+	ack, err := storeTimer(ctx, js, t, msgID, data, due, at, natsjs.WithMsgID(msgID))
 	if err != nil {
-		return fmt.Errorf("jetflow: schedule task %s: %w", taskSubject, err)
+		return fmt.Errorf("jetflow: schedule %s: %w", t, err)
 	}
 	if ack.Duplicate {
 		// The same timer (by message ID) was stored before and may have
 		// fired and gone: this one would be dropped silently.
-		return fmt.Errorf("jetflow: schedule task %s: %w", taskSubject, ErrTimerExists)
+		return fmt.Errorf("jetflow: schedule %s: %w", t, ErrTimerExists)
 	}
 	return nil
 }
 
-// storeTimer publishes the timer of the task subject jetflow.task.<rest>.
-func storeTimer(ctx context.Context, js natsjs.JetStream, rest string, data []byte, due, at time.Time, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
-	msg := &nats.Msg{Subject: timerPrefix + rest, Data: data, Header: nats.Header{}}
+// storeTimer publishes timer t.
+func storeTimer(ctx context.Context, js natsjs.JetStream, t Timer, taskID string, data []byte, due, at time.Time, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
+	msg := &nats.Msg{Subject: timerPrefix + t.rest(), Data: data, Header: nats.Header{}}
 	msg.Header.Set(DueHeader, due.UTC().Format(time.RFC3339Nano))
+	if taskID != "" {
+		msg.Header.Set(TaskIDHeader, taskID)
+	}
 	opts = append(opts, natsjs.WithExpectStream(TimersStream), natsjs.WithScheduleAt(at.UTC()),
-		natsjs.WithScheduleTarget(duePrefix+rest))
+		natsjs.WithScheduleTarget(firePrefix+t.rest()))
 	return js.PublishMsg(ctx, msg, opts...)
 }
 
@@ -83,22 +137,34 @@ func storeTimer(ctx context.Context, js natsjs.JetStream, rest string, data []by
 // broker's duplicate window.
 var ErrTimerExists = errors.New("jetflow: timer already stored")
 
-// HasTimer reports whether the task on taskSubject has a timer waiting in
-// timers, stored or fired but not yet moved into the task stream; with
-// storedOnly, only one stored and not yet fired. It costs one stream-info
-// request with a subject filter.
-func HasTimer(ctx context.Context, timers natsjs.Stream, taskSubject string, storedOnly bool) (bool, error) {
-	rest, ok := strings.CutPrefix(taskSubject, taskPrefix)
-	if !ok {
-		return false, fmt.Errorf("jetflow: %q is not a task subject", taskSubject)
-	}
-	filter := "jetflow.*." + rest
+// HasTimer reports whether timer t is waiting in timers, stored or fired
+// but not yet moved into the task stream; with storedOnly, only one stored
+// and not yet fired. It costs one stream-info request with a subject
+// filter.
+func HasTimer(ctx context.Context, timers natsjs.Stream, t Timer, storedOnly bool) (bool, error) {
+	filter := "jetflow.*." + t.rest()
 	if storedOnly {
-		filter = timerPrefix + rest
+		filter = timerPrefix + t.rest()
 	}
-	info, err := timers.Info(ctx, natsjs.WithSubjectFilter(filter))
+	return hasMessages(ctx, timers, filter)
+}
+
+// RunTimersFilters are the subject filters of every timer of the run
+// generation identity of workflow, stored or fired.
+func RunTimersFilters(workflow, identity string) []string {
+	return []string{
+		timerPrefix + "*." + workflow + "." + identity + ".>",
+		firePrefix + "*." + workflow + "." + identity + ".>",
+	}
+}
+
+// hasMessages asks a stream whether it holds messages on the subjects
+// matching filter: one stream-info request with a subject filter, which
+// the server answers from its subject index without reading messages.
+func hasMessages(ctx context.Context, st natsjs.Stream, filter string) (bool, error) {
+	info, err := st.Info(ctx, natsjs.WithSubjectFilter(filter))
 	if err != nil {
-		return false, fmt.Errorf("jetflow: timers of %s: %w", taskSubject, err)
+		return false, fmt.Errorf("jetflow: stream info %s: %w", filter, err)
 	}
 	for _, n := range info.State.Subjects {
 		if n > 0 {
@@ -108,27 +174,44 @@ func HasTimer(ctx context.Context, timers natsjs.Stream, taskSubject string, sto
 	return false, nil
 }
 
-// DueTaskSubject is the task subject a due timer on subject stands for.
-func DueTaskSubject(subject string) (string, bool) {
-	rest, ok := strings.CutPrefix(subject, duePrefix)
-	return taskPrefix + rest, ok && rest != ""
+// HasMessages reports whether st holds a message on a subject matching
+// one of filters (a stream-info request each, until one has).
+func HasMessages(ctx context.Context, st natsjs.Stream, filters ...string) (bool, error) {
+	for _, f := range filters {
+		if has, err := hasMessages(ctx, st, f); has || err != nil {
+			return has, err
+		}
+	}
+	return false, nil
+}
+
+// DueTimer is the timer a due message on subject (jetflow.fire.<timer>)
+// stands for.
+func DueTimer(subject string) (Timer, bool) {
+	rest, ok := strings.CutPrefix(subject, firePrefix)
+	if !ok {
+		return Timer{}, false
+	}
+	return parseTimer(rest)
 }
 
 // EnsureDueConsumer creates the consumer of due timers, or binds to it.
 func (a *Assets) EnsureDueConsumer(ctx context.Context, cc ConsumerConfig) (natsjs.Consumer, error) {
-	return a.ensureConsumer(ctx, TimersStream, DueConsumer, dueSubjects, "jetflow due timers, moved into "+TasksStream, cc)
+	return a.ensureConsumer(ctx, TimersStream, DueConsumer, fireSubjects, "jetflow due timers, moved into "+TasksStream, cc)
 }
 
 // A StoredTimer is a timer stored and not yet fired.
 type StoredTimer struct {
+	Timer Timer
 	// TaskSubject is the subject of the task the timer becomes.
 	TaskSubject string
 	// Due is when the timer is due by the clock of the worker that stored
 	// it (DueHeader; for a timer stored without it, the schedule's time).
 	Due time.Time
 	// Data is the task.
-	Data []byte
-	seq  uint64
+	Data   []byte
+	seq    uint64
+	taskID string
 }
 
 // StoredTimers lists the timers stored in timers and not yet fired: the
@@ -168,7 +251,11 @@ func storedTimer(ctx context.Context, timers natsjs.Stream, subject string) (Sto
 	if err != nil {
 		return StoredTimer{}, false, fmt.Errorf("jetflow: timer %s: %w", subject, err)
 	}
-	return StoredTimer{TaskSubject: taskPrefix + strings.TrimPrefix(subject, timerPrefix), Due: due, Data: m.Data, seq: m.Sequence}, true, nil
+	t, ok := parseTimer(strings.TrimPrefix(subject, timerPrefix))
+	if !ok {
+		return StoredTimer{}, false, nil // not a timer of this version's
+	}
+	return StoredTimer{Timer: t, TaskSubject: t.TaskSubject(), Due: due, Data: m.Data, seq: m.Sequence, taskID: m.Header.Get(TaskIDHeader)}, true, nil
 }
 
 // timerDue is when a stored timer is due: its DueHeader, or for a timer
@@ -215,12 +302,11 @@ func FireDue(ctx context.Context, js natsjs.JetStream, timers natsjs.Stream, now
 // fireIfDue stores timer st again for the current real time if it is due
 // by now, and reports whether it did.
 func fireIfDue(ctx context.Context, js natsjs.JetStream, timers natsjs.Stream, st StoredTimer, now time.Time) (bool, error) {
-	rest := strings.TrimPrefix(st.TaskSubject, taskPrefix)
 	for {
 		if st.Due.After(now) {
 			return false, nil
 		}
-		_, err := storeTimer(ctx, js, rest, st.Data, st.Due, time.Now(), natsjs.WithExpectLastSequencePerSubject(st.seq))
+		_, err := storeTimer(ctx, js, st.Timer, st.taskID, st.Data, st.Due, time.Now(), natsjs.WithExpectLastSequencePerSubject(st.seq))
 		if !IsWrongLastSequence(err) {
 			if err != nil {
 				return false, fmt.Errorf("jetflow: fire timer of %s: %w", st.TaskSubject, err)
@@ -229,7 +315,7 @@ func fireIfDue(ctx context.Context, js natsjs.JetStream, timers natsjs.Stream, s
 		}
 		// Fired or replaced meanwhile: judge what is stored now.
 		var ok bool
-		if st, ok, err = storedTimer(ctx, timers, timerPrefix+rest); err != nil || !ok {
+		if st, ok, err = storedTimer(ctx, timers, st.Timer.String()); err != nil || !ok {
 			return false, err
 		}
 	}

@@ -15,21 +15,24 @@ func TestFireDueFiresOnlyReachedTimers(t *testing.T) {
 	t.Parallel()
 	a := setup(t, Topology{})
 	now := time.Now()
-	for subject, in := range map[string]time.Duration{"jetflow.task.w.a": time.Hour, "jetflow.task.w.b": 3 * time.Hour} {
-		require.NoError(t, ScheduleTimer(ctx(t), a.JS, subject, subject, []byte(subject), now.Add(in), now.Add(in)))
+	timers := map[string]Timer{"a": RunTimer("w", "r.a.0"), "b": BranchTimer("w", "r.b.0")}
+	in := map[string]time.Duration{"jetflow.run.w.r": time.Hour, "jetflow.branch.w.r.b.0": 3 * time.Hour}
+	for _, tm := range timers {
+		subject := tm.TaskSubject()
+		require.NoError(t, ScheduleTimer(ctx(t), a.JS, tm, subject, []byte(subject), now.Add(in[subject]), now.Add(in[subject])))
 	}
 	stored, err := StoredTimers(ctx(t), a.Timers)
 	require.NoError(t, err)
 	require.Len(t, stored, 2)
 	for _, st := range stored {
-		want := map[string]time.Duration{"jetflow.task.w.a": time.Hour, "jetflow.task.w.b": 3 * time.Hour}[st.TaskSubject]
+		want := in[st.TaskSubject]
 		require.True(t, st.Due.Equal(now.Add(want)), "%s due %s", st.TaskSubject, st.Due)
 		require.Equal(t, st.TaskSubject, string(st.Data))
 	}
 
-	// The server stores a fired timer on jetflow.due.<rest> itself (no
+	// The server stores a fired timer on jetflow.fire.<timer> itself (no
 	// core subscriber sees it): read it as the due consumer does.
-	due, err := a.Timers.CreateConsumer(ctx(t), natsjs.ConsumerConfig{FilterSubject: dueSubjects, AckPolicy: natsjs.AckExplicitPolicy})
+	due, err := a.Timers.CreateConsumer(ctx(t), natsjs.ConsumerConfig{FilterSubject: fireSubjects, AckPolicy: natsjs.AckExplicitPolicy})
 	require.NoError(t, err)
 	next := func() natsjs.Msg {
 		t.Helper()
@@ -42,18 +45,22 @@ func TestFireDueFiresOnlyReachedTimers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	m := next()
-	require.Equal(t, "jetflow.due.w.a", m.Subject())
-	require.Equal(t, "jetflow.task.w.a", string(m.Data()))
+	require.Equal(t, "jetflow.fire.run.w.r.a.0", m.Subject())
+	require.Equal(t, "jetflow.run.w.r", string(m.Data()))
+	require.Equal(t, "jetflow.run.w.r", m.Headers().Get(TaskIDHeader), "the task's message ID travels with the timer")
+	firedTimer, ok := DueTimer(m.Subject())
+	require.True(t, ok)
+	require.Equal(t, "jetflow.run.w.r", firedTimer.TaskSubject())
 
 	// A timer replaced after it was read is judged by its replacement.
 	var b StoredTimer
 	for _, st := range stored {
-		if st.TaskSubject == "jetflow.task.w.b" {
+		if st.TaskSubject == "jetflow.branch.w.r.b.0" {
 			b = st
 		}
 	}
 	later := now.Add(5 * time.Hour)
-	require.NoError(t, ScheduleTimer(ctx(t), a.JS, b.TaskSubject, "b-2", []byte("b-2"), later, later))
+	require.NoError(t, ScheduleTimer(ctx(t), a.JS, b.Timer, "b-2", []byte("b-2"), later, later))
 	fired, err := fireIfDue(ctx(t), a.JS, a.Timers, b, now.Add(4*time.Hour))
 	require.NoError(t, err)
 	require.False(t, fired, "a replaced timer fired by its old due time")

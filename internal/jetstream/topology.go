@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,8 +17,22 @@ import (
 // Names of the engine's NATS resources. They are part of the protocol other
 // languages speak (docs/ARCHITECTURE.md), so they never change silently.
 const (
-	TasksStream  = "JETFLOW_TASKS"
-	TaskSubjects = "jetflow.task.>"
+	// TasksStream holds every task: run tasks (jetflow.run.<workflow>.<identity>)
+	// and branch tasks (jetflow.branch.<workflow>.<step-id>), at most one
+	// pending per subject.
+	TasksStream = "JETFLOW_TASKS"
+	// RunSubjects are the subjects of run tasks: a run's start and every
+	// later hand-over of its body to a holder (internal/workflow).
+	RunSubjects = "jetflow.run.>"
+	// BranchSubjects are the subjects of branch tasks: one step a body
+	// started beside others (Go), run on its own.
+	BranchSubjects = "jetflow.branch.>"
+	// LegacyTaskSubjects are the task subjects of versions before the
+	// lease executor (jetflow.task.<workflow>.<run-id>[.<step>.<n>]).
+	// They stay in the stream, so that such a version's workers finish
+	// their runs beside this one's (docs/operations.md, "Upgrading"); this
+	// version neither publishes nor consumes them.
+	LegacyTaskSubjects = "jetflow.task.>"
 	// StartsStream holds start envelopes published by any NATS client on
 	// jetflow.start.<workflow> (the durable way in; docs/protocol.md).
 	StartsStream = "JETFLOW_STARTS"
@@ -25,8 +40,10 @@ const (
 	StartSubjectPrefix = "jetflow.start."
 	StartSubjects      = StartSubjectPrefix + "*"
 	RunsBucket         = "jetflow_runs"
-	StepsBucket        = "jetflow_steps"
-	AuditBucket        = "jetflow_audit"
+	// StepsBucket holds committed step results, keyed by step ID, and each
+	// run generation's lease (state.LeaseKey).
+	StepsBucket = "jetflow_steps"
+	AuditBucket = "jetflow_audit"
 	// AttemptsBucket counts the attempts of steps that were delivered more
 	// than once, keyed by step ID.
 	AttemptsBucket = "jetflow_attempts"
@@ -36,7 +53,7 @@ const (
 	// that the worker's heartbeat refreshes). See internal/roster.
 	WorkflowsBucket = "jetflow_workflows"
 	// HooksBucket maps hook tokens to the waits they resume (state.Hook),
-	// keyed by token; internal/events owns it.
+	// keyed by token; internal/workflow's HookTokens owns it.
 	HooksBucket = "jetflow_hooks"
 	// WorkflowsMarkerTTL is how long the marker of an expired or withdrawn
 	// liveness record stays in WorkflowsBucket (its LimitMarkerTTL): long
@@ -52,50 +69,61 @@ const (
 	CancelSubjectPrefix = "jetflow.cancel."
 )
 
-// TaskSubject is the subject of the start task (stepID empty) of the run
-// generation runID (state.RunIdentity) or of the task that runs stepID. One subject per start and per step lets the stream hold
-// at most one pending task per subject, which deduplicates tasks durably,
-// beyond the broker's duplicate window.
-func TaskSubject(workflow, runID, stepID string) string {
-	if stepID == "" {
-		return "jetflow.task." + workflow + "." + runID
-	}
-	return "jetflow.task." + workflow + "." + stepID
+// RunSubject is the subject of the run tasks of the run generation
+// identity (state.RunIdentity): its start task, then every wake. One
+// subject per run generation holds at most one pending task, so a run
+// has at most one run task pending at a time, and a wake published while
+// one is pending is absorbed by it.
+func RunSubject(workflow, identity string) string {
+	return "jetflow.run." + workflow + "." + identity
 }
 
-// ResumeSubject is the subject of the task that resumes a run whose step
-// stepID was committed by someone other than a task of its own (a child
-// run's end). It is a step subject of its own, so that a resume is never
-// refused while the step's task is still pending.
-func ResumeSubject(workflow, stepID string) string {
-	return TaskSubject(workflow, "", stepID) + "-resume"
+// IsRunSubject reports whether subject is a run task's.
+func IsRunSubject(subject string) bool { return strings.HasPrefix(subject, "jetflow.run.") }
+
+// BranchSubject is the subject of the task that runs the branch stepID.
+func BranchSubject(workflow, stepID string) string {
+	return "jetflow.branch." + workflow + "." + stepID
 }
 
-// TaskKind splits a workflow's tasks between two consumers, so that workers
-// can favour advancing runs already started over admitting new ones.
+// LegacyResumeSubject is the subject on which an earlier version's workers
+// take the resume task of their run's step stepID (an event delivered, a
+// child ended).
+func LegacyResumeSubject(workflow, stepID string) string {
+	return "jetflow.task." + workflow + "." + stepID + "-resume"
+}
+
+// TaskKind splits a workflow's tasks between two consumers.
 type TaskKind int
 
 const (
-	// StartTasks: jetflow.task.<workflow>.<run-id>.
-	StartTasks TaskKind = iota
-	// StepTasks: jetflow.task.<workflow>.<run-id>.<step>.<occurrence>.
-	StepTasks
+	// RunTasks: jetflow.run.<workflow>.<identity>.
+	RunTasks TaskKind = iota
+	// BranchTasks: jetflow.branch.<workflow>.<identity>.<step>.<occurrence>.
+	BranchTasks
 )
 
 // ConsumerName is the durable consumer of kind shared by every worker that
 // serves workflow.
 func ConsumerName(workflow string, kind TaskKind) string {
-	if kind == StartTasks {
-		return "jetflow_start_" + workflow
+	if kind == RunTasks {
+		return "jetflow_run_" + workflow
 	}
-	return "jetflow_step_" + workflow
+	return "jetflow_branch_" + workflow
 }
 
 func consumerFilter(workflow string, kind TaskKind) string {
-	if kind == StartTasks {
-		return "jetflow.task." + workflow + ".*"
+	if kind == RunTasks {
+		return "jetflow.run." + workflow + ".*"
 	}
-	return "jetflow.task." + workflow + ".*.*.*"
+	return "jetflow.branch." + workflow + ".>"
+}
+
+// LegacyConsumerNames are the task consumers an earlier version made for
+// workflow (start tasks, step tasks): a worker of this version reports
+// what waits on them and consumes nothing from them.
+func LegacyConsumerNames(workflow string) []string {
+	return []string{"jetflow_start_" + workflow, "jetflow_step_" + workflow}
 }
 
 // Topology is the deployment setting for the engine's streams and buckets.
@@ -220,8 +248,8 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	}
 	tasks, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TasksStream,
-		Description: "jetflow tasks: one message per pending start or step",
-		Subjects:    []string{TaskSubjects},
+		Description: "jetflow tasks: one message per pending run hand-over or branch step",
+		Subjects:    []string{RunSubjects, BranchSubjects, LegacyTaskSubjects},
 		Retention:   natsjs.WorkQueuePolicy,
 		Storage:     storage,
 		Replicas:    topo.Replicas,
@@ -252,8 +280,8 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	}
 	timers, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TimersStream,
-		Description: "jetflow timers: tasks stored until they are due (retry backoffs, sleeps, wait timeouts), then published to " + dueSubjects,
-		Subjects:    []string{timerSubjects, dueSubjects},
+		Description: "jetflow timers: tasks stored until they are due (retry backoffs, sleeps, wait timeouts), then published to " + fireSubjects,
+		Subjects:    []string{timerSubjects, fireSubjects, legacyTimerSubjects, legacyDueSubjects},
 		Retention:   natsjs.WorkQueuePolicy,
 		Storage:     storage,
 		Replicas:    topo.Replicas,
@@ -270,6 +298,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", IndexStream, err)
 	}
+	direct := newDirectMux(nc)
 	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, Index: index, TaskKeys: newTaskKeys(p, topo, storage)}
 	for _, b := range []struct {
 		name    string
@@ -298,7 +327,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		if err != nil {
 			return nil, fmt.Errorf("jetflow: provision bucket %s: %w", b.name, err)
 		}
-		*b.dst = newKV(js, kv, topo.Replicas)
+		*b.dst = newKV(js, kv, topo.Replicas, direct)
 	}
 	// No bucket TTL: a workflow, once served, stays known; liveness
 	// records carry their own TTL (per-message, hence LimitMarkerTTL).
@@ -313,7 +342,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision bucket %s: %w", WorkflowsBucket, err)
 	}
-	a.Workflows = newKV(js, kv, topo.Replicas)
+	a.Workflows = newKV(js, kv, topo.Replicas, direct)
 	return a, nil
 }
 

@@ -49,6 +49,8 @@ var ErrNotFound = jetstream.ErrNotFound
 type Store struct {
 	runs      *jetstream.KV
 	audit     *jetstream.KV
+	// steps holds the runs' leases (state.LeaseKey), which a cancel moves.
+	steps     *jetstream.KV
 	retention time.Duration
 	now       func() time.Time
 	// waiters is the watch every Wait shares.
@@ -61,7 +63,7 @@ type Store struct {
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
-	s := &Store{runs: assets.Runs, audit: assets.Audit, retention: assets.Topology.Retention, now: time.Now,
+	s := &Store{runs: assets.Runs, audit: assets.Audit, steps: assets.Steps, retention: assets.Topology.Retention, now: time.Now,
 		index: runindex.New(assets), IndexFailed: assets.IndexFailed}
 	if s.IndexFailed == nil {
 		s.IndexFailed = logIndexFailure
@@ -455,10 +457,18 @@ func (s *Store) Finish(ctx context.Context, run state.Run, rev uint64, end func(
 // write changes. It returns the record as it ended up and whether this
 // call cancelled it: a run that already ended (cancelled, completed or
 // failed) is returned as it is.
+//
+// The run's lease is moved first (revoke), then the record written: from
+// the moment the cancel is stored anywhere, the run's holder can commit no
+// step, and a holder that finds the lease moved by a cancel whose record
+// write never came (the canceller died between the two) finishes it.
 func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelled bool, _ error) {
 	return s.Update(ctx, runID, func(r *state.Run) (bool, error) {
 		if r.Status.Terminal() {
 			return false, nil
+		}
+		if err := s.revoke(ctx, *r); err != nil {
+			return false, err
 		}
 		r.Status, r.UpdatedAt = state.StatusCancelled, s.now().UTC()
 		r.Error = &state.ErrorInfo{Message: "cancelled", Kind: "cancelled", Fatal: true}
@@ -466,15 +476,31 @@ func (s *Store) Cancel(ctx context.Context, runID string) (_ state.Run, cancelle
 	})
 }
 
+// revoke writes run's lease cancelled: its holder's next commit is
+// refused, and no holder takes the run again. A repeat writes it again.
+func (s *Store) revoke(ctx context.Context, run state.Run) error {
+	b, err := state.Encode(state.Lease{V: state.Version, State: state.LeaseCancelled, At: s.now().UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := s.steps.Put(ctx, state.LeaseKey(state.RunIdentity(run.RunID, run.Generation)), b); err != nil {
+		return fmt.Errorf("jetflow: cancel run %s: %w", run.RunID, err)
+	}
+	return nil
+}
+
 // Supersede cancels run, read at revision rev, for a newer start of its run
-// ID: the record is written cancelled with cause, with compare-and-set on
-// rev, so of concurrent callers that read the same revision one writes.
-// written is false, and nothing is written, when the record changed since
-// rev (the caller reads it again and decides on what it holds); an error is
-// a write that failed or got no answer.
+// ID: its lease is revoked and the record written cancelled with cause,
+// with compare-and-set on rev, so of concurrent callers that read the same
+// revision one writes. written is false, and the record is not written,
+// when it changed since rev (the caller reads it again and decides on what
+// it holds); an error is a write that failed or got no answer.
 func (s *Store) Supersede(ctx context.Context, run state.Run, rev uint64, cause *state.ErrorInfo) (_ state.Run, written bool, _ error) {
 	if run.Status != state.StatusRunning {
 		return run, false, nil
+	}
+	if err := s.revoke(ctx, run); err != nil {
+		return run, false, err
 	}
 	before := run.Status
 	run.Status, run.UpdatedAt, run.Error = state.StatusCancelled, s.now().UTC(), cause

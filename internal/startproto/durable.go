@@ -144,7 +144,7 @@ func handleDurableStart(ctx context.Context, a *dedupe.Admitter, workflow string
 // backlog and readiness checks).
 func ServeDurable(ctx context.Context, assets *jetstream.Assets, a *dedupe.Admitter, served map[string]Served, cfg DurableConfig, log zerolog.Logger) (stop func(context.Context) error, consumers []natsjs.Consumer, err error) {
 	cfg = cfg.withDefaults()
-	pool := consume.New(cfg.Concurrency*max(len(served), 1), false, log)
+	pool := consume.New(assets.JS.Conn(), cfg.Concurrency*max(len(served), 1), false, log)
 	cc := jetstream.ConsumerConfig{AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, MaxAckPending: 16 * cfg.Concurrency,
 		Log: func(msg string, kv ...any) { log.Warn().Fields(kv).Msg(msg) }}
 	for name, wf := range served {
@@ -172,7 +172,8 @@ type durable struct {
 // Handle admits one envelope and settles its message. ctx is cancelled
 // when the worker gives up draining: the admission then fails and the
 // envelope is delivered again.
-func (d *durable) Handle(ctx context.Context, msg natsjs.Msg) {
+func (d *durable) Handle(ctx context.Context, dl *consume.Delivery) {
+	msg := dl.Msg
 	actx, cancel := context.WithTimeout(tracing.FromNATS(ctx, msg.Headers()), d.cfg.Timeout)
 	reply := handleDurableStart(actx, d.a, d.workflow, d.wf, msg.Data(), msg.Headers().Get(nats.MsgIdHdr))
 	cancel()

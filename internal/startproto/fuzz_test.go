@@ -206,7 +206,7 @@ func FuzzHandleStart(f *testing.F) {
 				}
 				if !after.found && reply.Error.Code != CodeInternal {
 					// Rejected before admission: not even a start task.
-					_, err := assets.Tasks.GetLastMsgForSubject(ctx, jetstream.TaskSubject(workflow, id, ""))
+					_, err := assets.Tasks.GetLastMsgForSubject(ctx, jetstream.RunSubject(workflow, id))
 					require.ErrorIs(t, err, natsjs.ErrMsgNotFound, "rejected start published a task for %s", id)
 				}
 			}

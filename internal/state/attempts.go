@@ -17,6 +17,10 @@ type AttemptLog struct {
 	V        int              `json:"v"`
 	Started  int              `json:"started"`
 	Failures []AttemptFailure `json:"failures,omitempty"`
+	// NotBefore is when the next attempt of a step its run's holder
+	// retries after a long backoff may start (its retry timer is due
+	// then); zero when no retry waits.
+	NotBefore time.Time `json:"not_before,omitzero"`
 }
 
 // AttemptFailure is one failed attempt of a step that was retried.
@@ -70,6 +74,9 @@ func DecodeAttemptLog(b []byte) (AttemptLog, error) {
 	var l AttemptLog
 	if err := json.Unmarshal(b, &l); err != nil {
 		return AttemptLog{}, fmt.Errorf("%w: attempt record: %w", ErrCorrupt, err)
+	}
+	if err := checkTimes("attempt record", l.NotBefore); err != nil {
+		return AttemptLog{}, err
 	}
 	if l.Started < 0 || len(l.Failures) > MaxAttemptFailures {
 		return AttemptLog{}, fmt.Errorf("%w: attempt record: started %d, %d failures", ErrCorrupt, l.Started, len(l.Failures))

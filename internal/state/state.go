@@ -103,7 +103,17 @@ type Run struct {
 	// write's answer was lost finds its token here when a newer
 	// generation already replaced its own (MadeBy).
 	Predecessors []Predecessor `json:"predecessors,omitempty"`
+	// Exec is the executor the run was started for: ExecLease for every
+	// run this version admits. A record without it was admitted by an
+	// earlier version, whose workers run it step task by step task; this
+	// version's workers leave such a run to them (see docs/operations.md,
+	// "Upgrading").
+	Exec int `json:"exec,omitempty"`
 }
+
+// ExecLease is Run.Exec of a run whose body one lease holder executes at a
+// time (internal/workflow).
+const ExecLease = 2
 
 // Predecessor is a generation that a newer one replaced: who made it (the
 // token of its start) and how it ended.
@@ -364,22 +374,28 @@ type Task struct {
 	// as a timer and published when its backoff has passed, with Attempt
 	// n+1.
 	Attempt int `json:"attempt,omitempty"`
-	// Redispatched marks a task published by anyone but the step's own
-	// path (the task before it committing, or its retry timer): a replay
-	// that found the step at the frontier, or the sweeper. Its receiver
+	// Redispatched marks a branch task published by anyone but the body
+	// that first reached it (a replay after a redelivery): its receiver
 	// checks, before the step runs, that no retry of the step is waiting
 	// as a timer and which attempt it would be.
 	Redispatched bool `json:"redispatched,omitempty"`
 	// Parent is the run record's (a child run's tasks).
 	Parent *ParentLink `json:"parent,omitempty"`
-	// Resume marks a task published when a step was committed by someone
-	// other than a task of its own (a child run's end, an event): it only
-	// replays.
+	// Resume marks a resume task of an earlier version's executor (a run
+	// without Exec), published on its legacy subjects when this version
+	// delivers an event or a child's end to such a run.
 	Resume bool `json:"resume,omitempty"`
-	// WakeAt marks the task a sleep or a wait's timeout stored as a timer:
+	// Wake marks a run task that is not the run's start: it hands the
+	// run's body to a holder again (see workflow.Wake). It carries the run
+	// record's fields, as a branch task does, and StepID names the step
+	// it is about: the step a timer was stored for (WakeAt, Attempt or
+	// Recheck set), or the step someone else committed (a branch, an
+	// event, a child's end); empty for a sweep.
+	Wake bool `json:"wake,omitempty"`
+	// WakeAt marks the wake a sleep or a wait's timeout stored as a timer:
 	// its step is due at WakeAt, not before.
 	WakeAt time.Time `json:"wake_at,omitzero"`
-	// Recheck marks the task a wait without a deadline stored as a timer
+	// Recheck marks the wake a wait without a deadline stored as a timer
 	// to be delivered again (workflow.WaitRecheck).
 	Recheck bool `json:"recheck,omitempty"`
 	// TraceParent is the start's W3C trace context (a start task) or the
@@ -388,6 +404,8 @@ type Task struct {
 	// Attributes are the start's (a start task) or the run record's (a
 	// step task).
 	Attributes map[string]string `json:"attributes,omitempty"`
+	// Exec is the run record's (Run.Exec).
+	Exec int `json:"exec,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -404,7 +422,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
-		TraceParent: r.TraceParent, Attributes: r.Attributes,
+		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec,
 	}
 }
 
@@ -415,7 +433,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes,
+		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec,
 	}
 }
 

@@ -91,7 +91,9 @@ func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
 		return
 	}
 	run, err := state.DecodeRun(e.Value())
-	if err != nil || run.Status != state.StatusRunning || !s.served[run.Workflow] {
+	// A run of an earlier version's executor (no Exec) is its workers'
+	// to look after: this version's wakes would not move it.
+	if err != nil || run.Status != state.StatusRunning || !s.served[run.Workflow] || run.Exec != state.ExecLease {
 		if err != nil {
 			s.log.Debug().Err(err).Str("run_id", id).Msg("undecodable run record ignored")
 		}

@@ -80,12 +80,19 @@ func (b *bundle) run(id, wf string, gen int, status state.Status, created time.T
 	b.t.Helper()
 	rec, err := state.Encode(state.Run{
 		V: state.Version, RunID: id, Workflow: wf, Input: json.RawMessage(`{"n":1}`), Status: status,
-		Token: "token-" + id, Generation: gen, CreatedAt: created, UpdatedAt: created,
+		Token: "token-" + id, Generation: gen, CreatedAt: created, UpdatedAt: created, Exec: state.ExecLease,
 	})
 	require.NoError(b.t, err)
 	rev, err := b.assets.Runs.Create(ctx(b.t), id, rec)
 	require.NoError(b.t, err)
 	return rev
+}
+
+// schedule stores a timer due in an hour.
+func schedule(t *testing.T, b *bundle, tm jetstream.Timer) error {
+	t.Helper()
+	due := time.Now().Add(time.Hour)
+	return jetstream.ScheduleTimer(ctx(t), b.assets.JS, tm, "t1", []byte(`{}`), due, due)
 }
 
 // task stores a message on a task subject.
@@ -97,11 +104,11 @@ func (b *bundle) task(subject string) {
 }
 
 // TestPassFindsOnlyRunsWithNothingPending builds every case of a running
-// run by hand — a start task, a step task of a later generation, a timer, an
+// run by hand — a run task, a branch task of a later generation, a timer, an
 // awaited event, a run ID that prefixes another's, a young run, a finished
 // run, a run of a workflow not served — and checks that only the runs with
 // nothing pending are dispatched again, on the second pass that finds them
-// so, with a start task that resumes them, once.
+// so, with a wake that resumes them, once.
 func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -109,19 +116,19 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 
 	stuckRev := b.run("stuck", "w", 0, state.StatusRunning, old)
 	againRev := b.run("again", "w", 3, state.StatusRunning, old)
-	b.task("jetflow.task.w.again.a.0") // a leftover of generation 0: not generation 3's
+	b.task("jetflow.branch.w.again.a.0") // a leftover of generation 0: not generation 3's
 	b.run("pre", "w", 0, state.StatusRunning, old)
 	b.run("pre-fix", "w", 0, state.StatusRunning, old)
-	b.task("jetflow.task.w.pre-fix") // pre-fix's start task, not pre's
+	b.task("jetflow.run.w.pre-fix") // pre-fix's run task, not pre's
 	b.run("started", "w", 0, state.StatusRunning, old)
-	b.task("jetflow.task.w.started")
+	b.task("jetflow.run.w.started")
 	b.run("stepping", "w", 2, state.StatusRunning, old)
-	b.task("jetflow.task.w.stepping/2.b.1")
+	b.task("jetflow.branch.w.stepping/2.b.1")
 	b.run("sleeping", "w", 0, state.StatusRunning, old)
-	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeping.b.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
+	err := schedule(t, b, jetstream.RunTimer("w", "sleeping.b.0"))
 	require.NoError(t, err)
 	b.run("due", "w", 0, state.StatusRunning, old)
-	_, err = b.assets.JS.Publish(ctx(t), "jetflow.due.w.due", []byte(`{}`)) // fired, not yet moved
+	_, err = b.assets.JS.Publish(ctx(t), "jetflow.fire.run.w.due.nap.0", []byte(`{}`)) // fired, not yet moved
 	require.NoError(t, err)
 	b.run("waiter", "w", 0, state.StatusRunning, old)
 	b.run("young", "w", 0, state.StatusRunning, b.t0.Add(-stuckAfter/2))
@@ -148,8 +155,8 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	require.ElementsMatch(t, stuck, p.Redispatched)
 	require.Equal(t, 3.0, countStuck(t, b.reg, "w"))
 
-	// Each stuck run has its start task back, on its generation's start
-	// subject, with a message ID of the sweep decision.
+	// Each stuck run is woken, on its generation's run subject, with a
+	// message ID of the sweep decision.
 	for id, want := range map[string]struct {
 		identity string
 		gen      int
@@ -158,13 +165,14 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 		"stuck": {"stuck", 0, stuckRev},
 		"again": {"again/3", 3, againRev},
 	} {
-		m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w."+want.identity)
+		m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.run.w."+want.identity)
 		require.NoError(t, err, id)
 		task, err := state.DecodeTask(m.Data)
 		require.NoError(t, err)
 		require.Equal(t, id, task.RunID)
 		require.Equal(t, "w", task.Workflow)
-		require.Empty(t, task.StepID, "a start task")
+		require.True(t, task.Wake, "a wake")
+		require.Empty(t, task.StepID, "about no step")
 		require.Equal(t, "token-"+id, task.Token)
 		require.Equal(t, want.gen, task.Generation)
 		require.JSONEq(t, `{"n":1}`, string(task.Input))
@@ -176,7 +184,7 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 	require.Empty(t, p.Checked, "nothing is due")
 
 	// A StuckAfter later every run is looked at again: the stuck ones have
-	// their start task now; young is due.
+	// their wake now; young is due.
 	b.now = b.now.Add(stuckAfter)
 	p = s.Pass(ctx(t))
 	require.NoError(t, p.Err)
@@ -203,7 +211,7 @@ func TestPassFindsOnlyRunsWithNothingPending(t *testing.T) {
 }
 
 // TestConcurrentSweepersDispatchOnce: two sweepers (two workers) deciding
-// about the same stuck run in the same epoch publish one start task, even
+// about the same stuck run in the same epoch publish one wake, even
 // when the first one was consumed before the second sweeper published.
 func TestConcurrentSweepersDispatchOnce(t *testing.T) {
 	t.Parallel()
@@ -219,7 +227,7 @@ func TestConcurrentSweepersDispatchOnce(t *testing.T) {
 	p := s1.Pass(ctx(t))
 	require.Equal(t, []string{"stuck"}, p.Redispatched)
 	// A worker takes the task and acknowledges it (here: removes it).
-	m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w.stuck")
+	m, err := b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.run.w.stuck")
 	require.NoError(t, err)
 	require.NoError(t, b.assets.Tasks.DeleteMsg(ctx(t), m.Sequence))
 
@@ -255,7 +263,7 @@ func TestRecordChangedBeforeDispatchIsLeftAlone(t *testing.T) {
 	require.NoError(t, p.Err)
 	require.Empty(t, p.Redispatched)
 	require.Equal(t, 0, p.Tracked)
-	_, err = b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.task.w.finishing")
+	_, err = b.assets.Tasks.GetLastMsgForSubject(ctx(t), "jetflow.run.w.finishing")
 	require.ErrorIs(t, err, natsjs.ErrMsgNotFound)
 	require.Equal(t, 0.0, countStuck(t, b.reg, "w"))
 }
@@ -294,7 +302,7 @@ func TestTimersStreamIsOptional(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Provisioning created JETFLOW_TIMERS; a retry timer waits in it.
-	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeping.a.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
+	err := schedule(t, b, jetstream.RunTimer("w", "sleeping.a.0"))
 	require.NoError(t, err)
 	b.run("sleeping", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
 	s := b.sweeper()
@@ -361,7 +369,7 @@ func countStuck(t *testing.T, reg *prometheus.Registry, wf string) float64 {
 func TestTimerHeldRunsAreCheckedLessOften(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	err := jetstream.ScheduleTask(ctx(t), b.assets.JS, "jetflow.task.w.sleeper.nap.0", "t1", []byte(`{}`), time.Now().Add(time.Hour))
+	err := schedule(t, b, jetstream.RunTimer("w", "sleeper.nap.0"))
 	require.NoError(t, err)
 	b.run("sleeper", "w", 0, state.StatusRunning, b.t0.Add(-time.Hour))
 	s := b.sweeper()
@@ -381,7 +389,7 @@ func TestTimerHeldRunsAreCheckedLessOften(t *testing.T) {
 	// The timer fired: a task holds the run now, and checks come every
 	// StuckAfter again (after the one already due).
 	require.NoError(t, b.assets.Timers.Purge(ctx(t)))
-	b.task("jetflow.task.w.sleeper.after.0")
+	b.task("jetflow.branch.w.sleeper.after.0")
 	require.True(t, checkedAt(16*stuckAfter))
 	require.False(t, checkedAt(stuckAfter-interval))
 	require.True(t, checkedAt(interval))
@@ -400,11 +408,11 @@ func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
 	_, err := store.EnsureIndex(ctx(t)) // built (empty), as a worker's start leaves it
 	require.NoError(t, err)
 	b.run("unlisted", "w", 0, state.StatusRunning, old) // a record alone, as a writer that died leaves it
-	b.task("jetflow.task.w.unlisted")
+	b.task("jetflow.run.w.unlisted")
 	listed := state.Run{V: state.Version, RunID: "listed", Workflow: "w", Status: state.StatusRunning, Token: "token-listed", CreatedAt: old, UpdatedAt: old}
 	_, err = store.Create(ctx(t), listed) // record and entry
 	require.NoError(t, err)
-	b.task("jetflow.task.w.listed")
+	b.task("jetflow.run.w.listed")
 	entries := func() []string {
 		page, err := store.Index().Page(ctx(t), runindex.Query{Limit: 10})
 		require.NoError(t, err)

@@ -97,8 +97,8 @@ func Check(def Definition, run CheckRun, limit int, timeout time.Duration) Check
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	d := &delivery{ctx: ctx, nctx: ctx, run: state.Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Input: run.Input, Status: state.StatusRunning}}
-	c := &Context{delivery: d, exec: &Executor{}, occ: make(map[string]int), ownEpoch: -1, settledEpoch: -1,
-		done: make(chan *settlement, 1), check: ck}
+	c := (&Executor{}).newContext(d, modeCheck, nil)
+	c.check = ck
 	c.spawn(def)
 	var res CheckResult
 	select {

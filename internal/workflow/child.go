@@ -42,16 +42,20 @@ type ParentNotifier struct {
 	Assets *jetstream.Assets
 	Runs   *runs.Store
 	Now    func() time.Time
+	// ViaBranch wakes the parent through a worker: a branch task of the
+	// parent's child step, which finds the step committed and wakes the
+	// run (handleBranch). A client sets it: run tasks, which also start
+	// runs, are the workers' to publish (deploy/nats/accounts.conf).
+	ViaBranch bool
 }
 
 // Notify commits the parent's step that stands for child, which has
-// ended, with the child's outcome, and publishes the parent's resume task
-// for that step. A repeat call commits nothing new (the step record is
-// written with create-if-absent: the first outcome stays) and publishes a
-// task the broker absorbs (one pending resume task per step, and its
-// message ID within the duplicate window); a task it stores after all only
-// replays. A child without a parent, or whose parent has ended, gets no
-// task published.
+// ended, with the child's outcome, and wakes the parent (Wake, or a
+// branch task that does: ViaBranch). A repeat
+// call commits nothing new (the step record is written with
+// create-if-absent: the first outcome stays) and wakes the parent again (a
+// wake absorbed by a pending one, or one more replay). A child without a
+// parent, or whose parent has ended, wakes nobody.
 func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
 	p := child.Parent
 	if p == nil || !child.Status.Terminal() {
@@ -81,7 +85,19 @@ func (n ParentNotifier) Notify(ctx context.Context, child state.Run) error {
 		// tell its parent now.
 		return n.Notify(ctx, parent)
 	}
-	return PublishResume(ctx, n.Assets, parent, rev, p.StepID)
+	if n.ViaBranch {
+		// Its message ID is not the wake's: the stream would take the
+		// wake the worker publishes for a duplicate of it.
+		t := state.StepTask(parent, rev, p.StepID)
+		t.Redispatched = true
+		b, err := state.Encode(t)
+		if err == nil {
+			_, err = jetstream.PublishTask(ctx, n.Assets.JS, jetstream.BranchSubject(parent.Workflow, p.StepID), p.StepID+".notify", b)
+		}
+		return err
+	}
+	_, err = Wake(ctx, n.Assets, parent, rev, p.StepID, p.StepID+".wake")
+	return err
 }
 
 // childStep is the record of the parent's step that stands for the ended
@@ -107,11 +123,34 @@ func childStep(child state.Run, now time.Time) state.Step {
 	return rec
 }
 
-// startChild is the execution of a child step: it records the child on its
-// parent's record, admits the child run and returns the step's record when
-// the child has already ended (nil while it runs: its end commits the step
-// and resumes the parent). A child the parent may no longer start (the
-// parent ended) is a drop settlement; a NATS failure a release.
+// beginChild begins the child step p: it starts the child run (startChild)
+// and gives p its record when the child has already ended or could not be
+// started. While the child runs, a recheck timer of p is stored: it tells
+// the sweeper that the run waits, and wakes the run should the child's
+// end not. The holder woken by that recheck begins the child again, which
+// finds it (ended, or running: the next recheck is stored).
+func (h *holder) beginChild(c *Context, p *Pending) *settlement {
+	rec, s := h.e.startChild(h.d, p.call)
+	if s != nil {
+		return s
+	}
+	if rec != nil {
+		p.rec = rec
+		c.hist.put(rec)
+		return nil
+	}
+	if err := h.scheduleWake(c, p, time.Time{}, h.e.cfg.TimerNow()); err != nil {
+		return &settlement{kind: settleRelease, err: err}
+	}
+	return nil
+}
+
+// startChild starts the child run of child step sc: it records the child
+// on its parent's record, admits the child run and returns the step's
+// record when the child has already ended (nil while it runs: its end
+// commits the step and wakes the parent). A child the parent may no longer
+// start (the parent ended) is a drop settlement; a NATS failure a release.
+// A repeat call for the same step finds the link and the child's run.
 func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settlement) {
 	spec := sc.child
 	link := state.ChildLink{RunID: spec.RunID, Workflow: spec.Workflow, StepID: sc.id, Detached: spec.Detached}
@@ -150,7 +189,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	if known, err := e.knownWorkflow(d.nctx, spec.Workflow); err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	} else if !known {
-		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
+		return e.commitRecord(d, refusedChild(d, sc, fmt.Sprintf("workflow %q is not registered by any worker", spec.Workflow)))
 	}
 	if h := e.cfg.Hooks.BeforeChildAdmit; h != nil {
 		h(sc.id, spec.RunID)
@@ -167,7 +206,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	switch {
 	case errors.As(err, &refused) || errors.Is(err, dedupe.ErrConflict) || errors.Is(err, state.ErrInvalidRunID) ||
 		errors.Is(err, state.ErrInputTooLarge):
-		return e.commitRecord(d, sc, refusedChild(d, sc, err.Error()))
+		return e.commitRecord(d, refusedChild(d, sc, err.Error()))
 	case err != nil:
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
@@ -176,7 +215,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 		// The run ID holds a run that is not this step's child (started
 		// from outside, or by another parent): refuse it rather than wait
 		// for an end that would never resume this parent.
-		return e.commitRecord(d, sc, refusedChild(d, sc, fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)))
+		return e.commitRecord(d, refusedChild(d, sc, fmt.Sprintf("run %s exists and is not a child of this step", spec.RunID)))
 	}
 	if h := e.cfg.Hooks.AfterChildStart; h != nil {
 		h(sc.id, spec.RunID)
@@ -201,7 +240,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	}
 	rec := childStep(child, e.cfg.Now().UTC())
 	rec.Seq, rec.Worker = sc.seq, e.cfg.WorkerID
-	return e.commitRecord(d, sc, &rec)
+	return e.commitRecord(d, &rec)
 }
 
 // knownWorkflow reports whether some worker of the deployment registers
@@ -283,27 +322,3 @@ func refusedChild(d *delivery, sc *stepCall, why string) *state.Step {
 	}
 }
 
-// commitRecord commits rec as the result of sc without running anything
-// and returns the committed record (another writer's when it came first).
-func (e *Executor) commitRecord(d *delivery, sc *stepCall, rec *state.Step) (*state.Step, *settlement) {
-	rec.Committed = e.cfg.Now().UTC()
-	b, err := state.Encode(*rec)
-	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}
-	}
-	rev, err := e.commit(d.nctx, sc.id, b)
-	if errors.Is(err, jetstream.ErrExists) {
-		stored, err := e.committed(d.nctx, sc.id)
-		if err != nil {
-			return nil, &settlement{kind: settleRelease, err: err}
-		}
-		e.cache.put(d.runKey(), stored)
-		return stored, nil
-	}
-	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}
-	}
-	rec.Rev = rev
-	e.cache.put(d.runKey(), rec)
-	return rec, nil
-}

@@ -96,9 +96,8 @@ type Delivery struct {
 }
 
 // Sender delivers events into runs. A delivery commits the event as the
-// record of a wait step (create-if-absent) and publishes the run's
-// resume task for it; the commit is the delivery, so a repeat finds it
-// and changes nothing.
+// record of a wait step (create-if-absent) and wakes the run (Wake); the
+// commit is the delivery, so a repeat finds it and changes nothing.
 //
 // An event by run ID and name goes to the first wait for that name (in
 // the order the body starts them) whose step holds no record: an event
@@ -145,12 +144,12 @@ func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 }
 
 // Deliver commits ev, whose target Resolve found and whose payload the
-// caller has checked against the event's declared type, and resumes the
-// run. A repeat of a delivered event (same ID and payload) is a
-// Duplicate and changes nothing but publishing the resume task again
-// (absorbed by the broker, or a replay that finds nothing to do), which
-// covers a sender that died between the commit and the publish; it is a
-// Duplicate after the run has ended too. The same ID with another
+// caller has checked against the event's declared type, and wakes the
+// run. A repeat of a delivered event (same ID and payload) is a Duplicate
+// and changes nothing but waking the run again (absorbed by the broker, or
+// a replay that finds nothing to do), which covers a sender that died
+// between the commit and the wake; it is a Duplicate after the run has
+// ended too. The same ID with another
 // payload, or a hook whose wait already ended, is ErrEventConflict; any
 // other event for a run that has ended is ErrRunEnded.
 func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, error) {
@@ -238,25 +237,9 @@ func (s Sender) commit(ctx context.Context, rec state.Step, create bool) (*state
 	return &stored, nil
 }
 
-// resume publishes the resume task of step id of t's run (PublishResume).
+// resume wakes t's run for its step id, now holding the event.
 func (s Sender) resume(ctx context.Context, t Target, id string) error {
-	return PublishResume(ctx, s.Assets, t.Run, t.Rev, id)
-}
-
-// PublishResume publishes the task that resumes run, read at revision
-// rev, after its step stepID was committed by someone other than a task of
-// its own (a child's end, an event). It goes to the step's own resume
-// subject, with the message ID <step-id>.resume: a repeat while one is
-// pending, or within the broker's window, is absorbed, and one stored
-// after all only replays the run.
-func PublishResume(ctx context.Context, assets *jetstream.Assets, run state.Run, rev uint64, stepID string) error {
-	t := state.StepTask(run, rev, stepID)
-	t.Resume, t.Redispatched = true, true
-	b, err := state.Encode(t)
-	if err != nil {
-		return err
-	}
-	_, err = jetstream.PublishTask(ctx, assets.JS, jetstream.ResumeSubject(run.Workflow, stepID), stepID+".resume", b)
+	_, err := Wake(ctx, s.Assets, t.Run, t.Rev, id, id+".wake")
 	return err
 }
 

@@ -9,6 +9,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
@@ -29,30 +30,38 @@ type Definition struct {
 // Hooks let tests inject faults at exact points. Nil hooks do nothing.
 type Hooks struct {
 	// AfterCommit runs after a step's commit was attempted and before the
-	// next task is published and the current one acknowledged. won is false
-	// when another worker had committed the step first.
+	// body goes on. won is false when the commit was refused: another
+	// attempt committed the step first, or this holder lost its lease.
 	AfterCommit func(stepID string, won bool)
 	// AfterRelease runs when a task fetched but never started was handed
 	// back (Release), with its run ID.
 	AfterRelease func(runID string)
-	// AfterChildStart runs once a child step's child run was admitted, before its parent's task is settled.
+	// AfterChildStart runs once a child step's child run was admitted,
+	// before the parent goes on.
 	AfterChildStart func(stepID, childRunID string)
 	// BeforeChildAdmit runs once a child step's link is in its parent's
 	// record, before the child run is admitted.
 	BeforeChildAdmit func(stepID, childRunID string)
-	// NoHeartbeat (read by the Pool) stops tasks from extending their ack
-	// deadline, as a paused or partitioned worker would fail to: the task
-	// is redelivered while its step still runs (a zombie).
+	// NoHeartbeat makes a worker behave as a paused process: it neither
+	// extends its tasks' ack deadlines nor renews its leases, so its tasks
+	// are redelivered while their steps still run (a zombie).
 	NoHeartbeat bool
-	// BeforeAttempt runs once a task's attempt at its step function is
-	// numbered and the run checked, before a redelivery reads the step's
-	// record again and the function runs.
+	// NoAckExtension drops only the ack-deadline extensions: the tasks are
+	// redelivered, but the worker, alive, renews its leases (heartbeats
+	// lost on the way to the broker).
+	NoAckExtension bool
+	// BeforeAttempt runs once an attempt at a step function is numbered,
+	// right before the function runs.
 	BeforeAttempt func(stepID string, attempt int)
 	// WrapStep returns the function to run for the step called step of
 	// workflow wf, whose own function is fn: fn itself, a wrapper or a
 	// replacement (the test kit's step stubs and crash points). It is
 	// asked every time a body starts a step.
 	WrapStep func(wf, step string, fn StepFunc) StepFunc
+	// AfterPark runs once a holder has parked a run (its lease written
+	// parked, its task acknowledged), with the run ID and the steps the
+	// body waits for.
+	AfterPark func(runID string, waits []string)
 }
 
 // Config configures an Executor.
@@ -61,13 +70,11 @@ type Config struct {
 	Admitter    *dedupe.Admitter
 	Definitions map[string]Definition
 	Logger      zerolog.Logger
-	// WorkerID is written into step records for diagnosis.
+	// WorkerID is written into step records and leases for diagnosis.
 	WorkerID string
 	// ReleaseDelay is how long a released task waits before redelivery.
 	ReleaseDelay time.Duration
-	// CacheRuns bounds the history cache (runs).
-	CacheRuns int
-	Now       func() time.Time
+	Now          func() time.Time
 	// TimerNow is the clock sleeps, wait timeouts and retry delays count
 	// by (nil: Now); Schedule stores their timers on its time (nil: it is
 	// real time). The test kit's time control sets both; records keep Now.
@@ -78,16 +85,20 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Tracer emits step and run spans (nil: none).
 	Tracer *tracing.Tracer
+	// Cancel finishes the cancel of a run whose lease says cancelled while
+	// its record still runs (the canceller died between its two writes):
+	// it writes the record cancelled and tells the workers, the parent and
+	// the children, as a cancel does (nil: the record alone).
+	Cancel func(ctx context.Context, runID string) error
 }
 
-// Executor handles task messages. It is safe for concurrent use.
+// Executor executes runs: it is the handler of the run tasks and of the
+// branch tasks of the workflows it serves. It is safe for concurrent use.
 type Executor struct {
-	cfg       Config
-	cache     *historyCache
-	cancelled *cancelSet
-	inflight  *inflight
-	runs      *runs.Store
-	log       zerolog.Logger
+	cfg      Config
+	inflight *inflight
+	runs     *runs.Store
+	log      zerolog.Logger
 }
 
 // NewExecutor returns an executor.
@@ -101,113 +112,76 @@ func NewExecutor(cfg Config) *Executor {
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second
 	}
-	if cfg.CacheRuns == 0 {
-		cfg.CacheRuns = 10000
-	}
-	return &Executor{
-		cfg: cfg, cache: newHistoryCache(cfg.CacheRuns), cancelled: newCancelSet(cfg.CacheRuns), inflight: newInflight(),
-		runs: runs.New(cfg.Assets), log: cfg.Logger,
-	}
+	return &Executor{cfg: cfg, inflight: newInflight(), runs: runs.New(cfg.Assets), log: cfg.Logger}
 }
 
-// Handle processes one task message and settles it: acknowledged once the
-// run has advanced durably, negatively acknowledged with a delay for a retry
-// or a release, or terminated when the message can never be processed. It
-// never returns an error: every failure is settled on the message and
-// logged.
-func (e *Executor) Handle(ctx context.Context, msg natsjs.Msg) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		e.log.Error().Err(err).Str("subject", msg.Subject()).Msg("task without JetStream metadata; leaving it")
-		return
-	}
-	e.cfg.Metrics.InFlight(1)
-	defer e.cfg.Metrics.InFlight(-1)
-	// The delivery is made first and filled in: the task and the run are
-	// large, and a copy of each in this frame would make the goroutine's
-	// stack grow (a copy of the whole stack) more often.
-	d := &delivery{ctx: ctx, nctx: context.WithoutCancel(ctx), delivered: int(meta.NumDelivered)}
-	if d.task, err = state.DecodeTask(msg.Data()); err != nil {
-		e.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("stream_seq", meta.Sequence.Stream).
-			Msg("malformed task terminated")
-		settleErr(e.log, msg.TermWithReason("malformed task: "+err.Error()), "term")
-		return
-	}
-	d.log = RunLogger(e.log, d.task.Workflow, d.task.RunID)
-	lc := d.log.With()
-	if d.task.StepID != "" {
-		lc = lc.Str("step_id", d.task.StepID)
-	}
-	log := lc.Uint64("delivered", meta.NumDelivered).Logger()
-	if meta.NumDelivered > 1 {
-		e.cfg.Metrics.Redelivered(d.task.Workflow)
-	}
-	def, ok := e.cfg.Definitions[d.task.Workflow]
-	if !ok {
-		log.Error().Msg("task for a workflow this worker does not serve; releasing it")
-		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
-		return
-	}
-	d.run, d.rev, err = e.loadRun(d.nctx, &d.task)
-	if errors.Is(err, dedupe.ErrStaleStart) {
-		// A start answered by a run that has since expired (a duplicate's
-		// task left in the stream, a task consumed after the retention):
-		// it must never create a d.run.
-		log.Warn().Err(err).Int("generation", d.task.Generation).Msg("stale start task dropped: its run expired; no run created")
-		settleErr(log, msg.Ack(), "ack")
-		return
-	}
-	if err != nil {
-		log.Warn().Err(err).Msg("cannot load run; releasing task")
-		settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
-		return
-	}
-	if d.run.Workflow != d.task.Workflow {
-		// A start of another workflow under this run ID (after the broker's
-		// window): the stored run wins and this task must not touch it.
-		log.Error().Str("stored_workflow", d.run.Workflow).Msg("task for a run of another workflow dropped")
-		settleErr(log, msg.Ack(), "ack")
-		return
-	}
-	if d.run.Status.Terminal() || (d.task.StepID == "" && d.task.Generation != d.run.Generation) ||
-		e.cancelled.has(d.run.RunID, d.run.Token) {
-		// A stale task (duplicate start, late redelivery, a start task of a
-		// generation that is not the run's): nothing to do. The current
-		// generation always has a start task of its own. A child run that
-		// ended may not have told its parent yet (its worker died between
-		// the two writes): tell it again.
-		if err := e.notifyParent(d.nctx, d.run); err != nil {
-			log.Warn().Err(err).Msg("cannot tell the parent that its child ended; releasing")
-			settleErr(log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
-			return
-		}
-		settleErr(log, msg.Ack(), "ack")
-		return
-	}
-	untrack := e.inflight.track(d, ctx)
-	defer untrack()
-	s := e.replay(d, def)
-	e.settle(d.nctx, log, msg, d, s)
-}
+// Runs is the handler of run tasks (jetstream.RunTasks): every delivery
+// hands a run's body to a holder (holder.go).
+func (e *Executor) Runs() consume.Handler { return runHandler{e} }
 
-// delivery is one delivery of a task message with the run it belongs to:
-// what replaying the run, executing its step and settling the message read.
-// Handle builds it; nothing changes it afterwards.
+// Branches is the handler of branch tasks (jetstream.BranchTasks): every
+// delivery runs one branch step (branch.go).
+func (e *Executor) Branches() consume.Handler { return branchHandler{e} }
+
+type runHandler struct{ e *Executor }
+
+func (h runHandler) Handle(ctx context.Context, d *consume.Delivery) { h.e.handleRun(ctx, d) }
+func (h runHandler) Release(msg natsjs.Msg) error                    { return h.e.release(msg) }
+
+type branchHandler struct{ e *Executor }
+
+func (h branchHandler) Handle(ctx context.Context, d *consume.Delivery) { h.e.handleBranch(ctx, d) }
+func (h branchHandler) Release(msg natsjs.Msg) error                    { return h.e.release(msg) }
+
+// delivery is one delivery of a task with the run it belongs to: what
+// replaying the run, executing a step and settling the message read.
 type delivery struct {
 	// ctx is cancelled when the worker gives up on in-flight steps, or
-	// when the run is cancelled (cause ErrRunCancelled); steps and the
-	// body run with it. nctx is never cancelled (NATS operations get the
-	// JetStream default timeout), so a finished step is still committed and
-	// acknowledged during a drain.
+	// when the run is cancelled (cause ErrRunCancelled) or its lease lost
+	// (cause errLeaseLost); steps and the body run with it. nctx is never
+	// cancelled (NATS operations get the JetStream default timeout), so a
+	// finished step is still committed and acknowledged during a drain.
 	ctx  context.Context
 	nctx context.Context
 	task state.Task
 	run  state.Run
 	rev  uint64 // of run; 0 when unknown
+	msg  *consume.Delivery
+	seq  uint64 // the task message's stream sequence
 	// delivered is the task message's delivery count.
 	delivered int
-	// log carries the run's workflow and run_id (RunLogger).
+	// log carries the run's workflow and run_id (RunLogger), and the
+	// task's step ID and delivery count.
 	log zerolog.Logger
+}
+
+// newDelivery decodes the task of d and prepares its logger. A message
+// that cannot be a task is terminated (nil).
+func (e *Executor) newDelivery(ctx context.Context, d *consume.Delivery) *delivery {
+	msg := d.Msg
+	meta, err := msg.Metadata()
+	if err != nil {
+		e.log.Error().Err(err).Str("subject", msg.Subject()).Msg("task without JetStream metadata; leaving it")
+		return nil
+	}
+	task, err := state.DecodeTask(msg.Data())
+	if err != nil {
+		e.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("stream_seq", meta.Sequence.Stream).
+			Msg("malformed task terminated")
+		settleErr(e.log, msg.TermWithReason("malformed task: "+err.Error()), "term")
+		return nil
+	}
+	lc := RunLogger(e.log, task.Workflow, task.RunID).With()
+	if task.StepID != "" {
+		lc = lc.Str("step_id", task.StepID)
+	}
+	if meta.NumDelivered > 1 {
+		e.cfg.Metrics.Redelivered(task.Workflow)
+	}
+	return &delivery{
+		ctx: ctx, nctx: context.WithoutCancel(ctx), task: task, msg: d, seq: meta.Sequence.Stream,
+		delivered: int(meta.NumDelivered), log: lc.Uint64("delivered", meta.NumDelivered).Logger(),
+	}
 }
 
 // RunLogger is log with the fields every line about a run carries:
@@ -216,53 +190,94 @@ func RunLogger(log zerolog.Logger, workflow, runID string) zerolog.Logger {
 	return log.With().Str("workflow", workflow).Str("run_id", runID).Logger()
 }
 
-// taskSubject is the subject of the task being handled.
-func (d *delivery) taskSubject() string {
-	if d.task.StepID != "" {
-		return jetstream.TaskSubject(d.run.Workflow, d.run.RunID, d.task.StepID)
-	}
-	return jetstream.TaskSubject(d.run.Workflow, state.RunIdentity(d.run.RunID, d.run.Generation), "")
-}
+// identity is the run generation's identity (state.RunIdentity).
+func (d *delivery) identity() string { return state.RunIdentity(d.run.RunID, d.run.Generation) }
 
-// runKey identifies this run in the history cache: the run ID and the token
-// of the start that created it, so that a run ID reused after its retention
-// never sees the earlier run's steps.
-func (d *delivery) runKey() string { return d.run.RunID + "/" + d.run.Token }
-
-// loadRun returns the run a task belongs to and the revision it was read
-// at. A start task materialises the run record if its publisher died before
-// writing it (dedupe.ErrStaleStart: the task must be dropped); a step task
-// carries the record's fields.
-func (e *Executor) loadRun(ctx context.Context, t *state.Task) (state.Run, uint64, error) {
-	if t.StepID == "" {
-		return e.cfg.Admitter.Materialize(ctx, *t)
-	}
-	return state.RunFromTask(*t), t.Rev, nil
-}
-
-// Release hands back a task that was fetched but never started (received
-// while the worker was stopping). On its first delivery it first records
-// that its attempt did not start, so that the redelivery runs the same
-// attempt number, not the next.
-func (e *Executor) Release(msg natsjs.Msg) error {
-	if meta, err := msg.Metadata(); err == nil && meta.NumDelivered == 1 {
-		if t, err := state.DecodeTask(msg.Data()); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			b, err := state.Encode(state.AttemptLog{V: state.Version, Started: firstAttempt(t) - 1})
-			if err == nil {
-				_, err = e.cfg.Assets.Attempts.Create(ctx, attemptKey(t), b)
+// release hands back a task that was fetched but never started (received
+// while the worker was stopping), recording first that its delivery did
+// not start anything, so that its redelivery counts no attempt for it: a
+// branch task in its step's attempt log, a run task in the run's lease
+// (handBack).
+func (e *Executor) release(msg natsjs.Msg) error {
+	t, derr := state.DecodeTask(msg.Data())
+	meta, merr := msg.Metadata()
+	if derr == nil && merr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		var err error
+		switch {
+		case jetstream.IsRunSubject(msg.Subject()):
+			err = e.handBack(ctx, t, meta.Sequence.Stream, int(meta.NumDelivered))
+		case meta.NumDelivered == 1:
+			var b []byte
+			if b, err = state.Encode(state.AttemptLog{V: state.Version, Started: max(1, t.Attempt) - 1}); err == nil {
+				_, err = e.cfg.Assets.Attempts.Create(ctx, t.StepID, b)
 			}
-			cancel()
-			if err != nil && !errors.Is(err, jetstream.ErrExists) {
-				log := RunLogger(e.log, t.Workflow, t.RunID)
-				log.Warn().Err(err).Msg("cannot record an unstarted attempt; the redelivery will count one more")
+			if errors.Is(err, jetstream.ErrExists) {
+				err = nil
 			}
 		}
-	}
-	if h := e.cfg.Hooks.AfterRelease; h != nil {
-		if t, err := state.DecodeTask(msg.Data()); err == nil {
-			h(t.RunID)
+		cancel()
+		if err != nil {
+			log := RunLogger(e.log, t.Workflow, t.RunID)
+			log.Warn().Err(err).Msg("cannot record an unstarted delivery; the redelivery will count one more attempt")
 		}
+	}
+	if h := e.cfg.Hooks.AfterRelease; h != nil && derr == nil {
+		h(t.RunID)
 	}
 	return msg.Nak()
+}
+
+// handBack records in the run's lease that the delivery delivered of run
+// task t (stream sequence seq) hands it back unstarted, with how it found
+// the run: its redelivery takes the run as this delivery would have (see
+// hold). A lease held by another delivery, or cancelled, is left as it is.
+func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, delivered int) error {
+	key := state.LeaseKey(state.RunIdentity(t.RunID, t.Generation))
+	v, rev, err := e.cfg.Assets.Steps.Get(ctx, key)
+	rec := state.Lease{V: state.Version, State: state.LeaseReleased, Worker: e.cfg.WorkerID, Seq: seq, Delivered: delivered,
+		Unstarted: true, At: e.cfg.Now().UTC()}
+	switch {
+	case errors.Is(err, jetstream.ErrNotFound):
+		rec.Clean = !t.Wake && delivered == 1 // the fresh start task
+		rec.Inherited = !rec.Clean
+	case err != nil:
+		return err
+	default:
+		found, err := state.DecodeLease(v)
+		if err != nil {
+			return err
+		}
+		switch {
+		case found.Unstarted && found.Seq == seq:
+			rec.Clean, rec.Inherited, rec.Epoch = found.Clean, found.Inherited, found.Epoch
+		case found.State == state.LeaseParked && found.Seq != seq:
+			rec.Clean, rec.Epoch = true, found.Epoch
+		default:
+			return nil // held, handed back or cancelled by others: theirs to say
+		}
+		rec.Indexed = found.Indexed
+	}
+	b, err := state.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		_, err = e.cfg.Assets.Steps.Create(ctx, key, b)
+	} else {
+		_, err = e.cfg.Assets.Steps.Update(ctx, key, b, rev)
+	}
+	if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
+		return nil // written meanwhile: the redelivery judges that
+	}
+	return err
+}
+
+// settleErr logs err, the failure to settle a task message with what.
+func settleErr(log zerolog.Logger, err error, what string) {
+	if err != nil {
+		// The broker will redeliver after AckWait; the lease and the
+		// commit protocol make that harmless, so this is worth a log line.
+		log.Warn().Err(err).Str("settle", what).Msg("cannot settle task message")
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -16,42 +15,49 @@ var ErrForeignFuture = errors.New("jetflow: future started by another run")
 // ErrNotAwaited: the outcome of a future no Await has seen committed.
 var ErrNotAwaited = errors.New("jetflow: future not awaited")
 
-// Pending is a step (or a child run) the body started with Start or
-// StartChild whose result may not be known yet. Result, or Await over
-// several, waits for it.
+// Pending is a step (or a child run, or a wait) the body started with
+// Start, StartChild or StartWait, whose result may not be known yet.
+// Result, or Await over several, waits for it.
 //
-// # How a run with steps in flight advances
+// # Sequential steps and branches
 //
-// Awaits cut the body into epochs: the steps started between two awaits
-// belong to the same epoch. When a replay parks at an await that cannot
-// return yet, the task publishes the tasks of every started step that is
-// not committed and was started in an epoch after the one of the step
-// this task executed (all of them when it executed none): those are the
-// steps only this replay has reached. A step of an earlier epoch already
-// has its task, published by whoever opened that epoch, and that task,
-// once its step is committed, replays to the same await. The last of the
-// awaited steps to commit therefore reads the others as committed (reads
-// of the steps bucket see every acknowledged write) and goes on; several
-// that commit together may all go on, and the tasks they publish are the
-// same tasks under the same message IDs, so the broker keeps one.
+// Every await classifies the steps started since the await before it (the
+// open steps), from the body's calls alone, so that every replay
+// classifies them the same way:
 //
-// A start task is the one exception to "a step's task was published by
-// whoever reached it": it owns the run's first step without anyone having
-// published the steps started beside it. It publishes them at the body's
-// first await and only then runs its own step (runOwn). A future never
-// awaited before the body returns is never published by that rule: it is
-// abandoned with the run.
+//   - a step function that is the only open step function and is awaited
+//     now is sequential: the holder runs it in place, inline, and commits
+//     it under its lease (Step, and Go followed at once by Get);
+//   - every other open step function is a branch: it runs as a task of
+//     its own (branch.go), on any worker, and its commit wakes the run;
+//   - waits and children are begun by the holder (wait.go, child.go).
+//
+// A step once classified a branch stays one on every replay, whoever
+// committed it: a holder never commits a branch, nor a branch task a
+// sequential step.
 type Pending struct {
-	c     *Context
-	name  string
-	id    string
-	seq   int
+	c    *Context
+	name string
+	id   string
+	seq  int
+	// epoch is the number of awaits the body had reached when it started
+	// the step.
 	epoch int
 	call  *stepCall
+	class class
 	rec   *state.Step // committed record once known
-	// dispatched: this replay has published its task already.
-	dispatched bool
 }
+
+// class is what an await decided a step is (see Pending).
+type class int
+
+const (
+	classOpen   class = iota // not classified yet
+	classInline              // a sequential step function: the holder runs it
+	classBranch              // a step function run as a branch task
+	classWait                // a sleep, an event or hook wait
+	classChild               // a child run
+)
 
 // StepID is the step's deterministic ID.
 func (p *Pending) StepID() string { return p.id }
@@ -69,6 +75,23 @@ func (p *Pending) Outcome() (json.RawMessage, error) {
 	return stepResult(p.rec)
 }
 
+// StepWithKey returns the committed result of the next call of the step
+// called name, running fn to produce it when it is not committed yet:
+// Start and Result of one step. A non-zero key makes the call go through a
+// task idempotency key (see TaskKey). When the result cannot be known in
+// this task, StepWithKey does not return: the workflow body is unwound
+// (deferred calls run) and the task is settled.
+//
+// A step whose final failure is committed returns a *StepError, on every
+// replay. Invalid arguments (name, policy, key) are returned as errors.
+func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
+	p, err := c.Start(name, policy, key, fn)
+	if err != nil {
+		return nil, err
+	}
+	return c.Result(p)
+}
+
 // Result waits for p and returns its committed result (Await, then
 // Outcome).
 func (c *Context) Result(p *Pending) (json.RawMessage, error) {
@@ -78,12 +101,35 @@ func (c *Context) Result(p *Pending) (json.RawMessage, error) {
 	return p.Outcome()
 }
 
+// stepResult turns a committed record into what a step call returns.
+func stepResult(rec *state.Step) (json.RawMessage, error) {
+	if rec.Error != nil {
+		return nil, &StepError{
+			RunID: rec.RunID, StepID: rec.StepID, StepName: rec.Name,
+			Attempts: rec.Attempt, Fatal: rec.Error.Fatal, Code: rec.Error.Code, Message: rec.Error.Message,
+			ChildRunID: rec.Child, ChildStatus: childStatus(rec.Error.Kind),
+		}
+	}
+	return rec.Output, nil
+}
+
+// childStatus is how the child of a child step whose failure has kind
+// ended; empty for a step's own failure and a child that was not started.
+func childStatus(kind string) state.Status {
+	switch kind {
+	case KindChildFailed:
+		return state.StatusFailed
+	case KindChildCancelled:
+		return state.StatusCancelled
+	}
+	return ""
+}
+
 // Start starts the next call of the step called name without waiting for
 // it and returns its handle. Its ID depends only on how many steps called
-// name the body started before. This task runs it now when it owns it (and
-// it is not committed); otherwise its task is published when the body
-// parks. Invalid arguments are returned as errors; a step this task had to
-// retry or release does not return (see StepWithKey).
+// name the body started before. Whether it runs inline or as a branch is
+// decided at the next await (see Pending). Invalid arguments are returned
+// as errors.
 func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (*Pending, error) {
 	if c.parked {
 		// A Step the body deferred, running while the body unwinds: unwind
@@ -99,7 +145,7 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	if wrap := c.exec.cfg.Hooks.WrapStep; wrap != nil {
+	if wrap := c.exec.cfg.Hooks.WrapStep; wrap != nil && c.mode != modeCheck {
 		fn = wrap(c.run.Workflow, name, fn)
 	}
 	p := c.next(name)
@@ -142,110 +188,64 @@ func (c *Context) StartChild(name string, spec ChildSpec) (*Pending, error) {
 	return p, nil
 }
 
+// StartWait starts the next wait of the body: a sleep (its step is called
+// name), or a wait for the event spec.Event (its step is called
+// state.EventStepName or state.HookStepName of the event, so that no step
+// the body names can be committed by a sender). Like Start, it returns the
+// handle at once; Await or Result waits. Invalid arguments are returned as
+// errors.
+func (c *Context) StartWait(name string, spec WaitSpec) (*Pending, error) {
+	if c.parked {
+		c.park(nil)
+	}
+	name, err := spec.validate(name)
+	if err != nil {
+		return nil, err
+	}
+	p := c.next(name)
+	p.call = &stepCall{name: name, id: p.id, seq: p.seq, wait: &spec}
+	c.begin(p)
+	return p, nil
+}
+
 // next allocates the handle of the next call of step name: its occurrence,
-// its place in the order the body starts steps, and its epoch.
+// its place in the order the body starts steps, its epoch, and its record
+// when the delivery's history holds one.
 func (c *Context) next(name string) *Pending {
 	occ := c.occ[name]
 	c.occ[name] = occ + 1
 	p := &Pending{c: c, name: name, seq: c.seq, epoch: c.epoch,
 		id: state.StepID(state.RunIdentity(c.run.RunID, c.run.Generation), name, occ)}
 	c.seq++
+	if c.hist != nil {
+		p.rec = c.hist.get(p.id)
+	}
 	c.started = append(c.started, p)
 	return p
 }
 
-// begin runs p now when this task owns it: its own step that is not
-// committed yet. A start task owns the run's first step, which no one has
-// published the steps started beside it for: it runs that step at the
-// body's first await, after publishing them (runOwn).
-//
-// A child run's start task owns no step: the child is part of a run in
-// progress, so its first step runs as a step task, not in one of the few
-// slots a worker keeps for starting runs.
+// begin hands p to the mode: a replay check records it, a branch task runs
+// it when it is its own step (and never returns then), a holder leaves it
+// open for the next await to classify.
 func (c *Context) begin(p *Pending) {
-	if c.check != nil {
+	switch c.mode {
+	case modeCheck:
 		c.check.begin(c, p)
-		return
-	}
-	startsRun := c.task.StepID == "" && p.seq == 0 && c.run.Parent == nil
-	if c.executed || c.own != nil || !(c.task.StepID == p.id || startsRun) {
-		return
-	}
-	if c.task.StepID != "" && p.call.child == nil && p.call.wait == nil {
-		// A step task reads the run's record before its step starts (the
-		// cancel check); the read goes out beside the step's, not after it.
-		p.call.checked = c.exec.checkRunning(c.delivery)
-	}
-	rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
-	if err != nil {
-		c.park(&settlement{kind: settleRelease, err: err})
-	}
-	if rec != nil {
-		p.rec = rec
-		return
-	}
-	if c.task.StepID == "" {
-		c.own = p
-		return
-	}
-	c.execute(p)
-}
-
-// execute runs p, this task's own step, and records its result on p (nil
-// for a child that still runs); a step that is not to be committed now
-// (a retry, a release, a drop) parks the body.
-func (c *Context) execute(p *Pending) {
-	var (
-		rec   *state.Step
-		s     *settlement
-		found bool // committed before its function ran: this task ran nothing
-	)
-	switch {
-	case p.call.child != nil:
-		rec, s = c.exec.startChild(c.delivery, p.call)
-	case p.call.wait != nil:
-		rec, s = c.exec.startWait(c.delivery, p.call)
+	case modeBranch:
+		if p.id == c.branch {
+			c.park(c.exec.runBranch(c, p))
+		}
 	default:
-		rec, s, found = c.exec.execute(c.delivery, p.call)
+		c.open = append(c.open, p)
 	}
-	if !found {
-		c.executed, c.ownEpoch, c.mine = true, p.epoch, p
-	}
-	if s != nil {
-		c.park(s)
-	}
-	p.rec = rec
-}
-
-// runOwn runs the start task's own step, which begin left for the first
-// await: it first publishes the tasks of the steps started beside it, so
-// that they run while it does.
-func (c *Context) runOwn() {
-	own := c.own
-	c.own = nil
-	var ids []string
-	for _, p := range c.started {
-		if p != own && p.rec == nil {
-			ids = append(ids, p.id)
-			p.dispatched = true
-		}
-	}
-	if len(ids) > 0 {
-		// The run's record was read before the replay; with the others
-		// published first, read it again before the step starts.
-		own.call.recheck = true
-		if id, err := c.exec.dispatch(c.nctx, c.delivery, ids, true); err != nil {
-			c.park(&settlement{kind: settleRelease, err: fmt.Errorf("publish task of %s: %w", id, err)})
-		}
-	}
-	c.execute(own)
 }
 
 // Await waits for ps: for all of them, or, with first, for the first to
 // be committed, whose index it returns (the same on every replay: commits
 // are ordered by their revision in the steps bucket). It does not return
-// while what it waits for is not committed: the body parks and the task is
-// settled. Each future's result is then read with Committed or Result.
+// while what it waits for is not committed in this task: the body parks
+// and the task is settled. Each future's result is then read with Outcome
+// or Result.
 func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 	if c.parked {
 		c.park(nil)
@@ -255,131 +255,48 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 			return -1, ErrForeignFuture
 		}
 	}
-	if c.own != nil {
-		c.runOwn()
-	}
-	if len(ps) == 0 {
-		return -1, nil
-	}
+	c.epoch++
 	var (
 		won int
 		s   *settlement
 	)
-	if first {
-		won, s = c.awaitFirst(ps)
-	} else {
-		won, s = -1, c.awaitAll(ps)
+	switch c.mode {
+	case modeHolder:
+		won, s = c.hold.advance(c, ps, first)
+	default:
+		// A replay check gives every step a record; a branch task passes
+		// only awaits its history satisfies (its step is started before
+		// the await that waits for it).
+		var ok bool
+		if won, ok = decide(ps, first); !ok {
+			s = &settlement{kind: settleRelease, err: fmt.Errorf("the body awaits %v before step %s, not committed: the run's history changed, or the body does not replay the same way", stepIDs(ps), c.branch)}
+		}
 	}
 	if s != nil {
 		c.park(s)
 	}
-	c.epoch++
-	if c.mine != nil && slices.Contains(ps, c.mine) {
-		c.settledEpoch = c.epoch
-	}
 	return won, nil
 }
 
-// awaitAll returns nil when every one of ps is committed, or the
-// settlement to park on. It looks at the latest started first: the one
-// least likely to be committed, so that a branch that is not the last
-// finds out with one read.
-func (c *Context) awaitAll(ps []*Pending) *settlement {
-	for i := len(ps) - 1; i >= 0; i-- {
-		p := ps[i]
-		if p.rec != nil {
-			continue
-		}
-		rec, err := c.find(p, false)
-		if err != nil {
-			return &settlement{kind: settleRelease, err: err}
-		}
-		if rec == nil {
-			return c.frontier()
-		}
-		p.rec = rec
-	}
-	return nil
-}
-
-// awaitFirst returns the index of the one of ps committed first, or the
-// settlement to park on when none is. Every one of ps is read: a replay
-// that saw only a later commit would pick another winner. The ones not
-// committed are read once more after a commit was seen, so that any commit
-// older than the oldest seen is seen too.
-func (c *Context) awaitFirst(ps []*Pending) (int, *settlement) {
-	seen := false
-	for round := 0; round < 2; round++ {
-		for _, p := range ps {
-			if p.rec != nil {
-				seen = true
-				continue
-			}
-			rec, err := c.find(p, true)
-			if err != nil {
-				return -1, &settlement{kind: settleRelease, err: err}
-			}
-			if rec != nil {
-				p.rec, seen = rec, true
-			}
-		}
-		if !seen {
-			return -1, c.frontier()
-		}
+// decide reports whether an await of ps is satisfied by the records known
+// of them, and for first which one won: the one committed first (lowest
+// revision). An empty await is satisfied (-1).
+func decide(ps []*Pending, first bool) (int, bool) {
+	if len(ps) == 0 {
+		return -1, true
 	}
 	won := -1
 	for i, p := range ps {
-		if p.rec != nil && (won < 0 || p.rec.Rev < ps[won].rec.Rev) {
+		switch {
+		case p.rec == nil && !first:
+			return -1, false
+		case p.rec == nil:
+		case won < 0 || p.rec.Rev < ps[won].rec.Rev:
 			won = i
 		}
 	}
-	return won, nil
-}
-
-// find returns p's committed record, or nil. A step started right after
-// the await that returned this task's own step, just committed, is looked
-// up in the cache only, unless exact is set: any other task that reached
-// it passed that await after this commit, and the step's own task carries
-// the run on if it has committed, so taking it for not committed only
-// publishes its task again (absorbed). A step started later, or after an
-// await that did not wait for this task's step, is read: tasks parked at
-// an await this replay must pass may be waiting for it to see it.
-func (c *Context) find(p *Pending, exact bool) (*state.Step, error) {
-	if c.executed && p.epoch == c.settledEpoch && !exact {
-		if rec, ok := c.exec.cache.get(c.runKey(), p.id); ok {
-			return rec, nil
-		}
-		return nil, nil
+	if first {
+		return won, won >= 0
 	}
-	return c.exec.lookup(c.nctx, c.runKey(), p.id)
-}
-
-// frontier is the settlement of a replay that parks at an await: publish
-// the task of every started step not known to be committed that only this
-// replay has reached (see Pending), then acknowledge.
-func (c *Context) frontier() *settlement {
-	// A run parked at the wait this task has just begun may wait for days:
-	// its history leaves the cache.
-	waiting := c.mine != nil && c.mine.call.wait != nil && c.mine.rec == nil
-	s := &settlement{kind: settleDispatch, ranStep: c.executed, forget: waiting}
-	for _, p := range c.started {
-		if p.rec != nil || p.dispatched || (c.executed && p.epoch <= c.ownEpoch) {
-			continue
-		}
-		if !c.executed {
-			// A replay that ran nothing (a redelivery, a redispatch, a
-			// sweep) reads before it publishes: most of what it finds is
-			// committed or in flight.
-			rec, err := c.exec.lookup(c.nctx, c.runKey(), p.id)
-			if err != nil {
-				return &settlement{kind: settleRelease, err: err}
-			}
-			if rec != nil {
-				p.rec = rec
-				continue
-			}
-		}
-		s.stepIDs = append(s.stepIDs, p.id)
-	}
-	return s
+	return -1, true
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/state"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
@@ -29,19 +28,4 @@ func TestRetryPolicyValidate(t *testing.T) {
 	}
 	d := RetryPolicy{}.WithDefaults()
 	require.Equal(t, 5, d.MaxAttempts)
-}
-
-func TestHistoryCacheIsBounded(t *testing.T) {
-	t.Parallel()
-	c := newHistoryCache(2)
-	for _, run := range []string{"r1", "r2", "r3"} {
-		c.put(run, &state.Step{RunID: run, StepID: run + ".a.0"})
-	}
-	_, ok := c.get("r1", "r1.a.0")
-	require.False(t, ok, "oldest run evicted")
-	_, ok = c.get("r3", "r3.a.0")
-	require.True(t, ok)
-	c.forget("r3")
-	_, ok = c.get("r3", "r3.a.0")
-	require.False(t, ok)
 }

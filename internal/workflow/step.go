@@ -13,7 +13,7 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// stepCall is one call of a step that a task is to execute.
+// stepCall is one call of a step the body started.
 type stepCall struct {
 	name    string
 	id      string
@@ -21,18 +21,12 @@ type stepCall struct {
 	policy  RetryPolicy // with defaults
 	taskKey TaskKey
 	fn      StepFunc
-	// child is set for a child step (StartChild): executing it starts the
+	// child is set for a child step (StartChild): beginning it starts the
 	// child run.
 	child *ChildSpec
-	// wait is set for a wait (StartWait): executing it stores what ends
+	// wait is set for a wait (StartWait): beginning it stores what ends
 	// the wait, or commits its end.
 	wait *WaitSpec
-	// recheck: a start task published other steps before this one ran,
-	// so the run's record is read again before it starts.
-	recheck bool
-	// checked, when set, brings the answer of that read, started when the
-	// step was looked up (a step task's own step).
-	checked <-chan *settlement
 }
 
 // stepAttempt is one attempt at a step call.
@@ -41,88 +35,51 @@ type stepAttempt struct {
 	attempt int
 	key     *keyCall // nil: no task key
 	start   time.Time
+	// failures are earlier attempts of this delivery that failed and were
+	// retried in place, for the record (the attempt log has them too).
+	failures []state.AttemptFailure
 }
 
-// execute runs the step this task owns and commits its result. It returns
-// the committed record, which is the one another worker committed first if
-// this one lost the race; or, when this attempt commits nothing, how to
-// settle the task instead (a retry, a release, a drop). found is set when
-// the step turned out committed before its function ran: the task ran
-// nothing, as if its lookup had found the record.
-func (e *Executor) execute(d *delivery, sc *stepCall) (rec *state.Step, s *settlement, found bool) {
-	key, err := e.keyCall(d, sc)
-	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}, false
-	}
-	attempt, err := e.beginAttempt(d)
-	if errors.Is(err, errNotThisTask) {
-		return nil, &settlement{kind: settleDrop, err: err}, false
-	}
-	if err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}, false
-	}
-	if s := e.ranCheck(d, sc); s != nil {
-		return nil, s, false
-	}
+// commitFunc writes the encoded record of step id: under the holder's
+// lease (inline steps), or with create-if-absent (branches). It returns
+// the record's revision.
+type commitFunc func(id string, b []byte) (uint64, error)
+
+// runAttempt runs attempt a of a step of d's run and commits its result
+// with commit. It returns the committed record, or, when the attempt
+// commits nothing, how to settle instead: a retry (the step failed and
+// may run again), a release, a drop (the run was cancelled) or a lost
+// lease. A branch whose step another attempt committed first gets that
+// attempt's record.
+func (e *Executor) runAttempt(d *delivery, a *stepAttempt, commit commitFunc) (rec *state.Step, s *settlement) {
+	sc := a.stepCall
 	if h := e.cfg.Hooks.BeforeAttempt; h != nil {
-		h(sc.id, attempt)
+		h(sc.id, a.attempt)
 	}
-	if attempt > 1 {
-		// A redelivery can come while the attempt before it still runs
-		// (its worker stalled past the AckWait) and commits after this
-		// task's lookup: read the record again just before the function
-		// runs, so that such a commit is the result, not a second run.
-		stored, err := e.lookup(d.nctx, d.runKey(), sc.id)
-		if err != nil {
-			return nil, &settlement{kind: settleRelease, err: err}, false
-		}
-		if stored != nil {
-			d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
-				Msg("step was committed by an earlier attempt after this task looked it up; keeping its result")
-			return stored, nil, true
-		}
-	}
-	a := &stepAttempt{stepCall: sc, attempt: attempt, key: key, start: e.cfg.Now()}
 	span := e.startStepSpan(d, a)
 	defer func() { endStepSpan(span, a, rec, s) }()
 	// Its series exist at 0 from here: its first failure is an increase.
 	e.cfg.Metrics.StepBegins(d.run.Workflow, sc.name)
-	defer key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
+	defer a.key.abandon(d.nctx) // a claim still held when this returns without a result (retry, release) is released
 	rec, result, s := e.outcome(d, a)
 	if s != nil {
-		return nil, s, false
+		return nil, s
 	}
-	rec, s = e.record(d, a, rec, result)
-	return rec, s, false
-}
-
-// ranCheck is stillRunning's answer for sc: the one started beside its
-// lookup, or a read now.
-func (e *Executor) ranCheck(d *delivery, sc *stepCall) *settlement {
-	if sc.checked == nil {
-		return e.stillRunning(d, sc.recheck)
-	}
-	if s := <-sc.checked; s != nil {
-		return s
-	}
-	// A cancel notice that came while the read was out.
-	if e.cancelled.has(d.run.RunID, d.run.Token) || cancelledRun(d) {
-		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is cancelled", errRunNotRunning)}
-	}
-	return nil
+	return e.record(d, a, rec, result, commit)
 }
 
 // outcome produces the result of attempt a: the result stored under its
 // task key, a failure when the attempt is beyond the budget, or what the
 // step function returns. It returns a settlement instead when the step is
-// to be retried, the worker is stopping or the key cannot be acquired.
+// to be retried, the worker is stopping, the run was cancelled or the key
+// cannot be acquired.
 func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.StepResult, *settlement) {
 	sc, attempt, key := a.stepCall, a.attempt, a.key
 	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
 	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID, StartedAt: a.start.UTC()}
 	cached, err := key.acquire(d.ctx, d.nctx)
 	if err != nil {
-		return rec, "", &settlement{kind: settleRelease, err: err}
+		return rec, "", stopped(d, err)
 	}
 	if cached != nil {
 		rec.Output, rec.Error, rec.Attempt, rec.Worker = cached.Output, cached.Error, cached.Attempt, key.worker(rec.Worker)
@@ -130,11 +87,11 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 	}
 	if attempt > sc.policy.MaxAttempts {
 		// Attempts beyond the budget (crash loops): fail without running.
-		// This is jetflow's dead letter: the task was delivered more often
-		// than the step may run.
+		// This is jetflow's dead letter: the step was started more often
+		// than it may run.
 		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, sc.policy.MaxAttempts), Kind: "step"}
 		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
-		d.log.Warn().Str("step_id", sc.id).Int("attempt", attempt).Msg("step delivered more often than MaxAttempts; failing it")
+		d.log.Warn().Str("step_id", sc.id).Int("attempt", attempt).Msg("step started more often than MaxAttempts; failing it")
 		return rec, metrics.StepFailed, nil
 	}
 	out, err := e.call(d.ctx, info, sc.fn)
@@ -145,12 +102,10 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 	case err == nil:
 		rec.Output = out
 		return rec, metrics.StepCommitted, nil
-	case cancelledRun(d):
-		// The run was cancelled while the step ran: nothing to commit.
-		return rec, "", &settlement{kind: settleDrop, err: fmt.Errorf("%w: %w", errRunNotRunning, err)}
 	case d.ctx.Err() != nil:
-		// The worker is stopping: this attempt did not finish.
-		return rec, "", &settlement{kind: settleRelease, err: err}
+		// The run was cancelled, the lease lost or the worker is stopping
+		// while the step ran: this attempt did not finish.
+		return rec, "", stopped(d, err)
 	case isFatal(err):
 		rec.Error = &state.ErrorInfo{Message: err.Error(), Fatal: true, Kind: "step", Code: errorCode(err)}
 		return rec, metrics.StepFatal, nil
@@ -169,11 +124,24 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 	}
 }
 
+// stopped is the settlement of an attempt cut short by d's context (or an
+// error while it was cut): a drop when the run was cancelled, lost when
+// its lease was, else a release.
+func stopped(d *delivery, err error) *settlement {
+	switch cause := context.Cause(d.ctx); {
+	case errors.Is(cause, ErrRunCancelled):
+		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: %w", errRunNotRunning, err)}
+	case errors.Is(cause, errLeaseLost):
+		return &settlement{kind: settleLost, err: cause}
+	}
+	return &settlement{kind: settleRelease, err: err}
+}
+
 // record commits rec, the result of attempt a, after writing it to the
-// step's task key. It returns the committed record (another worker's when
-// that one committed first), or a release settlement when the commit
-// cannot be made or read back.
-func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result metrics.StepResult) (*state.Step, *settlement) {
+// step's task key. It returns the committed record (another attempt's when
+// that one committed first), or how to settle when the commit cannot be
+// made (a release) or was refused to a holder that lost its lease.
+func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result metrics.StepResult, commit commitFunc) (*state.Step, *settlement) {
 	sc, key := a.stepCall, a.key
 	rec.Committed = e.cfg.Now().UTC()
 	rec.Failures = e.attemptFailures(d, a)
@@ -188,24 +156,27 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	key.finish(d.nctx, *rec) // the key's result first: a crash before the commit leaves it to this step's redelivery
+	key.finish(d.nctx, *rec) // the key's result first: a crash before the commit leaves it to this step's next attempt
 	won := true
-	rev, err := e.commit(d.nctx, sc.id, b)
+	rev, err := commit(sc.id, b)
 	rec.Rev = rev
-	if err != nil {
-		if !errors.Is(err, jetstream.ErrExists) {
-			return nil, &settlement{kind: settleRelease, err: err}
-		}
+	switch {
+	case errors.Is(err, jetstream.ErrExists):
 		stored, err := e.committed(d.nctx, sc.id)
 		if err != nil {
 			return nil, &settlement{kind: settleRelease, err: err}
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
-			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another worker; keeping its result")
+			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another attempt; keeping its result")
 			won = false
 		}
 		rec = stored
+	case err != nil:
+		if h := e.cfg.Hooks.AfterCommit; h != nil {
+			h(sc.id, false)
+		}
+		return nil, lostOr(err)
 	}
 	if won { // the winner counts the step's result, once
 		e.observeStep(d.run.Workflow, sc.name, result, a.start)
@@ -213,15 +184,14 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 			e.cfg.Metrics.Suppressed(metrics.LayerTaskKey)
 		}
 	}
-	e.cache.put(d.runKey(), rec)
 	if h := e.cfg.Hooks.AfterCommit; h != nil {
 		h(sc.id, won)
 	}
 	return rec, nil
 }
 
-// committed reads the record of step id, which a create-if-absent has just
-// reported as written, with its revision.
+// committed reads the record of step id, which a write has just found
+// there, with its revision.
 func (e *Executor) committed(ctx context.Context, id string) (*state.Step, error) {
 	v, rev, err := e.cfg.Assets.Steps.GetExisting(ctx, id)
 	if err != nil {
@@ -235,76 +205,104 @@ func (e *Executor) committed(ctx context.Context, id string) (*state.Step, error
 	return &stored, nil
 }
 
-// attemptKey names the attempt record of the step a task runs: the step ID
-// for a step task, <run-id>.start for the start task (which runs the run's
-// first step).
-func attemptKey(t state.Task) string {
-	if t.StepID != "" {
-		return t.StepID
+// commitAttempts bounds the retries of a step commit that got no answer.
+const commitAttempts = 3
+
+// create writes a step record with create-if-absent (a branch's commit,
+// the end of a wait, a child's result). A write that got no answer (a
+// timeout, a lost connection) is retried in place rather than releasing
+// the task, which would run the step's side effect again; if the first
+// write had landed, the retry sees ErrExists and the caller finds its own
+// record.
+func (e *Executor) create(ctx context.Context, id string, b []byte) (rev uint64, err error) {
+	for attempt := 1; attempt <= commitAttempts; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		rev, err = e.cfg.Assets.Steps.Create(actx, id, b)
+		cancel()
+		if err == nil || jetstream.IsAPIError(err) || errors.Is(err, jetstream.ErrExists) {
+			return rev, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		}
 	}
-	return state.RunIdentity(t.RunID, t.Generation) + ".start"
+	return 0, err
 }
 
-// firstAttempt is the attempt the first delivery of t runs: 1, or the
-// attempt a retry timer was stored for.
-func firstAttempt(t state.Task) int { return max(1, t.Attempt) }
-
-// beginAttempt returns the number of the attempt about to run the task's
-// step, and makes sure no other delivery gets the same number. The step's
-// attempt record holds the highest attempt started.
-//
-//   - The first delivery of a task message at attempt 1 costs nothing: it
-//     is attempt 1.
-//   - A redelivery reads and advances the record with compare-and-set
-//     before the step runs. Finding no record, it counts the first delivery
-//     as having run (it may have crashed mid-step), unless that delivery
-//     was handed back unstarted (Release writes the record).
-//   - The first delivery of a retry (a message stored for attempt n > 1)
-//     records n, so that its own redelivery is n+1; if attempt n already
-//     started (its failed task was redelivered after a crash), the retry
-//     is not this task's to run (errNotThisTask).
-//   - A redispatched task (Task.Redispatched, or a duplicate's start task)
-//     first checks that no retry timer of the step is waiting — the timer
-//     owns the next attempt, errNotThisTask — and counts on from the
-//     record.
-//
-// Attempts are thus counted per start of the step, not per delivery: a
-// delivery that never ran the step does not use up MaxAttempts.
-func (e *Executor) beginAttempt(d *delivery) (int, error) {
-	first := firstAttempt(d.task)
-	stray := d.task.Redispatched || (d.task.StepID == "" && d.task.Token != d.run.Token)
-	if d.delivered <= 1 && first == 1 && !stray {
-		return 1, nil
+// commitRecord commits rec with create-if-absent, running nothing (a
+// wait's end, a child's result), and returns the committed record:
+// another writer's when it came first.
+func (e *Executor) commitRecord(d *delivery, rec *state.Step) (*state.Step, *settlement) {
+	rec.Committed = e.cfg.Now().UTC()
+	b, err := state.Encode(*rec)
+	if err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	if stray && d.delivered <= 1 {
-		// Published while no task of the step was pending: the step may
-		// be waiting for a retry timer, which owns its next attempt.
-		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, d.taskSubject(), false)
+	rev, err := e.create(d.nctx, rec.StepID, b)
+	if errors.Is(err, jetstream.ErrExists) {
+		stored, err := e.committed(d.nctx, rec.StepID)
 		if err != nil {
-			return 0, err
+			return nil, &settlement{kind: settleRelease, err: err}
 		}
-		if waiting {
-			return 0, fmt.Errorf("%w: a retry of the step waits as a timer", errNotThisTask)
+		return stored, nil
+	}
+	if err != nil {
+		return nil, &settlement{kind: settleRelease, err: err}
+	}
+	rec.Rev = rev
+	return rec, nil
+}
+
+// call runs fn with the step's info in its context, turning a panic into an
+// error.
+func (e *Executor) call(ctx context.Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
+	ctx = context.WithValue(ctx, stepInfoKey{}, info)
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("step panicked: %v", r)
+		}
+	}()
+	out, err = fn(ctx)
+	if err == nil && !json.Valid(out) {
+		err = fmt.Errorf("step returned invalid JSON")
+	}
+	return out, err
+}
+
+func (e *Executor) observeStep(wf, step string, result metrics.StepResult, start time.Time) {
+	e.cfg.Metrics.Step(wf, step, result, e.cfg.Now().Sub(start))
+}
+
+// attemptFailures are the failed attempts of the step of attempt a before
+// it, for its record: the ones this delivery retried in place, else those
+// of the step's attempt log (read only when a is not the first). A log
+// that cannot be read leaves them out (with a warning): the result is
+// committed either way.
+func (e *Executor) attemptFailures(d *delivery, a *stepAttempt) []state.AttemptFailure {
+	if a.attempt <= 1 {
+		return nil
+	}
+	v, _, err := e.cfg.Assets.Attempts.Get(d.nctx, a.id)
+	var l state.AttemptLog
+	if err == nil {
+		l, err = state.DecodeAttemptLog(v)
+	}
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return a.failures
+	}
+	if err != nil {
+		d.log.Warn().Err(err).Str("step_id", a.id).Msg("cannot read the step's earlier attempts; its record leaves them out")
+		return a.failures
+	}
+	var out []state.AttemptFailure
+	for _, f := range l.Failures {
+		if f.Attempt < a.attempt && (f.StepID == "" || f.StepID == a.id) {
+			out = append(out, f)
 		}
 	}
-	var attempt int
-	err := e.editAttemptLog(d.nctx, attemptKey(d.task), func(l *state.AttemptLog, found bool) (bool, error) {
-		switch {
-		case !found && d.delivered > 1 && first == 1:
-			attempt = 2 // the first delivery ran attempt 1 without a record
-		case !found:
-			attempt = first
-		case first > 1 && d.delivered <= 1 && l.Started >= first:
-			// A retry timer's task whose attempt already ran (its failed
-			// task was redelivered after a crash instead).
-			return false, fmt.Errorf("%w: attempt %d already started", errNotThisTask, first)
-		default:
-			attempt = max(first, l.Started+1)
-		}
-		l.Started = attempt // a concurrent delivery that takes this number first makes this one read again
-		return true, nil
-	})
-	return attempt, err
+	return out
 }
 
 // editAttemptLog applies edit to the attempt log under key (found is false
@@ -343,76 +341,24 @@ func (e *Executor) editAttemptLog(ctx context.Context, key string, edit func(l *
 	}
 }
 
-// attemptFailures are the failed attempts of the step of attempt a
-// logged before it, for its record: read only when a is not the first.
-// A log that cannot be read leaves them out (with a warning): the result
-// is committed either way.
-func (e *Executor) attemptFailures(d *delivery, a *stepAttempt) []state.AttemptFailure {
-	if a.attempt <= 1 {
-		return nil
+// failure is the attempt log's entry of the failed attempt s retries.
+func (e *Executor) failure(s *settlement) state.AttemptFailure {
+	f := state.AttemptFailure{StepID: s.stepID, Attempt: s.attempt, StartedAt: s.started.UTC(), EndedAt: e.cfg.Now().UTC(), Worker: e.cfg.WorkerID}
+	if s.err != nil {
+		f.Error = s.err.Error()
 	}
-	v, _, err := e.cfg.Assets.Attempts.Get(d.nctx, attemptKey(d.task))
-	var l state.AttemptLog
-	if err == nil {
-		l, err = state.DecodeAttemptLog(v)
-	}
-	if errors.Is(err, jetstream.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		d.log.Warn().Err(err).Str("step_id", a.id).Msg("cannot read the step's earlier attempts; its record leaves them out")
-		return nil
-	}
-	var out []state.AttemptFailure
-	for _, f := range l.Failures {
-		if f.Attempt < a.attempt && (f.StepID == "" || f.StepID == a.id) {
-			out = append(out, f)
-		}
-	}
-	return out
+	return f
 }
 
-// commitAttempts bounds the retries of a step commit that got no answer.
-const commitAttempts = 3
-
-// commit writes a step record with create-if-absent. A write that got no
-// answer (a timeout, a lost connection) is retried in place rather than
-// releasing the task, which would run the step's side effect again; if the
-// first write had landed, the retry sees ErrExists and the caller finds
-// its own record.
-func (e *Executor) commit(ctx context.Context, id string, b []byte) (rev uint64, err error) {
-	for attempt := 1; attempt <= commitAttempts; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		rev, err = e.cfg.Assets.Steps.Create(actx, id, b)
-		cancel()
-		if err == nil || jetstream.IsAPIError(err) || errors.Is(err, jetstream.ErrExists) {
-			return rev, err
-		}
-		select {
-		case <-ctx.Done():
-			return 0, err
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-	}
-	return 0, err
-}
-
-// call runs fn with the step's info in its context, turning a panic into an
-// error.
-func (e *Executor) call(ctx context.Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
-	ctx = context.WithValue(ctx, stepInfoKey{}, info)
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("step panicked: %v", r)
-		}
-	}()
-	out, err = fn(ctx)
-	if err == nil && !json.Valid(out) {
-		err = fmt.Errorf("step returned invalid JSON")
-	}
-	return out, err
-}
-
-func (e *Executor) observeStep(wf, step string, result metrics.StepResult, start time.Time) {
-	e.cfg.Metrics.Step(wf, step, result, e.cfg.Now().Sub(start))
+// recordFailure logs the failed attempt s retries in the step's attempt
+// log, which also raises the log's started count to it, and when notBefore
+// is set records that the next attempt must not start before it: a holder
+// that takes the run over meanwhile parks instead of running it early.
+func (e *Executor) recordFailure(ctx context.Context, s *settlement, notBefore time.Time) error {
+	f := e.failure(s)
+	return e.editAttemptLog(ctx, s.stepID, func(l *state.AttemptLog, _ bool) (bool, error) {
+		l.Add(f)
+		l.NotBefore = notBefore.UTC()
+		return true, nil
+	})
 }

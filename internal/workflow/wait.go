@@ -3,6 +3,7 @@ package workflow
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -14,21 +15,21 @@ import (
 //
 // # How a wait holds nothing
 //
-// A wait is a step like any other: its task is published when the body
-// reaches it, and the task that executes it stores what will end it —
-// for a sleep or a wait's timeout, the step's own task as a timer
-// (JetStream message schedule) that the server publishes when it is due,
-// with the deadline in Task.WakeAt; for a hook, the token's record — and
-// is acknowledged. Nothing is left in a worker's memory. The wait ends
-// with the first commit of its step record (create-if-absent): the due
-// timer's task commits the sleep's end or the timeout, an event sender
+// A wait is a step like any other: the holder that reaches it stores what
+// will end it — for a sleep or a wait's timeout a timer (a JetStream
+// message schedule) that the server publishes when it is due, as a wake
+// of the run with the deadline in Task.WakeAt; for a hook, the token's
+// record; for a wait with no deadline a recheck timer — and parks the run.
+// Nothing is left in a worker's memory. The wait ends with the first
+// commit of its step record (create-if-absent): the holder woken by the
+// due timer commits the sleep's end or the timeout, an event sender
 // commits the event (Sender). Whoever commits second finds the first
 // record, so a wait ends once, the same way on every replay.
 type WaitSpec struct {
 	// Kind is state.StepSleep, state.StepEvent or state.StepHook.
 	Kind string
 	// Until is a sleep's deadline; For, when Until is zero, its length,
-	// counted from when the wait's task first executes.
+	// counted from when a holder first begins the wait.
 	Until time.Time
 	For   time.Duration
 	// Event names the event an event or hook wait waits for; Timeout (0:
@@ -75,70 +76,10 @@ func (s WaitSpec) validate(name string) (string, error) {
 	return "", fmt.Errorf("%w: unknown wait kind %q", ErrInput, s.Kind)
 }
 
-// StartWait starts the next wait of the body: a sleep (its step is called
-// name), or a wait for the event spec.Event (its step is called
-// state.EventStepName or state.HookStepName of the event, so that no step
-// the body names can be committed by a sender). Like Start, it returns the
-// handle at once; Await or Result waits. Invalid arguments are returned as
-// errors.
-func (c *Context) StartWait(name string, spec WaitSpec) (*Pending, error) {
-	if c.parked {
-		c.park(nil)
-	}
-	name, err := spec.validate(name)
-	if err != nil {
-		return nil, err
-	}
-	p := c.next(name)
-	p.call = &stepCall{name: name, id: p.id, seq: p.seq, wait: &spec}
-	c.begin(p)
-	return p, nil
-}
-
-// startWait is the execution of a wait step: when this task is the wait's
-// due timer it commits the wait's end (a sleep's, or a wait's timeout);
-// otherwise it stores what ends the wait (the hook's token, a timer) and
-// returns a nil record: the wait goes on without holding anything. A
-// record another writer committed first is returned instead of this one's.
-func (e *Executor) startWait(d *delivery, sc *stepCall) (*state.Step, *settlement) {
-	// A task of a run that has ended or been replaced (a recheck or a
-	// wake that outlived it) must neither store timers nor take tokens.
-	if s := e.stillRunning(d, true); s != nil {
-		return nil, s
-	}
-	w, now := sc.wait, e.cfg.TimerNow()
-	if due := d.task.WakeAt; d.task.StepID == sc.id && !due.IsZero() {
-		if now.Before(due) {
-			// The server's clock is ahead of this worker's: the wait is
-			// not over by this clock. Hold the task until it is.
-			return nil, &settlement{kind: settleRelease, delay: due.Sub(now),
-				err: fmt.Errorf("wait %s due at %s came early by this worker's clock", sc.id, due.Format(time.RFC3339Nano))}
-		}
-		return e.commitRecord(d, sc, expired(d, sc, due))
-	}
-	if w.Kind == state.StepHook {
-		taken, err := e.registerHook(d, sc)
-		if err != nil {
-			return nil, &settlement{kind: settleRelease, err: err}
-		}
-		if taken != nil {
-			return e.commitRecord(d, sc, taken)
-		}
-	}
-	deadline := w.deadline(now)
-	if !deadline.IsZero() && !deadline.After(now) {
-		return e.commitRecord(d, sc, expired(d, sc, deadline))
-	}
-	if err := e.scheduleWake(d, sc, deadline, now); err != nil {
-		return nil, &settlement{kind: settleRelease, err: err}
-	}
-	return nil, nil
-}
-
 // WaitRecheck is how often a wait without a deadline (an event wait
-// without a timeout) has its task delivered again: the timer that does it
-// is what tells the sweeper the run is waiting, not stuck, and a replay
-// at each recheck resumes a run whose resume task was lost.
+// without a timeout, a parent waiting for its child) has its run woken
+// again: the timer that does it is what tells the sweeper the run is
+// waiting, not stuck, and the wake resumes a run whose wake was lost.
 const WaitRecheck = 24 * time.Hour
 
 // deadline is when the wait ends without an event, for a wait that starts
@@ -153,6 +94,100 @@ func (s WaitSpec) deadline(now time.Time) time.Time {
 		return now.Add(s.Timeout)
 	}
 	return time.Time{}
+}
+
+// timerOf reports whether the holder's task is a timer of p: its deadline
+// (WakeAt) or its recheck.
+func (h *holder) timerOf(p *Pending) bool {
+	t := h.d.task
+	return t.Wake && t.StepID == p.id && (!t.WakeAt.IsZero() || t.Recheck)
+}
+
+// beginWait begins the wait p, or ends it when this task is its due
+// timer: the holder commits the sleep's end or the wait's timeout (or the
+// hook's refusal when another wait took its token). Otherwise it stores
+// what ends the wait — the hook's token, a timer — and leaves p
+// uncommitted: the run parks unless the await is satisfied otherwise. An
+// event or hook wait is looked up first: an event sent before the run
+// reached its wait is kept there.
+func (h *holder) beginWait(c *Context, p *Pending) *settlement {
+	d, w, now := h.d, p.call.wait, h.e.cfg.TimerNow()
+	if due := d.task.WakeAt; h.timerOf(p) && !due.IsZero() {
+		if now.Before(due) {
+			// The server's clock is ahead of this worker's: the wait is
+			// not over by this clock. Hold the task until it is.
+			return &settlement{kind: settleRelease, delay: due.Sub(now),
+				err: fmt.Errorf("wait %s due at %s came early by this worker's clock", p.id, due.Format(time.RFC3339Nano))}
+		}
+		return h.end(c, p, expired(d, p.call, due))
+	}
+	if w.Kind == state.StepHook {
+		taken, err := h.e.registerHook(d, p.call)
+		if err != nil {
+			return &settlement{kind: settleRelease, err: err}
+		}
+		if taken != nil {
+			return h.end(c, p, taken)
+		}
+	}
+	deadline := w.deadline(now)
+	if !deadline.IsZero() && !deadline.After(now) {
+		return h.end(c, p, expired(d, p.call, deadline))
+	}
+	if w.Kind != state.StepSleep {
+		rec, err := h.e.lookup(d, p.id)
+		if err != nil {
+			return &settlement{kind: settleRelease, err: err}
+		}
+		if rec != nil {
+			p.rec = rec
+			c.hist.put(rec)
+			return nil
+		}
+	}
+	if err := h.scheduleWake(c, p, deadline, now); err != nil {
+		return &settlement{kind: settleRelease, err: err}
+	}
+	return nil
+}
+
+// end commits rec as the end of wait p (create-if-absent: an event
+// committed first stays) and gives p the committed record.
+func (h *holder) end(c *Context, p *Pending, rec *state.Step) *settlement {
+	stored, s := h.e.commitRecord(h.d, rec)
+	if s != nil {
+		return s
+	}
+	p.rec = stored
+	c.hist.put(stored)
+	return nil
+}
+
+// scheduleWake stores the timer that wakes the run for wait p: at its
+// deadline, or, for a wait without one, a recheck due WaitRecheck after
+// now. A holder that may not be the first to begin the wait (it took the
+// run over) first looks for the timer an earlier one stored, and keeps
+// it: its deadline was counted from the wait's first beginning. The
+// holder woken by a recheck stores the next one.
+func (h *holder) scheduleWake(c *Context, p *Pending, deadline, now time.Time) error {
+	timer := jetstream.RunTimer(c.run.Workflow, p.id)
+	recheck := h.timerOf(p) && h.d.task.Recheck
+	if !h.clean && !recheck {
+		waiting, err := jetstream.HasTimer(h.d.nctx, h.e.cfg.Assets.Timers, timer, false)
+		if err != nil || waiting {
+			return err
+		}
+	}
+	t := state.StepTask(c.run, c.rev, p.id)
+	t.Wake = true
+	msgID := p.id + "#wake"
+	if deadline.IsZero() {
+		deadline, t.Recheck = now.Add(WaitRecheck), true
+		msgID = p.id + "#recheck." + strconv.FormatInt(deadline.Unix(), 10)
+	} else {
+		t.WakeAt = deadline.UTC()
+	}
+	return h.e.storeTimer(h.d, timer, msgID, t, deadline)
 }
 
 // expired is the record of wait sc whose deadline passed: a sleep's end,
@@ -172,53 +207,6 @@ func expired(d *delivery, sc *stepCall, deadline time.Time) *state.Step {
 	rec.Error = &state.ErrorInfo{Kind: KindTimeout, Fatal: true, Code: CodeEventTimeout,
 		Message: fmt.Sprintf("no event %s within %s", sc.wait.Event, sc.wait.Timeout)}
 	return rec
-}
-
-// scheduleWake stores the task of wait sc as a timer due at deadline, or,
-// for a wait without one, as a recheck due WaitRecheck after now. A task
-// that may not be the first to execute the wait (a redelivery, a
-// redispatch, a resume) first looks for the timer an earlier one stored,
-// and keeps it: its deadline was counted from the wait's first start.
-func (e *Executor) scheduleWake(d *delivery, sc *stepCall, deadline, now time.Time) error {
-	subject := jetstream.TaskSubject(d.run.Workflow, d.run.RunID, sc.id)
-	if d.delivered > 1 || d.task.Redispatched || d.task.Resume || d.task.StepID != sc.id {
-		// A recheck's own due message may still be in the timers stream
-		// (its forward's ack in flight): only a stored timer counts then.
-		waiting, err := jetstream.HasTimer(d.nctx, e.cfg.Assets.Timers, subject, d.task.Recheck && d.task.StepID == sc.id)
-		if err != nil || waiting {
-			return err
-		}
-	}
-	t := state.StepTask(d.run, d.rev, sc.id)
-	at := deadline
-	if deadline.IsZero() {
-		at, t.Redispatched, t.Recheck = now.Add(WaitRecheck), true, true
-	} else {
-		t.WakeAt = deadline.UTC()
-	}
-	b, err := state.Encode(t)
-	if err != nil {
-		return err
-	}
-	err = e.scheduleTimer(d.nctx, subject, timerMsgID(t), b, at)
-	if errors.Is(err, jetstream.ErrTimerExists) {
-		return nil // stored by an earlier delivery within the broker's window
-	}
-	return err
-}
-
-// timerMsgID names the task message of a timer, which the timer and the
-// task it becomes share, so that a repeated store or forward within the
-// broker's window is absorbed: one per retry of a step, one per wait's
-// deadline, one per wait's recheck.
-func timerMsgID(t state.Task) string {
-	switch {
-	case !t.WakeAt.IsZero():
-		return t.StepID + "#wake"
-	case t.Recheck:
-		return t.StepID + "#recheck"
-	}
-	return retryMsgID(t)
 }
 
 // registerHook records that the token of hook wait sc resumes sc. It
@@ -246,4 +234,21 @@ func (e *Executor) registerHook(d *delivery, sc *stepCall) (*state.Step, error) 
 		Error: &state.ErrorInfo{Kind: KindHookTaken, Fatal: true, Code: CodeHookTaken,
 			Message: fmt.Sprintf("hook token %s is taken by run %s (step %s)", sc.wait.Token, owner.RunID, owner.StepID)},
 	}, nil
+}
+
+// lookup reads the committed record of stepID, or nil.
+func (e *Executor) lookup(d *delivery, stepID string) (*state.Step, error) {
+	v, rev, err := e.cfg.Assets.Steps.Get(d.nctx, stepID)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	rec, err := state.DecodeStep(v)
+	if err != nil {
+		return nil, err
+	}
+	rec.Rev = rev
+	return &rec, nil
 }

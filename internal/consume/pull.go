@@ -1,0 +1,162 @@
+package consume
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// pull keeps pull requests out for s's free slots, all answered on one
+// long-lived inbox: a request asks the server for as many messages as s
+// has free slots (each reserved until its message is settled, or until the
+// request expires undelivered), and a new one goes out when nothing is
+// requested any more, or when half of s's slots are free and unrequested.
+// So a busy consumer sends one request for many messages, an idle one a
+// request per fetchWait, and nothing is ever delivered that has no slot
+// (no prefetch beyond the slots).
+//
+// When the pool stops, no request goes out any more; the loop waits for
+// the open requests to expire (at most fetchWait), handing back what they
+// still deliver, and unsubscribes.
+func (p *Pool) pull(s *source) {
+	defer p.loops.Done()
+	info := s.c.CachedInfo()
+	next := "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name
+	inbox := p.nc.NewInbox()
+	msgs := make(chan *nats.Msg, cap(s.own)+64)
+	sub, err := p.nc.Subscribe(inbox, func(m *nats.Msg) { msgs <- m })
+	if err != nil {
+		p.log.Error().Err(err).Str("consumer", info.Name).Msg("cannot subscribe to pull: consuming stopped")
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	threshold := max(1, cap(s.own)/2)
+	outstanding := 0
+	stopping := false
+	// quiet fires when requests should have ended by now: a request lost
+	// with a connection never sends its expiry.
+	quiet := time.NewTimer(time.Hour)
+	defer quiet.Stop()
+	for {
+		free := cap(s.own) - len(s.own) // only this loop adds tokens
+		if !stopping && free > 0 && (free >= threshold || outstanding == 0 && free == cap(s.own)) {
+			for range free {
+				s.own <- struct{}{}
+			}
+			if err := p.request(next, inbox, free); err != nil {
+				p.giveBack(s, free)
+				p.log.Warn().Err(err).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
+				select {
+				case <-time.After(fetchWait):
+				case <-p.quit:
+				}
+				continue
+			}
+			outstanding += free
+			quiet.Reset(2 * fetchWait)
+		}
+		if stopping && outstanding == 0 {
+			return
+		}
+		select {
+		case m := <-msgs:
+			switch code := m.Header.Get("Status"); code {
+			case "":
+				outstanding = max(0, outstanding-1)
+				p.start(s, pulled{m}, stopping)
+			case "100": // idle heartbeat
+			default:
+				// 408 (expired), 409 (leadership change, consumer gone,
+				// ...), 404: the rest of a request is not coming.
+				n := outstanding
+				if v, err := strconv.Atoi(m.Header.Get("Nats-Pending-Messages")); err == nil {
+					n = min(v, outstanding)
+				}
+				if code != "408" && code != "404" {
+					p.log.Warn().Str("consumer", info.Name).Str("status", code).Str("description", m.Header.Get("Description")).
+						Msg("pull request ended early; pulling again")
+				}
+				outstanding -= n
+				p.giveBack(s, n)
+			}
+		case <-s.freed:
+		case <-quiet.C:
+			// Nothing came for twice a request's life: the requests are
+			// gone (a reconnect). Their slots are free again.
+			p.giveBack(s, outstanding)
+			outstanding = 0
+			if stopping {
+				return
+			}
+		case <-p.quit:
+			if !stopping {
+				stopping = true
+				quiet.Reset(2 * fetchWait)
+			}
+		}
+	}
+}
+
+// giveBack frees n of s's slots reserved for messages that did not come.
+func (p *Pool) giveBack(s *source, n int) {
+	for range n {
+		<-s.own
+	}
+}
+
+// request asks for n messages, answered on inbox within fetchWait.
+func (p *Pool) request(subject, inbox string, n int) error {
+	b, err := json.Marshal(struct {
+		Batch   int           `json:"batch"`
+		Expires time.Duration `json:"expires"`
+	}{n, fetchWait})
+	if err != nil {
+		return err
+	}
+	return p.nc.PublishRequest(subject, inbox, b)
+}
+
+// pulled is a message of a pull request as the handlers see it (a
+// jetstream.Msg): it is settled by replies to its ack subject.
+type pulled struct{ m *nats.Msg }
+
+func (m pulled) Metadata() (*natsjs.MsgMetadata, error) {
+	md, err := m.m.Metadata()
+	if err != nil {
+		return nil, err
+	}
+	return &natsjs.MsgMetadata{
+		Sequence:     natsjs.SequencePair{Consumer: md.Sequence.Consumer, Stream: md.Sequence.Stream},
+		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp,
+		Stream: md.Stream, Consumer: md.Consumer, Domain: md.Domain,
+	}, nil
+}
+func (m pulled) Data() []byte         { return m.m.Data }
+func (m pulled) Headers() nats.Header { return m.m.Header }
+func (m pulled) Subject() string      { return m.m.Subject }
+func (m pulled) Reply() string        { return m.m.Reply }
+func (m pulled) Ack() error           { return settled(m.m.Ack()) }
+func (m pulled) DoubleAck(ctx context.Context) error {
+	return settled(m.m.AckSync(nats.Context(ctx)))
+}
+func (m pulled) Nak() error                             { return settled(m.m.Nak()) }
+func (m pulled) NakWithDelay(delay time.Duration) error { return settled(m.m.NakWithDelay(delay)) }
+func (m pulled) InProgress() error                      { return settled(m.m.InProgress()) }
+func (m pulled) Term() error                            { return settled(m.m.Term()) }
+func (m pulled) TermWithReason(reason string) error {
+	return settled(m.m.Respond([]byte("+TERM " + reason)))
+}
+
+// settled is err with nats.go's legacy "already acknowledged" as the
+// jetstream package's, which the handlers match.
+func settled(err error) error {
+	if errors.Is(err, nats.ErrMsgAlreadyAckd) {
+		return natsjs.ErrMsgAlreadyAckd
+	}
+	return err
+}

@@ -1,0 +1,91 @@
+package consume_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/consume"
+	"github.com/jetflow/jetflow/internal/testenv"
+)
+
+// holder is a handler that holds every message until released.
+type holder struct {
+	mu      sync.Mutex
+	running int
+	most    int
+	done    atomic.Int64
+	release chan struct{}
+}
+
+func (h *holder) Handle(_ context.Context, d *consume.Delivery) {
+	h.mu.Lock()
+	h.running++
+	h.most = max(h.most, h.running)
+	h.mu.Unlock()
+	<-h.release
+	h.mu.Lock()
+	h.running--
+	h.mu.Unlock()
+	if err := d.Msg.DoubleAck(context.Background()); err == nil {
+		h.done.Add(1)
+	}
+}
+
+func (h *holder) Release(msg natsjs.Msg) error { return msg.Nak() }
+
+// The pool never holds more messages than its slots (no prefetch: the
+// consumer shows no more ack-pending than the limit while every handler
+// waits), and pulls with few requests: one for a batch of free slots, not
+// one per message.
+func TestPullAsksOnlyForFreeSlots(t *testing.T) {
+	t.Parallel()
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
+	tap := testenv.Conn(t, srv)
+	ctx := t.Context()
+	js, err := natsjs.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "P", Subjects: []string{"p.>"}, Retention: natsjs.WorkQueuePolicy})
+	require.NoError(t, err)
+	c, err := js.CreateConsumer(ctx, "P", natsjs.ConsumerConfig{Durable: "pc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
+	require.NoError(t, err)
+	var requests atomic.Int64
+	sub, err := tap.Subscribe("$JS.API.CONSUMER.MSG.NEXT.P.pc", func(_ *nats.Msg) { requests.Add(1) })
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, tap.Flush())
+
+	const limit, total = 8, 200
+	for i := range total {
+		_, err := js.Publish(ctx, "p."+strconv.Itoa(i), nil)
+		require.NoError(t, err)
+	}
+	h := &holder{release: make(chan struct{})}
+	pool := consume.New(nc, limit, false, testenv.Logger(t))
+	require.NoError(t, pool.Consume(c, limit, h))
+	require.Eventually(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.running == limit
+	}, 10*time.Second, 5*time.Millisecond)
+	info, err := c.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limit, info.NumAckPending, "messages delivered beyond the free slots")
+
+	close(h.release)
+	require.Eventually(t, func() bool { return h.done.Load() == total }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, pool.Stop(ctx))
+	h.mu.Lock()
+	require.LessOrEqual(t, h.most, limit)
+	h.mu.Unlock()
+	require.NoError(t, tap.Flush())
+	require.Less(t, requests.Load(), int64(total/3), "a pull request per message or two")
+}

@@ -1,0 +1,171 @@
+package jetstream
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+		"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// DirectRequest is a JetStream direct-get request that can be answered
+// with several messages (batched, or the last message of each subject that
+// matches a filter).
+type DirectRequest struct {
+	Seq          uint64     `json:"seq,omitempty"`
+	NextFor      string     `json:"next_by_subj,omitempty"`
+	Batch        int        `json:"batch,omitempty"`
+	StartTime    *time.Time `json:"start_time,omitempty"`
+	MultiLastFor []string   `json:"multi_last,omitempty"`
+	UpToSeq      uint64     `json:"up_to_seq,omitempty"`
+}
+
+// directMux answers multi-message direct gets on one wildcard subscription
+// of a connection, so that a read costs the request alone: no subscribe and
+// unsubscribe per call (which a plain inbox per call would cost).
+type directMux struct {
+	nc     *nats.Conn
+	once   sync.Once
+	err    error
+	prefix string // <inbox>.
+	next   atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[string]chan *nats.Msg
+}
+
+func newDirectMux(nc *nats.Conn) *directMux {
+	return &directMux{nc: nc, pending: make(map[string]chan *nats.Msg)}
+}
+
+// start subscribes once, on the first request.
+func (m *directMux) start() error {
+	m.once.Do(func() {
+		m.prefix = m.nc.NewInbox() + "."
+		_, m.err = m.nc.Subscribe(m.prefix+"*", func(msg *nats.Msg) {
+			m.mu.Lock()
+			ch := m.pending[msg.Subject]
+			m.mu.Unlock()
+			if ch != nil {
+				select {
+				case ch <- msg:
+				default: // a reader that gave up; its answer is dropped
+				}
+			}
+		})
+	})
+	return m.err
+}
+
+// request sends req to stream's direct-get service and returns the messages
+// of its answer, and the status that ended it: 204 (end of batch), 404
+// (nothing matched: no messages, not an error), 413 (more than the server
+// returns at once; msgs holds what it sent). A stream that does not exist
+// is an error matching nats.ErrNoResponders.
+func (m *directMux) request(ctx context.Context, stream string, req DirectRequest) (msgs []*nats.Msg, status string, err error) {
+	if err := m.start(); err != nil {
+		return nil, "", Unavailable(fmt.Errorf("jetflow: direct get %s: %w", stream, err))
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	reply := m.prefix + strconv.FormatUint(m.next.Add(1), 36)
+	// The answer streams in; the buffer takes a full answer (the server
+	// sends at most 1,024 messages) so the subscription never blocks.
+	ch := make(chan *nats.Msg, 1100)
+	m.mu.Lock()
+	m.pending[reply] = ch
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.pending, reply)
+		m.mu.Unlock()
+	}()
+	if err := m.nc.PublishRequest("$JS.API.DIRECT.GET."+stream, reply, b); err != nil {
+		return nil, "", Unavailable(fmt.Errorf("jetflow: direct get %s: %w", stream, err))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, "", Unavailable(fmt.Errorf("jetflow: direct get %s: %w", stream, ctx.Err()))
+		case msg := <-ch:
+			code := msg.Header.Get("Status")
+			switch code {
+			case "":
+				msgs = append(msgs, msg)
+				continue
+			case "204", "404", "413":
+				return msgs, code, nil
+			case "503":
+				return nil, code, fmt.Errorf("jetflow: direct get %s: %w", stream, nats.ErrNoResponders)
+			}
+			return nil, code, fmt.Errorf("jetflow: direct get %s: %s %s", stream, code, msg.Header.Get("Description"))
+		}
+	}
+}
+
+// Entry is one key of a bucket as a batch read returned it.
+type Entry struct {
+	Key   string
+	Value []byte
+	Rev   uint64
+}
+
+// Prefix reads the latest value of every key under prefix (the keys
+// <prefix>.<anything>), in revision order. Up to 1,024 keys take one
+// direct get, which the server answers isolated from writes: a consistent
+// snapshot of the keys at one point of the bucket's history. More keys are
+// read in batches of 1,024 in revision order, each a snapshot of its own.
+// Keys whose latest message is a delete, purge or expiry marker are left
+// out.
+func (k *KV) Prefix(ctx context.Context, prefix string) ([]Entry, error) {
+	filter := k.prefix + prefix + ".>"
+	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}})
+	for status == "413" && err == nil {
+		// More keys than one answer holds: walk them in revision order.
+		var page []*nats.Msg
+		seq := uint64(1)
+		if n := len(msgs); n > 0 {
+			seq = msgSeq(msgs[n-1]) + 1
+		}
+		page, status, err = k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{Seq: seq, NextFor: filter, Batch: 1024})
+		msgs = append(msgs, page...)
+		if status == "204" && len(page) == 1024 {
+			status = "413" // a full page: there may be more
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: read %s/%s.*: %w", k.Bucket(), prefix, err)
+	}
+	out := make([]Entry, 0, len(msgs))
+	for _, m := range msgs {
+		if m.Header.Get("KV-Operation") != "" || m.Header.Get(natsjs.MarkerReasonHeader) != "" {
+			continue
+		}
+		key := strings.TrimPrefix(m.Header.Get(natsjs.SubjectHeader), k.prefix)
+		out = append(out, Entry{Key: key, Value: m.Data, Rev: msgSeq(m)})
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Rev, b.Rev) })
+	return out, nil
+}
+
+// msgSeq is the stream sequence of a direct get's answer (0 when it has
+// none).
+func msgSeq(m *nats.Msg) uint64 {
+	seq, _ := strconv.ParseUint(m.Header.Get(natsjs.SequenceHeader), 10, 64)
+	return seq
+}

@@ -1,0 +1,96 @@
+package state
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Lease is the record of who executes a run generation's body, stored in
+// the steps bucket under LeaseKey(identity), beside the run's step records
+// (a batch read of the run's keys returns it with them). Its revision is
+// the fence of the run: a holder writes every step result it commits with
+// "the lease's last revision is the one I hold", so a holder whose lease
+// was taken over, or whose run was cancelled, can commit nothing more.
+//
+// A run's first holder (the first delivery of its start task) holds the
+// lease without a record: its fence is "no lease record". The record is
+// written when a holder renews its lease (a task running longer than a
+// third of its ack wait), parks the run (a wait), hands it back (a
+// release), takes it over from an earlier holder, or when the run is
+// cancelled.
+type Lease struct {
+	V     int        `json:"v"`
+	State LeaseState `json:"state"`
+	// Worker, Seq and Delivered name the delivery that wrote the record:
+	// the worker, and the run task's stream sequence and delivery count.
+	Worker    string `json:"worker,omitempty"`
+	Seq       uint64 `json:"seq,omitempty"`
+	Delivered int    `json:"delivered,omitempty"`
+	// Epoch is the number of the await the body was parked at (counting
+	// from 1): every await up to it has dispatched its branches, stored its
+	// timers and admitted its children.
+	Epoch int `json:"epoch,omitempty"`
+	// Waits are the steps the parked body waits for (any of them for an
+	// AwaitFirst).
+	Waits []string `json:"waits,omitempty"`
+	// Indexed: the run's running entry is in the run index.
+	Indexed bool `json:"indexed,omitempty"`
+	// Unstarted marks a record written by a delivery that handed its run
+	// task back without starting anything (its worker was stopping): the
+	// next delivery of the task takes the run as that one found it —
+	// Clean (parked, or fresh) and Inherited (the holder before may have
+	// been running a step) say how, with Epoch.
+	Unstarted bool      `json:"unstarted,omitempty"`
+	Clean     bool      `json:"clean,omitempty"`
+	Inherited bool      `json:"inherited,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// LeaseState is what a lease record says of the run's body.
+type LeaseState string
+
+const (
+	// LeaseHeld: a delivery executes the body and renews the record.
+	LeaseHeld LeaseState = "held"
+	// LeaseParked: the body waits (a sleep, an event, a child, branches);
+	// the run task that parked it was acknowledged, and the next one takes
+	// the lease at once.
+	LeaseParked LeaseState = "parked"
+	// LeaseReleased: the holder handed its run task back unfinished
+	// (shutdown, a NATS failure); its redelivery takes the lease at once.
+	LeaseReleased LeaseState = "released"
+	// LeaseCancelled: the run was cancelled. Final: no holder takes the
+	// lease again, and the commit of a holder that held it is refused.
+	LeaseCancelled LeaseState = "cancelled"
+)
+
+// LeaseKey is the steps-bucket key of the lease of run generation identity
+// (RunIdentity): two tokens, where a step ID has three, so that it never
+// names a step.
+func LeaseKey(identity string) string { return identity + ".lease" }
+
+// IsLeaseKey reports whether a steps-bucket key is a lease's.
+func IsLeaseKey(key string) bool {
+	return strings.HasSuffix(key, ".lease") && strings.Count(key, ".") == 1
+}
+
+// DecodeLease decodes and validates a lease record.
+func DecodeLease(b []byte) (Lease, error) {
+	var l Lease
+	if err := decode(b, &l); err != nil {
+		return Lease{}, err
+	}
+	switch l.State {
+	case LeaseHeld, LeaseParked, LeaseReleased, LeaseCancelled:
+	default:
+		return Lease{}, fmt.Errorf("%w: lease record: unknown state %q", ErrCorrupt, l.State)
+	}
+	if l.Delivered < 0 || l.Epoch < 0 {
+		return Lease{}, fmt.Errorf("%w: lease record: negative delivery count or epoch", ErrCorrupt)
+	}
+	if err := checkTimes("lease record", l.At); err != nil {
+		return Lease{}, err
+	}
+	return l, nil
+}

@@ -1,0 +1,259 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/consume"
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// holder is a run task's delivery that holds the run's lease: it executes
+// the body, runs its sequential steps inline, begins its branches, waits
+// and children, and parks or finishes the run.
+type holder struct {
+	e     *Executor
+	d     *delivery
+	lease *lease
+	// fresh: the first delivery of the run's own start task; nothing of
+	// the run is committed but what others delivered to it.
+	fresh bool
+	// clean: the first delivery of its message, holding a lease that no
+	// holder before it left in the middle of something (no record, or
+	// parked): what it finds begun at an await up to the lease's epoch is
+	// done, and an inline step past it never started.
+	clean bool
+	// inherited: the first inline step this holder runs may have been
+	// started by the holder it took the run over from (its attempt count
+	// is read, not assumed).
+	inherited bool
+}
+
+// handleRun handles one delivery of a run task: load the run, take its
+// lease, replay its body and settle.
+func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
+	d := e.newDelivery(ctx, m)
+	if d == nil {
+		return
+	}
+	e.cfg.Metrics.InFlight(1)
+	defer e.cfg.Metrics.InFlight(-1)
+	def, ok := e.cfg.Definitions[d.task.Workflow]
+	if !ok {
+		d.log.Error().Msg("task for a workflow this worker does not serve; releasing it")
+		settleErr(d.log, m.Msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		return
+	}
+	if s := e.loadRun(d); s != nil {
+		e.settleRun(d, nil, s)
+		return
+	}
+	untrack := e.inflight.track(d, ctx)
+	defer untrack()
+	h, s := e.hold(d)
+	if s != nil {
+		e.settleRun(d, h.holder, s)
+		return
+	}
+	m.OnBeat(h.lease.beat)
+	c := e.newContext(d, modeHolder, h.history)
+	c.hold = h.holder
+	e.settleRun(d, h.holder, c.replay(def))
+}
+
+// loadRun reads the run d's task stands for, and returns a settlement when
+// the task must not touch it: a start whose run expired (dedupe's
+// ErrStaleStart: it must never create a run), a task of another workflow's
+// run, of a run that ended, of another generation, or of a run an earlier
+// version's workers run.
+func (e *Executor) loadRun(d *delivery) *settlement {
+	var err error
+	if d.task.Wake {
+		d.run, d.rev, err = e.runs.Get(d.nctx, d.task.RunID)
+		if errors.Is(err, runs.ErrNotFound) {
+			return &settlement{kind: settleDrop, err: fmt.Errorf("%w: its record is gone", errRunNotRunning)}
+		}
+	} else {
+		// A start task materialises the record if its publisher died
+		// before writing it.
+		d.run, d.rev, err = e.cfg.Admitter.Materialize(d.nctx, d.task)
+		if errors.Is(err, dedupe.ErrStaleStart) {
+			return &settlement{kind: settleDrop, err: fmt.Errorf("stale start task, its run expired; no run created: %w", err)}
+		}
+	}
+	switch {
+	case err != nil:
+		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot load run: %w", err)}
+	case d.run.Workflow != d.task.Workflow:
+		// A start of another workflow under this run ID (after the
+		// broker's window): the stored run wins.
+		return &settlement{kind: settleDrop, err: fmt.Errorf("the run ID holds a run of workflow %s", d.run.Workflow)}
+	case d.task.Generation != d.run.Generation || d.run.Status.Terminal():
+		// A late wake or a duplicate's start. A child run that ended may
+		// not have told its parent yet (its holder died between the two
+		// writes): tell it again.
+		if err := e.notifyParent(d.nctx, d.run); err != nil {
+			return &settlement{kind: settleRelease, err: fmt.Errorf("cannot tell the parent that its child ended: %w", err)}
+		}
+		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s (generation %d)", errRunNotRunning, d.run.Status, d.run.Generation)}
+	case d.run.Exec != state.ExecLease:
+		return &settlement{kind: settleDrop, err: errors.New("a run of an earlier version's executor: left to its workers")}
+	}
+	return nil
+}
+
+// held is what hold found: the holder and the history it replays against.
+type held struct {
+	*holder
+	history *history
+}
+
+// hold takes the lease of d's run. The first delivery of the run's start
+// task holds it at once, reading nothing. Any other delivery reads the
+// run's records in one batch (its history, with the lease record) and:
+//
+//   - finds the run cancelled: drops the task;
+//   - is the first delivery of its message and finds no lease record, or
+//     one parked or released by another message's delivery: holds the
+//     lease at that revision without writing (no other delivery can be
+//     executing the body: at most one run task is pending at a time, and
+//     the holder of any earlier one parked or finished);
+//   - otherwise (a redelivery, or a lease held by another delivery): takes
+//     the lease over with compare-and-set, after waiting out a lease
+//     still renewed by a live holder (wait), and reads the history again,
+//     so that it holds every commit its predecessor made before the
+//     takeover.
+func (e *Executor) hold(d *delivery) (held, *settlement) {
+	lease := func(rev uint64, found state.Lease, proved time.Time) *lease {
+		return e.newLease(d, rev, found, proved, func(cause error) { e.inflight.cancelOne(d, cause) })
+	}
+	fresh := !d.task.Wake && d.delivered == 1 && d.task.Token == d.run.Token && d.task.Generation == d.run.Generation
+	if fresh {
+		h := &holder{e: e, d: d, fresh: true, clean: true, lease: lease(0, state.Lease{}, d.msg.Received)}
+		return held{holder: h, history: newHistory()}, nil
+	}
+	var stale uint64 // a held lease revision found not renewed for a whole lease
+	for {
+		hist, err := e.readHistory(d.nctx, d.identity())
+		if err != nil {
+			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
+		}
+		found := state.Lease{}
+		if hist.lease != nil {
+			found = *hist.lease
+		}
+		switch {
+		case found.State == state.LeaseCancelled:
+			return held{}, e.cancelledLease(d)
+		case found.Seq == d.seq && found.Delivered > d.delivered:
+			return held{}, &settlement{kind: settleLost, err: fmt.Errorf("%w: a later delivery of this task holds it", errLeaseLost)}
+		case found.Unstarted && found.Seq == d.seq:
+			// The delivery before this one handed the task back without
+			// starting anything: take the run as it found it, without a
+			// write (it runs nothing, and any holder before it is fenced).
+			found.State = ""
+			h := &holder{e: e, d: d, clean: found.Clean, inherited: found.Inherited, lease: lease(hist.leaseRev, found, d.msg.Received)}
+			return held{holder: h, history: hist}, nil
+		case d.delivered == 1 && (hist.lease == nil || found.Seq != d.seq && found.State != state.LeaseHeld):
+			parked := found.State == state.LeaseParked
+			h := &holder{e: e, d: d, clean: parked, inherited: !parked, lease: lease(hist.leaseRev, found, d.msg.Received)}
+			return held{holder: h, history: hist}, nil
+		case found.State == state.LeaseHeld && hist.leaseRev != stale && !(found.Seq == d.seq && found.Delivered == d.delivered):
+			// Held by another delivery, which may be alive: wait for it
+			// to end, park, hand back, or stop renewing.
+			expired, s := e.waitOut(d, hist.leaseRev)
+			if s != nil {
+				return held{}, s
+			}
+			stale = expired
+			continue
+		}
+		// Take it over, then read everything committed before.
+		l := lease(hist.leaseRev, found, d.msg.Received)
+		l.mu.Lock()
+		err = l.writeLocked(state.LeaseHeld, 0, nil)
+		l.mu.Unlock()
+		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
+			continue // written meanwhile: decide again on what is there now
+		}
+		if err != nil {
+			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot take the run's lease: %w", err)}
+		}
+		if hist, err = e.readHistory(d.nctx, d.identity()); err != nil {
+			l.release()
+			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
+		}
+		d.log.Debug().Str("previous", string(found.State)).Msg("run's lease taken over")
+		return held{holder: &holder{e: e, d: d, lease: l, inherited: true}, history: hist}, nil
+	}
+}
+
+// waitOut waits while the lease record at rev is held by a delivery that
+// may be alive: until it changes, or has not changed for a whole lease
+// (by this worker's clock: then its holder is dead or stalled past its
+// lease, and has stopped itself; waitOut returns the revision it found
+// stale), or the run ends. It returns a settlement when this delivery has
+// nothing to do: the run ended, or the holder it waited for parked or
+// handed the run back (this very message may be settled then: a nak lets
+// the broker redeliver it if it is still there).
+func (e *Executor) waitOut(d *delivery, rev uint64) (uint64, *settlement) {
+	key := state.LeaseKey(d.identity())
+	since := time.Now()
+	for {
+		poll := max(d.msg.AckWait()/4, 10*time.Millisecond)
+		select {
+		case <-d.ctx.Done():
+			return 0, &settlement{kind: settleRelease, err: d.ctx.Err()}
+		case <-time.After(poll):
+		}
+		run, _, err := e.runs.Get(d.nctx, d.run.RunID)
+		if err == nil && (run.Status.Terminal() || run.Generation != d.run.Generation) {
+			return 0, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, run.Status)}
+		}
+		v, now, err := e.cfg.Assets.Steps.Get(d.nctx, key)
+		switch {
+		case err != nil:
+			return 0, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's lease: %w", err)}
+		case now != rev:
+			if l, err := state.DecodeLease(v); err == nil && l.State != state.LeaseHeld {
+				return 0, &settlement{kind: settleRelease, delay: time.Millisecond, err: errors.New("the holder waited for settled the run")}
+			}
+			rev, since = now, time.Now() // renewed: alive
+		case time.Since(since) >= d.msg.AckWait():
+			d.log.Info().Msg("the run's lease was not renewed for a whole lease: taking it over")
+			return rev, nil
+		}
+	}
+}
+
+// cancelledLease is the settlement of a delivery that finds its run's
+// lease cancelled: the task is dropped. A record that still says running
+// is a cancel between its two writes: the task waits for it once (its
+// redelivery comes after ReleaseDelay), and a redelivery that still finds
+// it so finishes the cancel, whose writer died between the two.
+func (e *Executor) cancelledLease(d *delivery) *settlement {
+	run, _, err := e.runs.Get(d.nctx, d.run.RunID)
+	switch {
+	case errors.Is(err, runs.ErrNotFound):
+		return &settlement{kind: settleDrop, err: errLeaseCancelled}
+	case err != nil:
+		return &settlement{kind: settleRelease, err: err}
+	case run.Status.Terminal() || run.Generation != d.run.Generation:
+		return &settlement{kind: settleDrop, err: errLeaseCancelled}
+	case d.delivered < 2:
+		return &settlement{kind: settleRelease, err: errors.New("the run's lease is cancelled and its record not yet: a cancel under way")}
+	}
+	cancel := e.cfg.Cancel
+	if cancel == nil {
+		cancel = func(ctx context.Context, runID string) error { _, _, err := e.runs.Cancel(ctx, runID); return err }
+	}
+	if err := cancel(d.nctx, d.run.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
+		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot finish the run's cancel: %w", err)}
+	}
+	d.log.Warn().Msg("finished the cancel of a run whose canceller stopped between its writes")
+	return &settlement{kind: settleDrop, err: errLeaseCancelled}
+}

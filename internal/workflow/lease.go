@@ -1,0 +1,213 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// errLeaseLost: the holder's lease was taken over by another delivery of
+// the run (this one stalled past its lease): it must neither start a step
+// nor commit nor settle its task message, which is no longer its own.
+var errLeaseLost = errors.New("jetflow: the run's lease was taken over")
+
+// errLeaseCancelled: the run's lease says the run was cancelled.
+var errLeaseCancelled = errors.New("jetflow: the run was cancelled")
+
+// lease is a holder's hold on a run generation's body (see state.Lease):
+// the revision of the lease record every write of the holder is fenced by,
+// and when the holder last proved it live.
+//
+// A holder proves its lease by its delivery (the broker has just handed it
+// the run task, with the consumer's AckWait to run) and by every fenced
+// write the broker accepts. The proof is good for two thirds of an AckWait:
+// a holder whose last proof is older renews it before it starts a step
+// (live), and every heartbeat renews it while a step runs (beat). A
+// holder that stalled past its lease and lost it learns so at its next
+// write, which the broker refuses (errLeaseLost), and from its own clock,
+// which no longer lets it start a step without a write.
+type lease struct {
+	e   *Executor
+	d   *delivery
+	key string
+	// renews: heartbeats renew the lease (false for a paused worker,
+	// Hooks.NoHeartbeat).
+	renews bool
+	// lose cancels the delivery's context when the lease is lost.
+	lose context.CancelCauseFunc
+
+	mu sync.Mutex
+	// rev is the revision of the lease record this holder fences with (0:
+	// no record). written: the record at rev is this holder's own.
+	rev     uint64
+	written bool
+	proved  time.Time
+	lost    error
+	// found is the record the holder found when it took the lease (zero
+	// for a fresh run): its epoch and whether the run is in the index.
+	found   state.Lease
+	indexed bool
+}
+
+// newLease is the lease of d's run held at revision rev of its record (0:
+// none), found being that record, proved at proved.
+func (e *Executor) newLease(d *delivery, rev uint64, found state.Lease, proved time.Time, lose context.CancelCauseFunc) *lease {
+	return &lease{
+		e: e, d: d, key: state.LeaseKey(d.identity()), rev: rev, found: found, proved: proved, lose: lose,
+		renews: !e.cfg.Hooks.NoHeartbeat, indexed: found.Indexed,
+	}
+}
+
+// validFor is how long a proof of the lease lets the holder start steps.
+func (l *lease) validFor() time.Duration { return l.d.msg.AckWait() * 2 / 3 }
+
+// live returns nil when the holder may start a step: its lease is proved
+// recent enough, or it was renewed now. A lost lease is its cause.
+func (l *lease) live() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return l.lost
+	}
+	if time.Since(l.proved) < l.validFor() {
+		return nil
+	}
+	return l.writeLocked(state.LeaseHeld, 0, nil)
+}
+
+// beat renews the lease at a heartbeat of the task message.
+func (l *lease) beat() {
+	if !l.renews {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return
+	}
+	if err := l.writeLocked(state.LeaseHeld, 0, nil); err != nil && !errors.Is(err, errLeaseLost) && !errors.Is(err, errLeaseCancelled) {
+		l.d.log.Warn().Err(err).Msg("cannot renew the run's lease; trying again at the next heartbeat")
+	}
+}
+
+// park writes the lease parked at the body's await epoch, waiting for
+// waits, and returns nil once the record is written: the holder's last
+// write. A lost lease is its cause.
+func (l *lease) park(epoch int, waits []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return l.lost
+	}
+	return l.writeLocked(state.LeaseParked, epoch, waits)
+}
+
+// release writes the lease released, so that the redelivery of the task
+// takes the run at once. It reports nothing: a release that cannot be
+// written leaves the redelivery to wait out the lease.
+func (l *lease) release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil || (!l.written && l.rev == 0) {
+		return // nothing written: the redelivery finds no holder
+	}
+	if err := l.writeLocked(state.LeaseReleased, 0, nil); err != nil {
+		l.d.log.Debug().Err(err).Msg("cannot write the lease released; the redelivery waits for it to run out")
+	}
+}
+
+// writeLocked writes the lease record in state with compare-and-set on the
+// held revision. l.mu is held.
+func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) error {
+	rec := state.Lease{
+		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
+		Epoch: epoch, Waits: waits, Indexed: l.indexed, At: l.e.cfg.Now().UTC(),
+	}
+	if st == state.LeaseHeld {
+		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded
+	}
+	b, err := state.Encode(rec)
+	if err != nil {
+		return err
+	}
+	sent := time.Now()
+	var rev uint64
+	if l.rev == 0 {
+		rev, err = l.e.cfg.Assets.Steps.Create(l.d.nctx, l.key, b)
+	} else {
+		rev, err = l.e.cfg.Assets.Steps.Update(l.d.nctx, l.key, b, l.rev)
+	}
+	if errors.Is(err, jetstream.ErrExists) || errors.Is(err, jetstream.ErrRevisionMismatch) {
+		return l.loseLocked()
+	}
+	if err != nil {
+		return err
+	}
+	l.rev, l.written, l.proved = rev, true, sent
+	return nil
+}
+
+// commit writes a step record under key fenced by the lease, and returns
+// its revision. A refused write loses the lease: errLeaseLost, or
+// errLeaseCancelled when a cancel moved the fence.
+func (l *lease) commit(key string, b []byte) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return 0, l.lost
+	}
+	sent := time.Now()
+	rev, err := l.e.cfg.Assets.Steps.PutFenced(l.d.nctx, key, b, l.key, l.rev)
+	if errors.Is(err, jetstream.ErrFenced) {
+		return 0, l.loseLocked()
+	}
+	if err != nil {
+		return 0, err
+	}
+	l.proved = sent
+	return rev, nil
+}
+
+// loseLocked records that the lease moved under the holder, and why: a
+// cancel, or another holder. It reads the record to tell.
+func (l *lease) loseLocked() error {
+	l.lost = errLeaseLost
+	if v, _, err := l.e.cfg.Assets.Steps.Get(l.d.nctx, l.key); err == nil {
+		if rec, err := state.DecodeLease(v); err == nil && rec.State == state.LeaseCancelled {
+			l.lost = errLeaseCancelled
+		}
+	}
+	if l.lost == errLeaseCancelled {
+		l.lose(ErrRunCancelled)
+	} else {
+		l.lose(l.lost)
+	}
+	return l.lost
+}
+
+// markIndexed records that the run's running index entry is written; the
+// next write of the lease carries it.
+func (l *lease) markIndexed() {
+	l.mu.Lock()
+	l.indexed = true
+	l.mu.Unlock()
+}
+
+// isIndexed reports whether the run's running entry is in the index.
+func (l *lease) isIndexed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.indexed
+}
+
+// String describes the lease for logs.
+func (l *lease) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprintf("lease %s at revision %d", l.key, l.rev)
+}

@@ -1,0 +1,195 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// settleRun carries out s on a run task's delivery d, whose holder is h
+// (nil when the delivery ended before it took the lease).
+func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
+	msg := d.msg.Msg
+	switch s.kind {
+	case settleFinish:
+		run, err := e.finish(d.nctx, d.log, d.run, d.rev, s)
+		if err == nil {
+			err = e.notifyParent(d.nctx, run)
+		}
+		if errors.Is(err, jetstream.ErrNotFound) {
+			// The record is gone: nothing is left to finish.
+			d.log.Error().Err(err).Msg("run record gone; task dropped")
+		} else if err != nil {
+			e.settleRun(d, h, &settlement{kind: settleRelease, err: fmt.Errorf("cannot record the run's end: %w", err)})
+			return
+		}
+		settleErr(d.log, msg.Ack(), "ack")
+	case settlePark:
+		e.park(d, h, s)
+	case settleRelease:
+		if h != nil {
+			h.lease.release()
+		}
+		if s.err != nil {
+			d.log.Warn().Err(s.err).Msg("task released")
+		}
+		delay := e.cfg.ReleaseDelay
+		if s.delay > 0 {
+			delay = s.delay
+		}
+		settleErr(d.log, msg.NakWithDelay(delay), "nak")
+	case settleDrop:
+		d.log.Info().Err(s.err).Msg("task dropped")
+		settleErr(d.log, msg.Ack(), "ack")
+	case settleLost:
+		// The message is another delivery's now: no ack, no nak, no more
+		// heartbeats from here.
+		d.msg.Stop()
+		d.log.Warn().Err(s.err).Msg("run's lease lost to another delivery; leaving its task to it")
+	default:
+		d.log.Error().Int("settlement", int(s.kind)).Msg("unexpected settlement of a run task; releasing it")
+		settleErr(d.log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+	}
+}
+
+// park leaves the run waiting for what s's await waits for: the lease is
+// written parked (the holder's last write: nothing it does after commits),
+// then the task is acknowledged and its acknowledgement confirmed. From
+// then on a wake is stored rather than absorbed by this task, so the
+// holder looks at what it waits for once more: a commit that came after
+// the await read it, and whose wake this task absorbed, wakes the run now.
+func (e *Executor) park(d *delivery, h *holder, s *settlement) {
+	waits := stepIDs(s.waits)
+	if err := h.lease.park(s.epoch, waits); err != nil {
+		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
+			e.settleRun(d, h, lostOr(err))
+			return
+		}
+		e.settleRun(d, h, &settlement{kind: settleRelease, err: fmt.Errorf("cannot park the run: %w", err)})
+		return
+	}
+	d.msg.Stop()
+	actx, cancel := context.WithTimeout(d.nctx, 10*time.Second)
+	err := d.msg.Msg.DoubleAck(actx)
+	cancel()
+	if err != nil {
+		// Redelivered after AckWait: its holder takes the parked run over
+		// and looks again.
+		d.log.Warn().Err(err).Msg("cannot confirm the parked run's acknowledgement")
+		return
+	}
+	if err := e.lookAgain(d, s); err != nil {
+		// The wait's recheck timer, or the sweeper, wakes it.
+		d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for")
+	}
+	if hook := e.cfg.Hooks.AfterPark; hook != nil {
+		hook(d.run.RunID, waits)
+	}
+}
+
+// lookAgain reads what the parked run s waits for and wakes the run when
+// it is committed now.
+func (e *Executor) lookAgain(d *delivery, s *settlement) error {
+	if len(s.waits) == 0 {
+		return nil
+	}
+	hist, err := e.readHistory(d.nctx, d.identity())
+	if err != nil {
+		return err
+	}
+	committed := 0
+	for _, p := range s.waits {
+		if hist.get(p.id) != nil {
+			committed++
+		}
+	}
+	if committed == 0 || (!s.first && committed < len(s.waits)) {
+		return nil
+	}
+	_, err = Wake(d.nctx, e.cfg.Assets, d.run, d.rev, s.waits[0].id, d.identity()+".look."+strconv.FormatUint(hist.leaseRev, 10))
+	return err
+}
+
+// finish records the run's end with compare-and-set on the revision the
+// delivery read; when that revision is stale (the record changed since) it
+// reads the record and tries again. A run already in a terminal state, or
+// a record that now holds another run under the same ID (another token or
+// generation), is left as it is.
+//
+// It returns the record as it ended up.
+func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) (state.Run, error) {
+	run, written, err := e.runs.Finish(ctx, run, rev, func(run *state.Run) {
+		run.UpdatedAt = e.cfg.Now().UTC()
+		switch {
+		case s.err == nil && len(s.output) > state.MaxInputBytes:
+			run.Status, run.Error = state.StatusFailed, &state.ErrorInfo{
+				Message: fmt.Sprintf("workflow output of %d bytes is over the %d-byte limit", len(s.output), state.MaxInputBytes),
+				Kind:    "output", Fatal: true,
+			}
+		case s.err == nil:
+			run.Status, run.Output = state.StatusCompleted, s.output
+		default:
+			run.Status, run.Error = state.StatusFailed, errorInfo(s)
+		}
+		if _, err := state.Encode(*run); errors.Is(err, state.ErrInputTooLarge) {
+			// Input and output together do not fit in one record.
+			run.Status, run.Output = state.StatusFailed, nil
+			run.Error = &state.ErrorInfo{Message: "workflow output too large to store: " + err.Error(), Kind: "output", Fatal: true}
+		}
+	})
+	if err != nil || !written {
+		return run, err
+	}
+	took := run.UpdatedAt.Sub(run.CreatedAt)
+	e.cfg.Metrics.RunFinished(run.Workflow, string(run.Status), took)
+	logRunEnd(log, run, took)
+	e.cfg.Tracer.EndRun(run)
+	return run, nil
+}
+
+// notifyParent hands the end of run, a child run, to its parent (see
+// ParentNotifier); a run without a parent, or not ended, needs nothing.
+func (e *Executor) notifyParent(ctx context.Context, run state.Run) error {
+	if run.Parent == nil || !run.Status.Terminal() {
+		return nil
+	}
+	return ParentNotifier{Assets: e.cfg.Assets, Runs: e.runs, Now: e.cfg.Now}.Notify(ctx, run)
+}
+
+// logRunEnd logs the end of run, which took took: a failure at warn level
+// with the error's kind, code and message (a run that failed its input
+// validation among them), a completion at debug level.
+func logRunEnd(log zerolog.Logger, run state.Run, took time.Duration) {
+	if run.Status != state.StatusFailed || run.Error == nil {
+		log.Debug().Str("status", string(run.Status)).Str("took", logging.Duration(took)).Msg("run ended")
+		return
+	}
+	ev := log.Warn().Str("status", string(run.Status)).Str("error_kind", run.Error.Kind).Str("error", run.Error.Message).
+		Bool("fatal", run.Error.Fatal).Str("took", logging.Duration(took))
+	if run.Error.Code != "" {
+		ev = ev.Str("error_code", run.Error.Code)
+	}
+	ev.Msg("run failed")
+}
+
+func errorInfo(s *settlement) *state.ErrorInfo {
+	var se *StepError
+	switch {
+	case s.panic:
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "panic", Fatal: true}
+	case errors.Is(s.err, ErrInput):
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "input", Fatal: true}
+	case errors.As(s.err, &se):
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "step", Fatal: se.Fatal, Code: errorCode(s.err)}
+	default:
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "workflow", Fatal: isFatal(s.err), Code: errorCode(s.err)}
+	}
+}
