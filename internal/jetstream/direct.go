@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-		"fmt"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"

@@ -47,8 +47,8 @@ var ErrNotFound = jetstream.ErrNotFound
 // Store reads and writes run records. It is safe for concurrent use and
 // cheap to make.
 type Store struct {
-	runs      *jetstream.KV
-	audit     *jetstream.KV
+	runs  *jetstream.KV
+	audit *jetstream.KV
 	// steps holds the runs' leases (state.LeaseKey), which a cancel moves.
 	steps     *jetstream.KV
 	retention time.Duration

@@ -321,4 +321,3 @@ func refusedChild(d *delivery, sc *stepCall, why string) *state.Step {
 		Error: &state.ErrorInfo{Kind: KindChildRefused, Fatal: true, Message: "child not started: " + why},
 	}
 }
-
