@@ -257,6 +257,9 @@ type Handle[R any] struct {
 	// anyGeneration: the generation is unknown (the answer of a worker
 	// that did not send it), so Result waits for whichever one runs.
 	anyGeneration bool
+	// since is the revision of the run's record the start saw running (0:
+	// none): Result's wait starts from it (runs.Store.WaitGeneration).
+	since uint64
 
 	// memo keeps the first final answer of Result, which later calls
 	// repeat (a pointer, so that a copy of the Handle shares it).
@@ -319,11 +322,15 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	if err != nil {
 		return nil, admitError(err)
 	}
-	return &Handle[R]{
+	h := &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),
 		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation, client: c,
 		memo: &handleMemo[R]{},
-	}, nil
+	}
+	if res.Stored && res.Run.Status == state.StatusRunning {
+		h.since = res.Revision
+	}
+	return h, nil
 }
 
 func outcome(o dedupe.Outcome) Outcome {
@@ -420,7 +427,7 @@ func (h *Handle[R]) result(ctx context.Context) (out R, err error, final bool) {
 	if h.anyGeneration {
 		r, err = h.client.runs.Wait(ctx, h.RunID)
 	} else {
-		r, err = h.client.runs.WaitGeneration(ctx, h.RunID, h.Generation)
+		r, err = h.client.runs.WaitGeneration(ctx, h.RunID, h.Generation, h.since)
 	}
 	if errors.Is(err, runs.ErrNotFound) {
 		return out, fmt.Errorf("%w: %s", ErrRunNotFound, h.RunID), true

@@ -60,11 +60,12 @@ func TestGatedAndAPIPhasesRun(t *testing.T) {
 		require.EqualValues(t, 10, s.duplicates)
 		require.Equal(t, 50, s.calls.n, "every start call is timed")
 		require.Positive(t, s.calls.p99)
-		// Three steps: at least three task deliveries acked and three
-		// step keys written per run, whatever the program.
-		require.GreaterOrEqual(t, s.ops[opAck], 3.0, "%v", s.ops)
+		// Three steps: three step keys written per run, and at least
+		// one task published and acked (jetflow runs a run's sequential
+		// steps in one task; the gated program has a task per step).
+		require.GreaterOrEqual(t, s.ops[opAck], 1.0, "%v", s.ops)
 		require.GreaterOrEqual(t, s.ops[opWrite], 3.0, "%v", s.ops)
-		require.GreaterOrEqual(t, s.ops[opTask], 3.0, "%v", s.ops)
+		require.GreaterOrEqual(t, s.ops[opTask], 1.0, "%v", s.ops)
 		*x.list = append(*x.list, s)
 	}
 	// The gated program publishes exactly one task per step: a duplicate

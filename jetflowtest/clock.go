@@ -123,8 +123,8 @@ func (e *Env) Clock() *Clock { return e.clock }
 // A Timer is a durable timer of a run, stored and not yet fired.
 type Timer struct {
 	RunID string
-	// StepID is the step whose task the timer holds; empty for the run's
-	// first task (a retry of a step that ran in it).
+	// StepID is the step the timer is for: the sleep or wait it ends,
+	// the step it retries.
 	StepID string
 	// Due is when it fires, by the Env's time.
 	Due time.Time

@@ -181,9 +181,9 @@ func TestAdvanceRunsARetryAfterItsDelay(t *testing.T) {
 	env := jetflowtest.NewWithConfig(t, timeCfg, wf)
 	h := jetflowtest.Start(env, wf, 5, jetflow.WithRunID("flaky-1"))
 	tm := env.WaitTimer(h.RunID)
-	// The charge runs in the run's first task, which the timer holds.
-	if tm.StepID != "" || tm.Attempt != 2 {
-		t.Fatalf("timer = %+v; want the first task's second attempt", tm)
+	// The timer holds the charge's second attempt.
+	if tm.StepID != "flaky-1.charge.0" || tm.Attempt != 2 {
+		t.Fatalf("timer = %+v; want the charge's second attempt", tm)
 	}
 	if n := env.Advance(59 * time.Minute); n != 0 {
 		t.Fatalf("Advance(59m) fired %d timers; want 0", n)

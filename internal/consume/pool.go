@@ -113,7 +113,10 @@ func (d *Delivery) beat(extend bool, log zerolog.Logger) {
 // Pool consumes messages from consumers and hands them to their handlers
 // with bounded concurrency.
 type Pool struct {
-	nc          *nats.Conn
+	nc *nats.Conn
+	// batches: a request for a few free slots waits batchDelay for more
+	// (every pool but those of one slot).
+	batches     bool
 	log         zerolog.Logger
 	sem         chan struct{} // running handlers, across consumers
 	noHeartbeat bool
@@ -164,7 +167,7 @@ func (s *source) beatEvery() time.Duration {
 // on nc. noHeartbeat (tests only) disables ack-deadline extension.
 func New(nc *nats.Conn, concurrency int, noHeartbeat bool, log zerolog.Logger) *Pool {
 	hard, cancel := context.WithCancel(context.Background())
-	p := &Pool{nc: nc, log: log, sem: make(chan struct{}, concurrency), noHeartbeat: noHeartbeat,
+	p := &Pool{nc: nc, batches: concurrency > 1, log: log, sem: make(chan struct{}, concurrency), noHeartbeat: noHeartbeat,
 		quit: make(chan struct{}), hard: hard, hardCancel: cancel}
 	p.loops.Add(1)
 	go p.follow()

@@ -29,12 +29,21 @@ func (p *Pool) pull(s *source) {
 	next := "$JS.API.CONSUMER.MSG.NEXT." + info.Stream + "." + info.Name
 	inbox := p.nc.NewInbox()
 	msgs := make(chan *nats.Msg, cap(s.own)+64)
-	sub, err := p.nc.Subscribe(inbox, func(m *nats.Msg) { msgs <- m })
+	done := make(chan struct{})
+	sub, err := p.nc.Subscribe(inbox, func(m *nats.Msg) {
+		select {
+		case msgs <- m:
+		case <-done: // a message after the loop ended is redelivered after its AckWait
+		}
+	})
 	if err != nil {
 		p.log.Error().Err(err).Str("consumer", info.Name).Msg("cannot subscribe to pull: consuming stopped")
 		return
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer func() {
+		close(done)
+		_ = sub.Unsubscribe()
+	}()
 	threshold := max(1, cap(s.own)/2)
 	outstanding := 0
 	stopping := false
@@ -42,32 +51,65 @@ func (p *Pool) pull(s *source) {
 	// with a connection never sends its expiry.
 	quiet := time.NewTimer(time.Hour)
 	defer quiet.Stop()
+	// gather delays a request for a few free slots while more than half
+	// are busy, so that they are asked for together (see batchDelay).
+	gather := time.NewTimer(time.Hour)
+	gather.Stop()
+	defer gather.Stop()
+	gathering, gathered := false, false
 	for {
-		free := cap(s.own) - len(s.own) // only this loop adds tokens
-		if !stopping && free > 0 && (free >= threshold || outstanding == 0 && free == cap(s.own)) {
-			for range free {
-				s.own <- struct{}{}
-			}
-			if err := p.request(next, inbox, free); err != nil {
-				p.giveBack(s, free)
-				p.log.Warn().Err(err).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
-				select {
-				case <-time.After(fetchWait):
-				case <-p.quit:
+		if free := cap(s.own) - len(s.own); !stopping && free > 0 { // only this loop adds tokens
+			switch {
+			case free >= threshold || outstanding == 0 && (gathered || !p.batches):
+				gathering, gathered = false, false
+				gather.Stop()
+				for range free {
+					s.own <- struct{}{}
 				}
-				continue
+				if err := p.request(next, inbox, free); err != nil {
+					p.giveBack(s, free)
+					if p.nc.IsClosed() {
+						p.giveBack(s, outstanding)
+						return // nothing will come any more
+					}
+					p.log.Warn().Err(err).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
+					select {
+					case <-time.After(fetchWait):
+					case <-p.quit:
+						stopping = true
+						quiet.Reset(2 * fetchWait)
+					}
+					continue
+				}
+				outstanding += free
+				quiet.Reset(2 * fetchWait)
+			case outstanding == 0 && !gathering:
+				gathering = true
+				gather.Reset(batchDelay)
 			}
-			outstanding += free
-			quiet.Reset(2 * fetchWait)
 		}
 		if stopping && outstanding == 0 {
 			return
 		}
 		select {
 		case m := <-msgs:
+			if outstanding > 0 {
+				quiet.Reset(2 * fetchWait)
+			}
 			switch code := m.Header.Get("Status"); code {
 			case "":
-				outstanding = max(0, outstanding-1)
+				if outstanding == 0 {
+					// A request this loop took for gone delivered after
+					// all: it runs if a slot is free, else it goes back.
+					select {
+					case s.own <- struct{}{}:
+					default:
+						p.release(pulled{m}, s.h)
+						continue
+					}
+				} else {
+					outstanding--
+				}
 				p.start(s, pulled{m}, stopping)
 			case "100": // idle heartbeat
 			default:
@@ -85,6 +127,8 @@ func (p *Pool) pull(s *source) {
 				p.giveBack(s, n)
 			}
 		case <-s.freed:
+		case <-gather.C:
+			gathering, gathered = false, true
 		case <-quiet.C:
 			// Nothing came for twice a request's life: the requests are
 			// gone (a reconnect). Their slots are free again.
@@ -101,6 +145,13 @@ func (p *Pool) pull(s *source) {
 		}
 	}
 }
+
+// batchDelay is how long a request for fewer than half of a consumer's
+// slots waits, when nothing else is requested, for more of them to free up:
+// under load, slots free up a few at a time, and one request then asks for
+// many messages instead of one each; a slot held long (a long step) delays
+// the request by this much only.
+const batchDelay = 5 * time.Millisecond
 
 // giveBack frees n of s's slots reserved for messages that did not come.
 func (p *Pool) giveBack(s *source, n int) {

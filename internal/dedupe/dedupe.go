@@ -94,8 +94,12 @@ type Result struct {
 	// found), Run is that generation as far as the stored record tells:
 	// its number and how it ended, with no output or error.
 	Run state.Run
-	// Revision of Run in the runs bucket.
+	// Revision of Run in the runs bucket. When Stored is false it is the
+	// revision of the record stored now, which is not Run (a newer
+	// generation replaced the one this start made).
 	Revision uint64
+	// Stored: Run is the record stored at Revision.
+	Stored bool
 	// Duplicates is how many duplicate starts the run has absorbed,
 	// counting this one if it was a duplicate.
 	Duplicates int64
@@ -279,9 +283,9 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
-	res = Result{Run: st.run, Revision: st.rev, Broker: broker, AfterExpiry: st.afterExpiry}
+	res = Result{Run: st.run, Revision: st.rev, Stored: true, Broker: broker, AfterExpiry: st.afterExpiry}
 	if st.created {
-		res.Outcome, res.Run = Created, st.mine
+		res.Outcome, res.Run, res.Stored = Created, st.mine, st.mine.Token == st.run.Token && st.mine.Generation == st.run.Generation
 		return res, nil
 	}
 	return a.duplicate(ctx, req, rec, res)
@@ -347,7 +351,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 			if !st.created {
 				continue // another start replaced it first: decide again on its run
 			}
-			res.Run = st.mine
+			res.Run, res.Stored = st.mine, st.mine.Token == st.run.Token && st.mine.Generation == st.run.Generation
 			res.Outcome, entry.Outcome = Restarted, state.AuditRestarted
 			if IsSuperseded(run) {
 				res.Outcome, entry.Outcome = Superseded, state.AuditSuperseded

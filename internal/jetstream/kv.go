@@ -91,6 +91,15 @@ func (k *KV) UpdateTTL(ctx context.Context, key string, value []byte, rev uint64
 	return k.put(ctx, key, value, rev, ttl)
 }
 
+// UpdateTTLHeader is UpdateTTL with extra headers on the message, which a
+// watch of headers (WatchHeaders) delivers without the value.
+func (k *KV) UpdateTTLHeader(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration, hdr nats.Header) (uint64, error) {
+	if rev == 0 {
+		return 0, fmt.Errorf("jetflow: update %s/%s: revision 0 is a create", k.Bucket(), key)
+	}
+	return k.put(ctx, key, value, rev, ttl, hdr)
+}
+
 // Update writes value under key only if the key's latest revision is rev.
 // It returns the new revision, or ErrRevisionMismatch.
 func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
@@ -103,8 +112,13 @@ func (k *KV) Update(ctx context.Context, key string, value []byte, rev uint64) (
 // put writes with compare-and-set on the key's last revision (0: none) and
 // a per-message TTL: rounded up to whole seconds when ttl > 0, "never" with
 // TTLNever, none (the bucket's MaxAge) when ttl is 0.
-func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
+func (k *KV) put(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration, hdr ...nats.Header) (uint64, error) {
 	msg := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
+	for _, h := range hdr {
+		for name, vs := range h {
+			msg.Header[name] = vs
+		}
+	}
 	opts := []natsjs.PublishOpt{natsjs.WithExpectLastSequencePerSubject(rev)}
 	switch {
 	case ttl == TTLNever:

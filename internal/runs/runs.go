@@ -26,11 +26,13 @@
 package runs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/rs/zerolog/log"
@@ -202,13 +204,38 @@ func (s *Store) Replace(ctx context.Context, run state.Run, rev uint64) (uint64,
 	return newRev, err
 }
 
-// replace is Replace without the index write.
+// replace is Replace without the index write. The write that ends a run
+// carries its outcome in a header (outcomeHeader).
 func (s *Store) replace(ctx context.Context, run state.Run, rev uint64) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
-	return s.runs.UpdateTTL(ctx, run.RunID, b, rev, s.ttl(run))
+	return s.runs.UpdateTTLHeader(ctx, run.RunID, b, rev, s.ttl(run), outcomeHeader(run))
+}
+
+// OutcomeHeader carries, on the write that ends a run, the run's end as a
+// waiter needs it (run ID, workflow, status, generation, output, error:
+// a run record without the rest) when that fits in maxOutcome bytes:
+// waits, which watch the bucket's headers, then need no read.
+const OutcomeHeader = "Jetflow-Outcome"
+
+// maxOutcome bounds OutcomeHeader; a larger outcome is read from the
+// record.
+const maxOutcome = 1024
+
+// outcomeHeader is the header of run's write: its outcome when it ended
+// and the outcome fits, else none.
+func outcomeHeader(run state.Run) nats.Header {
+	if !run.Status.Terminal() {
+		return nil
+	}
+	b, err := state.Encode(state.Run{V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Status: run.Status,
+		Generation: run.Generation, Output: run.Output, Error: run.Error, Token: run.Token})
+	if err != nil || len(b) > maxOutcome || bytes.ContainsAny(b, "\r\n") {
+		return nil
+	}
+	return nats.Header{OutcomeHeader: []string{string(b)}}
 }
 
 // indexRun writes run's index entry after its record, then removes the
@@ -528,35 +555,37 @@ func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {
 }
 
 // RecordDuplicate adds one duplicate start to the audit of runID with
-// compare-and-set, and returns the count of duplicates it holds now.
+// compare-and-set, and returns the count of duplicates it holds now. The
+// run's first duplicate creates the audit without reading it first.
 func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
+	au := state.Audit{V: state.Version}
+	au.Add(entry)
+	b, err := state.Encode(au)
+	if err != nil {
+		return 0, err
+	}
+	if _, err = s.audit.Create(ctx, runID, b); err == nil {
+		return au.Duplicates, nil
+	}
+	if !errors.Is(err, jetstream.ErrExists) {
+		return 0, err
+	}
 	for {
 		v, rev, err := s.audit.Get(ctx, runID)
-		var au state.Audit
-		switch {
-		case errors.Is(err, jetstream.ErrNotFound):
-			au.V = state.Version
-		case err != nil:
-			return 0, err
-		default:
-			if au, err = state.DecodeAudit(v); err != nil {
-				return 0, err
-			}
-		}
-		au.Add(entry)
-		b, err := state.Encode(au)
 		if err != nil {
 			return 0, err
 		}
-		if rev == 0 {
-			_, err = s.audit.Create(ctx, runID, b)
-		} else {
-			_, err = s.audit.Update(ctx, runID, b, rev)
+		if au, err = state.DecodeAudit(v); err != nil {
+			return 0, err
 		}
-		if err == nil {
+		au.Add(entry)
+		if b, err = state.Encode(au); err != nil {
+			return 0, err
+		}
+		if _, err = s.audit.Update(ctx, runID, b, rev); err == nil {
 			return au.Duplicates, nil
 		}
-		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
+		if !errors.Is(err, jetstream.ErrRevisionMismatch) {
 			return 0, err
 		}
 		if err := ctx.Err(); err != nil {

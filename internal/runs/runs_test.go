@@ -595,7 +595,10 @@ func blockedWatchCallbacks() []string {
 	n := runtime.Stack(buf, true)
 	var stuck []string
 	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-		if strings.Contains(g, "WatchFiltered.func") && strings.Contains(g, "chan send") {
+		// The watch's goroutine, blocked in its own select (a send), not
+		// in the iterator it reads from.
+		lines := strings.SplitN(g, "\n", 3)
+		if len(lines) > 1 && strings.Contains(lines[1], "headerWatcher).run") {
 			stuck = append(stuck, g)
 		}
 	}

@@ -46,7 +46,27 @@ type waiters struct {
 	byRun map[string]map[*waiter]struct{}
 	count int
 	cur   *watchStart // nil while no watch runs
+	// seen are the latest writes the watch delivered, by run ID (the
+	// last seenMax of them): a wait that knows its run's revision at its
+	// start finds there a write it would have missed before it was
+	// registered. floor is the highest revision forgotten since the watch
+	// began, from the revision the watch began after (fromSet).
+	seen    map[string]seenWrite
+	order   []string
+	floor   uint64
+	from    uint64
+	fromSet bool
 }
+
+// seenWrite is a write the watch delivered: its revision and outcome.
+type seenWrite struct {
+	rev     uint64
+	outcome []byte
+}
+
+// seenMax bounds waiters.seen: at thousands of writes a second it covers
+// the moment between a start and the wait for its result.
+const seenMax = 4096
 
 // watchStart is the setting up of a shared watch: ready is closed once it
 // is set up, or once it failed (err, written before ready is closed).
@@ -56,18 +76,23 @@ type watchStart struct {
 }
 
 // waiter is one Wait: the hub tells it the newest revision of its run ID
-// it has seen stored, or that it gave up (err).
+// it has seen stored (with the write's OutcomeHeader, when it had one), or
+// that it gave up (err).
 type waiter struct {
-	signal chan struct{}
-	mu     sync.Mutex
-	rev    uint64
-	err    error // the hub gave up: the connection is closed
+	signal  chan struct{}
+	mu      sync.Mutex
+	rev     uint64
+	outcome []byte
+	err     error // the hub gave up: the connection is closed
 }
 
-// stored tells w that its run ID's record was written at revision rev.
-func (w *waiter) stored(rev uint64) {
+// stored tells w that its run ID's record was written at revision rev,
+// with outcome (nil: none).
+func (w *waiter) stored(rev uint64, outcome []byte) {
 	w.mu.Lock()
-	w.rev = max(w.rev, rev)
+	if rev > w.rev {
+		w.rev, w.outcome = rev, outcome
+	}
 	w.mu.Unlock()
 	w.wake()
 }
@@ -88,21 +113,17 @@ func (w *waiter) wake() {
 }
 
 // newest is the newest revision of the record seen stored (0: none yet),
-// and the hub's error if it gave up.
-func (w *waiter) newest() (uint64, error) {
+// its write's outcome, and the hub's error if it gave up.
+func (w *waiter) newest() (uint64, []byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.rev, w.err
+	return w.rev, w.outcome, w.err
 }
 
-// watchMeta watches the keys and revisions (no values) of every record
-// stored after revision after (every record when after is 0).
+// watchMeta watches the keys, revisions and headers (no values) of every
+// record stored after revision after (every record when after is 0).
 func (s *Store) watchMeta(ctx context.Context, after uint64) (natsjs.KeyWatcher, error) {
-	opts := []natsjs.WatchOpt{natsjs.MetaOnly()}
-	if after > 0 {
-		opts = append(opts, natsjs.ResumeFromRevision(after+1))
-	}
-	return s.runs.Raw().WatchAll(ctx, opts...)
+	return s.runs.WatchHeaders(ctx, after)
 }
 
 func newWaiters(s *Store, nc *nats.Conn) *waiters {
@@ -115,6 +136,7 @@ func newWaiters(s *Store, nc *nats.Conn) *waiters {
 		},
 		check: waitCheck,
 		byRun: make(map[string]map[*waiter]struct{}),
+		seen:  make(map[string]seenWrite),
 	}
 }
 
@@ -122,9 +144,14 @@ func newWaiters(s *Store, nc *nats.Conn) *waiters {
 // set up, so that every record stored from then on reaches it. The caller
 // removes it (remove) whatever happens next. A watch that cannot be set up
 // is an error wrapped with jetstream.Unavailable.
-func (h *waiters) add(ctx context.Context, runID string) (*waiter, error) {
+//
+// covered is true when since (a revision of runID's record the caller
+// knows; 0 for none) is one the watch has covered since: every write of
+// the record after since has reached the waiter, or will, so the caller
+// need not read the record.
+func (h *waiters) add(ctx context.Context, runID string, since uint64) (_ *waiter, covered bool, _ error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	w := &waiter{signal: make(chan struct{}, 1)}
 	h.mu.Lock()
@@ -145,13 +172,21 @@ func (h *waiters) add(ctx context.Context, runID string) (*waiter, error) {
 	case <-start.ready:
 	case <-ctx.Done():
 		h.remove(runID, w)
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	if start.err != nil {
 		h.remove(runID, w)
-		return nil, start.err
+		return nil, false, start.err
 	}
-	return w, nil
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if since > 0 && h.cur == start && h.fromSet && h.from <= since && h.floor <= since {
+		covered = true
+		if sw, ok := h.seen[runID]; ok && sw.rev > since {
+			w.stored(sw.rev, sw.outcome)
+		}
+	}
+	return w, covered, nil
 }
 
 // remove unregisters w.
@@ -190,6 +225,11 @@ func (h *waiters) serve(start *watchStart) {
 		close(start.ready)
 		return
 	}
+	h.mu.Lock()
+	h.from, h.fromSet, h.floor = after, true, 0
+	clear(h.seen)
+	h.order = h.order[:0]
+	h.mu.Unlock()
 	close(start.ready)
 	top := after
 	for {
@@ -244,7 +284,7 @@ func stopWatch(w natsjs.KeyWatcher) {
 func (h *waiters) failAll(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.cur = nil
+	h.cur, h.fromSet = nil, false
 	for _, set := range h.byRun {
 		for w := range set {
 			w.fail(err)
@@ -259,7 +299,7 @@ func (h *waiters) stopIfIdle() bool {
 	if h.count > 0 {
 		return false
 	}
-	h.cur = nil
+	h.cur, h.fromSet = nil, false
 	return true
 }
 
@@ -292,7 +332,13 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 			}
 			after = max(after, e.Revision())
 			if e.Operation() == natsjs.KeyValuePut {
-				h.offer(e.Key(), e.Revision())
+				var outcome []byte
+				if he, ok := e.(jetstream.HeaderEntry); ok {
+					if v := he.Header().Get(OutcomeHeader); v != "" {
+						outcome = []byte(v)
+					}
+				}
+				h.offer(e.Key(), e.Revision(), outcome)
 			}
 		case <-tick.C:
 			if idle && h.stopIfIdle() {
@@ -317,12 +363,23 @@ func (h *waiters) deliver(ctx context.Context, w natsjs.KeyWatcher, after, top u
 	}
 }
 
-// offer tells the waiters of runID that its record was written at rev.
-func (h *waiters) offer(runID string, rev uint64) {
+// offer tells the waiters of runID that its record was written at rev,
+// with outcome (nil: none), and remembers the write (seen).
+func (h *waiters) offer(runID string, rev uint64, outcome []byte) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if _, ok := h.seen[runID]; !ok {
+		h.order = append(h.order, runID)
+	}
+	h.seen[runID] = seenWrite{rev: rev, outcome: outcome}
+	for len(h.order) > seenMax {
+		old := h.order[0]
+		h.order = h.order[1:]
+		h.floor = max(h.floor, h.seen[old].rev)
+		delete(h.seen, old)
+	}
 	for w := range h.byRun[runID] {
-		w.stored(rev)
+		w.stored(rev, outcome)
 	}
 }
 
@@ -335,41 +392,53 @@ func (h *waiters) offer(runID string, rev uint64) {
 // the server, however many wait). A run started again under the same ID
 // while it is awaited is waited for in its new generation: Wait returns
 // the first final record it reads after the one it read when it began.
-// The watch carries revisions only (no values): a Wait reads its record
-// when the watch shows it written. When the client's connection is
-// closed, every Wait returns an error wrapped with jetstream.Unavailable.
+// The watch carries revisions and headers only (no values): a Wait reads
+// its record when the watch shows it written. When the client's connection
+// is closed, every Wait returns an error wrapped with jetstream.Unavailable.
 func (s *Store) Wait(ctx context.Context, runID string) (state.Run, error) {
-	return s.waitUntil(ctx, runID, func(r state.Run) bool { return r.Status.Terminal() })
+	return s.waitUntil(ctx, runID, 0, false, func(r state.Run) bool { return r.Status.Terminal() })
 }
 
 // WaitGeneration is Wait for the generation gen of run runID: it returns
 // the first record that is gen in a final state, or a later generation
 // (which replaced gen: a superseding start, or a start again after gen
 // ended). It reports the same errors as Wait.
-func (s *Store) WaitGeneration(ctx context.Context, runID string, gen int) (state.Run, error) {
-	return s.waitUntil(ctx, runID, func(r state.Run) bool { return r.Status.Terminal() || r.Generation > gen })
+//
+// since, when not 0, is a revision at which the caller saw the record
+// running (the start's): a wait that the shared watch covers from there
+// reads nothing, and takes the run's end from the outcome the final write
+// carries (OutcomeHeader: the record without its input and its other
+// fields, as Handle.Result needs it), reading the record only when the
+// outcome did not fit.
+func (s *Store) WaitGeneration(ctx context.Context, runID string, gen int, since uint64) (state.Run, error) {
+	return s.waitUntil(ctx, runID, since, true, func(r state.Run) bool { return r.Status.Terminal() || r.Generation > gen })
 }
 
-// waitUntil waits until the record of runID satisfies done.
-func (s *Store) waitUntil(ctx context.Context, runID string, done func(state.Run) bool) (state.Run, error) {
-	w, err := s.waiters.add(ctx, runID)
+// waitUntil waits until the record of runID satisfies done; see
+// WaitGeneration for since and outcomes.
+func (s *Store) waitUntil(ctx context.Context, runID string, since uint64, outcomes bool, done func(state.Run) bool) (state.Run, error) {
+	w, covered, err := s.waiters.add(ctx, runID, since)
 	if err != nil {
 		return state.Run{}, err
 	}
 	defer s.waiters.remove(runID, w)
-	// The watch is set up: a record stored from now on reaches w, and this
-	// read sees every record stored before.
-	r, rev, err := s.Get(ctx, runID)
-	switch {
-	case ctx.Err() != nil:
-		return state.Run{}, ctx.Err() // ctx's own error, never a retryable one
-	case errors.Is(err, ErrNotFound):
-		return state.Run{}, err
-	case err != nil:
-		return state.Run{}, jetstream.Unavailable(err)
-	}
-	if done(r) {
-		return r, nil
+	rev := since
+	if !covered {
+		// The watch is set up: a record stored from now on reaches w,
+		// and this read sees every record stored before.
+		var r state.Run
+		r, rev, err = s.Get(ctx, runID)
+		switch {
+		case ctx.Err() != nil:
+			return state.Run{}, ctx.Err() // ctx's own error, never a retryable one
+		case errors.Is(err, ErrNotFound):
+			return state.Run{}, err
+		case err != nil:
+			return state.Run{}, jetstream.Unavailable(err)
+		}
+		if done(r) {
+			return r, nil
+		}
 	}
 	retry := time.NewTimer(0)
 	<-retry.C
@@ -382,12 +451,17 @@ func (s *Store) waitUntil(ctx context.Context, runID string, done func(state.Run
 		case <-w.signal:
 		case <-retry.C: // a read that failed
 		}
-		newer, err := w.newest()
+		newer, outcome, err := w.newest()
 		if newer <= rev {
 			if err != nil {
 				return state.Run{}, err
 			}
 			continue
+		}
+		if outcomes && outcome != nil {
+			if r, err := state.DecodeRun(outcome); err == nil && r.RunID == runID && done(r) {
+				return r, nil
+			}
 		}
 		r, now, err := s.GetExisting(ctx, runID)
 		switch {

@@ -75,6 +75,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		TraceParent:  "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		Attributes:   map[string]string{"order_id": "42"},
 		Predecessors: []Predecessor{{Generation: 6, Token: "tok6", Status: StatusCancelled}},
+		Exec:         ExecLease,
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children and predecessors are not carried (they can be many): the

@@ -409,7 +409,7 @@ func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
 	require.NoError(t, err)
 	b.run("unlisted", "w", 0, state.StatusRunning, old) // a record alone, as a writer that died leaves it
 	b.task("jetflow.run.w.unlisted")
-	listed := state.Run{V: state.Version, RunID: "listed", Workflow: "w", Status: state.StatusRunning, Token: "token-listed", CreatedAt: old, UpdatedAt: old}
+	listed := state.Run{V: state.Version, RunID: "listed", Workflow: "w", Status: state.StatusRunning, Token: "token-listed", CreatedAt: old, UpdatedAt: old, Exec: state.ExecLease}
 	_, err = store.Create(ctx(t), listed) // record and entry
 	require.NoError(t, err)
 	b.task("jetflow.run.w.listed")

@@ -169,7 +169,7 @@ const timerMinDelay = 2 * time.Second
 // then finds its attempt already started and is dropped.
 func (e *Executor) retryBranch(d *delivery, s *settlement) {
 	msg := d.msg.Msg
-	err := e.recordFailure(d.nctx, s, time.Time{})
+	err := e.recordFailure(d.nctx, s, s.attempt, time.Time{})
 	if s.delay < timerMinDelay {
 		if err != nil {
 			d.log.Warn().Err(err).Msg("cannot log the failed attempt; retrying all the same")

@@ -58,6 +58,9 @@ type Hooks struct {
 	// replacement (the test kit's step stubs and crash points). It is
 	// asked every time a body starts a step.
 	WrapStep func(wf, step string, fn StepFunc) StepFunc
+	// AfterFinish runs once a holder has written its run's end (and told
+	// its parent), before it acknowledges the run's task.
+	AfterFinish func(runID string)
 	// AfterPark runs once a holder has parked a run (its lease written
 	// parked, its task acknowledged), with the run ID and the steps the
 	// body waits for.

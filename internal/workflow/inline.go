@@ -53,7 +53,7 @@ func (h *holder) runInline(c *Context, p *Pending) *settlement {
 		if s.delay > inlineRetryMax {
 			return h.retryLater(c, p, s)
 		}
-		if err := h.e.recordFailure(h.d.nctx, s, time.Time{}); err != nil {
+		if err := h.e.recordFailure(h.d.nctx, s, s.attempt+1, time.Time{}); err != nil {
 			h.d.log.Warn().Err(err).Msg("cannot log the failed attempt; retrying all the same")
 		}
 		failures = append(failures, h.e.failure(s))
@@ -73,7 +73,7 @@ func (h *holder) runInline(c *Context, p *Pending) *settlement {
 // too, so no wake-up starts the attempt early.
 func (h *holder) retryLater(c *Context, p *Pending, s *settlement) *settlement {
 	due := h.e.cfg.TimerNow().Add(s.delay)
-	if err := h.e.recordFailure(h.d.nctx, s, due); err != nil {
+	if err := h.e.recordFailure(h.d.nctx, s, s.attempt, due); err != nil {
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot log the failed attempt: %w", err)}
 	}
 	t := state.StepTask(c.run, c.rev, p.id)

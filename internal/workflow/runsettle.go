@@ -31,6 +31,9 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 			e.settleRun(d, h, &settlement{kind: settleRelease, err: fmt.Errorf("cannot record the run's end: %w", err)})
 			return
 		}
+		if hook := e.cfg.Hooks.AfterFinish; hook != nil {
+			hook(d.run.RunID)
+		}
 		settleErr(d.log, msg.Ack(), "ack")
 	case settlePark:
 		e.park(d, h, s)

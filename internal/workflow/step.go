@@ -351,13 +351,16 @@ func (e *Executor) failure(s *settlement) state.AttemptFailure {
 }
 
 // recordFailure logs the failed attempt s retries in the step's attempt
-// log, which also raises the log's started count to it, and when notBefore
-// is set records that the next attempt must not start before it: a holder
-// that takes the run over meanwhile parks instead of running it early.
-func (e *Executor) recordFailure(ctx context.Context, s *settlement, notBefore time.Time) error {
+// log, which also raises the log's started count to next (s's attempt, or
+// the one after it when the holder starts that one at once), and when
+// notBefore is set records that the next attempt must not start before
+// it: a holder that takes the run over meanwhile parks instead of running
+// it early.
+func (e *Executor) recordFailure(ctx context.Context, s *settlement, next int, notBefore time.Time) error {
 	f := e.failure(s)
 	return e.editAttemptLog(ctx, s.stepID, func(l *state.AttemptLog, _ bool) (bool, error) {
 		l.Add(f)
+		l.Started = max(l.Started, next)
 		l.NotBefore = notBefore.UTC()
 		return true, nil
 	})
