@@ -57,8 +57,15 @@ func (p *Pool) pull(s *source) {
 	gather.Stop()
 	defer gather.Stop()
 	gathering, gathered := false, false
+	// resume ends a pause after a request the server refused at once (no
+	// consumer leader, a leadership change): while the consumer cannot
+	// answer, requests go out at growing intervals, not in a busy loop.
+	resume := time.NewTimer(time.Hour)
+	resume.Stop()
+	defer resume.Stop()
+	paused, backoff := false, time.Duration(0)
 	for {
-		if free := cap(s.own) - len(s.own); !stopping && free > 0 { // only this loop adds tokens
+		if free := cap(s.own) - len(s.own); !stopping && !paused && free > 0 { // only this loop adds tokens
 			switch {
 			case free >= threshold || outstanding == 0 && (gathered || !p.batches):
 				gathering, gathered = false, false
@@ -98,6 +105,7 @@ func (p *Pool) pull(s *source) {
 			}
 			switch code := m.Header.Get("Status"); code {
 			case "":
+				backoff = 0
 				if outstanding == 0 {
 					// A request this loop took for gone delivered after
 					// all: it runs if a slot is free, else it goes back.
@@ -119,13 +127,20 @@ func (p *Pool) pull(s *source) {
 				if v, err := strconv.Atoi(m.Header.Get("Nats-Pending-Messages")); err == nil {
 					n = min(v, outstanding)
 				}
-				if code != "408" && code != "404" {
-					p.log.Warn().Str("consumer", info.Name).Str("status", code).Str("description", m.Header.Get("Description")).
-						Msg("pull request ended early; pulling again")
-				}
 				outstanding -= n
 				p.giveBack(s, n)
+				if code != "408" && code != "404" {
+					if backoff == 0 {
+						p.log.Warn().Str("consumer", info.Name).Str("status", code).Str("description", m.Header.Get("Description")).
+							Msg("pull request ended early; pulling again, less often while it keeps ending so")
+					}
+					backoff = min(max(2*backoff, pullBackoff), fetchWait)
+					paused = true
+					resume.Reset(backoff)
+				}
 			}
+		case <-resume.C:
+			paused = false
 		case <-s.freed:
 		case <-gather.C:
 			gathering, gathered = false, true
@@ -145,6 +160,10 @@ func (p *Pool) pull(s *source) {
 		}
 	}
 }
+
+// pullBackoff is the first pause after a pull request the server ended
+// early with an error; each next one doubles it, up to fetchWait.
+const pullBackoff = 20 * time.Millisecond
 
 // batchDelay is how long a request for fewer than half of a consumer's
 // slots waits, when nothing else is requested, for more of them to free up:

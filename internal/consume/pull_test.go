@@ -89,3 +89,37 @@ func TestPullAsksOnlyForFreeSlots(t *testing.T) {
 	require.NoError(t, tap.Flush())
 	require.Less(t, requests.Load(), int64(total/3), "a pull request per message or two")
 }
+
+// A consumer that cannot answer (here: deleted, so every request is
+// refused at once with "no responders") is asked again at growing
+// intervals, not in a busy loop.
+func TestPullBacksOffWhileRefused(t *testing.T) {
+	t.Parallel()
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
+	ctx := t.Context()
+	js, err := natsjs.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "B", Subjects: []string{"b.>"}, Retention: natsjs.WorkQueuePolicy})
+	require.NoError(t, err)
+	c, err := js.CreateConsumer(ctx, "B", natsjs.ConsumerConfig{Durable: "bc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
+	require.NoError(t, err)
+	pool := consume.New(nc, 4, false, testenv.Logger(t))
+	t.Cleanup(func() { _ = pool.Stop(context.Background()) })
+	require.NoError(t, pool.Consume(c, 4, &holder{release: make(chan struct{})}))
+	require.NoError(t, js.DeleteConsumer(ctx, "B", "bc"))
+
+	// Over a second, a busy loop sends thousands of requests; the pauses
+	// (doubling from 20ms) allow fewer than ten (and pause at fetchWait).
+	before := nc.Stats().OutMsgs
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	sent := nc.Stats().OutMsgs - before
+	require.Less(t, sent, uint64(40), "requests sent in a second while the consumer refuses them")
+}

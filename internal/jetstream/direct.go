@@ -132,18 +132,30 @@ type Entry struct {
 // read in batches of 1,024 in revision order, each a snapshot of its own.
 // Keys whose latest message is a delete, purge or expiry marker are left
 // out.
-func (k *KV) Prefix(ctx context.Context, prefix string) ([]Entry, error) {
+//
+// upTo > 0 reads only the keys whose latest value was written at or
+// before that revision of the bucket: a key written after it is left out,
+// as if not written yet, and so is a key rewritten or deleted after it (a
+// bucket keeps one value per key, its latest).
+func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, error) {
 	filter := k.prefix + prefix + ".>"
-	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}})
+	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}, UpToSeq: upTo})
 	for status == "413" && err == nil {
-		// More keys than one answer holds: walk them in revision order.
+		// More keys than one answer holds: walk their messages in
+		// revision order (every revision; the latest of each key wins).
 		var page []*nats.Msg
 		seq := uint64(1)
 		if n := len(msgs); n > 0 {
 			seq = msgSeq(msgs[n-1]) + 1
 		}
 		page, status, err = k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{Seq: seq, NextFor: filter, Batch: 1024})
-		msgs = append(msgs, page...)
+		for _, m := range page {
+			if upTo > 0 && msgSeq(m) > upTo {
+				status = "204" // past the snapshot asked for
+				break
+			}
+			msgs = append(msgs, m)
+		}
 		if status == "204" && len(page) == 1024 {
 			status = "413" // a full page: there may be more
 		}
@@ -151,16 +163,93 @@ func (k *KV) Prefix(ctx context.Context, prefix string) ([]Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: read %s/%s.*: %w", k.Bucket(), prefix, err)
 	}
-	out := make([]Entry, 0, len(msgs))
+	return k.entries(msgs), nil
+}
+
+// PrefixFenced reads like Prefix (latest values), with a guard against a
+// stale answer: fenceKey, a key under prefix, must appear in the snapshot
+// at revision minRev or later, and, in a replicated bucket (whose direct
+// gets a lagging replica may answer), at the revision the stream leader
+// holds when the read begins or later. An answer that holds an older
+// revision is read again until ctx ends. A snapshot that passes holds
+// every write of the bucket up to that revision of fenceKey.
+func (k *KV) PrefixFenced(ctx context.Context, prefix, fenceKey string, minRev uint64) ([]Entry, error) {
+	type leader struct {
+		rev uint64
+		err error
+	}
+	var atLeader chan leader
+	if k.replicated {
+		atLeader = make(chan leader, 1)
+		go func() {
+			st, err := k.leaderGet(ctx, fenceKey)
+			if !st.Live {
+				st.Rev = 0 // not there to be found
+			}
+			atLeader <- leader{st.Rev, err}
+		}()
+	}
+	wait := 5 * time.Millisecond
+	for {
+		entries, err := k.Prefix(ctx, prefix, 0)
+		if err != nil {
+			return nil, err
+		}
+		if atLeader != nil {
+			l := <-atLeader
+			if l.err != nil {
+				return nil, l.err
+			}
+			minRev, atLeader = max(minRev, l.rev), nil
+		}
+		i := slices.IndexFunc(entries, func(e Entry) bool { return e.Key == fenceKey })
+		if minRev == 0 || i >= 0 && entries[i].Rev >= minRev {
+			return entries, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, Unavailable(fmt.Errorf("jetflow: read %s/%s.*: no replica answered with revision %d of %s: %w", k.Bucket(), prefix, minRev, fenceKey, ctx.Err()))
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// Last reads the latest value of each of keys in one direct get, in
+// revision order; a key without one (never written, or deleted) is left
+// out.
+func (k *KV) Last(ctx context.Context, keys ...string) ([]Entry, error) {
+	subjects := make([]string, len(keys))
+	for i, key := range keys {
+		subjects[i] = k.prefix + key
+	}
+	msgs, _, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: subjects})
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), strings.Join(keys, ","), err)
+	}
+	return k.entries(msgs), nil
+}
+
+// entries are the keys msgs hold, each at its latest message among them,
+// in revision order; a key whose latest message is a delete, purge or
+// expiry marker is left out.
+func (k *KV) entries(msgs []*nats.Msg) []Entry {
+	latest := make(map[string]*nats.Msg, len(msgs))
 	for _, m := range msgs {
+		key := strings.TrimPrefix(m.Header.Get(natsjs.SubjectHeader), k.prefix)
+		if old, ok := latest[key]; !ok || msgSeq(old) < msgSeq(m) {
+			latest[key] = m
+		}
+	}
+	out := make([]Entry, 0, len(latest))
+	for key, m := range latest {
 		if m.Header.Get("KV-Operation") != "" || m.Header.Get(natsjs.MarkerReasonHeader) != "" {
 			continue
 		}
-		key := strings.TrimPrefix(m.Header.Get(natsjs.SubjectHeader), k.prefix)
 		out = append(out, Entry{Key: key, Value: m.Data, Rev: msgSeq(m)})
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Rev, b.Rev) })
-	return out, nil
+	return out
 }
 
 // msgSeq is the stream sequence of a direct get's answer (0 when it has

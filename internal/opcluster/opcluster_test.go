@@ -86,9 +86,11 @@ func TestOperatedClusterNodeLossAndRollingDeploys(t *testing.T) {
 	results = append(results, s.phase("rolling restart of NATS", "rr", n, every, s.rollNATS))
 	results = append(results, s.phase("rolling deploy of workers", "wd", n, every, s.rollWorkers))
 
-	info, err := s.js.Consumer(s.ctx(10*time.Second), "JETFLOW_TASKS", "jetflow_step_"+orders.WorkflowName)
-	require.NoError(t, err)
-	require.Equal(t, ackWaitNext, info.CachedInfo().Config.AckWait, "the rolling deploy's --ack-wait --apply-ack-wait")
+	for _, cons := range []string{"jetflow_run_", "jetflow_branch_"} {
+		info, err := s.js.Consumer(s.ctx(10*time.Second), "JETFLOW_TASKS", cons+orders.WorkflowName)
+		require.NoError(t, err)
+		require.Equal(t, ackWaitNext, info.CachedInfo().Config.AckWait, "%s: the rolling deploy's --ack-wait --apply-ack-wait", cons)
+	}
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "| phase | starts | runs | duplicates | retried starts | committed steps | charges | charge requests | lost | doubled | new leader | recovered |\n")
@@ -298,7 +300,7 @@ func (s *scenario) killFollower(hit func()) (func(), time.Duration) {
 		}
 	}
 	require.GreaterOrEqual(s.t, victim, 0, "every node leads a stream")
-	for _, cons := range []string{"jetflow_start_", "jetflow_step_"} {
+	for _, cons := range []string{"jetflow_run_", "jetflow_branch_"} {
 		i, err := s.cluster.ConsumerLeader(ctx, s.js, "JETFLOW_TASKS", cons+orders.WorkflowName)
 		require.NoError(s.t, err)
 		leads[i] = append(leads[i], cons+orders.WorkflowName)

@@ -555,41 +555,45 @@ func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {
 }
 
 // RecordDuplicate adds one duplicate start to the audit of runID with
-// compare-and-set, and returns the count of duplicates it holds now. The
-// run's first duplicate creates the audit without reading it first.
+// compare-and-set, and returns the count of duplicates it holds now. It
+// first tries to create the audit (a run's first duplicate writes it
+// without reading it); a refused write reads the audit and tries again.
 func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
-	au := state.Audit{V: state.Version}
-	au.Add(entry)
-	b, err := state.Encode(au)
-	if err != nil {
-		return 0, err
-	}
-	if _, err = s.audit.Create(ctx, runID, b); err == nil {
-		return au.Duplicates, nil
-	}
-	if !errors.Is(err, jetstream.ErrExists) {
-		return 0, err
-	}
+	var (
+		au  = state.Audit{V: state.Version}
+		rev uint64 // of au; 0: no audit read, create one
+	)
 	for {
-		v, rev, err := s.audit.Get(ctx, runID)
+		au.Add(entry)
+		b, err := state.Encode(au)
 		if err != nil {
 			return 0, err
 		}
-		if au, err = state.DecodeAudit(v); err != nil {
-			return 0, err
+		if rev == 0 {
+			_, err = s.audit.Create(ctx, runID, b)
+		} else {
+			_, err = s.audit.Update(ctx, runID, b, rev)
 		}
-		au.Add(entry)
-		if b, err = state.Encode(au); err != nil {
-			return 0, err
-		}
-		if _, err = s.audit.Update(ctx, runID, b, rev); err == nil {
+		if err == nil {
 			return au.Duplicates, nil
 		}
-		if !errors.Is(err, jetstream.ErrRevisionMismatch) {
+		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
 			return 0, err
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
+		}
+		v, got, err := s.audit.Get(ctx, runID)
+		switch {
+		case errors.Is(err, jetstream.ErrNotFound):
+			au, rev = state.Audit{V: state.Version}, 0 // gone since: create it again
+		case err != nil:
+			return 0, err
+		default:
+			if au, err = state.DecodeAudit(v); err != nil {
+				return 0, err
+			}
+			rev = got
 		}
 	}
 }

@@ -379,6 +379,13 @@ type Task struct {
 	// checks, before the step runs, that no retry of the step is waiting
 	// as a timer and which attempt it would be.
 	Redispatched bool `json:"redispatched,omitempty"`
+	// Upto is, on a branch task, the revision of the steps bucket up to
+	// which the holder that published it knew the run's records: the
+	// branch replays the body against the records written up to there,
+	// which reach its step the way the holder did, and reads the rest
+	// only if they do not (0: the holder knew no record, and the branch
+	// reads none).
+	Upto uint64 `json:"upto,omitempty"`
 	// Parent is the run record's (a child run's tasks).
 	Parent *ParentLink `json:"parent,omitempty"`
 	// Resume marks a resume task of an earlier version's executor (a run

@@ -108,7 +108,7 @@ func (h *holder) refresh(c *Context, ps []*Pending) *settlement {
 	if len(unresolved(ps)) == 0 {
 		return nil
 	}
-	hist, err := h.e.readHistory(h.d.nctx, h.d.identity())
+	hist, err := h.e.readHistory(h.d.nctx, h.d.identity(), 0)
 	if err != nil {
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
 	}
@@ -117,8 +117,8 @@ func (h *holder) refresh(c *Context, ps []*Pending) *settlement {
 			p.rec = rec
 		}
 	}
-	for id, rec := range hist.steps {
-		c.hist.steps[id] = rec
+	for _, rec := range hist.steps {
+		c.hist.put(rec)
 	}
 	return nil
 }
@@ -135,7 +135,7 @@ func (h *holder) dispatch(c *Context, opened []*Pending) *settlement {
 			continue
 		}
 		t := state.StepTask(c.run, c.rev, p.id)
-		t.Redispatched = !h.clean
+		t.Redispatched, t.Upto = !h.clean, c.hist.upto
 		b, err := state.Encode(t)
 		if err == nil {
 			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), p.id, b)

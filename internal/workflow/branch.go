@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
@@ -15,11 +17,12 @@ import (
 
 // handleBranch handles one delivery of a branch task: a step the body
 // started beside others (see Pending). The task runs only its own step: it
-// reads the run's history (and its record: a run that ended, or was
-// cancelled, starts no step), replays the body as far as the step's call to
-// reach its function, runs it, commits it with create-if-absent and wakes
-// the run. It decides nothing about other steps, and never continues the
-// body.
+// reads the run's record, its own step's and lease records, and the run's
+// history as the holder that published it knew it (a run that ended, or
+// was cancelled, starts no step; a step committed already is done),
+// replays the body as far as the step's call to reach its function, runs
+// it, commits it with create-if-absent and wakes the run. It decides
+// nothing about other steps, and never continues the body.
 func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
 	d := e.newDelivery(ctx, m)
 	if d == nil {
@@ -37,42 +40,69 @@ func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
 	untrack := e.inflight.track(d, ctx)
 	defer untrack()
 	hist, s := e.branchHistory(d)
-	if s != nil {
-		e.settleBranch(d, s)
-		return
+	if s == nil {
+		s = e.replayBranch(d, def, hist)
 	}
-	c := e.newContext(d, modeBranch, hist)
-	c.branch = d.task.StepID
-	e.settleBranch(d, c.replay(def))
+	if s.unreached && d.task.Upto > 0 {
+		// The history as the holder knew it does not reach the step,
+		// which it should: replay against all of it before giving up.
+		if hist, err := e.readHistory(d.nctx, d.identity(), 0); err != nil {
+			s = &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
+		} else {
+			s = e.replayBranch(d, def, hist)
+		}
+	}
+	e.settleBranch(d, s)
 }
 
-// branchHistory reads the run's history and its record, side by side, and
-// returns a settlement when the branch has nothing to run: its run ended
-// or was cancelled (drop), or its step is committed (done: the run is
-// woken again, in case the attempt that committed it died before).
+// replayBranch replays def's body against hist as far as d's step, and
+// runs it.
+func (e *Executor) replayBranch(d *delivery, def Definition, hist *history) *settlement {
+	c := e.newContext(d, modeBranch, hist)
+	c.branch = d.task.StepID
+	return c.replay(def)
+}
+
+// branchHistory reads, side by side, the run's record, the records of the
+// branch's step and of the run's lease, and the run's history up to the
+// task's Upto (nothing when it is 0). It returns a settlement when the
+// branch has nothing to run: its run ended or was cancelled (drop), or its
+// step is committed (done: the run is woken again, in case the attempt
+// that committed it died before).
 func (e *Executor) branchHistory(d *delivery) (*history, *settlement) {
-	type read struct {
-		run state.Run
-		err error
+	var (
+		run     state.Run
+		own     []jetstream.Entry
+		hist    = newHistory()
+		g, gctx = errgroup.WithContext(d.nctx)
+	)
+	g.Go(func() (err error) {
+		run, _, err = e.runs.Get(gctx, d.run.RunID)
+		return err
+	})
+	g.Go(func() (err error) {
+		own, err = e.cfg.Assets.Steps.Last(gctx, d.task.StepID, state.LeaseKey(d.identity()))
+		return err
+	})
+	if d.task.Upto > 0 {
+		g.Go(func() (err error) {
+			hist, err = e.readHistory(gctx, d.identity(), d.task.Upto)
+			return err
+		})
 	}
-	ch := make(chan read, 1)
-	go func() {
-		run, _, err := e.runs.Get(d.nctx, d.run.RunID)
-		ch <- read{run, err}
-	}()
-	hist, err := e.readHistory(d.nctx, d.identity())
-	r := <-ch
+	err := g.Wait()
+	if err == nil {
+		err = hist.add(own)
+	}
 	switch {
-	case errors.Is(r.err, runs.ErrNotFound):
+	case errors.Is(err, runs.ErrNotFound):
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: its record is gone", errRunNotRunning)}
-	case r.err != nil:
-		return nil, &settlement{kind: settleRelease, err: r.err}
 	case err != nil:
-		return nil, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
-	case r.run.Token != d.run.Token || r.run.Generation != d.run.Generation:
+		return nil, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run: %w", err)}
+	case run.Token != d.run.Token || run.Generation != d.run.Generation:
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
-	case r.run.Status != state.StatusRunning || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
-		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, r.run.Status)}
+	case run.Status != state.StatusRunning || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
+		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, run.Status)}
 	}
 	if rec := hist.get(d.task.StepID); rec != nil {
 		return nil, &settlement{kind: settleDone, rec: rec}

@@ -269,7 +269,7 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 		// the await that waits for it).
 		var ok bool
 		if won, ok = decide(ps, first); !ok {
-			s = &settlement{kind: settleRelease, err: fmt.Errorf("the body awaits %v before step %s, not committed: the run's history changed, or the body does not replay the same way", stepIDs(ps), c.branch)}
+			s = &settlement{kind: settleRelease, unreached: true, err: fmt.Errorf("the body awaits %v before step %s, not committed: the run's history changed, or the body does not replay the same way", stepIDs(ps), c.branch)}
 		}
 	}
 	if s != nil {

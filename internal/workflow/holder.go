@@ -138,7 +138,7 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 	}
 	var stale uint64 // a held lease revision found not renewed for a whole lease
 	for {
-		hist, err := e.readHistory(d.nctx, d.identity())
+		hist, err := e.readFenced(d.nctx, d.identity(), 0)
 		if err != nil {
 			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
 		}
@@ -176,6 +176,7 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 		l := lease(hist.leaseRev, found, d.msg.Received)
 		l.mu.Lock()
 		err = l.writeLocked(state.LeaseHeld, 0, nil)
+		taken := l.rev
 		l.mu.Unlock()
 		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
 			continue // written meanwhile: decide again on what is there now
@@ -183,7 +184,7 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 		if err != nil {
 			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot take the run's lease: %w", err)}
 		}
-		if hist, err = e.readHistory(d.nctx, d.identity()); err != nil {
+		if hist, err = e.readFenced(d.nctx, d.identity(), taken); err != nil {
 			l.release()
 			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
 		}

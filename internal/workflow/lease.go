@@ -96,15 +96,16 @@ func (l *lease) beat() {
 }
 
 // park writes the lease parked at the body's await epoch, waiting for
-// waits, and returns nil once the record is written: the holder's last
-// write. A lost lease is its cause.
-func (l *lease) park(epoch int, waits []string) error {
+// waits, and returns the record's revision once it is written: the
+// holder's last write. A lost lease is its cause.
+func (l *lease) park(epoch int, waits []string) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost != nil {
-		return l.lost
+		return 0, l.lost
 	}
-	return l.writeLocked(state.LeaseParked, epoch, waits)
+	err := l.writeLocked(state.LeaseParked, epoch, waits)
+	return l.rev, err
 }
 
 // release writes the lease released, so that the redelivery of the task

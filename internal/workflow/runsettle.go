@@ -71,7 +71,8 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // the await read it, and whose wake this task absorbed, wakes the run now.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	waits := stepIDs(s.waits)
-	if err := h.lease.park(s.epoch, waits); err != nil {
+	parked, err := h.lease.park(s.epoch, waits)
+	if err != nil {
 		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
 			e.settleRun(d, h, lostOr(err))
 			return
@@ -81,7 +82,7 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	}
 	d.msg.Stop()
 	actx, cancel := context.WithTimeout(d.nctx, 10*time.Second)
-	err := d.msg.Msg.DoubleAck(actx)
+	err = d.msg.Msg.DoubleAck(actx)
 	cancel()
 	if err != nil {
 		// Redelivered after AckWait: its holder takes the parked run over
@@ -89,7 +90,7 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 		d.log.Warn().Err(err).Msg("cannot confirm the parked run's acknowledgement")
 		return
 	}
-	if err := e.lookAgain(d, s); err != nil {
+	if err := e.lookAgain(d, s, parked); err != nil {
 		// The wait's recheck timer, or the sweeper, wakes it.
 		d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for")
 	}
@@ -98,13 +99,14 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	}
 }
 
-// lookAgain reads what the parked run s waits for and wakes the run when
-// it is committed now.
-func (e *Executor) lookAgain(d *delivery, s *settlement) error {
+// lookAgain reads what the run parked at lease revision parked waits for
+// (s), in a snapshot that holds every commit before the park, and wakes
+// the run when it is committed now.
+func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) error {
 	if len(s.waits) == 0 {
 		return nil
 	}
-	hist, err := e.readHistory(d.nctx, d.identity())
+	hist, err := e.readFenced(d.nctx, d.identity(), parked)
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,9 @@ type settlement struct {
 	err    error // workflow error (finish) or cause (release, retry, drop)
 	// release, retry
 	delay time.Duration
+	// release: a branch task's replay reached an await its history does
+	// not satisfy before the branch's step.
+	unreached bool
 	// retry: the attempt that failed, when it started, and its step.
 	attempt int
 	started time.Time
