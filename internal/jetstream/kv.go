@@ -52,6 +52,11 @@ func newKV(js natsjs.JetStream, kv natsjs.KeyValue, replicas int, direct *direct
 // Bucket is the bucket's name.
 func (k *KV) Bucket() string { return k.kv.Bucket() }
 
+// Replicated reports whether the bucket has replicas: then a batch read
+// (Prefix, Last) may be answered by a replica that lags behind its
+// leader, and only Get, Latest and PrefixFenced read what the leader has.
+func (k *KV) Replicated() bool { return k.replicated }
+
 // Raw is the underlying nats.go handle, for watches and listings.
 func (k *KV) Raw() natsjs.KeyValue { return k.kv }
 
@@ -239,6 +244,17 @@ func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
 // leaderGet reads the last message of key from the bucket stream's leader
 // ($JS.API.STREAM.MSG.GET, which only the leader answers), markers included.
 func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
+	st, err := leaderLast(ctx, k.js.Conn(), "KV_"+k.Bucket(), k.prefix+key)
+	if err != nil {
+		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+	}
+	return st, nil
+}
+
+// leaderLast reads the last message of subject in stream from the stream's
+// leader ($JS.API.STREAM.MSG.GET, which only the leader answers), markers
+// included; a subject without one is the zero KeyState.
+func leaderLast(ctx context.Context, nc *nats.Conn, stream, subject string) (KeyState, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -246,13 +262,13 @@ func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
 	}
 	req, err := json.Marshal(struct {
 		LastFor string `json:"last_by_subj"`
-	}{k.prefix + key})
+	}{subject})
 	if err != nil {
 		return KeyState{}, err
 	}
-	m, err := k.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+k.Bucket(), req)
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
-		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+		return KeyState{}, err
 	}
 	var resp struct {
 		Error   *natsjs.APIError `json:"error,omitempty"`
@@ -264,22 +280,22 @@ func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
 		} `json:"message,omitempty"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+		return KeyState{}, err
 	}
 	if resp.Error != nil {
 		if resp.Error.ErrorCode == natsjs.JSErrCodeMessageNotFound {
 			return KeyState{}, nil
 		}
-		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, resp.Error)
+		return KeyState{}, resp.Error
 	}
 	if resp.Message == nil {
-		return KeyState{}, fmt.Errorf("jetflow: read %s/%s: empty answer", k.Bucket(), key)
+		return KeyState{}, errors.New("empty answer")
 	}
 	live := true
 	if len(resp.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
 		if err != nil {
-			return KeyState{}, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), key, err)
+			return KeyState{}, err
 		}
 		live = h.Get("KV-Operation") == "" && h.Get(natsjs.MarkerReasonHeader) == ""
 	}

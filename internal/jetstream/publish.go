@@ -66,3 +66,13 @@ func PublishTask(ctx context.Context, js natsjs.JetStream, subject, msgID string
 		}
 	}
 }
+
+// PendingTask returns the stream sequence of the task pending on subject
+// in the task stream, as its leader has it (0: none).
+func PendingTask(ctx context.Context, js natsjs.JetStream, subject string) (uint64, error) {
+	st, err := leaderLast(ctx, js.Conn(), TasksStream, subject)
+	if err != nil {
+		return 0, Unavailable(fmt.Errorf("jetflow: read the task pending on %s: %w", subject, err))
+	}
+	return st.Rev, nil
+}

@@ -25,7 +25,7 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 	opened := c.open
 	c.open = nil
 	classify(opened, ps)
-	begin := !h.clean || c.epoch > h.lease.found.Epoch
+	begin := !h.clean || h.rebegin || c.epoch > h.lease.found.Epoch
 	if begin {
 		if s := h.dispatch(c, opened); s != nil {
 			return -1, s
@@ -135,7 +135,7 @@ func (h *holder) dispatch(c *Context, opened []*Pending) *settlement {
 			continue
 		}
 		t := state.StepTask(c.run, c.rev, p.id)
-		t.Redispatched, t.Upto = !h.clean, c.hist.upto
+		t.Redispatched, t.Upto = !h.clean || h.rebegin, c.hist.upto
 		b, err := state.Encode(t)
 		if err == nil {
 			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), p.id, b)

@@ -27,6 +27,10 @@ type holder struct {
 	// parked): what it finds begun at an await up to the lease's epoch is
 	// done, and an inline step past it never started.
 	clean bool
+	// rebegin: the holder of a sweep's wake, which comes because
+	// something the run waits for may be lost (a branch task or a timer):
+	// it begins again what a clean holder would take as begun.
+	rebegin bool
 	// inherited: the first inline step this holder runs may have been
 	// started by the holder it took the run over from (its attempt count
 	// is read, not assumed).
@@ -160,7 +164,8 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 			return held{holder: h, history: hist}, nil
 		case d.delivered == 1 && (hist.lease == nil || found.Seq != d.seq && found.State != state.LeaseHeld):
 			parked := found.State == state.LeaseParked
-			h := &holder{e: e, d: d, clean: parked, inherited: !parked, lease: lease(hist.leaseRev, found, d.msg.Received)}
+			h := &holder{e: e, d: d, clean: parked, inherited: !parked, rebegin: d.task.Wake && d.task.StepID == "",
+				lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil
 		case found.State == state.LeaseHeld && hist.leaseRev != stale && !(found.Seq == d.seq && found.Delivered == d.delivered):
 			// Held by another delivery, which may be alive: wait for it

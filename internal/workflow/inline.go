@@ -76,10 +76,8 @@ func (h *holder) retryLater(c *Context, p *Pending, s *settlement) *settlement {
 	if err := h.e.recordFailure(h.d.nctx, s, s.attempt, due); err != nil {
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot log the failed attempt: %w", err)}
 	}
-	t := state.StepTask(c.run, c.rev, p.id)
-	t.Wake, t.Attempt = true, s.attempt+1
-	if err := h.e.storeTimer(h.d, jetstream.RunTimer(c.run.Workflow, p.id), p.id+"#"+strconv.Itoa(t.Attempt), t, due); err != nil {
-		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot store the retry timer: %w", err)}
+	if err := h.storeRetryTimer(c, p, s.attempt+1, due); err != nil {
+		return &settlement{kind: settleRelease, err: err}
 	}
 	return &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}}
 }
@@ -114,7 +112,7 @@ func (h *holder) attemptFor(c *Context, p *Pending) (int, *settlement) {
 	err := h.e.editAttemptLog(h.d.nctx, p.id, func(l *state.AttemptLog, found bool) (bool, error) {
 		switch {
 		case found && l.NotBefore.After(now):
-			waitTill = l.NotBefore
+			attempt, waitTill = l.Started+1, l.NotBefore
 			return false, nil
 		case found && h.retryOf(p):
 			attempt = max(l.Started+1, h.d.task.Attempt)
@@ -140,7 +138,24 @@ func (h *holder) attemptFor(c *Context, p *Pending) (int, *settlement) {
 			return 0, &settlement{kind: settleRelease, delay: waitTill.Sub(now),
 				err: fmt.Errorf("retry of %s due at %s came early by this worker's clock", p.id, waitTill.Format(time.RFC3339Nano))}
 		}
+		// Park until the retry's timer. The holder that logged the wait
+		// may have died before it stored the timer: store it (again; a
+		// stored one is kept).
+		if err := h.storeRetryTimer(c, p, attempt, waitTill); err != nil {
+			return 0, &settlement{kind: settleRelease, err: err}
+		}
 		return 0, &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}}
 	}
 	return attempt, nil
+}
+
+// storeRetryTimer stores the timer that wakes the run for attempt of p at
+// due; a timer stored for it before is kept.
+func (h *holder) storeRetryTimer(c *Context, p *Pending, attempt int, due time.Time) error {
+	t := state.StepTask(c.run, c.rev, p.id)
+	t.Wake, t.Attempt = true, attempt
+	if err := h.e.storeTimer(h.d, jetstream.RunTimer(c.run.Workflow, p.id), p.id+"#"+strconv.Itoa(attempt), t, due); err != nil {
+		return fmt.Errorf("cannot store the retry timer: %w", err)
+	}
+	return nil
 }

@@ -100,26 +100,40 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 }
 
 // lookAgain reads what the run parked at lease revision parked waits for
-// (s), in a snapshot that holds every commit before the park, and wakes
-// the run when it is committed now.
+// (s), and wakes the run when it is committed now. It runs after the
+// task's acknowledgement was confirmed: a branch or an event whose wake
+// was absorbed by this task committed before that, so the read must see
+// every write stored before it began. On a single server the batch read
+// does; a replicated bucket's may come from a lagging replica, so there
+// the waits are read from the leader, one by one, until the answer is
+// known.
 func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) error {
 	if len(s.waits) == 0 {
 		return nil
 	}
-	hist, err := e.readFenced(d.nctx, d.identity(), parked)
-	if err != nil {
-		return err
+	committed := func(p *Pending) (bool, error) { rec, err := e.lookup(d, p.id); return rec != nil, err }
+	if !e.cfg.Assets.Steps.Replicated() {
+		hist, err := e.readFenced(d.nctx, d.identity(), parked)
+		if err != nil {
+			return err
+		}
+		committed = func(p *Pending) (bool, error) { return hist.get(p.id) != nil, nil }
 	}
-	committed := 0
+	wake := !s.first
 	for _, p := range s.waits {
-		if hist.get(p.id) != nil {
-			committed++
+		ok, err := committed(p)
+		if err != nil {
+			return err
+		}
+		if ok == s.first {
+			wake = s.first // the first one committed, or one of all missing
+			break
 		}
 	}
-	if committed == 0 || (!s.first && committed < len(s.waits)) {
+	if !wake {
 		return nil
 	}
-	_, err = Wake(d.nctx, e.cfg.Assets, d.run, d.rev, s.waits[0].id, d.identity()+".look."+strconv.FormatUint(hist.leaseRev, 10))
+	_, err := Wake(d.nctx, e.cfg.Assets, d.run, d.rev, s.waits[0].id, d.identity()+".look."+strconv.FormatUint(parked, 10))
 	return err
 }
 

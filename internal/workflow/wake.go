@@ -2,6 +2,8 @@ package workflow
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
@@ -19,9 +21,11 @@ import (
 //
 // A wake published while a run task is pending (a holder at work, or a
 // wake not delivered yet) is absorbed by it: that task's holder sees the
-// commit, or parks and then looks again. A repeat within the broker's
-// window under the same msgID is absorbed too; one stored after all only
-// replays.
+// commit, or parks and then looks again. The one pending task that cannot
+// absorb it, the parked holder's own after its acknowledgement and
+// before the stream removed it, is waited out (acknowledgedLeftover). A
+// repeat within the broker's window under the same msgID is absorbed too;
+// one stored after all only replays.
 //
 // A run of an earlier version's executor (no state.Run.Exec) is resumed
 // the way that version's workers expect: with a resume task of the step on
@@ -44,5 +48,52 @@ func Wake(ctx context.Context, assets *jetstream.Assets, run state.Run, rev uint
 	if err != nil {
 		return jetstream.Stored, err
 	}
-	return jetstream.PublishTask(ctx, assets.JS, jetstream.RunSubject(run.Workflow, state.RunIdentity(run.RunID, run.Generation)), msgID, b)
+	identity := state.RunIdentity(run.RunID, run.Generation)
+	subject := jetstream.RunSubject(run.Workflow, identity)
+	wait, giveUp := 5*time.Millisecond, time.Now().Add(absorbLag)
+	for {
+		dedup, err := jetstream.PublishTask(ctx, assets.JS, subject, msgID, b)
+		if err != nil || dedup != jetstream.PendingSubject {
+			return dedup, err
+		}
+		leftover, err := acknowledgedLeftover(ctx, assets, identity, subject)
+		if err != nil || !leftover || time.Now().After(giveUp) {
+			return dedup, err
+		}
+		select {
+		case <-ctx.Done():
+			return dedup, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// absorbLag bounds how long Wake waits for a parked holder's acknowledged
+// task to leave the stream (see acknowledgedLeftover). Past it the task is
+// taken for one whose acknowledgement failed: its redelivery takes the run
+// over and sees the commit; the sweeper is the last resort.
+const absorbLag = 5 * time.Second
+
+// acknowledgedLeftover reports whether the run task pending on subject is
+// the one the run's parked holder acknowledged: its removal from the
+// stream can lag behind the acknowledgement's confirmation (on a cluster,
+// the removal is replicated after it), and a wake refused because of it
+// would be absorbed by a task nobody executes any more. Any other pending
+// task absorbs the wake: its holder sees the commit, or parks and looks
+// again.
+func acknowledgedLeftover(ctx context.Context, assets *jetstream.Assets, identity, subject string) (bool, error) {
+	v, _, err := assets.Steps.Get(ctx, state.LeaseKey(identity))
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	l, err := state.DecodeLease(v)
+	if err != nil || l.State != state.LeaseParked {
+		return false, err
+	}
+	seq, err := jetstream.PendingTask(ctx, assets.JS, subject)
+	return seq == 0 || seq == l.Seq, err
 }
