@@ -297,12 +297,14 @@ func (w *Worker) Start(ctx context.Context) error {
 		return backlogs(ctx, consumers)
 	})
 	stopSweep := startSweeper(sweeper)
+	stopGuard := guardSubjects(assets, subjectGuardEvery, w.log)
 	// Envelopes for workflows no worker serves: a gauge and a warn log.
 	stopUnserved := startproto.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
 		stopSweep()
+		stopGuard()
 		stopSampling()
 		stopUnserved()
 		return errors.Join(presence.Stop(ctx), notices.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))

@@ -249,3 +249,38 @@ func TestCreateOrUpdateUpdatesOnlyWhatDiffers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 48*time.Hour, st.TTL())
 }
+
+// A worker of the version before the lease executor provisions the task
+// and timer streams with its subjects only; RestoreSubjects adds this
+// version's back, keeps the earlier ones, and then has nothing to add.
+func TestRestoreSubjectsAfterAnEarlierVersionsProvisioning(t *testing.T) {
+	t.Parallel()
+	a := setup(t, Topology{})
+	for name, old := range map[string][]string{
+		TasksStream:  {"jetflow.task.>"},
+		TimersStream: {"jetflow.timer.>", "jetflow.due.>"},
+	} {
+		s, err := a.JS.Stream(ctx(t), name)
+		require.NoError(t, err)
+		cfg := s.CachedInfo().Config
+		cfg.Subjects = old
+		_, err = a.JS.UpdateStream(ctx(t), cfg)
+		require.NoError(t, err)
+	}
+	_, err := a.JS.Publish(ctx(t), RunSubject("w", "r"), nil)
+	require.Error(t, err, "no stream takes this version's tasks any more")
+
+	added, err := a.RestoreSubjects(ctx(t))
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{TasksStream + " " + RunSubjects, TasksStream + " " + BranchSubjects,
+		TimersStream + " " + timerSubjects, TimersStream + " " + fireSubjects}, added)
+	_, err = a.JS.Publish(ctx(t), RunSubject("w", "r"), nil)
+	require.NoError(t, err)
+	s, err := a.JS.Stream(ctx(t), TasksStream)
+	require.NoError(t, err)
+	require.Contains(t, s.CachedInfo().Config.Subjects, "jetflow.task.>", "the earlier version's subjects stay")
+
+	added, err = a.RestoreSubjects(ctx(t))
+	require.NoError(t, err)
+	require.Empty(t, added)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -249,7 +250,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	tasks, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TasksStream,
 		Description: "jetflow tasks: one message per pending run hand-over or branch step",
-		Subjects:    []string{RunSubjects, BranchSubjects, LegacyTaskSubjects},
+		Subjects:    executorSubjects[TasksStream],
 		Retention:   natsjs.WorkQueuePolicy,
 		Storage:     storage,
 		Replicas:    topo.Replicas,
@@ -281,7 +282,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	timers, err := p.ensureStream(ctx, natsjs.StreamConfig{
 		Name:        TimersStream,
 		Description: "jetflow timers: tasks stored until they are due (retry backoffs, sleeps, wait timeouts), then published to " + fireSubjects,
-		Subjects:    []string{timerSubjects, fireSubjects, legacyTimerSubjects, legacyDueSubjects},
+		Subjects:    executorSubjects[TimersStream],
 		Retention:   natsjs.WorkQueuePolicy,
 		Storage:     storage,
 		Replicas:    topo.Replicas,
@@ -677,4 +678,47 @@ func StartConsumerName(workflow string) string { return "jetflow_admit_" + workf
 func (a *Assets) EnsureStartConsumer(ctx context.Context, workflow string, cc ConsumerConfig) (natsjs.Consumer, error) {
 	return a.ensureConsumer(ctx, StartsStream, StartConsumerName(workflow), StartSubjectPrefix+workflow,
 		"jetflow start envelopes of workflow "+workflow, cc)
+}
+
+// executorSubjects are the subjects of the streams whose subjects changed
+// with the lease executor: this version's, and the earlier version's kept
+// for its workers.
+var executorSubjects = map[string][]string{
+	TasksStream:  {RunSubjects, BranchSubjects, LegacyTaskSubjects},
+	TimersStream: {timerSubjects, fireSubjects, legacyTimerSubjects, legacyDueSubjects},
+}
+
+// RestoreSubjects adds back to the task and timer streams the subjects of
+// this version that their configuration lacks, keeping every subject it
+// has, and returns what it added ("<stream> <subject>"). An earlier
+// version's worker provisions these streams with its own subjects only
+// when it starts, which would leave this version's tasks nowhere to go: a
+// worker of this version calls RestoreSubjects periodically while both run
+// side by side. A repeat call adds nothing.
+func (a *Assets) RestoreSubjects(ctx context.Context) ([]string, error) {
+	var added []string
+	for _, name := range []string{TasksStream, TimersStream} {
+		s, err := a.JS.Stream(ctx, name)
+		if err != nil {
+			return added, fmt.Errorf("jetflow: read stream %s: %w", name, err)
+		}
+		cfg := s.CachedInfo().Config
+		var missing []string
+		for _, subj := range executorSubjects[name] {
+			if !slices.Contains(cfg.Subjects, subj) {
+				missing = append(missing, subj)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		cfg.Subjects = append(cfg.Subjects, missing...)
+		if _, err := a.JS.UpdateStream(ctx, cfg); err != nil {
+			return added, fmt.Errorf("jetflow: add subjects %v to stream %s: %w", missing, name, err)
+		}
+		for _, subj := range missing {
+			added = append(added, name+" "+subj)
+		}
+	}
+	return added, nil
 }

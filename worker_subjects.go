@@ -1,0 +1,51 @@
+package jetflow
+
+import (
+	"context"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+)
+
+// subjectGuardEvery is how often a worker checks that the task and timer
+// streams still take this version's subjects (see guardSubjects).
+const subjectGuardEvery = 10 * time.Second
+
+// guardSubjects adds back, every interval until stop is called, the
+// subjects of this version that the task and timer streams lost: a worker
+// of the version before the lease executor provisions them with its own
+// subjects when it starts, which would refuse every task this version
+// publishes until one of its workers starts again. With both versions
+// side by side during an upgrade, such a loss lasts one interval.
+func guardSubjects(assets *jetstream.Assets, every time.Duration, log zerolog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			cctx, ccancel := context.WithTimeout(ctx, every)
+			added, err := assets.RestoreSubjects(cctx)
+			ccancel()
+			if len(added) > 0 {
+				log.Warn().Strs("subjects", added).
+					Msg("an earlier version's worker removed this version's subjects from the streams; added them back")
+			}
+			if err != nil && ctx.Err() == nil {
+				log.Debug().Err(err).Msg("cannot check the streams' subjects; trying again")
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
