@@ -81,7 +81,7 @@ func TestWakeIsAbsorbedByAnotherPendingTask(t *testing.T) {
 	t.Parallel()
 	a, run, seq := wakeSetup(t)
 	for _, lease := range []func(){
-		func() {}, // no lease yet: a fresh holder at work
+		func() {},                         // no lease yet: a fresh holder at work
 		func() { parkLease(t, a, seq-1) }, // parked by an earlier task; this one is a wake not taken yet
 	} {
 		lease()
