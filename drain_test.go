@@ -102,3 +102,55 @@ func TestStopDeadlineReleasesStepToAnotherWorker(t *testing.T) {
 	require.Equal(t, "done", out)
 	require.Equal(t, 2, effects.get("drain-2.slow.0"))
 }
+
+// A draining worker starts no further sequential step: the holder hands the
+// run over at the next step boundary (Stop does not wait for the rest of
+// the body), and another worker runs the next step, once.
+func TestStopHandsTheRunOverAtAStepBoundary(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	ranB := map[string]*counter{"A": newCounter(), "B": newCounter()}
+	seq := func(who string) *Workflow[int, string] {
+		return NewWorkflow("drainseq", func(ctx *Context, _ int) (string, error) {
+			if _, err := Step(ctx, "a", func(context.Context) (int, error) {
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				<-release
+				return 1, nil
+			}); err != nil {
+				return "", err
+			}
+			return Step(ctx, "b", func(sctx context.Context) (string, error) {
+				info, _ := StepDetailsFrom(sctx)
+				ranB[who].inc(info.StepID)
+				return who, nil
+			})
+		})
+	}
+	a := startWorker(t, env.conn(), WorkerConfig{Topology: env.topo}, seq("A"))
+	c := env.client()
+	h, err := Start(ctxT(t, 5*time.Second), c, seq("A"), 0, WithRunID("drain-seq"))
+	require.NoError(t, err)
+	<-started
+	stopped := make(chan error, 1)
+	go func() { stopped <- a.Stop(ctxT(t, 30*time.Second)) }()
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		return a.Ready(ctx) != nil
+	}, 5*time.Second, 10*time.Millisecond, "the drain began")
+	close(release) // step a commits while its worker drains
+	require.NoError(t, <-stopped)
+
+	b := startWorker(t, env.conn(), WorkerConfig{Topology: env.topo}, seq("B"))
+	stopAtEnd(t, b, 10*time.Second)
+	out, err := h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "B", out, "step b ran on the worker that took the run over")
+	require.Equal(t, 0, ranB["A"].get("drain-seq.b.0"), "the draining worker started no further step")
+	require.Equal(t, 1, ranB["B"].get("drain-seq.b.0"))
+}

@@ -147,6 +147,9 @@ type Worker struct {
 	// when Stop begins; read without mu, so that a readiness probe never
 	// waits for a drain.
 	serving atomic.Pointer[serving]
+	// draining is set when Stop begins: holders start no further
+	// sequential step and hand their runs over (workflow.Config.Stopping).
+	draining atomic.Bool
 }
 
 // serving is a started worker's resources, for Ready.
@@ -183,6 +186,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("jetflow: worker already started")
 	}
+	w.draining.Store(false)
 	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology.toInternal(), jetstream.CreateOrUpdate, jetstream.LogChanges(w.logConsumer))
 	if err != nil {
 		return err
@@ -213,13 +217,13 @@ func (w *Worker) Start(ctx context.Context) error {
 			return err // Register refused it already
 		}
 	}
+	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
-		Cancel: cancels.finish,
+		Cancel: cancels.finish, Stopping: w.draining.Load,
 	})
-	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
 	var consumers []natsjs.Consumer
@@ -412,6 +416,7 @@ func ready(ctx context.Context, nc *nats.Conn, assets *jetstream.Assets, consume
 // run again with the same step IDs. Stop returns ctx's error in that case;
 // calling it again, or on a worker never started, returns nil.
 func (w *Worker) Stop(ctx context.Context) error {
+	w.draining.Store(true)
 	w.serving.Store(nil) // not ready from now on, before waiting for mu
 	w.mu.Lock()
 	defer w.mu.Unlock()

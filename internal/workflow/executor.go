@@ -93,6 +93,10 @@ type Config struct {
 	// it writes the record cancelled and tells the workers, the parent and
 	// the children, as a cancel does (nil: the record alone).
 	Cancel func(ctx context.Context, runID string) error
+	// Stopping reports whether the worker is draining (nil: never): a
+	// holder then starts no further sequential step, and hands its run to
+	// another worker at the step boundary instead.
+	Stopping func() bool
 }
 
 // Executor executes runs: it is the handler of the run tasks and of the
@@ -128,13 +132,36 @@ func (e *Executor) Branches() consume.Handler { return branchHandler{e} }
 
 type runHandler struct{ e *Executor }
 
-func (h runHandler) Handle(ctx context.Context, d *consume.Delivery) { h.e.handleRun(ctx, d) }
-func (h runHandler) Release(msg natsjs.Msg) error                    { return h.e.release(msg) }
+func (h runHandler) Handle(ctx context.Context, d *consume.Delivery) {
+	if !h.e.handBackIfStopping(d) {
+		h.e.handleRun(ctx, d)
+	}
+}
+func (h runHandler) Release(msg natsjs.Msg) error { return h.e.release(msg) }
 
 type branchHandler struct{ e *Executor }
 
-func (h branchHandler) Handle(ctx context.Context, d *consume.Delivery) { h.e.handleBranch(ctx, d) }
-func (h branchHandler) Release(msg natsjs.Msg) error                    { return h.e.release(msg) }
+func (h branchHandler) Handle(ctx context.Context, d *consume.Delivery) {
+	if !h.e.handBackIfStopping(d) {
+		h.e.handleBranch(ctx, d)
+	}
+}
+func (h branchHandler) Release(msg natsjs.Msg) error { return h.e.release(msg) }
+
+// stopping reports whether the worker drains (Config.Stopping).
+func (e *Executor) stopping() bool { return e.cfg.Stopping != nil && e.cfg.Stopping() }
+
+// handBackIfStopping hands d back unstarted, as one received while the
+// pool stops (release), when the worker drains: a draining worker's pool
+// still pulls until its handlers are done, and a task it takes then would
+// otherwise start work the drain waits for.
+func (e *Executor) handBackIfStopping(d *consume.Delivery) bool {
+	if !e.stopping() {
+		return false
+	}
+	settleErr(e.log, e.release(d.Msg), "nak")
+	return true
+}
 
 // delivery is one delivery of a task with the run it belongs to: what
 // replaying the run, executing a step and settling the message read.

@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -8,6 +9,9 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
+
+// errWorkerStopping: the worker drains; the run goes on elsewhere.
+var errWorkerStopping = errors.New("jetflow: worker stopping: the run goes on on another worker")
 
 // inlineRetryMax is the longest backoff a holder waits out in place,
 // holding its run and its slot: a longer one parks the run on a timer.
@@ -23,6 +27,13 @@ const inlineRetryMax = 2 * time.Second
 // holder makes no request: the commit's acceptance proves the lease, and
 // the lease proves that no other delivery runs the body.
 func (h *holder) runInline(c *Context, p *Pending) *settlement {
+	if h.e.stopping() {
+		// Draining: hand the run over at this step boundary, before the
+		// step starts (the lease says so: another worker takes the run at
+		// once and counts no attempt for it) rather than hold the drain
+		// for the rest of the body.
+		return &settlement{kind: settleRelease, handOver: true, delay: time.Millisecond, err: errWorkerStopping}
+	}
 	attempt, s := h.attemptFor(c, p)
 	if s != nil {
 		return s

@@ -52,6 +52,8 @@ type lease struct {
 	// for a fresh run): its epoch and whether the run is in the index.
 	found   state.Lease
 	indexed bool
+	// unstarted, inherited: the hand-over's (handOver).
+	unstarted, inherited bool
 }
 
 // newLease is the lease of d's run held at revision rev of its record (0:
@@ -122,12 +124,32 @@ func (l *lease) release() {
 	}
 }
 
+// handOver writes the lease released by a holder that starts no further
+// step (a draining worker), like a delivery handed back unstarted: its
+// redelivery takes the run as a holder that found it in the middle of
+// something (it begins the awaits again), and counts no attempt for the
+// step this holder reached without starting it, unless inherited (this
+// holder took the run over and has committed nothing since: the step may
+// have been started before it). Like release, it reports nothing.
+func (l *lease) handOver(inherited bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return
+	}
+	l.unstarted, l.inherited = true, inherited
+	if err := l.writeLocked(state.LeaseReleased, 0, nil); err != nil {
+		l.d.log.Debug().Err(err).Msg("cannot write the lease handed over; the redelivery waits for it to run out")
+	}
+}
+
 // writeLocked writes the lease record in state with compare-and-set on the
 // held revision. l.mu is held.
 func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) error {
 	rec := state.Lease{
 		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
 		Epoch: epoch, Waits: waits, Indexed: l.indexed, At: l.e.cfg.Now().UTC(),
+		Unstarted: l.unstarted, Inherited: l.inherited,
 	}
 	if st == state.LeaseHeld {
 		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded

@@ -38,10 +38,16 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 	case settlePark:
 		e.park(d, h, s)
 	case settleRelease:
-		if h != nil {
+		switch {
+		case h != nil && s.handOver:
+			h.lease.handOver(h.inherited)
+		case h != nil:
 			h.lease.release()
 		}
-		if s.err != nil {
+		switch {
+		case errors.Is(s.err, errWorkerStopping):
+			d.log.Info().Msg("worker stopping: run handed over at a step boundary")
+		case s.err != nil:
 			d.log.Warn().Err(s.err).Msg("task released")
 		}
 		delay := e.cfg.ReleaseDelay

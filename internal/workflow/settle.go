@@ -54,6 +54,9 @@ type settlement struct {
 	// release: a branch task's replay reached an await its history does
 	// not satisfy before the branch's step.
 	unreached bool
+	// release: a draining holder hands the run over before the step it
+	// reached starts (lease.handOver).
+	handOver bool
 	// retry: the attempt that failed, when it started, and its step.
 	attempt int
 	started time.Time
