@@ -25,7 +25,6 @@ type DirectRequest struct {
 	Batch        int        `json:"batch,omitempty"`
 	StartTime    *time.Time `json:"start_time,omitempty"`
 	MultiLastFor []string   `json:"multi_last,omitempty"`
-	UpToSeq      uint64     `json:"up_to_seq,omitempty"`
 }
 
 // directMux answers multi-message direct gets on one wildcard subscription
@@ -136,10 +135,14 @@ type Entry struct {
 // upTo > 0 reads only the keys whose latest value was written at or
 // before that revision of the bucket: a key written after it is left out,
 // as if not written yet, and so is a key rewritten or deleted after it (a
-// bucket keeps one value per key, its latest).
+// bucket keeps one value per key, its latest). The cut is made here, not
+// by the server: its multi-last read with an upper bound looks for an
+// earlier revision of every key written after the bound, which a bucket
+// that keeps one revision per key does not have, through all of the
+// stream's blocks.
 func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, error) {
 	filter := k.prefix + prefix + ".>"
-	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}, UpToSeq: upTo})
+	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}})
 	for status == "413" && err == nil {
 		// More keys than one answer holds: walk their messages in
 		// revision order (every revision; the latest of each key wins).
@@ -149,13 +152,7 @@ func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, e
 			seq = msgSeq(msgs[n-1]) + 1
 		}
 		page, status, err = k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{Seq: seq, NextFor: filter, Batch: 1024})
-		for _, m := range page {
-			if upTo > 0 && msgSeq(m) > upTo {
-				status = "204" // past the snapshot asked for
-				break
-			}
-			msgs = append(msgs, m)
-		}
+		msgs = append(msgs, page...)
 		if status == "204" && len(page) == 1024 {
 			status = "413" // a full page: there may be more
 		}
@@ -163,7 +160,11 @@ func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, e
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: read %s/%s.*: %w", k.Bucket(), prefix, err)
 	}
-	return k.entries(msgs), nil
+	out := k.entries(msgs)
+	if upTo > 0 {
+		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Rev > upTo })
+	}
+	return out, nil
 }
 
 // PrefixFenced reads like Prefix (latest values), with a guard against a
