@@ -84,10 +84,20 @@ func New(assets *jetstream.Assets) *Index {
 // Put publishes run's entry with ttl (jetstream.TTLNever or 0: none; else
 // the record's expiry) and returns its sequence. Earlier entries of the
 // run under other subjects stay: the caller removes them (RemoveState,
-// RemoveOlder). A repeat call publishes the entry again; the stream keeps
-// one per subject.
+// RemoveOlder). An entry already on the same subject (a repeat call, or
+// the entry a rebuild of the index wrote from the record while this
+// write was retried) is replaced, so a subject holds one entry and
+// counts stay right. The usual write, onto an empty subject, is one
+// request; a replacement costs a second one.
 func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
-	return x.put(ctx, run, ttl)
+	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequencePerSubject(0))
+	if !jetstream.IsWrongLastSequence(err) {
+		return seq, err
+	}
+	if seq, err = x.put(ctx, run, ttl); err != nil {
+		return 0, err
+	}
+	return seq, x.RemoveState(ctx, run.Status, run.Workflow, run.RunID, seq)
 }
 
 // PutNew writes the entry of run, which was just created, with ttl only if the

@@ -624,3 +624,31 @@ func TestWaitWithAnEndedContextReturnsItsError(t *testing.T) {
 		require.NotErrorIs(t, err, jetstream.ErrUnavailable)
 	}
 }
+
+// An entry written onto a subject that already holds one — the entry a
+// rebuild of the index wrote from the record while the run's own write was
+// being retried, or a repeat write — replaces it: the run is counted once.
+func TestEntryWrittenAfterARebuildIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	s, assets := setup(t, jetstream.Topology{})
+	run := running("r", "t")
+	_, err := s.Create(ctx(t), run)
+	require.NoError(t, err)
+	run.Status = state.StatusCompleted
+	_, _, err = s.Finish(ctx(t), run, 0, func(r *state.Run) { r.Status = state.StatusCompleted })
+	require.NoError(t, err)
+
+	require.NoError(t, assets.JS.DeleteStream(ctx(t), jetstream.IndexStream))
+	require.NoError(t, assets.EnsureIndexStream(ctx(t)))
+	rebuilt, err := s.EnsureIndex(ctx(t))
+	require.NoError(t, err)
+	require.True(t, rebuilt)
+	for range 2 { // the late write of the run's end, and a repeat of it
+		_, err = s.Index().Put(ctx(t), run, jetstream.TTLNever)
+		require.NoError(t, err)
+	}
+	counts, err := s.Index().Count(ctx(t), "w")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), counts[state.StatusCompleted])
+	require.Equal(t, int64(0), counts[state.StatusRunning])
+}
