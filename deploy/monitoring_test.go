@@ -172,7 +172,7 @@ func TestCheckPromQLCatchesMistakes(t *testing.T) {
 	for expr, ok := range map[string]bool{
 		`sum by (outcome) (rate(jetflow_starts_total[5m]))`:                                        true,
 		`histogram_quantile(0.99, sum by (le) (rate(jetflow_step_duration_seconds_bucket[5m])))`:   true,
-		`max by (consumer) (jetflow_consumer_pending{consumer=~"jetflow_step_.*"})`:                true,
+		`max by (consumer) (jetflow_consumer_pending{consumer=~"jetflow_(run|branch)_.*"})`:        true,
 		`absent(up{job="jetflow-worker"} == 1)`:                                                    true,
 		`sum(rate(jetflow_start_total[5m]))`:                                                       false, // typo
 		`rate(jetflow_step_duration_seconds[5m])`:                                                  false, // histogram without suffix
