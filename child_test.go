@@ -33,6 +33,7 @@ const (
 	childURLEnv    = "JETFLOW_TEST_NATS_URL"
 	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow", "after-first-branch" or "after-child-start"
 	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
+	childAckEnv    = "JETFLOW_TEST_ACK_WAIT" // the child's AckWait when not childAckWait
 	crashStep      = "b"
 	childAckWait   = time.Second
 	childReady     = "jetflow-child-ready" // a child's stdout line once its worker started
@@ -144,8 +145,15 @@ func runChildWorker() int {
 		}
 		return nil
 	}
+	ackWait := childAckWait
+	if v := os.Getenv(childAckEnv); v != "" {
+		if ackWait, err = time.ParseDuration(v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	cfg := WorkerConfig{
-		AckWait: childAckWait, LivenessTTL: childLivenessTTL, hooks: hooks,
+		AckWait: ackWait, LivenessTTL: childLivenessTTL, hooks: hooks,
 		Logger: zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
 	}
 	wfs := []Registrable{crashWorkflow(effects, beforeReturn), fanOutFault(report), parentFault(report), kidFault(report)}
@@ -222,10 +230,15 @@ func startChild(t *testing.T, env *testEnv, crash, effectsURL string) *exec.Cmd 
 // returns the error instead of failing the test. The process is stopped
 // with SIGTERM when the test ends, unless it was waited for.
 func spawnChild(t *testing.T, env *testEnv, crash, effectsURL string) (*exec.Cmd, error) {
+	return spawnChildAckWait(t, env, crash, effectsURL, childAckWait)
+}
+
+// spawnChildAckWait is spawnChild with the child worker's AckWait.
+func spawnChildAckWait(t *testing.T, env *testEnv, crash, effectsURL string, ackWait time.Duration) (*exec.Cmd, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1", childURLEnv+"="+env.srv.ClientURL(),
-		childCrashEnv+"="+crash, childEffectEnv+"="+effectsURL)
+		childCrashEnv+"="+crash, childEffectEnv+"="+effectsURL, childAckEnv+"="+ackWait.String())
 	cmd.Stderr = os.Stderr
 	ready := make(chan struct{})
 	out, err := cmd.StdoutPipe()

@@ -570,3 +570,86 @@ func TestFreshRunCostsNoLeaseWrite(t *testing.T) {
 	_, err = h.Result(ctx)
 	require.NoError(t, err)
 }
+
+// A run handed over at a step boundary by a draining worker is taken by
+// the next delivery of its task without a lease write. That holder stalls
+// in its step (no heartbeat, no renewal) past AckWait, and the broker
+// delivers the task once more, to a healthy worker. The later delivery
+// must not take the run at the same lease revision: it takes the lease
+// over with a write, so the stalled holder's late commit is refused and
+// the step's record is written once.
+func TestStalledTakerOfAHandedOverRunIsFenced(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	const ackWait = time.Second
+	ledger, first, stall, last := newSteps(), newGate(), newGate(), newGate()
+	var stalls atomic.Bool
+	wf := NewWorkflow("handed", func(ctx *Context, _ int) (int, error) {
+		sum := 0
+		for _, name := range []string{"a", "b", "c"} {
+			v, err := Step(ctx, name, func(sctx context.Context) (int, error) {
+				ledger.record(sctx)
+				switch {
+				case name == "a":
+					return 1, first.hold(sctx)
+				case name == "c":
+					return 1, last.hold(sctx)
+				case stalls.CompareAndSwap(false, true):
+					stall.once.Do(func() { close(stall.started) })
+					<-stall.release // a stalled process: deaf to its context
+				}
+				return 1, nil
+			})
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	})
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second+20*ackWait)
+	drained := env.worker(WorkerConfig{AckWait: ackWait}, wf)
+	h, err := Start(ctx, c, wf, 0, WithRunID("handed-1"))
+	require.NoError(t, err)
+	<-first.started
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- drained.Stop(ctx) }()
+	require.Eventually(t, func() bool { return drained.Ready(ctx) != nil }, 10*time.Second, time.Millisecond, "the worker never began to drain")
+	late := make(chan bool, 1)
+	env.worker(WorkerConfig{AckWait: ackWait, Concurrency: 1, hooks: workflow.Hooks{NoHeartbeat: true,
+		AfterCommit: func(stepID string, won bool) {
+			if stepID == "handed-1.b.0" {
+				late <- won
+			}
+		}}}, wf)
+	close(first.release) // a commits; the drained worker hands the run over before b
+	require.NoError(t, <-stopped)
+	<-stall.started // the stalled worker took the run and started b
+
+	// The taker renews nothing while it runs c either: no write of its own
+	// but the take can fence the stalled holder.
+	env.worker(WorkerConfig{AckWait: ackWait, hooks: workflow.Hooks{NoHeartbeat: true}}, wf)
+	<-last.started // the taker took the run, committed b and runs c
+	_, rev, err := c.assets.Steps.Get(ctx, "handed-1.b.0")
+	require.NoError(t, err)
+
+	close(stall.release)
+	select {
+	case won := <-late:
+		require.False(t, won, "the stalled holder's late commit of b was accepted")
+	case <-ctx.Done():
+		t.Fatal("the stalled holder never tried to commit b")
+	}
+	_, after, err := c.assets.Steps.Get(ctx, "handed-1.b.0")
+	require.NoError(t, err)
+	require.Equal(t, rev, after, "b's record was written again")
+	require.Len(t, ledger.of("handed-1.b.0"), 2)
+
+	close(last.release)
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, out)
+	ledger.once(t, "handed-1.a.0")
+}

@@ -83,7 +83,7 @@ func TestFaultWorkerProcessesKilledUnderLoad(t *testing.T) {
 	t.Parallel()
 	// Each victim is killed first and replaced after: a crash, not a
 	// handover.
-	v, kills := underRollingWorkers(t, syscall.SIGKILL, 150*time.Millisecond, "kill", faultScale(200, 3000))
+	v, kills := underRollingWorkers(t, syscall.SIGKILL, 150*time.Millisecond, childAckWait, "kill", faultScale(200, 3000))
 	t.Logf("worker kills=%d; %s", kills, v)
 	require.True(t, v.OK(), v.String())
 	require.Equal(t, v.Runs, v.Completed)
@@ -144,8 +144,12 @@ func TestFaultEmbeddedServerRestartedMidRun(t *testing.T) {
 func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
 	t.Parallel()
 	// The replacement starts first, as in a rolling update, so that one
-	// worker is always serving; then the victim drains.
-	v, drains := underRollingWorkers(t, syscall.SIGTERM, 100*time.Millisecond, "drain", faultScale(500, 3000))
+	// worker is always serving; then the victim drains. No process dies,
+	// so AckWait never passes for a task: it is long enough that a
+	// process the loaded machine stalls for a moment does not lose its
+	// task either (a stall past AckWait is a crash as far as the broker
+	// can tell, and its step may run again: not what this test is about).
+	v, drains := underRollingWorkers(t, syscall.SIGTERM, 100*time.Millisecond, 10*childAckWait, "drain", faultScale(500, 3000))
 	t.Logf("worker drains=%d; %s", drains, v)
 	require.Positive(t, drains)
 	require.True(t, v.OK(), v.String())
@@ -156,10 +160,10 @@ func TestDrainWorkerProcessesSIGTERMUnderLoad(t *testing.T) {
 }
 
 // underRollingWorkers starts n runs (prefix-0..n-1, 30% duplicates) of the
-// crash workflow while rollWorkers replaces worker processes with sig every
-// interval or so, then checks every run and step. It returns the verdict
-// and how many workers were replaced.
-func underRollingWorkers(t *testing.T, sig syscall.Signal, interval time.Duration, prefix string, n int) (faultcheck.Verdict, int) {
+// crash workflow while rollWorkers replaces worker processes (AckWait
+// ackWait) with sig every interval or so, then checks every run and step.
+// It returns the verdict and how many workers were replaced.
+func underRollingWorkers(t *testing.T, sig syscall.Signal, interval, ackWait time.Duration, prefix string, n int) (faultcheck.Verdict, int) {
 	env := newEnv(t, Topology{})
 	effects := faultcheck.NewEffects()
 	srv := httptest.NewServer(effects)
@@ -168,12 +172,12 @@ func underRollingWorkers(t *testing.T, sig syscall.Signal, interval time.Duratio
 	writes, err := faultcheck.WatchWrites(ctxT(t, 5*time.Second), c.assets.Steps)
 	require.NoError(t, err)
 
-	roll := rollWorkers(t, env, srv.URL, interval, sig)
+	roll := rollWorkers(t, env, srv.URL, interval, ackWait, sig)
 	ledger := faultcheck.NewLedger()
 	load(t, c, crashWorkflow(srv.URL, nil), prefix, n, 10*time.Millisecond, ledger)
 	replaced := roll.stop()
 
-	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3, childAckWait)
+	v := faultcheck.Check(ctxT(t, 90*time.Second), c.assets, ledger, effects, writes, 3, ackWait)
 	require.NoError(t, writes.Stop())
 	return v, replaced
 }
@@ -192,9 +196,14 @@ type roller struct {
 // victim gets sig once the replacement's worker serves, as in a rolling
 // update; the victim must then drain and exit 0. stop ends the
 // rolling and returns how many workers were replaced.
-func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval time.Duration, sig syscall.Signal) *roller {
+func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval, ackWait time.Duration, sig syscall.Signal) *roller {
 	r := &roller{halt: make(chan struct{}), done: make(chan struct{})}
-	children := []*exec.Cmd{startChild(t, env, "slow", effectsURL), startChild(t, env, "slow", effectsURL)}
+	var children []*exec.Cmd
+	for range 2 {
+		c, err := spawnChildAckWait(t, env, "slow", effectsURL, ackWait)
+		require.NoError(t, err)
+		children = append(children, c)
+	}
 	if sig != syscall.SIGKILL {
 		for _, c := range children {
 			require.NoError(t, waitReady(c, 30*time.Second))
@@ -214,7 +223,7 @@ func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval time.Du
 				_ = victim.Process.Signal(sig)
 				_ = victim.Wait()
 			}
-			next, err := spawnChild(t, env, "slow", effectsURL)
+			next, err := spawnChildAckWait(t, env, "slow", effectsURL, ackWait)
 			if err != nil {
 				t.Errorf("start worker process: %v", err)
 				return

@@ -170,7 +170,7 @@ func TestFaultParallelBranchesWorkerProcessesKilled(t *testing.T) {
 	// redelivery), until the run is final or for at most killFor, after
 	// which the last workers finish it.
 	began := time.Now()
-	roll := rollWorkers(t, env, srv.URL, childAckWait/2, syscall.SIGKILL)
+	roll := rollWorkers(t, env, srv.URL, childAckWait/2, childAckWait, syscall.SIGKILL)
 	killFor := 60 * childAckWait
 	final := make(chan error, 1)
 	go func() {

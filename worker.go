@@ -425,7 +425,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	}
 	w.started = false
-	err := errors.Join(w.stopServe(ctx), w.pool.Stop(ctx))
+	// The task pool stops pulling at once, alongside the rest: a pool that
+	// still pulled while the others stop would take tasks only to hand
+	// them back.
+	pooled := make(chan error, 1)
+	go func() { pooled <- w.pool.Stop(ctx) }()
+	err := errors.Join(w.stopServe(ctx), <-pooled)
 	w.log.Info().Err(err).Msg("worker stopped")
 	return err
 }

@@ -49,8 +49,11 @@ type Handler interface {
 	// Handle processes d's message and settles it (ack, nak, term). ctx is
 	// cancelled when the pool's drain deadline passes.
 	Handle(ctx context.Context, d *Delivery)
-	// Release hands back a message that was fetched but never handled.
-	Release(msg natsjs.Msg) error
+	// Release hands back a message that was fetched but never handled,
+	// to be delivered again after delay (0: at once). A stopping pool
+	// asks for the time its own pull requests stay open, so that the
+	// message goes to another worker rather than back to this one.
+	Release(msg natsjs.Msg, delay time.Duration) error
 }
 
 // Delivery is a message a handler holds. The pool extends its ack
@@ -72,6 +75,13 @@ type Delivery struct {
 // AckWait is the consumer's effective AckWait now: how long the broker
 // waits after the last extension before it redelivers the message.
 func (d *Delivery) AckWait() time.Duration { return time.Duration(d.src.ackWait.Load()) }
+
+// HandBackDelay is how long a message handed back by this pool should wait
+// before it is delivered again: while the pool stops, until the last pull
+// request it sent expires (else the broker hands the message straight back
+// to one of them, and a worker that drains bounces it to itself until
+// they end); otherwise 0.
+func (d *Delivery) HandBackDelay() time.Duration { return d.src.pool.handBackDelay() }
 
 // OnBeat makes every later heartbeat call f after it extended the
 // message's deadline (nil: nothing). f runs on the heartbeat's goroutine;
@@ -127,8 +137,11 @@ type Pool struct {
 
 	stopping atomic.Bool
 	quit     chan struct{} // closed when Stop begins
-	loops    sync.WaitGroup
-	handlers sync.WaitGroup
+	// lastRequest is when the pool sent its latest pull request (Unix
+	// nanoseconds): it is open on the server until fetchWait after that.
+	lastRequest atomic.Int64
+	loops       sync.WaitGroup
+	handlers    sync.WaitGroup
 
 	// hard is cancelled when the drain deadline passes: running steps see
 	// their context cancelled and their tasks are released.
@@ -138,8 +151,9 @@ type Pool struct {
 
 // source is one consumer the pool pulls from.
 type source struct {
-	c natsjs.Consumer
-	h Handler
+	pool *Pool
+	c    natsjs.Consumer
+	h    Handler
 	// own holds a token per message of this consumer that is fetched or
 	// requested and not yet settled: at most its limit.
 	own chan struct{}
@@ -185,7 +199,7 @@ func (p *Pool) Consume(c natsjs.Consumer, limit int, h Handler) error {
 	if p.stopping.Load() {
 		return errors.New("jetflow: pool is stopping")
 	}
-	s := &source{c: c, h: h, own: make(chan struct{}, limit), freed: make(chan struct{}, 1)}
+	s := &source{pool: p, c: c, h: h, own: make(chan struct{}, limit), freed: make(chan struct{}, 1)}
 	s.ackWait.Store(int64(jetstream.EffectiveAckWait(c.CachedInfo().Config)))
 	p.mu.Lock()
 	p.sources = append(p.sources, s)
@@ -285,10 +299,32 @@ const followTick = 50 * time.Millisecond
 
 // release hands a message that was fetched but not started back at once.
 func (p *Pool) release(msg natsjs.Msg, h Handler) {
-	if err := h.Release(msg); err != nil {
+	if err := h.Release(msg, p.handBackDelay()); err != nil {
 		p.log.Warn().Err(err).Msg("cannot release buffered message")
 	}
 }
+
+// NakAfter hands msg back to be delivered again after delay (0: at once).
+func NakAfter(msg natsjs.Msg, delay time.Duration) error {
+	if delay > 0 {
+		return msg.NakWithDelay(delay)
+	}
+	return msg.Nak()
+}
+
+// handBackDelay is Delivery.HandBackDelay.
+func (p *Pool) handBackDelay() time.Duration {
+	if !p.stopping.Load() {
+		return 0
+	}
+	open := time.Until(time.Unix(0, p.lastRequest.Load()).Add(fetchWait))
+	return max(open, 0) + handBackMargin
+}
+
+// handBackMargin covers the way from the server's expiry of a pull request
+// to its end: a message handed back by a stopping pool returns this much
+// after its last request ended.
+const handBackMargin = 50 * time.Millisecond
 
 // Stopping reports whether Stop has begun: from then on no new message is
 // started.

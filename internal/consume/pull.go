@@ -188,7 +188,9 @@ func (p *Pool) request(subject, inbox string, n int) error {
 	if err != nil {
 		return err
 	}
-	return p.nc.PublishRequest(subject, inbox, b)
+	err = p.nc.PublishRequest(subject, inbox, b)
+	p.lastRequest.Store(time.Now().UnixNano())
+	return err
 }
 
 // pulled is a message of a pull request as the handlers see it (a

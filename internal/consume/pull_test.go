@@ -39,7 +39,9 @@ func (h *holder) Handle(_ context.Context, d *consume.Delivery) {
 	}
 }
 
-func (h *holder) Release(msg natsjs.Msg) error { return msg.Nak() }
+func (h *holder) Release(msg natsjs.Msg, delay time.Duration) error {
+	return consume.NakAfter(msg, delay)
+}
 
 // The pool never holds more messages than its slots (no prefetch: the
 // consumer shows no more ack-pending than the limit while every handler
@@ -122,4 +124,62 @@ func TestPullBacksOffWhileRefused(t *testing.T) {
 	}
 	sent := nc.Stats().OutMsgs - before
 	require.Less(t, sent, uint64(40), "requests sent in a second while the consumer refuses them")
+}
+
+// counting is a holder that counts the messages handed back to it.
+type counting struct {
+	holder
+	released atomic.Int64
+}
+
+func (h *counting) Release(msg natsjs.Msg, delay time.Duration) error {
+	h.released.Add(1)
+	return consume.NakAfter(msg, delay)
+}
+
+// A stopping pool hands a message its open pull request received back for
+// after that request has ended: the message goes to another worker at its
+// next delivery, instead of bouncing between the stopping pool's requests
+// and its release until they expire.
+func TestStoppingPoolHandsBackPastItsOpenRequests(t *testing.T) {
+	t.Parallel()
+	srv := testenv.Server(t)
+	ctx := t.Context()
+	nc := testenv.Conn(t, srv)
+	js, err := natsjs.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Retention: natsjs.WorkQueuePolicy})
+	require.NoError(t, err)
+	c, err := js.CreateConsumer(ctx, "S", natsjs.ConsumerConfig{Durable: "sc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
+	require.NoError(t, err)
+
+	stopping := &counting{holder: holder{release: make(chan struct{})}}
+	a := consume.New(nc, 8, false, testenv.Logger(t))
+	require.NoError(t, a.Consume(c, 8, stopping))
+	_, err = js.Publish(ctx, "s.1", nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		stopping.mu.Lock()
+		defer stopping.mu.Unlock()
+		return stopping.running == 1
+	}, 10*time.Second, time.Millisecond)
+	stopped := make(chan error, 1)
+	go func() { stopped <- a.Stop(context.Background()) }()
+	require.Eventually(t, a.Stopping, 10*time.Second, time.Millisecond)
+
+	// The stopping pool's request for its other slots is open: it takes
+	// this one.
+	_, err = js.Publish(ctx, "s.2", nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return stopping.released.Load() > 0 }, 10*time.Second, time.Millisecond)
+	other := &holder{release: make(chan struct{})}
+	close(other.release)
+	b := consume.New(testenv.Conn(t, srv), 2, false, testenv.Logger(t))
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	require.NoError(t, b.Consume(c, 2, other))
+	require.Eventually(t, func() bool { return other.done.Load() == 1 }, 10*time.Second, 5*time.Millisecond, "the other pool never got it")
+	require.Equal(t, int64(1), stopping.released.Load(), "handed back to the stopping pool again")
+
+	close(stopping.release)
+	require.NoError(t, <-stopped)
 }

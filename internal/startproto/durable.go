@@ -212,7 +212,9 @@ func (d *durable) Handle(ctx context.Context, dl *consume.Delivery) {
 }
 
 // Release hands an envelope that was fetched but not admitted back at once.
-func (d *durable) Release(msg natsjs.Msg) error { return msg.Nak() }
+func (d *durable) Release(msg natsjs.Msg, delay time.Duration) error {
+	return consume.NakAfter(msg, delay)
+}
 
 // retryDelay doubles with each delivery.
 func (d *durable) retryDelay(msg natsjs.Msg) time.Duration {

@@ -137,7 +137,9 @@ func (h runHandler) Handle(ctx context.Context, d *consume.Delivery) {
 		h.e.handleRun(ctx, d)
 	}
 }
-func (h runHandler) Release(msg natsjs.Msg) error { return h.e.release(msg) }
+func (h runHandler) Release(msg natsjs.Msg, delay time.Duration) error {
+	return h.e.release(msg, delay)
+}
 
 type branchHandler struct{ e *Executor }
 
@@ -146,7 +148,9 @@ func (h branchHandler) Handle(ctx context.Context, d *consume.Delivery) {
 		h.e.handleBranch(ctx, d)
 	}
 }
-func (h branchHandler) Release(msg natsjs.Msg) error { return h.e.release(msg) }
+func (h branchHandler) Release(msg natsjs.Msg, delay time.Duration) error {
+	return h.e.release(msg, delay)
+}
 
 // stopping reports whether the worker drains (Config.Stopping).
 func (e *Executor) stopping() bool { return e.cfg.Stopping != nil && e.cfg.Stopping() }
@@ -159,7 +163,7 @@ func (e *Executor) handBackIfStopping(d *consume.Delivery) bool {
 	if !e.stopping() {
 		return false
 	}
-	settleErr(e.log, e.release(d.Msg), "nak")
+	settleErr(e.log, e.release(d.Msg, d.HandBackDelay()), "nak")
 	return true
 }
 
@@ -227,8 +231,8 @@ func (d *delivery) identity() string { return state.RunIdentity(d.run.RunID, d.r
 // while the worker was stopping), recording first that its delivery did
 // not start anything, so that its redelivery counts no attempt for it: a
 // branch task in its step's attempt log, a run task in the run's lease
-// (handBack).
-func (e *Executor) release(msg natsjs.Msg) error {
+// (handBack). It is delivered again after delay.
+func (e *Executor) release(msg natsjs.Msg, delay time.Duration) error {
 	t, derr := state.DecodeTask(msg.Data())
 	meta, merr := msg.Metadata()
 	if derr == nil && merr == nil {
@@ -255,7 +259,7 @@ func (e *Executor) release(msg natsjs.Msg) error {
 	if h := e.cfg.Hooks.AfterRelease; h != nil && derr == nil {
 		h(t.RunID)
 	}
-	return msg.Nak()
+	return consume.NakAfter(msg, delay)
 }
 
 // handBack records in the run's lease that the delivery delivered of run
@@ -281,6 +285,12 @@ func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, deliv
 		switch {
 		case found.Unstarted && found.Seq == seq:
 			rec.Clean, rec.Inherited, rec.Epoch = found.Clean, found.Inherited, found.Epoch
+			if found.Delivered != delivered-1 {
+				// A delivery in between may have taken the run without a
+				// write and started a step: this write fences it, and the
+				// redelivery takes the run as one that may have.
+				rec.Clean, rec.Inherited = false, true
+			}
 		case found.State == state.LeaseParked && found.Seq != seq:
 			rec.Clean, rec.Epoch = true, found.Epoch
 		default:

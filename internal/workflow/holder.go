@@ -126,6 +126,9 @@ type held struct {
 //     lease at that revision without writing (no other delivery can be
 //     executing the body: at most one run task is pending at a time, and
 //     the holder of any earlier one parked or finished);
+//   - follows the delivery that handed its message back unstarted: holds
+//     the lease at that revision without writing, as that delivery
+//     would have;
 //   - otherwise (a redelivery, or a lease held by another delivery): takes
 //     the lease over with compare-and-set, after waiting out a lease
 //     still renewed by a live holder (wait), and reads the history again,
@@ -155,10 +158,15 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 			return held{}, e.cancelledLease(d)
 		case found.Seq == d.seq && found.Delivered > d.delivered:
 			return held{}, &settlement{kind: settleLost, err: fmt.Errorf("%w: a later delivery of this task holds it", errLeaseLost)}
-		case found.Unstarted && found.Seq == d.seq:
-			// The delivery before this one handed the task back without
-			// starting anything: take the run as it found it, without a
-			// write (it runs nothing, and any holder before it is fenced).
+		case found.Unstarted && found.Seq == d.seq && found.Delivered == d.delivered-1:
+			// The delivery just before this one handed the task back
+			// without starting anything: take the run as it found it,
+			// without a write (it runs nothing, and any holder before it is
+			// fenced). Only the next delivery may: a later one finds the
+			// record of a delivery before the one before it, which may be
+			// executing the body at this very revision (its process
+			// stalled past AckWait before it began), and takes the lease
+			// over with a write below, which fences that one.
 			found.State = ""
 			h := &holder{e: e, d: d, clean: found.Clean, inherited: found.Inherited, lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil

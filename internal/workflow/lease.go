@@ -54,6 +54,10 @@ type lease struct {
 	indexed bool
 	// unstarted, inherited: the hand-over's (handOver).
 	unstarted, inherited bool
+	// settled: the holder parked, released or handed the run over; a
+	// heartbeat that comes after (its task is being settled) writes
+	// nothing over that.
+	settled bool
 }
 
 // newLease is the lease of d's run held at revision rev of its record (0:
@@ -89,7 +93,7 @@ func (l *lease) beat() {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lost != nil {
+	if l.lost != nil || l.settled {
 		return
 	}
 	if err := l.writeLocked(state.LeaseHeld, 0, nil); err != nil && !errors.Is(err, errLeaseLost) && !errors.Is(err, errLeaseCancelled) {
@@ -107,6 +111,7 @@ func (l *lease) park(epoch int, waits []string) (uint64, error) {
 		return 0, l.lost
 	}
 	err := l.writeLocked(state.LeaseParked, epoch, waits)
+	l.settled = true
 	return l.rev, err
 }
 
@@ -116,6 +121,7 @@ func (l *lease) park(epoch int, waits []string) (uint64, error) {
 func (l *lease) release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.settled = true
 	if l.lost != nil || (!l.written && l.rev == 0) {
 		return // nothing written: the redelivery finds no holder
 	}
@@ -137,7 +143,7 @@ func (l *lease) handOver(inherited bool) {
 	if l.lost != nil {
 		return
 	}
-	l.unstarted, l.inherited = true, inherited
+	l.unstarted, l.inherited, l.settled = true, inherited, true
 	if err := l.writeLocked(state.LeaseReleased, 0, nil); err != nil {
 		l.d.log.Debug().Err(err).Msg("cannot write the lease handed over; the redelivery waits for it to run out")
 	}

@@ -54,6 +54,9 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 		if s.delay > 0 {
 			delay = s.delay
 		}
+		if s.handOver {
+			delay = max(delay, d.msg.HandBackDelay()) // to another worker
+		}
 		settleErr(d.log, msg.NakWithDelay(delay), "nak")
 	case settleDrop:
 		d.log.Info().Err(s.err).Msg("task dropped")

@@ -88,7 +88,9 @@ func (f *DueForwarder) Handle(ctx context.Context, d *consume.Delivery) {
 }
 
 // Release hands a due timer back.
-func (f *DueForwarder) Release(msg natsjs.Msg) error { return msg.Nak() }
+func (f *DueForwarder) Release(msg natsjs.Msg, delay time.Duration) error {
+	return consume.NakAfter(msg, delay)
+}
 
 func (f *DueForwarder) settle(err error) {
 	if err != nil {
