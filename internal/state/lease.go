@@ -34,8 +34,6 @@ type Lease struct {
 	// Waits are the steps the parked body waits for (any of them for an
 	// AwaitFirst).
 	Waits []string `json:"waits,omitempty"`
-	// Indexed: the run's running entry is in the run index.
-	Indexed bool `json:"indexed,omitempty"`
 	// Unstarted marks a record written by a delivery that handed its run
 	// task back without starting anything (its worker was stopping): the
 	// next delivery of the task takes the run as that one found it —

@@ -296,7 +296,6 @@ func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, deliv
 		default:
 			return nil // held, handed back or cancelled by others: theirs to say
 		}
-		rec.Indexed = found.Indexed
 	}
 	b, err := state.Encode(rec)
 	if err != nil {

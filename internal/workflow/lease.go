@@ -49,9 +49,8 @@ type lease struct {
 	proved  time.Time
 	lost    error
 	// found is the record the holder found when it took the lease (zero
-	// for a fresh run): its epoch and whether the run is in the index.
-	found   state.Lease
-	indexed bool
+	// for a fresh run): its epoch.
+	found state.Lease
 	// unstarted, inherited: the hand-over's (handOver).
 	unstarted, inherited bool
 	// settled: the holder parked, released or handed the run over; a
@@ -65,7 +64,7 @@ type lease struct {
 func (e *Executor) newLease(d *delivery, rev uint64, found state.Lease, proved time.Time, lose context.CancelCauseFunc) *lease {
 	return &lease{
 		e: e, d: d, key: state.LeaseKey(d.identity()), rev: rev, found: found, proved: proved, lose: lose,
-		renews: !e.cfg.Hooks.NoHeartbeat, indexed: found.Indexed,
+		renews: !e.cfg.Hooks.NoHeartbeat,
 	}
 }
 
@@ -154,7 +153,7 @@ func (l *lease) handOver(inherited bool) {
 func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) error {
 	rec := state.Lease{
 		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
-		Epoch: epoch, Waits: waits, Indexed: l.indexed, At: l.e.cfg.Now().UTC(),
+		Epoch: epoch, Waits: waits, At: l.e.cfg.Now().UTC(),
 		Unstarted: l.unstarted, Inherited: l.inherited,
 	}
 	if st == state.LeaseHeld {
@@ -217,21 +216,6 @@ func (l *lease) loseLocked() error {
 		l.lose(l.lost)
 	}
 	return l.lost
-}
-
-// markIndexed records that the run's running index entry is written; the
-// next write of the lease carries it.
-func (l *lease) markIndexed() {
-	l.mu.Lock()
-	l.indexed = true
-	l.mu.Unlock()
-}
-
-// isIndexed reports whether the run's running entry is in the index.
-func (l *lease) isIndexed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.indexed
 }
 
 // String describes the lease for logs.
