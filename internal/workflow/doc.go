@@ -44,7 +44,10 @@
 //     holder took it at (lease.go, KV.PutFenced). The first delivery of the
 //     start task holds the lease without reading or writing anything. The
 //     first delivery of a wake, finding the lease parked or released by
-//     another message's holder, holds it at that revision without a write.
+//     another message's holder, holds it at that revision without a write;
+//     so does the delivery right after one that handed its task back
+//     unstarted (no later one: two holders must never share a revision,
+//     since a commit does not move the lease).
 //     A redelivery, or a delivery that finds the lease held by another,
 //     waits until that holder parks, releases, or stops renewing for a whole
 //     AckWait, then takes the lease over with compare-and-set: from then
