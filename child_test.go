@@ -103,6 +103,12 @@ func runChildWorker() int {
 				killSelf()
 			}
 		}
+	case "before-index":
+		hooks.BeforeIndex = func(runID string) {
+			if runID == "crash-1" {
+				killSelf()
+			}
+		}
 	case "slow":
 		// Steps take a few milliseconds after their side effect, so that
 		// kills from the test land inside steps as well as between them.

@@ -533,6 +533,41 @@ func TestWorkerKilledAfterTheRunsEnd(t *testing.T) {
 	require.JSONEq(t, `3`, string(run.Output))
 }
 
+// A worker killed after it wrote its run's end and before it wrote the
+// run's index entry: the run's record is right, its index entry still says
+// running. The task's redelivery, finding the run ended, writes the entry:
+// the run is counted and listed as completed, and no longer as running.
+func TestIndexWriteLostWithItsWorker(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects, effectsURL := newEffectServer(t)
+	c := env.client()
+	first := startChild(t, env, "before-index", effectsURL)
+	ctx := ctxT(t, 60*time.Second)
+	h, err := Start(ctx, c, crashWorkflow(effectsURL, nil), 0, WithRunID("crash-1"))
+	require.NoError(t, err)
+	waitKilled(t, first, 30*time.Second)
+	out, err := h.Result(ctx)
+	require.NoError(t, err, "the end was written before the kill")
+	require.Equal(t, 3, out)
+	counts, err := c.CountRuns(ctx, "crashy")
+	require.NoError(t, err)
+	require.Equal(t, RunCounts{Running: 1}, counts, "the index entry was written before the kill")
+
+	startChild(t, env, "", effectsURL)
+	waitTasksDrained(t, c)
+	require.Eventually(t, func() bool {
+		counts, err := c.CountRuns(ctx, "crashy")
+		return err == nil && counts == RunCounts{Completed: 1}
+	}, 10*childAckWait, childAckWait/20, "the run is still counted as running")
+	page, err := c.ListRuns(ctx, ListOptions{Workflow: "crashy", Status: StatusCompleted})
+	require.NoError(t, err)
+	require.Equal(t, []string{"crash-1"}, runIDs(page.Runs))
+	for _, s := range []string{"a", "b", "c"} {
+		require.Equal(t, []int{1}, effects.get("crash-1."+s+".0"), "step %s", s)
+	}
+}
+
 // TestFreshRunCostsNoLeaseWrite: a run whose holder finishes within a
 // third of its AckWait writes no lease record (its fence is "no record"),
 // and a run that parks writes one, parked at the await it waits at.

@@ -194,6 +194,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	assets.IndexFailed = func(runID string, err error) {
 		w.log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
 	}
+	assets.BeforeIndex = w.cfg.hooks.BeforeIndex
 	if rebuilt, err := runs.New(assets).EnsureIndex(ctx); err != nil {
 		return err
 	} else if rebuilt {

@@ -212,6 +212,10 @@ type Assets struct {
 	// after its run record was written (internal/runs); the process that
 	// provisioned sets it to its logger.
 	IndexFailed func(runID string, err error)
+	// BeforeIndex, when set, runs after a run record's write that changed
+	// its status and before the index entry's: a crash point for tests (a
+	// process killed between the two).
+	BeforeIndex func(runID string)
 }
 
 // Mode says whether Provision may change existing resources.

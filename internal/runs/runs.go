@@ -61,12 +61,14 @@ type Store struct {
 	// IndexFailed is told of a run index write that failed after its
 	// record was written (default: a warning on zerolog's global logger).
 	IndexFailed func(runID string, err error)
+	// beforeIndex is Assets.BeforeIndex.
+	beforeIndex func(runID string)
 }
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
 	s := &Store{runs: assets.Runs, audit: assets.Audit, steps: assets.Steps, retention: assets.Topology.Retention, now: time.Now,
-		index: runindex.New(assets), IndexFailed: assets.IndexFailed}
+		index: runindex.New(assets), IndexFailed: assets.IndexFailed, beforeIndex: assets.BeforeIndex}
 	if s.IndexFailed == nil {
 		s.IndexFailed = logIndexFailure
 	}
@@ -348,6 +350,20 @@ func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) er
 	return s.index.RemoveEntry(ctx, e)
 }
 
+// Reindex writes the index entry of run, as read from its record, when the
+// index holds none for it in its state, and reports whether it wrote one:
+// the process that wrote the record died before it wrote the entry. The
+// entry of the state the run left, running, is removed after. A repeat
+// call finds the entry and writes nothing.
+func (s *Store) Reindex(ctx context.Context, run state.Run) (bool, error) {
+	has, err := s.index.Has(ctx, run)
+	if err != nil || has {
+		return false, err
+	}
+	s.indexRun(ctx, run, state.StatusRunning, run.Workflow)
+	return true, nil
+}
+
 // EnsureIndexed writes the index entry of runID's record when the index
 // holds none for it in its current state and the record was written over
 // RepairGrace ago: the writer of the record died before it wrote the
@@ -455,6 +471,9 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 			return run, false, err
 		}
 		if run.Status != before {
+			if s.beforeIndex != nil {
+				s.beforeIndex(run.RunID)
+			}
 			s.indexRun(ctx, run, before, workflow)
 		}
 		return run, true, nil

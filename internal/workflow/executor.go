@@ -58,6 +58,10 @@ type Hooks struct {
 	// replacement (the test kit's step stubs and crash points). It is
 	// asked every time a body starts a step.
 	WrapStep func(wf, step string, fn StepFunc) StepFunc
+	// BeforeIndex runs after a run record's write that changed the run's
+	// status and before its index entry is written
+	// (jetstream.Assets.BeforeIndex).
+	BeforeIndex func(runID string)
 	// AfterFinish runs once a holder has written its run's end (and told
 	// its parent), before it acknowledges the run's task.
 	AfterFinish func(runID string)

@@ -99,7 +99,14 @@ func (e *Executor) loadRun(d *delivery) *settlement {
 	case d.task.Generation != d.run.Generation || d.run.Status.Terminal():
 		// A late wake or a duplicate's start. A child run that ended may
 		// not have told its parent yet (its holder died between the two
-		// writes): tell it again.
+		// writes): tell it again. The redelivery of the task whose holder
+		// ended the run writes the run's index entry if that holder died
+		// before it could.
+		if d.delivered > 1 && d.task.Generation == d.run.Generation {
+			if _, err := e.runs.Reindex(d.nctx, d.run); err != nil {
+				return &settlement{kind: settleRelease, err: fmt.Errorf("cannot check the run's index entry: %w", err)}
+			}
+		}
 		if err := e.notifyParent(d.nctx, d.run); err != nil {
 			return &settlement{kind: settleRelease, err: fmt.Errorf("cannot tell the parent that its child ended: %w", err)}
 		}
