@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -687,4 +688,81 @@ func TestStalledTakerOfAHandedOverRunIsFenced(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, out)
 	ledger.once(t, "handed-1.a.0")
+}
+
+// A run parked on AwaitAll over eight branches is woken once, by the last
+// of them to commit: a branch that commits while others are missing
+// leaves the run parked (a wake would only replay the body to park it
+// again). Branches commit one after another here, each once the one
+// before it has committed.
+func TestBranchesWakeTheirRunOnce(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	const width = 8
+	gates := make([]chan struct{}, width)
+	for i := range gates {
+		gates[i] = make(chan struct{})
+	}
+	wf := NewWorkflow("fan", func(ctx *Context, _ int) (int, error) {
+		fs := make([]Awaitable, width)
+		outs := make([]*Future[int], width)
+		for i := range width {
+			outs[i] = Go(ctx, fmt.Sprintf("b%d", i), func(sctx context.Context) (int, error) {
+				select {
+				case <-gates[i]:
+					return i, nil
+				case <-sctx.Done():
+					return 0, sctx.Err()
+				}
+			})
+			fs[i] = outs[i]
+		}
+		if err := AwaitAll(ctx, fs...); err != nil {
+			return 0, err
+		}
+		sum := 0
+		for _, f := range outs {
+			v, err := f.Get(ctx)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	})
+	var parks atomic.Int64
+	parked := make(chan struct{}, 1)
+	committed := make(chan string, width)
+	env.worker(WorkerConfig{hooks: workflow.Hooks{
+		AfterPark: func(string, []string) {
+			parks.Add(1)
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+		},
+		AfterCommit: func(stepID string, won bool) {
+			if won {
+				committed <- stepID
+			}
+		},
+	}}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	h, err := Start(ctx, c, wf, 0, WithRunID("fan-1"))
+	require.NoError(t, err)
+	<-parked
+	for i := range width {
+		close(gates[i])
+		select {
+		case id := <-committed:
+			require.Equal(t, fmt.Sprintf("fan-1.b%d.0", i), id)
+		case <-ctx.Done():
+			t.Fatalf("branch %d never committed", i)
+		}
+	}
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, width*(width-1)/2, out)
+	require.Equal(t, int64(1), parks.Load(), "the run was woken by a branch while others were missing")
 }

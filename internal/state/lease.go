@@ -31,9 +31,10 @@ type Lease struct {
 	// from 1): every await up to it has dispatched its branches, stored its
 	// timers and admitted its children.
 	Epoch int `json:"epoch,omitempty"`
-	// Waits are the steps the parked body waits for (any of them for an
-	// AwaitFirst).
+	// Waits are the steps the parked body waits for: every one of them
+	// when All (an AwaitAll), else any of them.
 	Waits []string `json:"waits,omitempty"`
+	All   bool     `json:"all,omitempty"`
 	// Unstarted marks a record written by a delivery that handed its run
 	// task back without starting anything (its worker was stopping): the
 	// next delivery of the task takes the run as that one found it —

@@ -386,6 +386,10 @@ type Task struct {
 	// only if they do not (0: the holder knew no record, and the branch
 	// reads none).
 	Upto uint64 `json:"upto,omitempty"`
+	// Width is, on a branch task, how many branch tasks its holder
+	// published with it: a branch of a fan-out wider than its run can be
+	// checked for in one read wakes the run without checking (0: unknown).
+	Width int `json:"width,omitempty"`
 	// Parent is the run record's (a child run's tasks).
 	Parent *ParentLink `json:"parent,omitempty"`
 	// Resume marks a resume task of an earlier version's executor (a run

@@ -130,12 +130,18 @@ func (h *holder) refresh(c *Context, ps []*Pending) *settlement {
 // publishes them as the first to reach them; any other marks them
 // redispatched (the branch then checks that no retry of it waits).
 func (h *holder) dispatch(c *Context, opened []*Pending) *settlement {
+	width := 0
+	for _, p := range opened {
+		if p.class == classBranch && p.rec == nil {
+			width++
+		}
+	}
 	for _, p := range opened {
 		if p.class != classBranch || p.rec != nil {
 			continue
 		}
 		t := state.StepTask(c.run, c.rev, p.id)
-		t.Redispatched, t.Upto = !h.clean || h.rebegin, c.hist.upto
+		t.Redispatched, t.Upto, t.Width = !h.clean || h.rebegin, c.hist.upto, width
 		b, err := state.Encode(t)
 		if err == nil {
 			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), p.id, b)

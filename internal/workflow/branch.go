@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -154,11 +155,64 @@ func (e *Executor) runBranch(c *Context, p *Pending) *settlement {
 	return &settlement{kind: settleDone, rec: rec}
 }
 
+// wakes reports whether this branch's commit, just made, must wake its
+// run. It need not when the run's lease is not parked: its holder (or the
+// delivery that takes the run next) reads the run's records after this
+// commit — a holder looks again at what it waits for once it has parked.
+// Nor when the run is parked waiting for all of several steps, this
+// branch's among them, and another of them is still missing: the commit of
+// the last of them wakes the run (a wake would only replay the body to
+// park it again). Of two branches that commit at once, the one that
+// commits later reads the other's commit and wakes the run.
+//
+// That reasoning needs reads that see every acknowledged write: on a
+// replicated bucket, whose batch reads may come from a lagging replica,
+// every branch wakes its run. So does a branch of a run of an earlier
+// version's executor, and one whose read fails. The check costs a read
+// of the lease, and one batch read of the other waits when the run is
+// parked on at most maxWaitsChecked of them (a wider park is not checked:
+// every branch wakes it).
+func (e *Executor) wakes(d *delivery) bool {
+	steps := e.cfg.Assets.Steps
+	if steps.Replicated() || d.run.Exec != state.ExecLease {
+		return true
+	}
+	v, _, err := steps.Get(d.nctx, state.LeaseKey(d.identity()))
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return false // the first holder, which has not parked yet
+	}
+	if err != nil {
+		return true
+	}
+	l, err := state.DecodeLease(v)
+	switch {
+	case err != nil:
+		return true
+	case l.State != state.LeaseParked:
+		return false // held, handed back or cancelled
+	case !l.All || d.task.Width > maxWaitsChecked || len(l.Waits) > maxWaitsChecked || !slices.Contains(l.Waits, d.task.StepID):
+		return true
+	}
+	others := slices.DeleteFunc(slices.Clone(l.Waits), func(id string) bool { return id == d.task.StepID })
+	if len(others) == 0 {
+		return true
+	}
+	committed, err := steps.Last(d.nctx, others...)
+	return err != nil || len(committed) == len(others)
+}
+
+// maxWaitsChecked bounds the steps wakes reads in one batch.
+const maxWaitsChecked = 64
+
 // settleBranch carries out s on a branch task's delivery.
 func (e *Executor) settleBranch(d *delivery, s *settlement) {
 	msg := d.msg.Msg
 	switch s.kind {
 	case settleDone:
+		if !e.wakes(d) {
+			settleErr(d.log, msg.Ack(), "ack")
+			return
+		}
 		if _, err := Wake(d.nctx, e.cfg.Assets, d.run, d.rev, d.task.StepID, d.task.StepID+".wake"); err != nil {
 			// The redelivery finds the commit and wakes the run again.
 			d.log.Warn().Err(err).Msg("cannot wake the run after its branch committed; releasing")

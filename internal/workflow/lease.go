@@ -53,6 +53,8 @@ type lease struct {
 	found state.Lease
 	// unstarted, inherited: the hand-over's (handOver).
 	unstarted, inherited bool
+	// all: the park waits for every one of its waits (park).
+	all bool
 	// settled: the holder parked, released or handed the run over; a
 	// heartbeat that comes after (its task is being settled) writes
 	// nothing over that.
@@ -101,14 +103,16 @@ func (l *lease) beat() {
 }
 
 // park writes the lease parked at the body's await epoch, waiting for
-// waits, and returns the record's revision once it is written: the
-// holder's last write. A lost lease is its cause.
-func (l *lease) park(epoch int, waits []string) (uint64, error) {
+// waits (every one of them when all, else any), and returns the record's
+// revision once it is written: the holder's last write. A lost lease is
+// its cause.
+func (l *lease) park(epoch int, waits []string, all bool) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost != nil {
 		return 0, l.lost
 	}
+	l.all = all
 	err := l.writeLocked(state.LeaseParked, epoch, waits)
 	l.settled = true
 	return l.rev, err
@@ -153,7 +157,7 @@ func (l *lease) handOver(inherited bool) {
 func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) error {
 	rec := state.Lease{
 		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
-		Epoch: epoch, Waits: waits, At: l.e.cfg.Now().UTC(),
+		Epoch: epoch, Waits: waits, All: st == state.LeaseParked && l.all, At: l.e.cfg.Now().UTC(),
 		Unstarted: l.unstarted, Inherited: l.inherited,
 	}
 	if st == state.LeaseHeld {

@@ -80,7 +80,7 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // the await read it, and whose wake this task absorbed, wakes the run now.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	waits := stepIDs(s.waits)
-	parked, err := h.lease.park(s.epoch, waits)
+	parked, err := h.lease.park(s.epoch, waits, !s.first)
 	if err != nil {
 		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
 			e.settleRun(d, h, lostOr(err))

@@ -298,6 +298,13 @@ func (k *keyCall) renew() {
 	ctx, cancel := context.WithTimeout(context.Background(), k.lease/3)
 	defer cancel()
 	rev, err := k.e.cfg.Assets.TaskKeys.Replace(ctx, k.key, k.claim(), k.rev, k.lease)
+	if errors.Is(err, jetstream.ErrRevisionMismatch) {
+		// A renewal whose answer was lost (a timeout under load) may have
+		// been stored: the key then holds this claim's own token.
+		if own, ok := k.ownClaim(); ok {
+			rev, err = own, nil
+		}
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrRevisionMismatch):
 		// Reset, or taken over after this worker stalled: the step goes on
@@ -309,6 +316,22 @@ func (k *keyCall) renew() {
 	default:
 		k.rev = rev
 	}
+}
+
+// ownClaim reads the key and returns its revision when it holds this
+// call's claim (its token). k.mu is held.
+func (k *keyCall) ownClaim() (uint64, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.lease/3)
+	defer cancel()
+	st, err := k.e.cfg.Assets.TaskKeys.Latest(ctx, k.key)
+	if err != nil || !st.Live {
+		return 0, false
+	}
+	e, err := state.DecodeTaskKeyEntry(st.Value)
+	if err != nil || e.State != state.TaskKeyClaimed || e.Token != k.token {
+		return 0, false
+	}
+	return st.Rev, true
 }
 
 // release stops renewing; it returns whether the claim was still held, and
