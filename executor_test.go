@@ -508,14 +508,15 @@ func waitEffect(t *testing.T, effects *effectLog, stepID string, d time.Duration
 	require.Eventually(t, func() bool { return len(effects.get(stepID)) > 0 }, d, 5*time.Millisecond, "no effect of %s", stepID)
 }
 
-// A worker killed after it wrote its run's end, before it acknowledged the
-// run task: the task's redelivery finds the run ended and does nothing.
-func TestWorkerKilledAfterTheRunsEnd(t *testing.T) {
-	t.Parallel()
+// killedAfterTheEnd runs crash-1 of the crash workflow on a child worker
+// process in crash mode (one that dies once the run's end is written) and
+// waits for the kill and the run's result.
+func killedAfterTheEnd(t *testing.T, crash string) (*testEnv, *Client, *effectLog, string) {
+	t.Helper()
 	env := newEnv(t, Topology{})
 	effects, effectsURL := newEffectServer(t)
 	c := env.client()
-	first := startChild(t, env, "after-finish", effectsURL)
+	first := startChild(t, env, crash, effectsURL)
 	ctx := ctxT(t, 60*time.Second)
 	h, err := Start(ctx, c, crashWorkflow(effectsURL, nil), 0, WithRunID("crash-1"))
 	require.NoError(t, err)
@@ -523,6 +524,15 @@ func TestWorkerKilledAfterTheRunsEnd(t *testing.T) {
 	out, err := h.Result(ctx)
 	require.NoError(t, err, "the end was written before the kill")
 	require.Equal(t, 3, out)
+	return env, c, effects, effectsURL
+}
+
+// A worker killed after it wrote its run's end, before it acknowledged the
+// run task: the task's redelivery finds the run ended and does nothing.
+func TestWorkerKilledAfterTheRunsEnd(t *testing.T) {
+	t.Parallel()
+	env, c, effects, effectsURL := killedAfterTheEnd(t, "after-finish")
+	ctx := ctxT(t, 60*time.Second)
 
 	startChild(t, env, "", effectsURL)
 	waitTasksDrained(t, c)
@@ -540,17 +550,8 @@ func TestWorkerKilledAfterTheRunsEnd(t *testing.T) {
 // the run is counted and listed as completed, and no longer as running.
 func TestIndexWriteLostWithItsWorker(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, Topology{})
-	effects, effectsURL := newEffectServer(t)
-	c := env.client()
-	first := startChild(t, env, "before-index", effectsURL)
+	env, c, effects, effectsURL := killedAfterTheEnd(t, "before-index")
 	ctx := ctxT(t, 60*time.Second)
-	h, err := Start(ctx, c, crashWorkflow(effectsURL, nil), 0, WithRunID("crash-1"))
-	require.NoError(t, err)
-	waitKilled(t, first, 30*time.Second)
-	out, err := h.Result(ctx)
-	require.NoError(t, err, "the end was written before the kill")
-	require.Equal(t, 3, out)
 	counts, err := c.CountRuns(ctx, "crashy")
 	require.NoError(t, err)
 	require.Equal(t, RunCounts{Running: 1}, counts, "the index entry was written before the kill")

@@ -3,6 +3,7 @@ package consume_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,19 @@ import (
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
+
+// workQueue makes on nc a work-queue stream name (subjects <lower
+// name>.>) with the durable pull consumer durable (AckWait 30 s).
+func workQueue(t *testing.T, nc *nats.Conn, name, durable string) (natsjs.JetStream, natsjs.Consumer) {
+	t.Helper()
+	js, err := natsjs.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(t.Context(), natsjs.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name) + ".>"}, Retention: natsjs.WorkQueuePolicy})
+	require.NoError(t, err)
+	c, err := js.CreateConsumer(t.Context(), name, natsjs.ConsumerConfig{Durable: durable, AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
+	require.NoError(t, err)
+	return js, c
+}
 
 // holder is a handler that holds every message until released.
 type holder struct {
@@ -53,12 +67,7 @@ func TestPullAsksOnlyForFreeSlots(t *testing.T) {
 	nc := testenv.Conn(t, srv)
 	tap := testenv.Conn(t, srv)
 	ctx := t.Context()
-	js, err := natsjs.New(nc)
-	require.NoError(t, err)
-	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "P", Subjects: []string{"p.>"}, Retention: natsjs.WorkQueuePolicy})
-	require.NoError(t, err)
-	c, err := js.CreateConsumer(ctx, "P", natsjs.ConsumerConfig{Durable: "pc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
-	require.NoError(t, err)
+	js, c := workQueue(t, nc, "P", "pc")
 	var requests atomic.Int64
 	sub, err := tap.Subscribe("$JS.API.CONSUMER.MSG.NEXT.P.pc", func(_ *nats.Msg) { requests.Add(1) })
 	require.NoError(t, err)
@@ -100,12 +109,7 @@ func TestPullBacksOffWhileRefused(t *testing.T) {
 	srv := testenv.Server(t)
 	nc := testenv.Conn(t, srv)
 	ctx := t.Context()
-	js, err := natsjs.New(nc)
-	require.NoError(t, err)
-	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "B", Subjects: []string{"b.>"}, Retention: natsjs.WorkQueuePolicy})
-	require.NoError(t, err)
-	c, err := js.CreateConsumer(ctx, "B", natsjs.ConsumerConfig{Durable: "bc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
-	require.NoError(t, err)
+	js, c := workQueue(t, nc, "B", "bc")
 	pool := consume.New(nc, 4, false, testenv.Logger(t))
 	t.Cleanup(func() { _ = pool.Stop(context.Background()) })
 	require.NoError(t, pool.Consume(c, 4, &holder{release: make(chan struct{})}))
@@ -146,17 +150,12 @@ func TestStoppingPoolHandsBackPastItsOpenRequests(t *testing.T) {
 	srv := testenv.Server(t)
 	ctx := t.Context()
 	nc := testenv.Conn(t, srv)
-	js, err := natsjs.New(nc)
-	require.NoError(t, err)
-	_, err = js.CreateStream(ctx, natsjs.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Retention: natsjs.WorkQueuePolicy})
-	require.NoError(t, err)
-	c, err := js.CreateConsumer(ctx, "S", natsjs.ConsumerConfig{Durable: "sc", AckPolicy: natsjs.AckExplicitPolicy, AckWait: 30 * time.Second})
-	require.NoError(t, err)
+	js, c := workQueue(t, nc, "S", "sc")
 
 	stopping := &counting{holder: holder{release: make(chan struct{})}}
 	a := consume.New(nc, 8, false, testenv.Logger(t))
 	require.NoError(t, a.Consume(c, 8, stopping))
-	_, err = js.Publish(ctx, "s.1", nil)
+	_, err := js.Publish(ctx, "s.1", nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		stopping.mu.Lock()
