@@ -71,6 +71,7 @@ func headlineRows(a, g *e2eStats) []row {
 		d("api start call p99", func(s *e2eStats) time.Duration { return s.calls.p99 }),
 		d("api end to end p50 (start call->result)", func(s *e2eStats) time.Duration { return s.p50 }),
 		d("api end to end p99", func(s *e2eStats) time.Duration { return s.p99 }),
+		d("api CPU per run (server, client, worker)", func(s *e2eStats) time.Duration { return s.cpuPerRun }),
 	}
 }
 

@@ -164,6 +164,7 @@ func engineE2E(ctx context.Context, e *env, cfg config, o e2eOpts) (s *e2eStats,
 	}
 
 	var created, dups, wrongResults atomic.Int64
+	cpuBefore := processCPU()
 	err = runStarters(ctx, w, t, cfg.starters, o.rate, func(ctx context.Context, run int) error {
 		t0 := calls.begin(run)
 		h, err := jetflow.Start(ctx, client, e2eWorkflow, 0, jetflow.WithRunID(w.ids[run]))
@@ -195,7 +196,9 @@ func engineE2E(ctx context.Context, e *env, cfg config, o e2eOpts) (s *e2eStats,
 		return s, err
 	}
 	waitErr := t.wait(ctx, cfg.timeout)
+	cpu := processCPU() - cpuBefore
 	s = t.summarize(stepsPerRun)
+	s.cpuPerRun = cpu / time.Duration(o.runs)
 	s.tracker = t
 	s.calls = calls.summary()
 	s.created, s.duplicates = created.Load(), dups.Load()

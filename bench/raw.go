@@ -357,6 +357,7 @@ func rawProgram(ctx context.Context, e *env, cfg config, d rawDesign, o e2eOpts)
 	if d.gated {
 		start = startGated
 	}
+	cpuBefore := processCPU()
 	err = runStarters(ctx, w, t, cfg.starters, o.rate, func(ctx context.Context, run int) error {
 		id := w.ids[run]
 		var result <-chan struct{}
@@ -395,7 +396,9 @@ func rawProgram(ctx context.Context, e *env, cfg config, d rawDesign, o e2eOpts)
 		return s, err
 	}
 	waitErr := t.wait(ctx, cfg.timeout)
+	cpu := processCPU() - cpuBefore
 	s = t.summarize(stepsPerRun)
+	s.cpuPerRun = cpu / time.Duration(o.runs)
 	s.tracker = t
 	s.calls = calls.summary()
 	s.created, s.duplicates = created.Load(), dups.Load()

@@ -68,6 +68,7 @@ func medianStats(list []*e2eStats) *e2eStats {
 	m.p50 = d(func(s *e2eStats) time.Duration { return s.p50 })
 	m.p99 = d(func(s *e2eStats) time.Duration { return s.p99 })
 	m.max = d(func(s *e2eStats) time.Duration { return s.max })
+	m.cpuPerRun = d(func(s *e2eStats) time.Duration { return s.cpuPerRun })
 	m.msgsPerRun = pick(func(s *e2eStats) float64 { return s.msgsPerRun })
 	m.writesPerRun = pick(func(s *e2eStats) float64 { return s.writesPerRun })
 	m.calls = callSummary{

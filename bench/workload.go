@@ -121,6 +121,7 @@ type e2eStats struct {
 	duplicates    int64 // start calls absorbed as duplicates
 	msgsPerRun    float64
 	writesPerRun  float64
+	cpuPerRun     time.Duration // process CPU (server, client and worker) from the first start call to the last result, per run
 	calls         callSummary // start call latency
 	ops           opCounts    // with a tap only: operations by kind over the pass
 	extra         []string    // free-form lines for the report
