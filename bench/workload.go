@@ -122,10 +122,10 @@ type e2eStats struct {
 	msgsPerRun    float64
 	writesPerRun  float64
 	cpuPerRun     time.Duration // process CPU (server, client and worker) from the first start call to the last result, per run
-	calls         callSummary // start call latency
-	ops           opCounts    // with a tap only: operations by kind over the pass
-	extra         []string    // free-form lines for the report
-	tracker       *tracker    // for --timeline
+	calls         callSummary   // start call latency
+	ops           opCounts      // with a tap only: operations by kind over the pass
+	extra         []string      // free-form lines for the report
+	tracker       *tracker      // for --timeline
 }
 
 func (s *e2eStats) runsPerSec() float64  { return float64(s.runs) / s.elapsed.Seconds() }
