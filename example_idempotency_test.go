@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // exampleEnv runs an embedded nats-server and a worker for the examples of
@@ -21,11 +22,11 @@ func exampleEnv(wfs ...jetflow.Registrable) (c *jetflow.Client, stop func()) {
 	if err != nil {
 		panic(err)
 	}
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: dir, Port: -1})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Port: -1})
 	if err != nil {
 		panic(err)
 	}
-	nc, err := srv.Connect("example")
+	nc, err := jetstream.Connect(srv.ClientURL(), "example")
 	if err != nil {
 		panic(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 // testEnv is one test's embedded server and topology.
 type testEnv struct {
 	t    *testing.T
-	srv  *jetstream.Embedded
+	srv  *natsserver.Server
 	topo Topology
 }
 

@@ -1,7 +1,6 @@
 package jetflow
 
 import (
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetflow/jetflow/internal/tracing"
@@ -38,7 +37,13 @@ func WithTracerProvider(tp trace.TracerProvider) *Tracing {
 // TraceIDGenerator is the span ID generator a TracerProvider given to
 // WithTracerProvider needs (sdktrace.WithIDGenerator): random IDs, except
 // for a jetflow.run span, whose ID is derived from the run's identity.
-func TraceIDGenerator() sdktrace.IDGenerator { return tracing.IDGenerator() }
+func TraceIDGenerator() IDGenerator { return tracing.IDGenerator() }
+
+// IDGenerator is the OpenTelemetry SDK's span ID generator interface
+// (sdktrace.IDGenerator in go.opentelemetry.io/otel/sdk/trace), declared
+// by jetflow so that a program that traces nothing does not build the SDK.
+// A value of it is what sdktrace.WithIDGenerator takes.
+type IDGenerator = tracing.Generator
 
 // internal returns the tracer of t; nil (no spans) for a nil t.
 func (t *Tracing) internal() *tracing.Tracer {

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 type config struct {
@@ -168,13 +169,13 @@ func parseFlags(args []string) (config, error) {
 
 // env is the run's embedded server and the connections opened on it.
 type env struct {
-	srv   *jetstream.Embedded
+	srv   *natsserver.Server
 	dir   string
 	conns []*nats.Conn
 }
 
 func (e *env) conn(name string) (*nats.Conn, error) {
-	nc, err := e.srv.Connect("bench-" + name)
+	nc, err := jetstream.Connect(e.srv.ClientURL(), "bench-"+name)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +233,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: dir, Port: -1, SyncAlways: cfg.syncAlways})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Port: -1, SyncAlways: cfg.syncAlways})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return err

@@ -20,6 +20,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/faultcheck"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // The soak mode pushes a large number of starts (30% duplicates by default)
@@ -81,7 +82,7 @@ func runSoak(ctx context.Context, args []string) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: dir, Port: -1, SyncAlways: cfg.syncAlways})
+		srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Port: -1, SyncAlways: cfg.syncAlways})
 		if err != nil {
 			return err
 		}

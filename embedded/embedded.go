@@ -27,18 +27,18 @@ import (
 	"errors"
 	"time"
 
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // ErrNotReady: the server did not accept connections, or did not enable
 // JetStream, within Options.ReadyTimeout.
-var ErrNotReady = jetstream.ErrServerNotReady
+var ErrNotReady = natsserver.ErrNotReady
 
 // ErrPortInUse: another process (another embedded server, a NATS server)
 // listens on Options.Host and Options.Port. Start reports it at once,
 // without waiting for ReadyTimeout; choose another Port, or -1 for a free
 // one.
-var ErrPortInUse = jetstream.ErrPortInUse
+var ErrPortInUse = natsserver.ErrPortInUse
 
 // Options configure Start. StoreDir is required; the other zero fields take
 // their defaults.
@@ -61,7 +61,7 @@ type Options struct {
 
 // Server is a running embedded NATS server with JetStream.
 type Server struct {
-	e *jetstream.Embedded
+	e *natsserver.Server
 }
 
 // Start starts a server and waits until it accepts connections with
@@ -71,7 +71,7 @@ func Start(opts Options) (*Server, error) {
 	if opts.StoreDir == "" {
 		return nil, errors.New("jetflow: embedded server: Options.StoreDir is required")
 	}
-	e, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{
+	e, err := natsserver.Start(natsserver.Config{
 		DataDir:      opts.StoreDir,
 		Host:         opts.Host,
 		Port:         opts.Port,

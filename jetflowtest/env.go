@@ -14,6 +14,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/kit"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -55,7 +56,7 @@ func (c Config) withDefaults() Config {
 type Env struct {
 	t      T
 	cfg    Config
-	srv    *jetstream.Embedded
+	srv    *natsserver.Server
 	wfs    []jetflow.Registrable
 	nc     *nats.Conn
 	client *jetflow.Client
@@ -92,14 +93,14 @@ func New(t T, wfs ...jetflow.Registrable) *Env {
 func NewWithConfig(t T, cfg Config, wfs ...jetflow.Registrable) *Env {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: t.TempDir(), Port: -1})
 	if err != nil {
 		t.Fatalf("jetflowtest: start embedded NATS: %v", err)
 	}
 	e := &Env{t: t, cfg: cfg, srv: srv, wfs: wfs, clock: newClock(), changed: make(chan struct{}),
 		points: map[string]*crashPoint{}, stubs: map[stubKey]workflow.StepFunc{}}
 	t.Cleanup(e.close)
-	if e.nc, err = srv.Connect(t.Name() + "-client"); err != nil {
+	if e.nc, err = jetstream.Connect(srv.ClientURL(), t.Name()+"-client"); err != nil {
 		t.Fatalf("jetflowtest: connect: %v", err)
 	}
 	if err := e.startWorker(); err != nil {

@@ -13,12 +13,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/opshttp"
-	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/internal/tracing/otlp"
 )
 
 // startTimeout bounds the worker's Start: provisioning of its streams,
@@ -31,10 +31,10 @@ const startTimeout = 30 * time.Second
 func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, log zerolog.Logger) error {
 	natsOpts := cfg.NATS
 	if cfg.embedded() {
-		srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{
+		srv, err := natsserver.Start(natsserver.Config{
 			DataDir: cfg.DataDir, Host: cfg.Host, Port: cfg.Port, SyncAlways: cfg.SyncAlways,
 		})
-		if errors.Is(err, jetstream.ErrPortInUse) {
+		if errors.Is(err, natsserver.ErrPortInUse) {
 			return fmt.Errorf("%w; choose another port with --port (JETFLOW_PORT, or port: in the config file; -1 picks a free one), "+
 				"or join the server there with --nats-url nats://%s", err, net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
 		}
@@ -84,7 +84,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		}
 	}
 
-	tp, stopTracing, err := tracing.Setup(ctx, p.getenv, "jetflow-"+p.name, log)
+	tp, stopTracing, err := otlp.Setup(ctx, p.getenv, "jetflow-"+p.name, log)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -240,8 +240,8 @@ func TestServeEmbeddedPortInUse(t *testing.T) {
 	cfg, err := parseConfig([]string{"--data-dir", t.TempDir(), "--port", u.Port(), "--ops-addr", ""}, env(nil), false, io.Discard, io.Discard)
 	require.NoError(t, err)
 	err = serve(t.Context(), t, cfg, testenv.Logger(t), func(Endpoints) { t.Error("ready with the port taken") })
-	require.ErrorIs(t, err, jetstream.ErrPortInUse)
-	require.False(t, errors.Is(err, jetstream.ErrServerNotReady))
+	require.ErrorIs(t, err, natsserver.ErrPortInUse)
+	require.False(t, errors.Is(err, natsserver.ErrNotReady))
 	for _, want := range []string{"127.0.0.1:" + u.Port() + ": address already in use", "--port", "JETFLOW_PORT", "-1 picks a free one",
 		"--nats-url nats://127.0.0.1:" + u.Port()} {
 		require.ErrorContains(t, err, want)

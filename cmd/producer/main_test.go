@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -91,7 +91,7 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 type testbed struct {
 	url string
 	// srv is the embedded server, for tests that stop and restart it.
-	srv *jetstream.Embedded
+	srv *natsserver.Server
 	// lookups counts the runs of lookup's step that were not served from
 	// the task key's cache.
 	lookups atomic.Int64

@@ -18,7 +18,7 @@ import (
 	imetrics "github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
-	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/internal/tracing/otlp"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
 
@@ -55,7 +55,7 @@ func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.L
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	tp, stopTracing, err := tracing.Setup(ctx, getenv, "jetflow-producer", log)
+	tp, stopTracing, err := otlp.Setup(ctx, getenv, "jetflow-producer", log)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/internal/tracing/otlp"
 	"github.com/jetflow/jetflow/internal/tracing/otlptest"
 )
 
@@ -71,5 +72,5 @@ func TestServeRefusesAnInvalidOTLPEndpoint(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	err = serve(ctx, c, env, zerolog.Nop(), func(string) { t.Error("serve became ready") })
-	require.ErrorIs(t, err, tracing.ErrInvalidEndpoint)
+	require.ErrorIs(t, err, otlp.ErrInvalidEndpoint)
 }

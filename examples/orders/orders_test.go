@@ -44,9 +44,7 @@ func setup(t *testing.T, opts OrderOptions) *bundle {
 		require.NoError(t, w.Stop(ctx))
 	})
 
-	cnc, err := srv.Connect(t.Name() + "-client")
-	require.NoError(t, err)
-	t.Cleanup(cnc.Close)
+	cnc := testenv.Conn(t, srv)
 	c, err := jetflow.NewClient(ctxT(t, 10*time.Second), cnc, jetflow.ClientConfig{})
 	require.NoError(t, err)
 	return &bundle{pay: pay, wf: wf, client: c}

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/testenv"
 	"github.com/jetflow/jetflow/internal/webhook"
 )
@@ -63,7 +63,7 @@ var (
 type bundle struct {
 	t *testing.T
 	// ns is the embedded NATS server, for tests that stop and restart it.
-	ns     *jetstream.Embedded
+	ns     *natsserver.Server
 	client *jetflow.Client
 	srv    *httptest.Server
 	// release lets every blocked run finish (idempotent).
@@ -320,7 +320,7 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 
 // runWorker starts a worker of ws on its own connection to ns (cfg's
 // Logger is the test's), stopped when t ends.
-func runWorker(t *testing.T, ns *jetstream.Embedded, ws *jetflow.Workers, cfg jetflow.WorkerConfig) {
+func runWorker(t *testing.T, ns *natsserver.Server, ws *jetflow.Workers, cfg jetflow.WorkerConfig) {
 	t.Helper()
 	cfg.Logger = testenv.Logger(t)
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, cfg)

@@ -9,16 +9,18 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // embeddedConn starts an embedded server of the test's own and connects
 // to it; both end with the test.
 func embeddedConn(t *testing.T) *nats.Conn {
 	t.Helper()
-	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: t.TempDir(), Port: -1})
 	require.NoError(t, err)
 	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
+	nc, err := Connect(srv.ClientURL(), t.Name())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc

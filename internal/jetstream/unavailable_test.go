@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // The errors a real server's outage produces are transient, through the
@@ -17,10 +19,10 @@ import (
 // with ErrUnavailable while keeping the cause.
 func TestOutageErrorsAreTransient(t *testing.T) {
 	t.Parallel()
-	srv, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: t.TempDir(), Port: -1})
 	require.NoError(t, err)
 	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
+	nc, err := Connect(srv.ClientURL(), t.Name())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	a, err := Provision(ctx(t), nc, Topology{}, CreateOrUpdate)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // bucket provisions the engine's resources on a server of the test's own
 // and returns the workflows bucket, bound on a connection of its own.
-func bucket(t *testing.T, srv *jetstream.Embedded) *jetstream.KV {
+func bucket(t *testing.T, srv *natsserver.Server) *jetstream.KV {
 	t.Helper()
 	a, err := jetstream.Provision(ctxT(t, 10*time.Second), testenv.Conn(t, srv), jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/natsserver"
 )
 
 // VerifyNoLeaks runs the tests of m and fails if goroutines are left over,
@@ -29,18 +30,18 @@ func VerifyNoLeaks(m *testing.M) {
 
 // Server starts an embedded nats-server with JetStream, file storage in
 // t.TempDir() and a free port on 127.0.0.1, shut down when t ends.
-func Server(t testing.TB) *jetstream.Embedded {
+func Server(t testing.TB) *natsserver.Server {
 	t.Helper()
-	srv, err := jetstream.StartEmbedded(jetstream.EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	srv, err := natsserver.Start(natsserver.Config{DataDir: t.TempDir(), Port: -1})
 	require.NoError(t, err)
 	t.Cleanup(srv.Shutdown)
 	return srv
 }
 
 // Conn connects to srv; the connection is closed when t ends.
-func Conn(t testing.TB, srv *jetstream.Embedded) *nats.Conn {
+func Conn(t testing.TB, srv *natsserver.Server) *nats.Conn {
 	t.Helper()
-	nc, err := srv.Connect(t.Name())
+	nc, err := jetstream.Connect(srv.ClientURL(), t.Name())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc

@@ -36,7 +36,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -328,7 +327,18 @@ type forcedKey struct{}
 // span. Pass it with sdktrace.WithIDGenerator; a provider without it gives
 // the run span a random ID (the run's steps then name a parent the backend
 // never receives).
-func IDGenerator() sdktrace.IDGenerator { return idGenerator{} }
+func IDGenerator() Generator { return idGenerator{} }
+
+// Generator is the SDK's IDGenerator interface (sdktrace.IDGenerator),
+// declared here so that the engine, which only makes spans, does not
+// build the SDK: a Generator is what sdktrace.WithIDGenerator takes (the
+// otlp package checks it at compile time).
+type Generator interface {
+	// NewIDs returns a new trace ID and the span ID of its root span.
+	NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID)
+	// NewSpanID returns a span ID for a span of traceID.
+	NewSpanID(ctx context.Context, traceID trace.TraceID) trace.SpanID
+}
 
 type idGenerator struct{}
 

@@ -1,4 +1,4 @@
-package jetstream
+package natsserver
 
 import (
 	"errors"
@@ -7,16 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 )
 
-// TestStartEmbeddedOnATakenPort: a second embedded server on a port that a
+// TestStartOnATakenPort: a second embedded server on a port that a
 // first one holds fails at once with ErrPortInUse naming the address, not
-// with ErrServerNotReady after its ReadyTimeout (which it could only
+// with ErrNotReady after its ReadyTimeout (which it could only
 // reach by waiting that long).
-func TestStartEmbeddedOnATakenPort(t *testing.T) {
+func TestStartOnATakenPort(t *testing.T) {
 	t.Parallel()
-	first, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: -1})
+	first, err := Start(Config{DataDir: t.TempDir(), Port: -1})
 	require.NoError(t, err)
 	t.Cleanup(first.Shutdown)
 	_, port, err := net.SplitHostPort(first.ClientURL()[len("nats://"):])
@@ -25,26 +26,26 @@ func TestStartEmbeddedOnATakenPort(t *testing.T) {
 	require.NoError(t, err)
 
 	const readyTimeout = time.Hour // a wait for readiness would outlast the test's deadline
-	_, err = StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Port: p, ReadyTimeout: readyTimeout})
+	_, err = Start(Config{DataDir: t.TempDir(), Port: p, ReadyTimeout: readyTimeout})
 	require.ErrorIs(t, err, ErrPortInUse)
-	require.False(t, errors.Is(err, ErrServerNotReady))
+	require.False(t, errors.Is(err, ErrNotReady))
 	var pe *PortInUseError
 	require.ErrorAs(t, err, &pe)
 	require.Equal(t, p, pe.Port)
 	require.Contains(t, err.Error(), "127.0.0.1:"+port+": address already in use")
 
 	// The first server is untouched.
-	nc, err := first.Connect(t.Name())
+	nc, err := nats.Connect(first.ClientURL())
 	require.NoError(t, err)
 	nc.Close()
 }
 
-// TestStartEmbeddedOnABadHost: a host that is no local address is the
+// TestStartOnABadHost: a host that is no local address is the
 // listen error at once.
-func TestStartEmbeddedOnABadHost(t *testing.T) {
+func TestStartOnABadHost(t *testing.T) {
 	t.Parallel()
-	_, err := StartEmbedded(EmbeddedConfig{DataDir: t.TempDir(), Host: "192.0.2.1", Port: 4999, ReadyTimeout: time.Hour})
+	_, err := Start(Config{DataDir: t.TempDir(), Host: "192.0.2.1", Port: 4999, ReadyTimeout: time.Hour})
 	require.Error(t, err)
-	require.False(t, errors.Is(err, ErrServerNotReady) || errors.Is(err, ErrPortInUse), "%v", err)
+	require.False(t, errors.Is(err, ErrNotReady) || errors.Is(err, ErrPortInUse), "%v", err)
 	require.Contains(t, err.Error(), "192.0.2.1:4999")
 }

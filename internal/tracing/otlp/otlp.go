@@ -1,4 +1,10 @@
-package tracing
+// Package otlp builds the OpenTelemetry tracer provider the commands
+// export spans with, from the standard OTEL_* environment variables: the
+// OTLP/HTTP exporter and the SDK's batching. It is apart from
+// internal/tracing (the spans themselves) so that only the commands that
+// export build the exporter and what it imports; a program that passes its
+// own provider, or none, does not.
+package otlp
 
 import (
 	"context"
@@ -9,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/tracing"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -53,6 +61,9 @@ func Endpoint(getenv func(string) string) (string, error) {
 	return u.String(), nil
 }
 
+// The engine's generator is the SDK's.
+var _ sdktrace.IDGenerator = tracing.IDGenerator()
+
 // ShutdownTimeout bounds the flush of the spans not yet exported when a
 // command stops.
 const ShutdownTimeout = 5 * time.Second
@@ -83,7 +94,7 @@ func Setup(ctx context.Context, getenv func(string) string, service string, log 
 	}
 	p := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
-		sdktrace.WithIDGenerator(IDGenerator()),
+		sdktrace.WithIDGenerator(tracing.IDGenerator()),
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", service))),
 	)
 	log.Info().Str("endpoint", endpoint).Str("service", service).Msg("tracing: exporting spans over OTLP/HTTP")

@@ -1,10 +1,9 @@
-// Package jetstream is jetflow's only door to NATS: it starts the embedded
-// server, connects, provisions the streams, consumers and KV buckets the
-// engine needs, and wraps the few JetStream operations whose error codes
-// decide correctness (create-if-absent, compare-and-set, deduplicated
-// publish) so that every other package matches typed errors instead of raw
-// NATS codes.
-package jetstream
+// Package natsserver runs a nats-server with JetStream in the process: the
+// one package of jetflow that imports nats-server, so that a program that
+// only defines and runs workflows against a NATS deployment does not build
+// it. The public package embedded, the worker command's default, tests and
+// the benchmarks start their servers here.
+package natsserver
 
 import (
 	"errors"
@@ -15,11 +14,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 )
 
-// EmbeddedConfig configures the in-process nats-server.
-type EmbeddedConfig struct {
+// Config configures the in-process nats-server.
+type Config struct {
 	// DataDir is where JetStream keeps its file store. Required.
 	DataDir string
 	// Host to listen on; default 127.0.0.1 so that other local processes
@@ -38,22 +36,22 @@ type EmbeddedConfig struct {
 	ReadyTimeout time.Duration
 }
 
-// Embedded is a running in-process nats-server with JetStream.
-type Embedded struct {
-	cfg EmbeddedConfig
+// Server is a running in-process nats-server with JetStream.
+type Server struct {
+	cfg Config
 	srv *server.Server
 }
 
-// ErrServerNotReady is returned when the embedded server did not become
+// ErrNotReady is returned when the embedded server did not become
 // ready for connections in time.
-var ErrServerNotReady = errors.New("jetflow: embedded NATS server not ready")
+var ErrNotReady = errors.New("jetflow: embedded NATS server not ready")
 
 // ErrPortInUse is returned at once when the embedded server's address is
 // taken (by another worker's embedded server, a NATS server, or any other
 // process); match it with errors.Is on a *PortInUseError.
 var ErrPortInUse = errors.New("address already in use")
 
-// PortInUseError is StartEmbedded's error for an address another process
+// PortInUseError is Start's error for an address another process
 // listens on.
 type PortInUseError struct {
 	Host string
@@ -94,10 +92,10 @@ func checkPort(host string, port int) error {
 	return nil
 }
 
-// StartEmbedded starts a nats-server with JetStream and file storage under
+// Start starts a nats-server with JetStream and file storage under
 // cfg.DataDir and waits until it accepts connections and JetStream is
 // enabled.
-func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+func Start(cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("jetflow: embedded server: DataDir is required")
 	}
@@ -113,7 +111,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
-	e := &Embedded{cfg: cfg}
+	e := &Server{cfg: cfg}
 	if err := e.start(); err != nil {
 		return nil, err
 	}
@@ -123,7 +121,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	return e, nil
 }
 
-func (e *Embedded) start() error {
+func (e *Server) start() error {
 	if err := checkPort(e.cfg.Host, e.cfg.Port); err != nil {
 		return err
 	}
@@ -144,13 +142,13 @@ func (e *Embedded) start() error {
 	go srv.Start()
 	if !srv.ReadyForConnections(e.cfg.ReadyTimeout) {
 		srv.Shutdown()
-		return fmt.Errorf("%w after %s (listening on %s:%d)", ErrServerNotReady, e.cfg.ReadyTimeout, e.cfg.Host, e.cfg.Port)
+		return fmt.Errorf("%w after %s (listening on %s:%d)", ErrNotReady, e.cfg.ReadyTimeout, e.cfg.Host, e.cfg.Port)
 	}
 	deadline := time.Now().Add(e.cfg.ReadyTimeout)
 	for !srv.JetStreamEnabled() {
 		if time.Now().After(deadline) {
 			srv.Shutdown()
-			return fmt.Errorf("%w: JetStream not enabled after %s", ErrServerNotReady, e.cfg.ReadyTimeout)
+			return fmt.Errorf("%w: JetStream not enabled after %s", ErrNotReady, e.cfg.ReadyTimeout)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -159,18 +157,12 @@ func (e *Embedded) start() error {
 }
 
 // ClientURL is the nats:// URL other processes connect to.
-func (e *Embedded) ClientURL() string {
+func (e *Server) ClientURL() string {
 	return "nats://" + net.JoinHostPort(e.cfg.Host, strconv.Itoa(e.cfg.Port))
 }
 
-// Connect opens a client connection to the embedded server that reconnects
-// forever, so it survives Restart.
-func (e *Embedded) Connect(name string) (*nats.Conn, error) {
-	return Connect(e.ClientURL(), name)
-}
-
 // Clients is the number of client connections the server holds now.
-func (e *Embedded) Clients() int {
+func (e *Server) Clients() int {
 	if e.srv == nil {
 		return 0
 	}
@@ -179,7 +171,7 @@ func (e *Embedded) Clients() int {
 
 // Shutdown stops the server and waits for it to finish. Stored data stays in
 // DataDir.
-func (e *Embedded) Shutdown() {
+func (e *Server) Shutdown() {
 	if e.srv != nil {
 		e.srv.Shutdown()
 		e.srv.WaitForShutdown()
@@ -187,7 +179,7 @@ func (e *Embedded) Shutdown() {
 }
 
 // WaitForShutdown blocks until the server has shut down.
-func (e *Embedded) WaitForShutdown() {
+func (e *Server) WaitForShutdown() {
 	if e.srv != nil {
 		e.srv.WaitForShutdown()
 	}
@@ -195,48 +187,8 @@ func (e *Embedded) WaitForShutdown() {
 
 // Restart shuts the server down and starts it again on the same address and
 // data directory, as a process restart would.
-func (e *Embedded) Restart() error {
+func (e *Server) Restart() error {
 	e.Shutdown()
 	return e.start()
 }
 
-// Connect dials url with ConnOptions, named name, followed by extra.
-func Connect(url, name string, extra ...nats.Option) (*nats.Conn, error) {
-	opts := append(append([]nats.Option{nats.Name(name)}, ConnOptions()...), extra...)
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: connect to %s: %w", url, err)
-	}
-	return nc, nil
-}
-
-// ConnOptions are the connection settings of every connection jetflow
-// opens (Connect, jetflow.Connect, the commands'), suited to a long-lived
-// engine process: unlimited reconnects, so that a NATS restart is
-// survived, and no reconnect buffer: a write attempted while disconnected
-// fails at once instead of being sent after the reconnect, long after its
-// caller gave up on it and acted on that (a late commit would land behind
-// a retry's). UnsafeOption checks a connection for the second.
-func ConnOptions() []nats.Option {
-	return []nats.Option{
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100 * time.Millisecond),
-		nats.ReconnectBufSize(-1),
-	}
-}
-
-// UnsafeOption describes the setting of a connection with options o that
-// breaks the engine's ordering guarantees, or returns "" when there is
-// none: a reconnect buffer (nats.ReconnectBufSize not negative, on a
-// connection that reconnects), which holds writes made while disconnected
-// and sends them after the reconnect.
-func UnsafeOption(o nats.Options) string {
-	if o.AllowReconnect && o.ReconnectBufSize >= 0 {
-		size := o.ReconnectBufSize
-		if size == 0 {
-			size = nats.DefaultReconnectBufSize
-		}
-		return fmt.Sprintf("its reconnect buffer is on (nats.ReconnectBufSize %d)", size)
-	}
-	return ""
-}
