@@ -8,7 +8,7 @@ all: lint test
 
 # The README's test command: every package, race detector on, fresh results.
 test:
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 race: test
 
