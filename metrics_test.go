@@ -230,8 +230,9 @@ func TestMetricsCountOneRun(t *testing.T) {
 
 // TestMetricsEntryPoints: starts are counted by the interface they came in
 // through; a gateway's entry point (entry.With on the start's context)
-// labels them, and a start refused before admission is counted as an
-// error.
+// labels them, and a start refused for the caller's mistake (an input the
+// workflow refuses) is counted as invalid, not as an error: the
+// JetflowStartErrors alert must not page on a client's typo.
 func TestMetricsEntryPoints(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -264,7 +265,8 @@ func TestMetricsEntryPoints(t *testing.T) {
 	for entry, want := range map[string]float64{"nats": 1, "http": 1, "webhook": 1, "sdk": 0} {
 		require.Equal(t, want, sample(byName, "jetflow_starts_total", map[string]string{"entry": entry, "outcome": "created"}), entry)
 	}
-	require.Equal(t, 1.0, sample(byName, "jetflow_starts_total", map[string]string{"entry": "nats", "outcome": "error", "state": "none"}))
+	require.Equal(t, 1.0, sample(byName, "jetflow_starts_total", map[string]string{"entry": "nats", "outcome": "invalid", "state": "none"}))
+	require.Zero(t, sample(byName, "jetflow_starts_total", map[string]string{"outcome": "error"}), "a refused input is no engine failure")
 }
 
 // TestMetricsTaskKeyLayer: a step served from its task key's cached result

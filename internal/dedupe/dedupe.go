@@ -231,10 +231,17 @@ func Validate(req Request) error {
 // request) is the parent of the start's jetflow.start span, and the run
 // carries it (Run.TraceParent).
 func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err error) {
-	defer func() { a.observe(req.Entry, req.Workflow, res, err) }()
+	// invalid: the request itself is refused (Validate), the caller's
+	// mistake, counted apart from the engine's failures.
+	invalid := false
 	ctx, span := a.tracer.StartAdmission(ctx, req.RunID, req.Workflow, req.Entry)
-	defer func() { span.End(outcomeName(res, err), err) }()
+	defer func() {
+		outcome := outcomeName(res, err, invalid)
+		span.End(outcome, err)
+		a.observe(req.Entry, req.Workflow, outcome, res)
+	}()
 	if err := Validate(req); err != nil {
+		invalid = true
 		return Result{}, err
 	}
 	if max := a.assets.Topology.Retention; req.Retention > max {

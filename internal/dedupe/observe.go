@@ -7,24 +7,23 @@ import (
 	"github.com/jetflow/jetflow/internal/metrics"
 )
 
-// observe counts one start decision: its outcome by entry point and, for
-// a duplicate, the layer that stopped it first (the broker's message-ID
-// window or pending task, else the runs bucket).
-func (a *Admitter) observe(entry, workflow string, res Result, err error) {
+// observe counts one start decision: its outcome (outcomeName) by entry
+// point and, for a duplicate, the layer that stopped it first (the
+// broker's message-ID window or pending task, else the runs bucket).
+func (a *Admitter) observe(entry, workflow, outcome string, res Result) {
 	if a.metrics == nil {
 		return
 	}
 	if entry == "" {
 		entry = string(metrics.EntrySDK)
 	}
-	outcome := outcomeName(res, err)
 	st := string(res.Run.Status)
 	if st == "" {
 		st = "none"
 	}
 	a.metrics.Start(metrics.Entry(entry), workflow, outcome, st)
 	switch outcome {
-	case "existing", "conflict", "rejected":
+	case metrics.OutcomeExisting, metrics.OutcomeConflict, metrics.OutcomeRejected:
 		if res.Broker != jetstream.Stored {
 			a.metrics.Suppressed(metrics.LayerBroker)
 		} else {
@@ -34,23 +33,28 @@ func (a *Admitter) observe(entry, workflow string, res Result, err error) {
 }
 
 // outcomeName names what a start did, for its metric and its span:
-// created, existing, restarted, superseded, conflict, rejected or error.
-func outcomeName(res Result, err error) string {
+// created, existing, restarted, superseded, conflict, rejected, invalid
+// (invalid: the request itself was refused, the caller's mistake) or
+// error (anything else: the engine could not decide).
+func outcomeName(res Result, err error, invalid bool) string {
 	switch {
 	case err == nil:
 		return res.Outcome.String()
 	case errors.Is(err, ErrConflict):
-		return "conflict"
+		return metrics.OutcomeConflict
 	case errors.Is(err, ErrRejected):
-		return "rejected"
+		return metrics.OutcomeRejected
+	case invalid:
+		return metrics.OutcomeInvalid
 	default:
-		return "error"
+		return metrics.OutcomeError
 	}
 }
 
 // ObserveRefusal counts a start of workflow (one this process serves)
-// refused before admission (a malformed envelope, a missing required run
-// ID).
+// refused before admission for the caller's mistake (a malformed envelope,
+// a missing or invalid run ID, an input the workflow refuses) as invalid,
+// apart from the engine's failures (error).
 func (a *Admitter) ObserveRefusal(entry, workflow string) {
-	a.metrics.Start(metrics.Entry(entry), workflow, "error", "none")
+	a.metrics.Start(metrics.Entry(entry), workflow, metrics.OutcomeInvalid, "none")
 }

@@ -56,7 +56,15 @@ const (
 	OutcomeSuperseded = "superseded"
 	OutcomeConflict   = "conflict"
 	OutcomeRejected   = "rejected"
-	OutcomeError      = "error"
+	// OutcomeInvalid: the start was refused for the caller's mistake, the
+	// same answer whenever it is sent again: a malformed envelope, an
+	// invalid or missing run ID, an input the workflow refuses or one over
+	// the size limit, an invalid conflict policy or attributes.
+	OutcomeInvalid = "invalid"
+	// OutcomeError: the engine could not decide (NATS unreachable, slow or
+	// refusing, a deployment setting the start cannot meet); the caller
+	// may retry. The JetflowStartErrors alert counts only these.
+	OutcomeError = "error"
 )
 
 // other replaces any label value outside its fixed list; stateNone is the
@@ -73,7 +81,7 @@ var (
 	// eventOutcomes are the outcomes of an event delivery (Event).
 	eventOutcomes = set(EventDelivered, EventDuplicate, EventRefused, EventError)
 	stepResults   = set(string(StepCommitted), string(StepRetried), string(StepFailed), string(StepFatal))
-	outcomes      = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeSuperseded, OutcomeConflict, OutcomeRejected, OutcomeError)
+	outcomes      = set(OutcomeCreated, OutcomeExisting, OutcomeRestarted, OutcomeSuperseded, OutcomeConflict, OutcomeRejected, OutcomeInvalid, OutcomeError)
 	finalStates   = set("completed", "failed", "cancelled")
 	startStates   = set("running", "completed", "failed", "cancelled", stateNone)
 )

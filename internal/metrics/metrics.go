@@ -182,7 +182,7 @@ func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 		role: role,
 		starts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameStarts,
-			Help: "Start decisions by workflow, entry point, outcome and the run's state.",
+			Help: "Start decisions by workflow, entry point, outcome and the run's state (outcome invalid: refused for the caller's mistake; error: the engine could not decide).",
 		}, []string{"workflow", "entry", "outcome", "state"}),
 		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameSuppressed,
@@ -361,8 +361,9 @@ func (m *Metrics) UnservedStarts(envelopes uint64) {
 }
 
 // Start counts one start decision of workflow (a registered workflow's
-// name). outcome is one of created, existing, restarted, conflict,
-// rejected, error; state is the run's state (running, completed, failed,
+// name). outcome is one of created, existing, restarted, superseded,
+// conflict, rejected, invalid (the caller's mistake), error (the engine's
+// failure); state is the run's state (running, completed, failed,
 // cancelled), "" or "none" when unknown. Values outside those lists are
 // counted as "other". The first start of a workflow through an entry point
 // also initialises its failed starts at 0.
