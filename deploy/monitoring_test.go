@@ -239,6 +239,14 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	walk(d.Panels)
 	panelExprs := len(exprs)
+	// A share (a panel that divides) shows 0, not "no data", when its
+	// numerator has nothing to count, such as no 5xx answer at all: a
+	// sum over no series is empty, so the numerator falls back to 0.
+	for _, e := range exprs {
+		if strings.Contains(promString.ReplaceAllString(e, `""`), " / ") {
+			require.Regexp(t, `^\(.*\bor vector\(0\)\) / `, e, "ratio panel: its numerator needs `or vector(0)`")
+		}
+	}
 	for _, v := range d.Templating.List {
 		if v.Type != "query" {
 			continue
