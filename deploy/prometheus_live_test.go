@@ -84,8 +84,13 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	prom.waitFor(fmt.Sprintf(`sum(jetflow_runs_finished_total{job="jetflow-worker", state="completed"}) >= %d`, created), "every run's end scraped")
 	// The producer is scraped on its own clock: wait until a scrape saw
 	// every request of the load (two starts and a result per run, and the
-	// conflict), or its metrics would look unexported.
-	prom.waitFor(fmt.Sprintf(`sum(jetflow_http_requests_total{job="jetflow-producer"}) >= %d`, 3*created+1), "every HTTP request scraped")
+	// conflict and the invalid start), or its metrics would look
+	// unexported.
+	prom.waitFor(fmt.Sprintf(`sum(jetflow_http_requests_total{job="jetflow-producer"}) >= %d`, 3*created+2), "every HTTP request scraped")
+	// The client's invalid start is no engine failure: JetflowStartErrors
+	// counts outcome="error" only.
+	prom.waitFor(`sum(jetflow_starts_total{job="jetflow-worker", outcome="invalid"}) >= 1`, "the invalid start scraped")
+	require.Empty(t, prom.query(`sum(jetflow_starts_total{outcome="error"}) > 0`), "a client's invalid start counted as an error")
 	prom.waitFor(`count(jetflow_runs_running{job="jetflow-worker"}) > 0`, "the sweeper's count of running runs scraped")
 	// Backlogs are sampled at the worker's start and every 15 s; a first
 	// sample that failed (a consumer still being created) is repeated then.
@@ -223,8 +228,8 @@ func waitReady(t *testing.T, url string) {
 
 // startLoad starts runs of the example order workflow through the
 // producer's HTTP API: new runs, a duplicate of each, one payload that
-// conflicts with its key's, and waits for every created run's result. It
-// returns how many runs were created.
+// conflicts with its key's, one input of the wrong type (400), and waits
+// for every created run's result. It returns how many runs were created.
 func startLoad(t *testing.T, base string) int {
 	t.Helper()
 	const runs = 24
@@ -252,6 +257,17 @@ func startLoad(t *testing.T, base string) int {
 		expect(http.StatusCreated, key, 100+i, "a duplicate lands on the run")
 	}
 	expect(http.StatusUnprocessableEntity, "monitoring-0", 1, "another payload under a used key conflicts")
+	// A client's mistake: an input that does not decode into the
+	// workflow's (invalid_input), counted as outcome="invalid".
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/workflows/order/runs", strings.NewReader(`{"order_id":"x","amount_cents":"ten"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "monitoring-invalid")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "an input of the wrong type: %s", b)
 	for i := range runs {
 		resp, err := http.Get(fmt.Sprintf("%s/v1/runs/monitoring-%d/result?wait=30s", base, i))
 		require.NoError(t, err)
