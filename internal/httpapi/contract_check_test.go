@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -104,6 +105,7 @@ func TestContractCheckRefusesDepartures(t *testing.T) {
 		{"no such method", "PUT", "/v1/runs", "", 405, problemH("Allow", "GET, HEAD"), strings.Replace(problem, "503", "405", 1), ""},
 		{"no such method without Allow", "PUT", "/v1/runs", "", 405, problemH(), strings.Replace(problem, "503", "405", 1), "Allow"},
 		{"no such method answered 404", "PUT", "/v1/runs", "", 404, problemH(), strings.Replace(problem, "503", "404", 1), "want 405"},
+		{"no such method on a run", "PUT", "/v1/runs/r-1", "", 405, problemH("Allow", "GET, HEAD"), strings.Replace(problem, "503", "405", 1), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.reqBody))
@@ -119,6 +121,32 @@ func TestContractCheckRefusesDepartures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A 405 keeps to the document only where every operation of its path
+// documents it: the check refuses the answer against a document whose
+// GET /v1/runs/{id} does not list 405, and accepts it for another path.
+func TestContractCheckRequiresDocumented405(t *testing.T) {
+	t.Parallel()
+	const documented = `        "405": { $ref: "#/components/responses/MethodNotAllowed" }
+`
+	getRun := bytes.Index(openapiYAML, []byte("operationId: getRun\n"))
+	require.Positive(t, getRun)
+	at := bytes.Index(openapiYAML[getRun:], []byte(documented))
+	require.Positive(t, at)
+	at += getRun
+	c, err := newContract(slices.Concat(openapiYAML[:at], openapiYAML[at+len(documented):]))
+	require.NoError(t, err)
+	answer := func(path string) exchange {
+		return exchange{
+			req: httptest.NewRequest(http.MethodPut, path, nil), code: http.StatusMethodNotAllowed,
+			header: http.Header{"Content-Type": {"application/problem+json"}, "Allow": {"GET, HEAD"}},
+			body:   []byte(`{"type":"about:blank","title":"Method Not Allowed","status":405}`),
+		}
+	}
+	require.ErrorContains(t, c.check(answer("/v1/runs/r-1"), checkAll), "does not document")
+	require.NoError(t, c.check(answer("/v1/runs"), checkAll))
+	require.NoError(t, requireContract(t).check(answer("/v1/runs/r-1"), checkAll))
 }
 
 // recordingTB is a testing.TB whose Errorf is recorded, not reported.

@@ -31,9 +31,12 @@ type contract struct {
 }
 
 // loadContract loads and validates openapi.yaml once per test binary.
-var loadContract = sync.OnceValues(func() (*contract, error) {
+var loadContract = sync.OnceValues(func() (*contract, error) { return newContract(openapiYAML) })
+
+// newContract loads and validates the OpenAPI document data.
+func newContract(data []byte) (*contract, error) {
 	loader := openapi3.NewLoader()
-	doc, err := loader.LoadFromData(openapiYAML)
+	doc, err := loader.LoadFromData(data)
 	if err != nil {
 		return nil, fmt.Errorf("openapi.yaml does not load: %w", err)
 	}
@@ -49,7 +52,7 @@ var loadContract = sync.OnceValues(func() (*contract, error) {
 		return nil, fmt.Errorf("openapi.yaml: no router: %w", err)
 	}
 	return &contract{doc: doc, router: router}, nil
-})
+}
 
 // exchange is one request and the answer it got, both read in full.
 type exchange struct {
@@ -77,9 +80,9 @@ const (
 // A request an operation matches gets an answer whose status that
 // operation documents, with every required header, each documented header
 // matching its schema, and a body of a documented content type matching
-// its schema. A request no operation matches gets the NoRoute (unknown
-// path) or MethodNotAllowed (known path, other method) response of the
-// components.
+// its schema. A request no operation matches gets the NoRoute response of
+// the components (unknown path), or a 405 that every operation of its
+// path documents (known path, other method).
 func (c *contract) check(ex exchange, mode checkMode) error {
 	ctx := context.Background()
 	// Route on the escaped path, as http.ServeMux does: a key sent as
@@ -125,16 +128,33 @@ func (c *contract) checkUnmatched(ex exchange, routeErr error) error {
 	if !errors.As(routeErr, &re) {
 		return fmt.Errorf("routing: %w", routeErr)
 	}
-	want, name := http.StatusNotFound, "NoRoute"
-	if re.Reason == routers.ErrMethodNotAllowed.Error() {
-		want, name = http.StatusMethodNotAllowed, "MethodNotAllowed"
+	// kin-openapi's router tells a known path with another method
+	// (ErrMethodNotAllowed) only for paths without parameters: the path
+	// is known when an operation of another method matches it.
+	item := c.pathItem(ex.req)
+	want := http.StatusNotFound
+	if item != nil {
+		want = http.StatusMethodNotAllowed
 	}
 	if ex.code != want {
 		return fmt.Errorf("no operation matches (%s): want %d, got %d", re.Reason, want, ex.code)
 	}
-	resp := c.doc.Components.Responses[name]
+	resp := c.doc.Components.Responses["NoRoute"]
+	if item != nil {
+		// The path's answer to the other methods: every operation of the
+		// path documents it (OpenAPI has no responses per path), so that a
+		// client generated from any of them knows it.
+		resp = nil
+		for method, op := range item.Operations() {
+			r := op.Responses.Status(want)
+			if r == nil {
+				return fmt.Errorf("answered 405 to %s %s, which %s %s does not document", ex.req.Method, ex.req.URL.Path, method, ex.req.URL.Path)
+			}
+			resp = r
+		}
+	}
 	if resp == nil {
-		return fmt.Errorf("components.responses has no %s", name)
+		return fmt.Errorf("no documented response for %d", want)
 	}
 	// An operation of its own for the answer, so that kin-openapi checks
 	// it exactly as it checks an operation's.
@@ -146,6 +166,21 @@ func (c *contract) checkUnmatched(ex exchange, routeErr error) error {
 	}
 	in := &openapi3filter.RequestValidationInput{Request: ex.req, Route: route}
 	return c.checkAnswer(context.Background(), in, ex)
+}
+
+// pathItem is the document's path item for req's path, found through an
+// operation of another method; nil when none has the path.
+func (c *contract) pathItem(req *http.Request) *openapi3.PathItem {
+	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		other := req.Clone(context.Background())
+		other.Method = method
+		other.URL.Path = req.URL.EscapedPath()
+		other.URL.RawPath = ""
+		if route, _, err := c.router.FindRoute(other); err == nil {
+			return route.PathItem
+		}
+	}
+	return nil
 }
 
 // checkAnswer validates the status, headers and body of ex's answer

@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,10 +63,12 @@ func TestOpenAPIMatchesRouteTable(t *testing.T) {
 
 // Every route documents exactly the codes it can answer: none missing (the
 // tests also check every answer they get, contractClient), none it never
-// gives (no 504: a request that runs out of time is a 503).
+// gives (no 504: a request that runs out of time is a 503). Every route
+// lists 405, its path's answer to the methods it does not have
+// (TestEveryPathAnswers405).
 func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 	t.Parallel()
-	common := []int{http.StatusUnauthorized, http.StatusInternalServerError, http.StatusServiceUnavailable}
+	common := []int{http.StatusUnauthorized, http.StatusMethodNotAllowed, http.StatusInternalServerError, http.StatusServiceUnavailable}
 	want := map[string][]int{
 		"POST /v1/workflows/{name}/runs":    append([]int{201, 400, 404, 409, 413, 415, 422}, common...),
 		"GET /v1/runs":                      append([]int{200, 400}, common...),
@@ -76,8 +80,8 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"POST /v1/hooks/{token}":            append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"DELETE /v1/task-keys/{key}":        append([]int{200, 400}, common...),
 		"DELETE /v1/idempotency-keys/{key}": append([]int{200, 400}, common...),
-		"POST /v1/webhooks/{source}":        {200, 202, 400, 401, 404, 409, 413, 422, 500, 503},
-		"GET /v1/openapi.yaml":              {200},
+		"POST /v1/webhooks/{source}":        {200, 202, 400, 401, 404, 405, 409, 413, 422, 500, 503},
+		"GET /v1/openapi.yaml":              {200, 405},
 	}
 	got := documentedCodes(t)
 	require.Len(t, want, len(routes))
@@ -107,4 +111,37 @@ func TestServeOpenAPI(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.code, "public: no token needed")
 	require.Equal(t, "application/yaml", res.header.Get("Content-Type"))
 	require.Equal(t, openapiYAML, res.body)
+}
+
+// Every path of the route table answers a method it does not have with
+// 405, Allow naming exactly the methods its routes have (HEAD with GET),
+// before authentication; the answer keeps to the document, where every
+// operation of the path lists that 405 (contract.check).
+func TestEveryPathAnswers405(t *testing.T) {
+	t.Parallel()
+	s, err := New(Config{Backend: &fakeBackend{}, Tokens: []string{"secret-token"}})
+	require.NoError(t, err)
+	methods := map[string][]string{}
+	for _, rt := range routes {
+		methods[rt.path] = append(methods[rt.path], rt.method)
+		if rt.method == http.MethodGet {
+			methods[rt.path] = append(methods[rt.path], http.MethodHead)
+		}
+	}
+	segment := regexp.MustCompile(`\{[a-z]+\}`)
+	for path, allowed := range methods {
+		for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+			if slices.Contains(allowed, method) {
+				continue
+			}
+			concrete := segment.ReplaceAllString(path, "x-1")
+			t.Run(method+" "+path, func(t *testing.T) {
+				t.Parallel()
+				rec := serveChecked(t, s, httptest.NewRequest(method, concrete, nil), checkAll)
+				require.Equal(t, http.StatusMethodNotAllowed, rec.Code, rec.Body.String())
+				got := strings.Split(rec.Header().Get("Allow"), ", ")
+				require.ElementsMatch(t, allowed, got, "Allow")
+			})
+		}
+	}
 }
