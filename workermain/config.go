@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	conf "github.com/jetflow/jetflow/internal/config"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
@@ -124,12 +125,7 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if c.LogFormat == "" {
-		c.LogFormat = "json"
-		if stderrIsTerminal {
-			c.LogFormat = "console"
-		}
-	}
+	c.LogFormat = logging.ChooseFormat(c.LogFormat, stderrIsTerminal)
 	lvl, err := zerolog.ParseLevel(logLevel)
 	if err != nil || logLevel == "" {
 		return config{}, fmt.Errorf("invalid value %q for %s: want trace, debug, info, warn or error", logLevel, origins.Flag("log-level"))

@@ -53,6 +53,31 @@ func TestParseConfigDefaults(t *testing.T) {
 	require.Equal(t, "console", c.LogFormat, "console on a terminal")
 }
 
+// --log-format, JETFLOW_LOG_FORMAT or the file's log-format force the
+// format, on a terminal or not.
+func TestParseConfigLogFormatOverride(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		vars     map[string]string
+		terminal bool
+		want     string
+	}{
+		{"flag json on a terminal", []string{"--log-format", "json"}, nil, true, "json"},
+		{"env json on a terminal", nil, map[string]string{"JETFLOW_LOG_FORMAT": "json"}, true, "json"},
+		{"file json on a terminal", []string{"--config", writeConfig(t, "log-format: json\n")}, nil, true, "json"},
+		{"flag console off a terminal", []string{"--log-format", "console"}, nil, false, "console"},
+		{"flag over env", []string{"--log-format", "console"}, map[string]string{"JETFLOW_LOG_FORMAT": "json"}, false, "console"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConfig(tc.args, env(tc.vars), tc.terminal, io.Discard, io.Discard)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.LogFormat)
+		})
+	}
+}
+
 func TestParseConfigEnvFallback(t *testing.T) {
 	t.Parallel()
 	ca := testenv.GenerateCerts(t).CAFile

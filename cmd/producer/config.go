@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	conf "github.com/jetflow/jetflow/internal/config"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/opshttp"
 )
@@ -263,12 +264,7 @@ func (c *cli) settings(o conf.Origins, tokens, logLevel string, stderrIsTerminal
 	case c.serve.requestTimeout <= 0:
 		return fmt.Errorf("invalid value %s for %s: must be positive", c.serve.requestTimeout, o.Flag("request-timeout"))
 	}
-	if c.serve.logFormat == "" {
-		c.serve.logFormat = "json"
-		if stderrIsTerminal {
-			c.serve.logFormat = "console"
-		}
-	}
+	c.serve.logFormat = logging.ChooseFormat(c.serve.logFormat, stderrIsTerminal)
 	if c.serve.logFormat != "json" && c.serve.logFormat != "console" {
 		return fmt.Errorf("invalid value %q for %s: want json or console", c.serve.logFormat, o.Flag("log-format"))
 	}

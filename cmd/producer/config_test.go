@@ -170,6 +170,32 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// serve logs in console format on a terminal and JSON lines otherwise,
+// unless --log-format or JETFLOW_LOG_FORMAT says which.
+func TestServeLogFormat(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		vars     map[string]string
+		terminal bool
+		want     string
+	}{
+		{"pipe", nil, nil, false, "json"},
+		{"terminal", nil, nil, true, "console"},
+		{"flag json on a terminal", []string{"--log-format", "json"}, nil, true, "json"},
+		{"env json on a terminal", nil, map[string]string{"JETFLOW_LOG_FORMAT": "json"}, true, "json"},
+		{"flag console off a terminal", []string{"--log-format", "console"}, nil, false, "console"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := parseArgs(append([]string{"serve"}, tc.args...), func(k string) string { return tc.vars[k] }, tc.terminal, &bytes.Buffer{})
+			require.NoError(t, err)
+			require.Equal(t, tc.want, c.serve.logFormat)
+		})
+	}
+}
+
 func TestSplitArgs(t *testing.T) {
 	t.Parallel()
 	c, err := parseArgs([]string{"--output=json", "start", "--id", "evt_1", "greet", "--print-config=false", "--", "-1"},

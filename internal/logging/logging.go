@@ -36,10 +36,22 @@ func IsTerminal(w io.Writer) bool {
 
 // DefaultFormat is Console when w is a terminal, JSON otherwise.
 func DefaultFormat(w io.Writer) string {
-	if IsTerminal(w) {
+	return ChooseFormat("", IsTerminal(w))
+}
+
+// ChooseFormat is the format of a command's log: the one the command was
+// told (--log-format or its JETFLOW_LOG_FORMAT, json or console; checked
+// by the caller) whatever the output is, else Console for a person at a
+// terminal and JSON for anything else (a pipe, a file, a log collector).
+func ChooseFormat(told string, terminal bool) string {
+	switch {
+	case told != "":
+		return told
+	case terminal:
 		return Console
+	default:
+		return JSON
 	}
-	return JSON
 }
 
 // New returns a logger writing to w at level: JSON lines with a timestamp,

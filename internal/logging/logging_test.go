@@ -6,7 +6,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -101,5 +103,89 @@ func TestNoBareDurations(t *testing.T) {
 	}
 	for _, pos := range found {
 		t.Errorf("%s: zerolog Dur logs a bare number; use Str(key, logging.Duration(d))", pos)
+	}
+}
+
+// A command logs in the format it was told, whatever its output; told
+// nothing, console for a person at a terminal and JSON lines otherwise.
+func TestChooseFormat(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		told     string
+		terminal bool
+		want     string
+	}{
+		{"", false, logging.JSON},
+		{"", true, logging.Console},
+		{logging.JSON, true, logging.JSON},
+		{logging.Console, false, logging.Console},
+		{logging.JSON, false, logging.JSON},
+		{logging.Console, true, logging.Console},
+	} {
+		if got := logging.ChooseFormat(c.told, c.terminal); got != c.want {
+			t.Errorf("ChooseFormat(%q, terminal %v) = %q, want %q", c.told, c.terminal, got, c.want)
+		}
+	}
+}
+
+// IsTerminal tells a terminal (a pseudo-terminal here) from what a
+// deployed command writes to: a pipe, a file, a buffer.
+func TestIsTerminal(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	for name, out := range map[string]io.Writer{
+		"pipe": w, "file": file, "buffer": &bytes.Buffer{},
+	} {
+		if logging.IsTerminal(out) {
+			t.Errorf("%s: IsTerminal = true", name)
+		}
+		if got := logging.DefaultFormat(out); got != logging.JSON {
+			t.Errorf("%s: DefaultFormat = %q, want json", name, got)
+		}
+	}
+
+	// A pseudo-terminal's master side is a terminal device, as the
+	// terminal a person runs a command in is its slave side.
+	pty, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminal to test the terminal case: %v", err)
+	}
+	defer pty.Close()
+	if !logging.IsTerminal(pty) {
+		t.Error("/dev/ptmx: IsTerminal = false")
+	}
+	if got := logging.DefaultFormat(pty); got != logging.Console {
+		t.Errorf("/dev/ptmx: DefaultFormat = %q, want console", got)
+	}
+}
+
+// The console format is a line for people, not JSON; the JSON format a
+// JSON object per line.
+func TestNewFormats(t *testing.T) {
+	t.Parallel()
+	var js, console bytes.Buffer
+	for w, format := range map[*bytes.Buffer]string{&js: logging.JSON, &console: logging.Console} {
+		log := logging.New(w, format, zerolog.InfoLevel)
+		log.Info().Str("run_id", "r-1").Msg("worker started")
+	}
+	var line map[string]any
+	if err := json.Unmarshal(js.Bytes(), &line); err != nil || line["message"] != "worker started" {
+		t.Errorf("json: %q (%v)", js.String(), err)
+	}
+	if json.Valid(console.Bytes()) || !strings.Contains(console.String(), "worker started") || !strings.Contains(console.String(), "run_id=r-1") {
+		t.Errorf("console: %q", console.String())
+	}
+	if strings.Contains(console.String(), "\x1b[") {
+		t.Errorf("console to a buffer has colours: %q", console.String())
 	}
 }
