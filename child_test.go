@@ -31,7 +31,7 @@ import (
 const (
 	childEnv       = "JETFLOW_TEST_CHILD"
 	childURLEnv    = "JETFLOW_TEST_NATS_URL"
-	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow", "after-first-branch" or "after-child-start"
+	childCrashEnv  = "JETFLOW_TEST_CRASH" // "after-commit", "mid-step", "slow", "after-first-branch", "after-child-start", "after-create" or "before-index"
 	childEffectEnv = "JETFLOW_TEST_EFFECTS_URL"
 	childAckEnv    = "JETFLOW_TEST_ACK_WAIT" // the child's AckWait when not childAckWait
 	crashStep      = "b"
@@ -100,6 +100,13 @@ func runChildWorker() int {
 	case "after-commit":
 		hooks.AfterCommit = func(stepID string, _ bool) {
 			if stepID == "crash-1."+crashStep+".0" {
+				killSelf()
+			}
+		}
+	case "after-create":
+		// Dies once it created the record of a run it admits.
+		hooks.AfterCreate = func(runID string) {
+			if runID == "crash-1" {
 				killSelf()
 			}
 		}

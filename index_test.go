@@ -1,6 +1,7 @@
 package jetflow
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -173,4 +174,35 @@ func TestRunIndexRepairsStaleEntries(t *testing.T) {
 	counts, err = c.CountRuns(ctx, "repaired")
 	require.NoError(t, err)
 	require.Equal(t, RunCounts{Completed: 1}, counts, "the listings repaired the index")
+}
+
+// A worker that admits a start (ClientConfig.StartByRequest) and is killed
+// once the run's record is written: the run is listed as running at once.
+// Its entry used to follow the record, so such a run was missing from
+// every listing until a sweeper or a reader repaired the index
+// (RepairGrace, 30 s), while GetRun found it.
+func TestRunListedWhenItsAdmitterDiesAfterTheRecord(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	_, effectsURL := newEffectServer(t)
+	child := startChild(t, env, "after-create", effectsURL)
+	require.NoError(t, waitReady(child, 30*time.Second))
+	ctx := ctxT(t, 30*time.Second)
+	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 2*childAckWait)
+	defer cancel()
+	_, err = pc.StartByName(sctx, "crashy", json.RawMessage(`0`), WithRunID("crash-1"))
+	require.Error(t, err, "the admitting worker died before it answered")
+	waitKilled(t, child, 30*time.Second)
+
+	run, err := pc.GetRun(ctx, "crash-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, run.Status)
+	running, err := pc.ListRuns(ctx, ListOptions{Status: StatusRunning})
+	require.NoError(t, err)
+	require.Equal(t, []string{"crash-1"}, runIDs(running.Runs), "a run with a record is listed")
+	counts, err := pc.CountRuns(ctx, "crashy")
+	require.NoError(t, err)
+	require.Equal(t, RunCounts{Running: 1}, counts)
 }

@@ -198,6 +198,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if rebuilt, err := runs.New(assets).EnsureIndex(ctx); err != nil {
 		return err
 	} else if rebuilt {
+	assets.AfterCreate = w.cfg.hooks.AfterCreate
 		w.log.Info().Msg("run index built from the run records")
 	}
 	sweeper, err := w.newSweeper(assets)

@@ -216,6 +216,9 @@ type Assets struct {
 	// its status and before the index entry's: a crash point for tests (a
 	// process killed between the two).
 	BeforeIndex func(runID string)
+	// AfterCreate, when set, runs after a run record's create-if-absent
+	// write succeeded and before anything else: a crash point for tests.
+	AfterCreate func(runID string)
 }
 
 // Mode says whether Provision may change existing resources.

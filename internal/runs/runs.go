@@ -61,14 +61,14 @@ type Store struct {
 	// IndexFailed is told of a run index write that failed after its
 	// record was written (default: a warning on zerolog's global logger).
 	IndexFailed func(runID string, err error)
-	// beforeIndex is Assets.BeforeIndex.
-	beforeIndex func(runID string)
+	// beforeIndex is Assets.BeforeIndex, afterCreate Assets.AfterCreate.
+	beforeIndex, afterCreate func(runID string)
 }
 
 // New returns the store over provisioned assets.
 func New(assets *jetstream.Assets) *Store {
 	s := &Store{runs: assets.Runs, audit: assets.Audit, steps: assets.Steps, retention: assets.Topology.Retention, now: time.Now,
-		index: runindex.New(assets), IndexFailed: assets.IndexFailed, beforeIndex: assets.BeforeIndex}
+		index: runindex.New(assets), IndexFailed: assets.IndexFailed, beforeIndex: assets.BeforeIndex, afterCreate: assets.AfterCreate}
 	if s.IndexFailed == nil {
 		s.IndexFailed = logIndexFailure
 	}
@@ -132,41 +132,84 @@ func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, e
 // record or a marker is there. It is not retry-safe by itself: after a lost
 // answer a retry finds its own write, which the caller tells by the
 // record's token.
+//
+// The run's index entry is written before the record (indexFirst), so
+// that a process that dies between the two leaves an entry a reader
+// passes over until its record is there (see Repair), never a running
+// run that no listing shows: the record, once written, is listed.
 func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
+	entered, ierr := s.indexFirst(ctx, run)
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
-	if err == nil {
-		if err := s.indexNew(ctx, run); err != nil {
-			s.IndexFailed(run.RunID, err)
-		}
+	if err == nil && s.afterCreate != nil {
+		s.afterCreate(run.RunID)
+	}
+	switch {
+	case err == nil && ierr == nil:
+		ierr = s.indexAttributes(ctx, run)
+	case err == nil:
+		ierr = s.indexLate(ctx, run, ierr)
+	case ierr == nil && errors.Is(err, jetstream.ErrExists):
+		ierr = s.dropUnlessMatching(ctx, run, entered)
+	case errors.Is(ierr, runindex.ErrEntryExists):
+		ierr = nil // the run ID's run has its entry; this start created nothing
+	}
+	if ierr != nil {
+		s.IndexFailed(run.RunID, ierr)
 	}
 	return rev, err
 }
 
-// indexNew writes the entry of run, just created, with one request when
-// the index holds no entry of its run ID (the usual case). When it holds
-// one — the worker that ran the run to its end came first, or an earlier
-// run's entry outlived its record — the entry is written as any other and
-// dropped again if the record has moved on (dropIfOvertaken). A run with
-// attributes then has its attribute entries written, and the record read
-// once more: a worker that ended the run meanwhile may have written its
-// terminal attribute entries before these running ones (dropIfOvertaken).
-// A run without attributes costs the one request.
-func (s *Store) indexNew(ctx context.Context, run state.Run) error {
-	_, err := s.index.PutNew(ctx, run, s.ttl(run))
-	if err == nil {
-		if len(run.Attributes) == 0 {
-			return nil
-		}
-		seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
-		if err != nil {
-			return err
-		}
-		return s.dropIfOvertaken(ctx, run, 0, seqs)
+// indexFirst writes the entry of run, about to be created, when the index
+// holds no entry of its run ID (the usual case: one request), and reports
+// whether it wrote one. An entry of the run ID there (a duplicate start's
+// run, or an earlier run's entry that outlived its record) is an error
+// matching runindex.ErrEntryExists, handled once the record's write has
+// said which case it is (indexLate).
+func (s *Store) indexFirst(ctx context.Context, run state.Run) (uint64, error) {
+	return s.index.PutNew(ctx, run, s.ttl(run))
+}
+
+// indexAttributes writes the attribute entries of run, just created with
+// its entry: nothing for a run without attributes. A worker may have
+// ended the run meanwhile and written its terminal attribute entries
+// before these running ones (dropIfOvertaken).
+func (s *Store) indexAttributes(ctx context.Context, run state.Run) error {
+	if len(run.Attributes) == 0 {
+		return nil
 	}
+	seqs, err := s.index.PutAttributes(ctx, run, s.ttl(run))
+	if err != nil {
+		return err
+	}
+	return s.dropIfOvertaken(ctx, run, 0, seqs)
+}
+
+// dropUnlessMatching removes the entry of run written at sequence seq by
+// a Create that then found its run ID taken (another start's record, or
+// an expired run's marker), unless the record there is one the entry
+// stands for (same status, workflow and generation).
+func (s *Store) dropUnlessMatching(ctx context.Context, run state.Run, seq uint64) error {
+	stored, _, err := s.Get(ctx, run.RunID)
+	if err == nil && runindex.EntryOf(run).Matches(stored) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	e := runindex.EntryOf(run)
+	e.Seq = seq
+	return s.index.RemoveEntry(ctx, e)
+}
+
+// indexLate writes the entries of run, just created, whose entry the
+// first write did not make (err: an entry of the run ID was there, or the
+// write failed): the entry is written as any other, then dropped again
+// if the record has moved on meanwhile (dropIfOvertaken).
+func (s *Store) indexLate(ctx context.Context, run state.Run, err error) error {
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
 	}
@@ -306,7 +349,9 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64, 
 // for run, the record of its run ID (nil run: there is no record):
 //
 //   - no record: e alone is removed (an entry written after e, for a new
-//     run under the same ID, stays);
+//     run under the same ID, stays); a running entry only once
+//     RepairGrace has passed since it was written, as a run's entry is
+//     written just before its record (Create);
 //   - the run's own entry is there: e alone is removed;
 //   - it is not, and the record was written over RepairGrace ago (its
 //     writer died between the record and the entry): the run's entry is
@@ -322,6 +367,9 @@ func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64, 
 // entry is stale by status alone: once RepairGrace has passed the run's
 // attribute entries are written from the record, then e removed.
 func (s *Store) Repair(ctx context.Context, e runindex.Entry, run *state.Run) error {
+	if run == nil && e.AttrName == "" && e.Status == state.StatusRunning && s.now().Sub(e.UpdatedAt) < RepairGrace {
+		return nil // the entry of a run being created: its record comes next (Create)
+	}
 	if e.AttrName != "" && run != nil && e.StandsFor(*run) {
 		if s.now().Sub(run.UpdatedAt) < RepairGrace {
 			return nil

@@ -463,15 +463,27 @@ func TestLateRunningEntryIsDropped(t *testing.T) {
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed, byOrder), "the worker's attribute entry stays")
 
-	// The admission's own write (indexNew) of a run already ended writes
-	// no running entry at all: the failed entry is there.
-	_, err = s.Index().PutNew(ctx(t), run, jetstream.TTLNever)
-	require.ErrorIs(t, err, runindex.ErrEntryExists)
-	require.NoError(t, s.indexNew(ctx(t), run))
+	// A start of a run already ended writes no running entry: the failed
+	// entry is there, so its first write refuses.
+	_, err = s.Create(ctx(t), run)
+	require.ErrorIs(t, err, jetstream.ErrExists)
 	require.Empty(t, indexed(t, s, state.StatusRunning))
 	require.Empty(t, indexed(t, s, state.StatusRunning, byOrder))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed))
 	require.Equal(t, []string{"late-1"}, indexed(t, s, state.StatusFailed, byOrder))
+
+	// Nor does one whose run ID holds an ended record without an entry:
+	// the running entry written before the record is removed once the
+	// record's create finds the ID taken.
+	ended := running("ended-1", "a")
+	ended.Status = state.StatusCompleted
+	b, err = state.Encode(ended)
+	require.NoError(t, err)
+	_, err = a.Runs.CreateTTL(ctx(t), ended.RunID, b, time.Hour)
+	require.NoError(t, err)
+	_, err = s.Create(ctx(t), running("ended-1", "a"))
+	require.ErrorIs(t, err, jetstream.ErrExists)
+	require.Empty(t, indexed(t, s, state.StatusRunning))
 
 	// A running entry that is the record's own stays.
 	live := running("live-1", "b")

@@ -62,6 +62,9 @@ type Hooks struct {
 	// status and before its index entry is written
 	// (jetstream.Assets.BeforeIndex).
 	BeforeIndex func(runID string)
+	// AfterCreate runs after a run record was created, before anything
+	// else (jetstream.Assets.AfterCreate).
+	AfterCreate func(runID string)
 	// AfterFinish runs once a holder has written its run's end (and told
 	// its parent), before it acknowledges the run's task.
 	AfterFinish func(runID string)
