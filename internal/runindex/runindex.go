@@ -4,8 +4,9 @@
 // that does not grow with the number of runs kept.
 //
 // The index is derived data. The run record (internal/runs) is the truth;
-// runs.Store writes a run's entry after each write that changes the run's
-// status, and readers check every entry they list against its record:
+// runs.Store writes a new run's entry just before its record, and a run's
+// entry after each later write that changes its status; readers check
+// every entry they list against its record:
 //
 //   - An entry is a message on a subject naming the run's status, workflow
 //     and run ID (subject.go); a run has one, but for a moment after a
@@ -100,12 +101,12 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 	return seq, x.RemoveState(ctx, run.Status, run.Workflow, run.RunID, seq)
 }
 
-// PutNew writes the entry of run, which was just created, with ttl only if the
-// index holds no entry of its run ID at all (whatever status and
-// workflow), and returns its sequence. It is the admitting process's
-// write: it comes after the record, and a worker may have run the run to
-// its end in between and written the terminal entry first, which a late
-// running entry must not join. When an entry is there it writes nothing
+// PutNew writes the entry of run, which is about to be created, with ttl
+// only if the index holds no entry of its run ID at all (whatever status
+// and workflow), and returns its sequence. It is the creating process's
+// write, just before the record's: an entry already there (a duplicate
+// start's run, or a run another process created and may have ended) must
+// not be joined by a running one. When an entry is there it writes nothing
 // and returns an error matching ErrEntryExists: the caller finds out from
 // the record which case it is (an earlier run's entry that outlived its
 // record is the other).

@@ -19,8 +19,10 @@
 // first.
 //
 // Every write that changes a run's status (or starts a new generation)
-// also writes the run's entry in the run index (internal/runindex) after
-// the record; the index is derived data, so a failure to write it is
+// also writes the run's entry in the run index (internal/runindex): after
+// the record, but for a new run's, which comes just before it (so that a
+// crash between the two never hides a run that has a record); the index
+// is derived data, so a failure to write it is
 // reported (Store.IndexFailed) but does not fail the record's write, and
 // readers of the index repair what such a failure left.
 package runs
@@ -312,10 +314,10 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 }
 
 // dropIfOvertaken removes the running entry just written for run at
-// sequence seq when the run's record has moved on meanwhile. The process
-// that admits a run writes its running entry after the record, and a
-// worker may run the run to its end in between (its start task is
-// stored before the record): that worker's terminal entry then comes
+// sequence seq when the run's record has moved on meanwhile. An entry
+// written after the record (indexLate, or the attribute entries) may
+// follow a worker that ran the run to its end in between (its start task
+// is stored before the record): that worker's terminal entry then comes
 // first, and removes no running entry, so the late one would stay, with
 // no expiry, a run counted as running for ever. A terminal entry needs no
 // check: a later write of the run supersedes it by its own removal. So
