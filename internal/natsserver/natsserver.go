@@ -191,4 +191,3 @@ func (e *Server) Restart() error {
 	e.Shutdown()
 	return e.start()
 }
-
