@@ -82,9 +82,11 @@ type ClientConfig struct {
 	//
 	// Start keeps its contract (idempotent on the run ID, the same Handle
 	// and outcomes); what differs: a workflow no worker serves is an error
-	// at once (in-process, the start would wait for a worker):
-	// ErrUnknownWorkflow when no worker ever served it, a *NoWorkerError
-	// (ErrUnavailable) when none runs now; RequestTimeout bounds a start whose ctx has no deadline; a
+	// at once (in-process, the start would wait for a worker): a
+	// *NoWorkerError (ErrUnavailable) when none runs now and one may
+	// (the workflow is known, or no worker of the deployment runs at
+	// all), ErrUnknownWorkflow when workers run and none ever served it;
+	// RequestTimeout bounds a start whose ctx has no deadline; a
 	// conflict or a rejection matches ErrIdempotencyConflict or
 	// ErrDuplicateRejected with errors.Is but is not a *ConflictError or
 	// *RejectedError; and a run that expired while it was being started is
@@ -468,12 +470,14 @@ type StartResult struct {
 
 // StartByName starts a run of the workflow called name with JSON input, by
 // asking a worker that serves it, so that an unknown workflow name
-// (ErrUnknownWorkflow: no worker of this deployment has ever served it), an
-// input the workflow cannot decode (ErrInvalidInput) or an invalid run ID
-// (ErrInvalidRunID) is reported before anything is stored. A known
-// workflow that no worker serves now is a *NoWorkerError, which matches
-// ErrUnavailable: retry later with the same run ID. As for Start, it needs
-// WithRunID or WithGeneratedRunID. Repeat calls behave as Start's.
+// (ErrUnknownWorkflow: workers of this deployment run and none has ever
+// served it), an input the workflow cannot decode (ErrInvalidInput) or an
+// invalid run ID (ErrInvalidRunID) is reported before anything is stored.
+// A known workflow that no worker serves now, and any workflow while no
+// worker of the deployment runs (none has reported yet, or all are down),
+// is a *NoWorkerError, which matches ErrUnavailable: retry later with the
+// same run ID. As for Start, it needs WithRunID or WithGeneratedRunID.
+// Repeat calls behave as Start's.
 func (c *Client) StartByName(ctx context.Context, name string, input json.RawMessage, opts ...StartOption) (_ StartResult, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateName(name); err != nil {
@@ -552,20 +556,39 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 
 // unanswered is the error of a start of workflow name that no worker
 // answered ("no responders"), told apart by the deployment's record of
-// the workflows it has served (internal/roster): ErrUnknownWorkflow for a
-// name no worker ever served, a *NoWorkerError (ErrNoWorker and
-// ErrUnavailable) for a known workflow whose workers are all gone now. A
-// record that cannot be read is ErrUnavailable, never "unknown".
+// the workflows it has served and of the workers that run now
+// (internal/roster), read in one request: a *NoWorkerError (ErrNoWorker
+// and ErrUnavailable: retry later) for a known workflow whose workers are
+// all gone now, and for any name while no worker of the deployment runs
+// (none has reported yet, as in a fresh deployment whose workers start
+// after the producer, or all are down): then a name no worker served yet
+// may be one whose workers are still to come. ErrUnknownWorkflow only for
+// a name no worker ever served while workers of the deployment run. A
+// record that cannot be read is ErrUnavailable, never "unknown"; so is
+// one the connection's user may not read (deploy/nats/accounts.conf
+// before the liveness read), reported at once rather than at the end of
+// ctx.
 func (c *Client) unanswered(ctx context.Context, name string) error {
-	known, found, err := roster.Lookup(ctx, c.assets.Workflows, name)
+	rctx, stop := c.denials.watch(ctx, c.nc, rosterRead)
+	st, err := roster.Read(rctx, c.assets.Workflows, name)
+	stop()
+	if cause := context.Cause(rctx); err != nil && errors.Is(cause, ErrPermissionDenied) {
+		err = fmt.Errorf("%v (it needs %s; the known record alone tells nothing while no worker runs)", cause, rosterRead)
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("%w: no worker answered for workflow %q, and whether it is known could not be read: %w", ErrUnavailable, name, err)
-	case !found:
-		return fmt.Errorf("%w: no worker serves %q, and none ever has", ErrUnknownWorkflow, name)
+	case st.Found:
+		return &NoWorkerError{Workflow: name, FirstServed: st.Known.FirstServed, FirstWorker: st.Known.FirstWorker}
+	case st.Live == 0:
+		return &NoWorkerError{Workflow: name}
 	}
-	return &NoWorkerError{Workflow: name, FirstServed: known.FirstServed, FirstWorker: known.FirstWorker}
+	return fmt.Errorf("%w: no worker serves %q, and none ever has", ErrUnknownWorkflow, name)
 }
+
+// rosterRead is the subject of the roster's batch read (roster.Read): a
+// direct get on the workflows bucket's stream, without a subject.
+const rosterRead = "$JS.API.DIRECT.GET.KV_" + jetstream.WorkflowsBucket
 
 // replyCodes maps the error codes of a start reply to the sentinels they
 // stand for.

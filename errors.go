@@ -40,14 +40,20 @@ var (
 	// (RequireRunID). Nothing was stored.
 	ErrRunIDRequired = startproto.ErrRunIDRequired
 	// ErrUnknownWorkflow: no worker of this deployment has ever served a
-	// workflow of that name (a misspelt name, or one not deployed yet).
-	// Retrying does not help until a worker serving it starts. Compare
+	// workflow of that name while workers of the deployment are running (a
+	// misspelt name, or one whose workers are not deployed). Retrying does
+	// not help until a worker serving it starts. While no worker of the
+	// deployment runs at all (none has reported yet, or all are down), a
+	// name no worker served yet is ErrNoWorker instead: nothing tells it
+	// from a workflow whose workers are still starting. Compare
 	// ErrNoWorker.
 	ErrUnknownWorkflow = errors.New("jetflow: unknown workflow")
-	// ErrNoWorker: the workflow is known (a worker served it once) but no
-	// worker serves it now: all its workers are down or restarting. It is
-	// matched by every *NoWorkerError, which also matches ErrUnavailable:
-	// retry later, with the same run ID.
+	// ErrNoWorker: no worker serves the workflow now, and it may yet: the
+	// workflow is known (a worker served it once) and all its workers are
+	// down or restarting, or no worker of the deployment runs at all (a
+	// fresh deployment whose workers have not reported yet, or all of them
+	// down). It is matched by every *NoWorkerError, which also matches
+	// ErrUnavailable: retry later, with the same run ID.
 	ErrNoWorker = errors.New("jetflow: no worker running")
 	// ErrDuplicateWorkflow: a registry already has a workflow of that name.
 	ErrDuplicateWorkflow = errors.New("jetflow: workflow registered twice")
@@ -145,10 +151,13 @@ func (e *ConflictError) Error() string {
 // Is makes errors.Is(err, ErrIdempotencyConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }
 
-// NoWorkerError is a start of a known workflow that no worker answered: a
-// worker served the workflow once (FirstWorker, at FirstServed), none
-// serves it now. It matches ErrNoWorker and ErrUnavailable: retry later,
-// with the same run ID. Nothing was stored.
+// NoWorkerError is a start that no worker answered and that may be
+// answered later: a worker served the workflow once (FirstWorker, at
+// FirstServed) and none serves it now, or no worker of the deployment
+// runs at all and none has served the workflow yet (FirstWorker empty,
+// FirstServed zero: a fresh deployment whose workers have not reported
+// yet, or all of them down). It matches ErrNoWorker and ErrUnavailable:
+// retry later, with the same run ID. Nothing was stored.
 type NoWorkerError struct {
 	Workflow    string
 	FirstWorker string
@@ -156,6 +165,10 @@ type NoWorkerError struct {
 }
 
 func (e *NoWorkerError) Error() string {
+	if e.FirstWorker == "" && e.FirstServed.IsZero() {
+		return fmt.Sprintf("jetflow: no worker is running for workflow %q: no worker of this deployment has reported yet (or all are down): retry later",
+			e.Workflow)
+	}
 	return fmt.Sprintf("jetflow: no worker is running for workflow %q (known since %s, first served by %s): retry later",
 		e.Workflow, e.FirstServed.UTC().Format(time.RFC3339), e.FirstWorker)
 }

@@ -83,7 +83,9 @@ type WorkerConfig struct {
 	// also records each of its workflows as known to the deployment, for
 	// good: a start that no worker answers is then ErrUnavailable (no
 	// worker running) for a known workflow, ErrUnknownWorkflow for a name
-	// no worker ever served.
+	// no worker ever served while some worker is live (with none live, any
+	// name is ErrUnavailable: the deployment's workers may not have
+	// reported yet).
 	LivenessTTL time.Duration
 
 	// hooks inject faults in tests.

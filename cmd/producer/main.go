@@ -95,17 +95,18 @@
 //	0  success (start: the run was created or already existed)
 //	1  usage or other error; cancel, send, resume: the run had already ended
 //	2  wait, watch: the run failed or was cancelled
-//	3  not found: no run has that ID, or (start) no worker of the
-//	   deployment has ever served a workflow of that name, or (resume) no
+//	3  not found: no run has that ID, or (start) workers of the deployment
+//	   run and none has ever served a workflow of that name, or (resume) no
 //	   run waits on the hook token
 //	4  conflict: the run ID names a run with another input or workflow, or the
 //	   conflict policy rejected the duplicate; send, resume: the event ID was
 //	   delivered with another payload, or the hook's wait has ended
 //	5  unavailable: NATS cannot serve the command now (unreachable,
 //	   reconnecting, JetStream unavailable, no answer in time), or (start)
-//	   no worker is running for a known workflow (or, send and resume, none
-//	   answered); retry later, start with the same run ID, send with the
-//	   same event ID (jetflow.ErrUnavailable)
+//	   no worker is running for a known workflow, or none of the
+//	   deployment runs at all (none has reported yet) (or, send and resume,
+//	   none answered); retry later, start with the same run ID, send with
+//	   the same event ID (jetflow.ErrUnavailable)
 package main
 
 import (
@@ -222,13 +223,13 @@ Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
   1  usage or other error; cancel, send, resume: the run had already ended
   2  wait, watch: the run failed or was cancelled
-  3  not found: no run has that ID, no worker ever served that workflow, or no run
-     waits on the hook token
+  3  not found: no run has that ID, no worker ever served that workflow (while workers
+     of the deployment run), or no run waits on the hook token
   4  conflict: the run ID has another input or workflow, or the policy rejected the
      duplicate; the event ID was delivered with another payload, or the hook's wait ended
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
-     time), or no worker is running for a known workflow; retry later, start with the
-     same run ID, send with the same event ID
+     time), or no worker is running for a known workflow, or none has reported yet;
+     retry later, start with the same run ID, send with the same event ID
 `
 
 func main() {

@@ -79,11 +79,13 @@ var errorStatuses = []struct {
 	{jetflow.ErrIdempotencyConflict, http.StatusUnprocessableEntity},
 	{jetflow.ErrDuplicateRejected, http.StatusConflict},
 	{jetflow.ErrRunIDRequired, http.StatusBadRequest},
-	// No worker of the deployment has ever served a workflow of that
-	// name: a client error, 404. A known workflow whose workers are all
-	// down or restarting (a rollout) is ErrNoWorker, which matches
-	// ErrUnavailable below: 503 with Retry-After, so that the client
-	// retries instead of dropping the start.
+	// Workers of the deployment run and none has ever served a workflow
+	// of that name: a client error, 404. A known workflow whose workers
+	// are all down or restarting (a rollout), and any workflow while no
+	// worker of the deployment runs (a fresh deployment whose workers
+	// start after the API), is ErrNoWorker, which matches ErrUnavailable
+	// below: 503 with Retry-After, so that the client retries instead of
+	// dropping the start.
 	{jetflow.ErrUnknownWorkflow, http.StatusNotFound},
 	{jetflow.ErrRunNotFound, http.StatusNotFound},
 	// Events (POST /v1/runs/{id}/events/{name}, /v1/hooks/{token}). A

@@ -215,6 +215,8 @@ var statuses = []struct {
 	code int
 }{
 	{jetflow.ErrRunNotFound, http.StatusNotFound},
+	// Only while workers run (no worker running at all is ErrNoWorker,
+	// which matches ErrUnavailable: 503).
 	{jetflow.ErrUnknownWorkflow, http.StatusNotFound},
 	{jetflow.ErrDuplicateRejected, http.StatusConflict},
 	{jetflow.ErrIdempotencyConflict, http.StatusUnprocessableEntity},

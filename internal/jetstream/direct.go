@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -216,15 +217,25 @@ func (k *KV) PrefixFenced(ctx context.Context, prefix, fenceKey string, minRev u
 	}
 }
 
+// ErrTooManyKeys: a batch read (Last) matched more keys than the server
+// answers at once (1,024), and it answered none of them.
+var ErrTooManyKeys = errors.New("jetflow: more keys than one read returns")
+
 // Last reads the latest value of each of keys in one direct get, in
 // revision order; a key without one (never written, or deleted) is left
-// out.
+// out. A key may be a filter with wildcards ("live.>"): every key it
+// matches is read. When the keys match more than the server answers at
+// once (1,024, markers included), nothing is returned and the error
+// matches ErrTooManyKeys.
 func (k *KV) Last(ctx context.Context, keys ...string) ([]Entry, error) {
 	subjects := make([]string, len(keys))
 	for i, key := range keys {
 		subjects[i] = k.prefix + key
 	}
-	msgs, _, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: subjects})
+	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: subjects})
+	if err == nil && status == "413" {
+		err = ErrTooManyKeys
+	}
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), strings.Join(keys, ","), err)
 	}

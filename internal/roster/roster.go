@@ -15,7 +15,13 @@
 //     (Nats-TTL), so that it expires on its own once the worker is gone,
 //     however it went; Stop withdraws it at once (Live).
 //
-// Producers only read known.<workflow> (Lookup).
+// Producers only read: after a start nobody answered, the workflow's known
+// record and whether any worker of the deployment is live now, in one
+// request (Read). A name no worker ever served is "unknown" only while
+// some worker is live: with none (a fresh deployment whose workers have
+// not reported yet, or all of them down) nothing tells a typo from a
+// workflow whose workers are still to come, and the start is to be
+// retried.
 package roster
 
 import (
@@ -75,6 +81,68 @@ func Lookup(ctx context.Context, kv *jetstream.KV, workflow string) (k Known, fo
 		return Known{}, false, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), KnownKey(workflow), err)
 	}
 	return k, true, nil
+}
+
+// Status is what the roster says of a workflow that no worker answered.
+type Status struct {
+	// Known is the workflow's permanent record, when Found.
+	Known Known
+	// Found: a worker has served the workflow; none serves it now.
+	Found bool
+	// Live is the number of liveness records of the deployment, of any
+	// workflow: 0 when no worker runs now (none has reported yet, or all
+	// are gone).
+	Live int
+}
+
+// Read reads workflow's permanent record and the liveness records of the
+// whole deployment in one direct get. A record absent on a replica that
+// lags may be present on the stream leader: on a replicated bucket, an
+// answer that would make the name unknown (not found, some worker live)
+// is checked against the leader's known record (Lookup) first. With more
+// liveness records than one read returns, they are read in pages. err is
+// set only when the bucket could not be read, and then Status says
+// nothing.
+func Read(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error) {
+	entries, err := kv.Last(ctx, KnownKey(workflow), "live.>")
+	if errors.Is(err, jetstream.ErrTooManyKeys) {
+		return readPaged(ctx, kv, workflow)
+	}
+	if err != nil {
+		return Status{}, err
+	}
+	var s Status
+	for _, e := range entries {
+		if e.Key != KnownKey(workflow) {
+			s.Live++
+			continue
+		}
+		if err := json.Unmarshal(e.Value, &s.Known); err != nil {
+			return Status{}, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+		}
+		s.Found = true
+	}
+	if !s.Found && s.Live > 0 && kv.Replicated() {
+		s.Known, s.Found, err = Lookup(ctx, kv, workflow)
+		if err != nil {
+			return Status{}, err
+		}
+	}
+	return s, nil
+}
+
+// readPaged is Read for a deployment with more liveness records (and
+// markers of withdrawn ones) than one direct get returns.
+func readPaged(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error) {
+	k, found, err := Lookup(ctx, kv, workflow)
+	if err != nil {
+		return Status{}, err
+	}
+	live, err := kv.Prefix(ctx, "live", 0)
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{Known: k, Found: found, Live: len(live)}, nil
 }
 
 // MinTTL is the shortest liveness TTL: JetStream keeps per-message TTLs in

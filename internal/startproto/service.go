@@ -30,8 +30,9 @@ import (
 // AdmitSubjectPrefix is where workers answer start requests by request-reply:
 // jetflow.admit.<workflow>. With no worker serving a workflow, a request gets
 // "no responders"; callers tell an unknown workflow from a known one with no
-// worker running by the workflow's record in jetflow_workflows
-// (internal/roster).
+// worker running, or from a deployment none of whose workers runs yet, by
+// the workflow's record and the workers' liveness records in
+// jetflow_workflows (internal/roster).
 const AdmitSubjectPrefix = "jetflow.admit."
 
 // EntryHeader is the optional NATS header of a start request naming the
