@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/testenv"
 )
 
 // blockingWorkflow's single step signals when it starts and returns when
@@ -153,4 +157,56 @@ func TestStopHandsTheRunOverAtAStepBoundary(t *testing.T) {
 	require.Equal(t, "B", out, "step b ran on the worker that took the run over")
 	require.Equal(t, 0, ranB["A"].get("drain-seq.b.0"), "the draining worker started no further step")
 	require.Equal(t, 1, ranB["B"].get("drain-seq.b.0"))
+}
+
+// Stop returns an error only when the drain did not finish. Here the
+// server refuses the purge that withdraws the worker's liveness record
+// (the bucket's roll-ups turned off by an operator's edit after the worker
+// started; heartbeats, plain writes, still pass): the worker drains its
+// running step, Stop returns nil, and the refusal is logged at warn, as
+// the record expires by itself.
+//
+// NATS permissions cannot refuse only the purge: it is a publish to the
+// record's subject, as every heartbeat is, and changing a user's
+// permissions mid-test by a configuration reload races inside nats-server.
+func TestStopWithRefusedLivenessPurgeIsClean(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	started := make(chan StepDetails, 4)
+	release := make(chan struct{})
+	effects := newCounter()
+	wf := blockingWorkflow(started, release, effects)
+	logs := &testenv.LogBuffer{}
+	w := startWorker(t, env.conn(), WorkerConfig{LivenessTTL: time.Second, Logger: zerolog.New(logs).Level(zerolog.WarnLevel)}, wf)
+	c := env.client()
+	h, err := Start(ctxT(t, 5*time.Second), c, wf, 0, WithRunID("purge-refused-1"))
+	require.NoError(t, err)
+	<-started
+
+	js, err := natsjs.New(env.conn())
+	require.NoError(t, err)
+	stream, err := js.Stream(ctxT(t, 5*time.Second), "KV_jetflow_workflows")
+	require.NoError(t, err)
+	cfg := stream.CachedInfo().Config
+	require.True(t, cfg.AllowRollup)
+	cfg.SubjectDeleteMarkerTTL, cfg.AllowRollup = 0, false
+	_, err = js.UpdateStream(ctxT(t, 5*time.Second), cfg)
+	require.NoError(t, err)
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctxT(t, 30*time.Second)) }()
+	close(release)
+	require.NoError(t, <-stopped, "the drain finished; only the liveness purge was refused")
+
+	warned := levelLines(t, logs, "warn", "liveness records not withdrawn; they expire by themselves")
+	require.Len(t, warned, 1, "the refused purge is logged: %s", logs.String())
+	require.Contains(t, warned[0]["error"], "withdraw liveness live.blocking.")
+	require.Contains(t, warned[0]["error"], "rollup not permitted")
+	run, err := c.GetRun(ctxT(t, 5*time.Second), "purge-refused-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, run.Status, "the drained step committed and the run finished")
+	out, err := h.Result(ctxT(t, 5*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, "done", out)
+	require.Equal(t, 1, effects.get("purge-refused-1.slow.0"))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/runs"
@@ -315,10 +316,33 @@ func (w *Worker) Start(ctx context.Context) error {
 		stopGuard()
 		stopSampling()
 		stopUnserved()
-		return errors.Join(presence.Stop(ctx), notices.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
+		withdrawn := w.withdraw(ctx, presence)
+		err := errors.Join(notices.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
+		<-withdrawn
+		return err
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
 	return nil
+}
+
+// withdraw withdraws the worker's liveness records, beside the drain and
+// for at most LivenessTTL (after which they have expired by themselves),
+// and closes the returned channel when it is done. A refused or slow
+// withdrawal is logged, not returned: the drain is what Stop reports, and
+// a purge that hangs (a publish the server's permissions drop gets no
+// answer) must not eat the drain's time.
+func (w *Worker) withdraw(ctx context.Context, presence *roster.Presence) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(ctx, w.cfg.LivenessTTL)
+		defer cancel()
+		if err := presence.Stop(ctx); err != nil {
+			w.log.Warn().Err(err).Str("expires_in", logging.Duration(w.cfg.LivenessTTL)).
+				Msg("liveness records not withdrawn; they expire by themselves")
+		}
+	}()
+	return done
 }
 
 // eventChecks are the event checks of the workflows w serves: each event
@@ -418,7 +442,10 @@ func ready(ctx context.Context, nc *nats.Conn, assets *jetstream.Assets, consume
 // be acknowledged. If ctx ends first, running steps see their context
 // cancelled and their tasks are released uncommitted, for another worker to
 // run again with the same step IDs. Stop returns ctx's error in that case;
-// calling it again, or on a worker never started, returns nil.
+// calling it again, or on a worker never started, returns nil. Stop also
+// withdraws the worker's liveness records (WorkerConfig.LivenessTTL); one
+// it cannot withdraw is logged at warn, not returned: it expires by
+// itself.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.draining.Store(true)
 	w.serving.Store(nil) // not ready from now on, before waiting for mu

@@ -133,9 +133,19 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	log.Info().Str("drain_timeout", logging.Duration(cfg.DrainTimeout)).Msg("stopping: finishing running steps")
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
 	defer cancel()
-	var drainErr error
-	if err := w.Stop(drainCtx); err != nil {
-		drainErr = fmt.Errorf("drain: %w (unfinished steps will run again, with the same step IDs)", err)
+	return errors.Join(stopError(w.Stop(drainCtx), cfg.DrainTimeout), srv.Stop())
+}
+
+// stopError words the worker's Stop error: only a drain that ran out of
+// --drain-timeout left steps unfinished, to run again elsewhere; any other
+// error says nothing of the steps (nil stays nil).
+func stopError(err error, drainTimeout time.Duration) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("drain: %w (after --drain-timeout %s; unfinished steps will run again, with the same step IDs)", err, logging.Duration(drainTimeout))
+	default:
+		return fmt.Errorf("stop: %w", err)
 	}
-	return errors.Join(drainErr, srv.Stop())
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -246,4 +247,24 @@ func TestServeEmbeddedPortInUse(t *testing.T) {
 		"--nats-url nats://127.0.0.1:" + u.Port()} {
 		require.ErrorContains(t, err, want)
 	}
+}
+
+// Only a drain that ran out of time claims that steps will run again; a
+// clean stop is no error, and any other error says nothing of the steps.
+func TestStopError(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, stopError(nil, 30*time.Second))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 0)
+	defer cancel()
+	<-ctx.Done()
+	err := stopError(fmt.Errorf("%w; 1 task(s) ignored cancellation and were abandoned", ctx.Err()), 30*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.EqualError(t, err, "drain: context deadline exceeded; 1 task(s) ignored cancellation and were abandoned "+
+		"(after --drain-timeout 30s; unfinished steps will run again, with the same step IDs)")
+
+	err = stopError(nats.ErrConnectionClosed, 30*time.Second)
+	require.ErrorIs(t, err, nats.ErrConnectionClosed)
+	require.EqualError(t, err, "stop: nats: connection closed")
+	require.NotContains(t, err.Error(), "run again")
 }
