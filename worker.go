@@ -198,10 +198,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.log.Warn().Str("run_id", runID).Err(err).Msg("run index entry not written; readers repair it")
 	}
 	assets.BeforeIndex = w.cfg.hooks.BeforeIndex
+	assets.AfterCreate = w.cfg.hooks.AfterCreate
 	if rebuilt, err := runs.New(assets).EnsureIndex(ctx); err != nil {
 		return err
 	} else if rebuilt {
-	assets.AfterCreate = w.cfg.hooks.AfterCreate
 		w.log.Info().Msg("run index built from the run records")
 	}
 	sweeper, err := w.newSweeper(assets)
