@@ -23,11 +23,11 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // The tests in this file run the engine on a three-node JetStream cluster
-// (internal/testenv.Cluster) with every stream and bucket at three replicas,
+// (internal/testsupport/testenv.Cluster) with every stream and bucket at three replicas,
 // and fault the cluster while runs are started and executed (G1, G6, G8).
 
 // r3AckWait is the workers' AckWait: short, so that tasks whose ack was lost

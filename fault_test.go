@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/faultcheck"
+	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
 // faultScale is the load of a fault scenario: the reduced size runs in CI,

@@ -11,7 +11,7 @@ require (
 	github.com/rs/zerolog v1.35.1
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // test-only: checks envelopes and replies against docs/schema (draft 2020-12); already in the module graph through kin-openapi
 	github.com/stretchr/testify v1.12.1
-	github.com/stripe/stripe-go/v84 v84.4.1 // test-only: internal/webhook/webhooktest signs Stripe deliveries with Stripe's own library
+	github.com/stripe/stripe-go/v84 v84.4.1 // test-only: internal/testsupport/webhooktest signs Stripe deliveries with Stripe's own library
 	go.opentelemetry.io/otel v1.47.0 // tracing: the OpenTelemetry API, SDK and OTLP/HTTP exporter (internal/tracing)
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

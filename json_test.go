@@ -10,7 +10,7 @@ import (
 )
 
 // The JSON encodings of the public records are what the HTTP API and the
-// producer's --output json show (docs/http.md, internal/httpapi/openapi.yaml):
+// producer's --output json show (docs/http.md, internal/server/httpapi/openapi.yaml):
 // snake_case names in a fixed order, optional fields omitted when empty.
 // These tests were internal/view's, which copied these records into
 // look-alike structs before the records carried their own tags.

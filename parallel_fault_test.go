@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/faultcheck"
+	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
 // effectReporter is the side effect of a step in the parallel and child

@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/eventproto"
-	"github.com/jetflow/jetflow/internal/faultcheck"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
 // sleepRunsEnv sets how many runs TestFaultSleepAcrossServerRestartAndWorkerKill

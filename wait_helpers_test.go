@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/eventproto"
-	"github.com/jetflow/jetflow/internal/faultcheck"
+	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
 // The workflows of the wait fault tests (wait_fault_test.go). The child

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
 )
 
 // The http phase measures starts through the HTTP API (producer serve's

@@ -10,7 +10,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/doctest"
+	"github.com/jetflow/jetflow/internal/testsupport/doctest"
 )
 
 // TestTapCountsOperations: the tap counts what clients send by kind (KV

@@ -18,9 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/faultcheck"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/natsserver"
+	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
 // The soak mode pushes a large number of starts (30% duplicates by default)

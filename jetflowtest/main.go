@@ -3,7 +3,7 @@ package jetflowtest
 import (
 	"testing"
 
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // Main runs the tests of m and fails if goroutines are left over once they

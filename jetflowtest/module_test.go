@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetflow/jetflow/internal/doctest"
+	"github.com/jetflow/jetflow/internal/testsupport/doctest"
 )
 
 // TestOrderTestsModule runs the command docs/testing.md shows, which runs

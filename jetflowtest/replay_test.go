@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/jetflowtest"
 )
 

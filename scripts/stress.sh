@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the fault and cluster tests (the in-process cluster and the
-# operated one, internal/opcluster), the parallel-step and child-run crash
+# operated one, internal/testsupport/opcluster), the parallel-step and child-run crash
 # tests among them, N times (default 5) with the race
 # detector while a CPU hog keeps every core busy, and prints how many
 # rounds passed. `make stress` runs it; JETFLOW_STRESS_RUNS changes N.
@@ -13,7 +13,7 @@ testenv='^TestClusterStopRestartKeepsStreams$'
 opcluster='^TestOperatedCluster'
 
 hog=$(mktemp)
-go build -o "$hog" ./internal/testenv/cpuhog || exit 1
+go build -o "$hog" ./internal/testsupport/testenv/cpuhog || exit 1
 "$hog" -for 3h &
 hogpid=$!
 trap 'kill $hogpid 2>/dev/null; rm -f "$hog"' EXIT
@@ -22,8 +22,8 @@ passed=0
 for i in $(seq 1 "$runs"); do
   log=$(mktemp)
   if go test -race -count=1 -timeout 30m -run "$root" . >"$log" 2>&1 &&
-     go test -race -count=1 -timeout 10m -run "$testenv" ./internal/testenv/ >>"$log" 2>&1 &&
-     go test -race -count=1 -timeout 10m -run "$opcluster" ./internal/opcluster/ >>"$log" 2>&1; then
+     go test -race -count=1 -timeout 10m -run "$testenv" ./internal/testsupport/testenv/ >>"$log" 2>&1 &&
+     go test -race -count=1 -timeout 10m -run "$opcluster" ./internal/testsupport/opcluster/ >>"$log" 2>&1; then
     passed=$((passed + 1))
     echo "stress round $i: pass"
   else

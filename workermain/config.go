@@ -9,10 +9,10 @@ import (
 
 	"github.com/rs/zerolog"
 
-	conf "github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/logging"
-	"github.com/jetflow/jetflow/internal/natsconn"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	conf "github.com/jetflow/jetflow/internal/server/config"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
 )
 
 // errConfigPrinted is parseConfig's answer to --print-config: the
@@ -23,7 +23,7 @@ var errConfigPrinted = errors.New("configuration printed")
 // command line, else from an environment variable named after it
 // (--ack-wait reads JETFLOW_ACK_WAIT), else from the YAML file named by
 // --config or JETFLOW_CONFIG, else from its default (package
-// internal/config).
+// internal/server/config).
 type config struct {
 	NATS       natsconn.Options
 	DataDir    string

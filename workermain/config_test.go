@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	conf "github.com/jetflow/jetflow/internal/config"
-	"github.com/jetflow/jetflow/internal/natsconn"
-	"github.com/jetflow/jetflow/internal/testenv"
+	conf "github.com/jetflow/jetflow/internal/server/config"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // parseConfig parses as a worker command without options does.

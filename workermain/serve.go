@@ -13,11 +13,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
-	"github.com/jetflow/jetflow/internal/natsconn"
 	"github.com/jetflow/jetflow/internal/natsserver"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/server/lifecycle"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
 	"github.com/jetflow/jetflow/internal/tracing/otlp"
 )
 

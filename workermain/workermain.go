@@ -13,8 +13,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/internal/server/lifecycle"
 )
 
 // Exit codes of Main and Run.

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/timeline"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
+	"github.com/jetflow/jetflow/internal/server/timeline"
 )
 
 // opTimeout bounds the NATS requests of every command but wait, and the

@@ -13,10 +13,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	conf "github.com/jetflow/jetflow/internal/config"
 	"github.com/jetflow/jetflow/internal/logging"
-	"github.com/jetflow/jetflow/internal/natsconn"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	conf "github.com/jetflow/jetflow/internal/server/config"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
 )
 
 // errConfigPrinted is parseArgs's answer to --print-config: the settings

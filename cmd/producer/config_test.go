@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	conf "github.com/jetflow/jetflow/internal/config"
+	conf "github.com/jetflow/jetflow/internal/server/config"
 )
 
 // runNoServer runs the producer with vars as its whole environment.

@@ -8,7 +8,7 @@ import (
 	"fmt"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
 )
 
 // checkEventID checks the event ID of send and resume: required and not

@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
 	"github.com/jetflow/jetflow/internal/jetstream"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // waitHook waits until a run has registered the hook token: its record is

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/inspector/token"
+	"github.com/jetflow/jetflow/internal/server/inspector/token"
 )
 
 // producer serve mounts the web inspector under /ui/ (and / leads there),

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // A start of a workflow that a worker served once but none serves now is

@@ -20,7 +20,7 @@
 //
 // # Timeline
 //
-// get prints a run's timeline (internal/timeline): a header (run ID,
+// get prints a run's timeline (internal/server/timeline): a header (run ID,
 // workflow, status, generation, created and updated, duration, input,
 // output or error, the duplicate starts it absorbed), then one line per
 // step in call order: its offset from the run's start, duration, name,
@@ -123,9 +123,9 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/jetstream"
-	"github.com/jetflow/jetflow/internal/lifecycle"
 	"github.com/jetflow/jetflow/internal/logging"
-	"github.com/jetflow/jetflow/internal/timeline"
+	"github.com/jetflow/jetflow/internal/server/lifecycle"
+	"github.com/jetflow/jetflow/internal/server/timeline"
 )
 
 // Exit codes.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/natsserver"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }

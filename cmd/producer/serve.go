@@ -12,14 +12,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/inspector"
-	"github.com/jetflow/jetflow/internal/lifecycle"
 	imetrics "github.com/jetflow/jetflow/internal/metrics"
-	"github.com/jetflow/jetflow/internal/natsconn"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
+	"github.com/jetflow/jetflow/internal/server/inspector"
+	"github.com/jetflow/jetflow/internal/server/lifecycle"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
+	"github.com/jetflow/jetflow/internal/server/webhook"
 	"github.com/jetflow/jetflow/internal/tracing/otlp"
-	"github.com/jetflow/jetflow/internal/webhook"
 )
 
 // serve runs producer serve until ctx is done: the HTTP API under /v1/, the

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
-	"github.com/jetflow/jetflow/internal/testenv"
-	"github.com/jetflow/jetflow/internal/webhook"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
+	"github.com/jetflow/jetflow/internal/server/webhook"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // startServe runs serve for args with the environment vars until the test

@@ -12,9 +12,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetflow/jetflow/internal/testsupport/otlptest"
 	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/tracing/otlp"
-	"github.com/jetflow/jetflow/internal/tracing/otlptest"
 )
 
 // producer serve with OTEL_EXPORTER_OTLP_ENDPOINT: the run it cancels ends

@@ -11,8 +11,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/jetflow/jetflow/internal/config"
-	"github.com/jetflow/jetflow/internal/webhook"
+	"github.com/jetflow/jetflow/internal/server/config"
+	"github.com/jetflow/jetflow/internal/server/webhook"
 )
 
 // Errors of a --webhooks file, matched with errors.Is on its

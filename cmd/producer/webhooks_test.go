@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/webhook"
+	"github.com/jetflow/jetflow/internal/server/webhook"
 )
 
 // Secrets the webhook tests use; no error message may contain them.

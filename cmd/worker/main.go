@@ -36,7 +36,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
-	"github.com/jetflow/jetflow/internal/natsconn"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
 	"github.com/jetflow/jetflow/workermain"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/examples/orders"
-	"github.com/jetflow/jetflow/internal/testenv"
-	"github.com/jetflow/jetflow/internal/tracing/otlptest"
+	"github.com/jetflow/jetflow/internal/testsupport/otlptest"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 	"github.com/jetflow/jetflow/workermain"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // bundle is one test's embedded NATS server, payment service, worker

@@ -21,7 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetflow/jetflow/internal/metrics"
-	"github.com/jetflow/jetflow/internal/opshttp"
+	"github.com/jetflow/jetflow/internal/server/opshttp"
 )
 
 func TestMain(m *testing.M) {

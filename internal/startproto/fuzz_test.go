@@ -15,7 +15,7 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // startSeeds are envelopes as other-language clients send them, well-formed

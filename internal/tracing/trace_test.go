@@ -20,10 +20,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/httpapi"
+	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 	"github.com/jetflow/jetflow/internal/tracing"
 )
 

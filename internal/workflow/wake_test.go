@@ -10,7 +10,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
 // wakeSetup provisions a server of the test's own and returns its assets

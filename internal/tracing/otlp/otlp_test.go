@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/testenv"
+	"github.com/jetflow/jetflow/internal/testsupport/otlptest"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/tracing/otlp"
-	"github.com/jetflow/jetflow/internal/tracing/otlptest"
 )
 
 func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }

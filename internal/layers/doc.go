@@ -1,0 +1,26 @@
+// Package layers holds no code: its test keeps the module's layers apart,
+// reading the import graph with go list.
+//
+// The layers, from the bottom:
+//
+//   - The engine: the packages directly under internal/ (state,
+//     jetstream, runs, runindex, dedupe, workflow, consume, sweep, ...).
+//     They import each other and nothing above them: not the root
+//     package, not a server package, not a command, not test support.
+//   - The public API: the root package (github.com/jetflow/jetflow) and
+//     embedded, over the engine. The root's build holds neither
+//     nats-server (internal/natsserver, for embedded, the commands and
+//     tests) nor gRPC nor the OpenTelemetry SDK and its exporter
+//     (internal/tracing/otlp, for the commands).
+//   - The product: internal/server/... (the HTTP API, the inspector,
+//     webhooks, the timeline, the ops HTTP server, configuration, process
+//     lifecycle, connections from configuration), over the public API;
+//     then workermain and cmd/..., thin mains.
+//   - Test support: internal/testsupport/... (embedded servers for tests,
+//     fault checks, the operations cluster, doc tests, an OTLP receiver, a
+//     webhook sender), and the public test kit jetflowtest. Code outside
+//     them and bench imports test support only from its tests.
+//   - examples/: imported by examples, by cmd/worker (it serves the order
+//     example) and by internal/testsupport/opcluster (which runs it on a
+//     cluster), nothing else.
+package layers
