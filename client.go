@@ -130,7 +130,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	assets, err := jetstream.Provision(ctx, nc, cfg.Topology.toInternal(), jetstream.Ensure)
+	assets, err := jetstream.Provision(ctx, nc, cfg.Topology, jetstream.Ensure)
 	if err != nil {
 		return nil, err
 	}

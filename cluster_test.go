@@ -968,7 +968,7 @@ func TestClusterKVCompareAndSet(t *testing.T) {
 	env := newR3Env(t)
 	var assets [testenv.ClusterSize]*jetstream.Assets
 	for i := range assets {
-		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo.toInternal(), jetstream.Ensure)
+		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo, jetstream.Ensure)
 		require.NoError(t, err)
 		assets[i] = a
 	}
@@ -1144,7 +1144,7 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 	c := env.client(0)
 	var assets [testenv.ClusterSize]*jetstream.Assets
 	for i := range assets {
-		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo.toInternal(), jetstream.Ensure)
+		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo, jetstream.Ensure)
 		require.NoError(t, err)
 		assets[i] = a
 	}
@@ -1284,7 +1284,7 @@ func TestClusterRunRecordTTLs(t *testing.T) {
 	env := newR3Env(t)
 	var assets [testenv.ClusterSize]*jetstream.Assets
 	for i := range assets {
-		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo.toInternal(), jetstream.Ensure)
+		a, err := jetstream.Provision(ctxT(t, 30*time.Second), env.cl.Conn(t, i), env.topo, jetstream.Ensure)
 		require.NoError(t, err)
 		assets[i] = a
 	}

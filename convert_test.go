@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
-	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -179,11 +178,6 @@ func sameFields(t *testing.T, pub, in any) {
 
 func TestNamesStructConversionsCarryEveryField(t *testing.T) {
 	t.Parallel()
-	topo := Topology{Replicas: 3, DuplicateWindow: time.Minute, Retention: time.Hour, MemoryStorage: true, StartMaxAge: 2 * time.Hour}
-	sameFields(t, topo, jetstream.Topology{})
-	require.Equal(t, jetstream.Topology{Replicas: 3, DuplicateWindow: time.Minute, Retention: time.Hour, MemoryStorage: true, StartMaxAge: 2 * time.Hour}, topo.toInternal())
-	require.Equal(t, topo, topologyFrom(topo.toInternal()))
-
 	rp := RetryPolicy{MaxAttempts: 7, InitialInterval: time.Second, MaxInterval: time.Minute, Multiplier: 1.5}
 	sameFields(t, rp, workflow.RetryPolicy{})
 	require.Equal(t, workflow.RetryPolicy{MaxAttempts: 7, InitialInterval: time.Second, MaxInterval: time.Minute, Multiplier: 1.5}, rp.toInternal())

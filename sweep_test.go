@@ -82,7 +82,7 @@ func TestSweeperResumesARunThatLostItsTask(t *testing.T) {
 
 	// The stuck run: created an hour ago, step a committed by a worker that
 	// is gone, no task anywhere.
-	assets, err := jetstream.Provision(ctx, env.conn(), env.topo.toInternal(), jetstream.CreateOrUpdate)
+	assets, err := jetstream.Provision(ctx, env.conn(), env.topo, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	writeStuckRun(t, assets, "swept", "swept-1", 0, `5`, `6`)
 	// Every step committed, the run's end not recorded; and a third

@@ -92,7 +92,7 @@ func TestStartStreamMaxAge(t *testing.T) {
 
 	topo := Topology{StartMaxAge: time.Second, DuplicateWindow: 500 * time.Millisecond}
 	short := newEnv(t, topo)
-	a, err = jetstream.Provision(ctx, short.conn(), topo.toInternal(), jetstream.CreateOrUpdate)
+	a, err = jetstream.Provision(ctx, short.conn(), topo, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	js, err := natsjs.New(short.conn())
 	require.NoError(t, err)
@@ -103,7 +103,7 @@ func TestStartStreamMaxAge(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "the envelope never expired")
 
 	for _, bad := range []Topology{{StartMaxAge: -time.Second}, {StartMaxAge: time.Minute}} { // under the 2m duplicate window
-		_, err := jetstream.Provision(ctx, short.conn(), bad.toInternal(), jetstream.Ensure)
+		_, err := jetstream.Provision(ctx, short.conn(), bad, jetstream.Ensure)
 		require.ErrorContains(t, err, "StartMaxAge")
 	}
 }

@@ -190,7 +190,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("jetflow: worker already started")
 	}
 	w.draining.Store(false)
-	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology.toInternal(), jetstream.CreateOrUpdate, jetstream.LogChanges(w.logConsumer))
+	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology, jetstream.CreateOrUpdate, jetstream.LogChanges(w.logConsumer))
 	if err != nil {
 		return err
 	}

@@ -134,11 +134,11 @@ func TestTopologyValidateNamesTheField(t *testing.T) {
 		"DuplicateWindow": {DuplicateWindow: time.Millisecond},
 		"Retention":       {Retention: time.Millisecond},
 	} {
-		err := topo.WithDefaults().Validate()
+		err := ValidateTopology(TopologyWithDefaults(topo))
 		require.Error(t, err, field)
 		require.Contains(t, err.Error(), field)
 	}
-	require.NoError(t, Topology{}.WithDefaults().Validate())
+	require.NoError(t, ValidateTopology(TopologyWithDefaults(Topology{})))
 }
 
 func TestIsWrongLastSequenceOnlyMatchesCASConflicts(t *testing.T) {

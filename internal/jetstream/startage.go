@@ -11,8 +11,8 @@ import "time"
 // a header.
 const DefaultStartMaxAge = 7 * 24 * time.Hour
 
-// startMaxAge is StartMaxAge with its default.
-func (t Topology) startMaxAge() time.Duration {
+// startMaxAge is t.StartMaxAge with its default.
+func startMaxAge(t Topology) time.Duration {
 	if t.StartMaxAge <= 0 {
 		return DefaultStartMaxAge
 	}

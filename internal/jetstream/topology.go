@@ -13,6 +13,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Names of the engine's NATS resources. They are part of the protocol other
@@ -127,35 +128,14 @@ func LegacyConsumerNames(workflow string) []string {
 	return []string{"jetflow_start_" + workflow, "jetflow_step_" + workflow}
 }
 
-// Topology is the deployment setting for the engine's streams and buckets.
-// Every process of one deployment must use the same values: provisioning is
-// create-or-update, so the last process to start wins.
-type Topology struct {
-	// Replicas for streams and buckets: 1 on a single server, 3 on a
-	// three-node cluster.
-	Replicas int
-	// DuplicateWindow is the broker's Nats-Msg-Id window on the task stream
-	// (default 2 minutes). It is only the first line of dedup: admission is
-	// decided by the run bucket.
-	DuplicateWindow time.Duration
-	// Retention is how long run records are kept after their run ended,
-	// and step results and audits after their last write (default 30
-	// days); a running run's record never expires. A run ID is remembered
-	// for this long; a start after that creates a new run.
-	Retention time.Duration
-	// MemoryStorage keeps everything in memory (tests and benchmarks of the
-	// broker limit only).
-	MemoryStorage bool
-	// StartMaxAge bounds how long a durable start envelope waits in
-	// JETFLOW_STARTS for a worker that serves its workflow (the stream's
-	// MaxAge; default DefaultStartMaxAge, 7 days). An envelope older than
-	// that is dropped unadmitted, so one published for a workflow no worker
-	// serves (a misspelt name) does not wait forever.
-	StartMaxAge time.Duration
-}
+// Topology is the deployment setting for the engine's streams and buckets
+// (jetflowtype.Topology, the root package's Topology). Every process of
+// one deployment must use the same values: provisioning is create-or-update,
+// so the last process to start wins.
+type Topology = jetflowtype.Topology
 
-// WithDefaults fills unset fields.
-func (t Topology) WithDefaults() Topology {
+// TopologyWithDefaults is t with its unset fields filled.
+func TopologyWithDefaults(t Topology) Topology {
 	if t.Replicas == 0 {
 		t.Replicas = 1
 	}
@@ -168,8 +148,8 @@ func (t Topology) WithDefaults() Topology {
 	return t
 }
 
-// Validate names the first bad field.
-func (t Topology) Validate() error {
+// ValidateTopology names the first bad field of t.
+func ValidateTopology(t Topology) error {
 	switch {
 	case t.Replicas < 1 || t.Replicas > 5:
 		return fmt.Errorf("jetflow: topology: Replicas must be 1..5, got %d", t.Replicas)
@@ -238,8 +218,8 @@ const (
 // streams and the buckets. It is idempotent: every process calls it at
 // start-up. LogChanges reports the updates.
 func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opts ...ProvisionOption) (*Assets, error) {
-	topo = topo.WithDefaults()
-	if err := topo.Validate(); err != nil {
+	topo = TopologyWithDefaults(topo)
+	if err := ValidateTopology(topo); err != nil {
 		return nil, err
 	}
 	js, err := natsjs.New(nc)
@@ -281,7 +261,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		// Nats-Msg-Id = run ID: a publisher's retry within the window is
 		// absorbed by the broker; admission decides after it.
 		Duplicates: topo.DuplicateWindow,
-		MaxAge:     topo.startMaxAge(),
+		MaxAge:     startMaxAge(topo),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", StartsStream, err)

@@ -7,8 +7,12 @@
 //     jetstream, runs, runindex, dedupe, workflow, consume, sweep, ...).
 //     They import each other and nothing above them: not the root
 //     package, not a server package, not a command, not test support.
-//   - The public API: the root package (github.com/jetflow/jetflow) and
-//     embedded, over the engine. The root's build holds neither
+//     The one public package they import is jetflowtype.
+//   - The public API: the root package (github.com/jetflow/jetflow),
+//     embedded and jetflowtype, over the engine. jetflowtype, the types the
+//     API and the engine share (the root re-exports them with aliases), is
+//     a leaf: it builds the standard library only, so the engine may import
+//     it without importing anything above itself. The root's build holds neither
 //     nats-server (internal/natsserver, for embedded, the commands and
 //     tests) nor gRPC nor the OpenTelemetry SDK and its exporter
 //     (internal/tracing/otlp, for the commands).

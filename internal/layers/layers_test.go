@@ -14,6 +14,10 @@ import (
 
 const module = "github.com/jetflow/jetflow"
 
+// sharedTypes is the public leaf package of the types the API and the
+// engine share: part of the API, imported by the engine too.
+const sharedTypes = module + "/jetflowtype"
+
 // pkg is what go list says of one package of the module.
 type pkg struct {
 	ImportPath   string
@@ -55,7 +59,7 @@ func layer(path string) string {
 	switch {
 	case !ok:
 		return "outside"
-	case rel == "" || rel == "/embedded":
+	case rel == "" || rel == "/embedded" || rel == "/jetflowtype":
 		return "api"
 	case under(rel, "/internal/server"):
 		return "server"
@@ -74,7 +78,8 @@ func layer(path string) string {
 
 func under(rel, dir string) bool { return rel == dir || strings.HasPrefix(rel, dir+"/") }
 
-// The engine imports nothing above it.
+// The engine imports nothing above it, except the shared types
+// (jetflowtype), which are public but import nothing of the module.
 func TestEngineImportsOnlyTheEngine(t *testing.T) {
 	t.Parallel()
 	for _, p := range list(t) {
@@ -82,11 +87,33 @@ func TestEngineImportsOnlyTheEngine(t *testing.T) {
 			continue
 		}
 		for _, imp := range p.Imports {
+			if imp == sharedTypes {
+				continue
+			}
 			if l := layer(imp); l != "engine" && l != "outside" {
 				t.Errorf("%s (engine) imports %s (%s)", p.ImportPath, imp, l)
 			}
 		}
 	}
+}
+
+// The shared types are a leaf: they build the standard library only, no
+// package of the module and nothing from outside it, so that every package
+// can import them.
+func TestSharedTypesAreALeaf(t *testing.T) {
+	t.Parallel()
+	for _, p := range list(t) {
+		if p.ImportPath != sharedTypes {
+			continue
+		}
+		for _, dep := range p.Deps {
+			if first, _, _ := strings.Cut(dep, "/"); strings.Contains(first, ".") {
+				t.Errorf("%s builds %s: it may build the standard library only", sharedTypes, dep)
+			}
+		}
+		return
+	}
+	t.Fatalf("go list did not list %s", sharedTypes)
 }
 
 // Test support is imported by tests, by itself and by the benchmarks only.
@@ -155,6 +182,7 @@ func TestLayerOfAPath(t *testing.T) {
 	for path, want := range map[string]string{
 		module:                                   "api",
 		module + "/embedded":                     "api",
+		module + "/jetflowtype":                  "api",
 		module + "/internal/runs":                "engine",
 		module + "/internal/tracing/otlp":        "engine",
 		module + "/internal/server/httpapi":      "server",
