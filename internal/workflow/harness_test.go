@@ -1,0 +1,499 @@
+package workflow
+
+// The engine's test rig: one embedded nats-server per test, the engine's
+// assets provisioned on it, executors served by consume pools of their
+// own, and observation points (a tap on every task and timer publish,
+// the records in the buckets, the executor's hooks). Every wait is bound
+// by a deadline derived from the consumers' AckWait or by the test's
+// context, never a sleep.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/consume"
+	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
+)
+
+// wf is the workflow every rig serves.
+const wf = "w"
+
+// rig is one test's server, assets and observation points.
+type rig struct {
+	t       *testing.T
+	nc      *nats.Conn
+	a       *jetstream.Assets
+	store   *runs.Store
+	admit   *dedupe.Admitter
+	ackWait time.Duration
+	tap     *tap
+	// clock is the executors' timer clock (Config.TimerNow): it starts at
+	// real time and moves only when a test advances it.
+	clock *clock
+}
+
+// newRig provisions a server of the test's own whose task consumers have
+// AckWait ackWait.
+func newRig(t *testing.T, ackWait time.Duration) *rig {
+	t.Helper()
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	a, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	r := &rig{t: t, nc: nc, a: a, store: runs.New(a), admit: newAdmitter(t, a), ackWait: ackWait,
+		clock: &clock{now: time.Now()}}
+	r.tap = newTap(t, nc, testenv.Conn(t, srv))
+	return r
+}
+
+// newAdmitter is dedupe.New(a) with its defaults. dedupe.New's options
+// are being reworked (positional clock and metrics, or a dedupe.Config):
+// the call is made by reflection so that these tests build against either
+// until that change lands, when it becomes a plain call.
+func newAdmitter(t *testing.T, a *jetstream.Assets) *dedupe.Admitter {
+	t.Helper()
+	fn := reflect.ValueOf(dedupe.New)
+	args := []reflect.Value{reflect.ValueOf(a)}
+	for i := 1; i < fn.Type().NumIn(); i++ {
+		args = append(args, reflect.Zero(fn.Type().In(i)))
+	}
+	out := fn.Call(args)
+	admit, ok := out[0].Interface().(*dedupe.Admitter)
+	require.True(t, ok)
+	return admit
+}
+
+// ctx is a context for one operation of the test.
+func (r *rig) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(r.t.Context(), 20*time.Second)
+	r.t.Cleanup(cancel)
+	return ctx
+}
+
+// within is how long a test waits for something the engine does at once
+// (a handful of round trips): generous under load, and still a bound.
+func (r *rig) within() time.Duration { return 10*time.Second + 10*r.ackWait }
+
+// consumer is the durable consumer of wf's tasks of kind.
+func (r *rig) consumer(kind jetstream.TaskKind) natsjs.Consumer {
+	r.t.Helper()
+	c, err := r.a.EnsureConsumer(r.ctx(), wf, kind, jetstream.ConsumerConfig{AckWait: r.ackWait, MaxAckPending: 64})
+	require.NoError(r.t, err)
+	return c
+}
+
+// clock is a timer clock a test moves by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	return c.now
+}
+
+// executor returns an executor of the rig's workflow wf with body run,
+// as worker worker; tweak (may be nil) changes its configuration.
+func (r *rig) executor(worker string, run func(c *Context, in json.RawMessage) (json.RawMessage, error), tweak func(*Config)) *Executor {
+	cfg := Config{
+		Assets: r.a, Admitter: r.admit, Logger: testenv.Logger(r.t), WorkerID: worker,
+		Definitions:  map[string]Definition{wf: {Name: wf, Run: run}},
+		ReleaseDelay: 20 * time.Millisecond, TimerNow: r.clock.Now,
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	return NewExecutor(cfg)
+}
+
+// serve runs e's run and branch handlers on a pool of slots of its own
+// (noAckExtension: the pool extends no ack deadline), stopped when the
+// test ends.
+func (r *rig) serve(e *Executor, slots int, noAckExtension bool) {
+	r.serveHandlers(slots, noAckExtension, e.Runs(), e.Branches())
+}
+
+// serveHandlers consumes wf's run tasks with runs and its branch tasks with
+// branches (nil: not consumed) on a pool of its own.
+func (r *rig) serveHandlers(slots int, noAckExtension bool, runs, branches consume.Handler) {
+	r.t.Helper()
+	pool := consume.New(r.nc, slots, noAckExtension, testenv.Logger(r.t))
+	r.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pool.Stop(ctx)
+	})
+	if runs != nil {
+		require.NoError(r.t, pool.Consume(r.consumer(jetstream.RunTasks), slots, runs))
+	}
+	if branches != nil {
+		require.NoError(r.t, pool.Consume(r.consumer(jetstream.BranchTasks), slots, branches))
+	}
+}
+
+// serveTimers moves due timers into the task stream (DueForwarder).
+func (r *rig) serveTimers() {
+	r.t.Helper()
+	pool := consume.New(r.nc, 2, false, testenv.Logger(r.t))
+	r.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pool.Stop(ctx)
+	})
+	c, err := r.a.EnsureDueConsumer(r.ctx(), jetstream.ConsumerConfig{AckWait: r.ackWait})
+	require.NoError(r.t, err)
+	require.NoError(r.t, pool.Consume(c, 2, &DueForwarder{JS: r.a.JS, Log: testenv.Logger(r.t)}))
+}
+
+// fireDue advances the timer clock by d and makes every timer due by it
+// fire now.
+func (r *rig) fireDue(d time.Duration) int {
+	r.t.Helper()
+	n, err := jetstream.FireDue(r.ctx(), r.a.JS, r.a.Timers, r.clock.Advance(d))
+	require.NoError(r.t, err)
+	return n
+}
+
+// start admits run runID of wf with input (its start task published, its
+// record created).
+func (r *rig) start(runID string, input string) state.Run {
+	r.t.Helper()
+	res, err := r.admit.Admit(r.ctx(), dedupe.Request{RunID: runID, Workflow: wf, Input: json.RawMessage(input)})
+	require.NoError(r.t, err)
+	require.Equal(r.t, dedupe.Created, res.Outcome)
+	return res.Run
+}
+
+// wait waits for run runID to end and returns its record.
+func (r *rig) wait(runID string) state.Run {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(r.t.Context(), r.within())
+	defer cancel()
+	run, err := r.store.Wait(ctx, runID)
+	require.NoError(r.t, err, "run %s did not end", runID)
+	return run
+}
+
+// runRecord reads run runID's record.
+func (r *rig) runRecord(runID string) (state.Run, uint64) {
+	r.t.Helper()
+	run, rev, err := r.store.Get(r.ctx(), runID)
+	require.NoError(r.t, err)
+	return run, rev
+}
+
+// step reads the committed record of step id (nil: none).
+func (r *rig) step(id string) *state.Step {
+	r.t.Helper()
+	v, rev, err := r.a.Steps.Get(r.ctx(), id)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return nil
+	}
+	require.NoError(r.t, err)
+	rec, err := state.DecodeStep(v)
+	require.NoError(r.t, err)
+	rec.Rev = rev
+	return &rec
+}
+
+// lease reads run generation identity's lease record and its revision
+// (nil, 0: none).
+func (r *rig) lease(identity string) (*state.Lease, uint64) {
+	r.t.Helper()
+	v, rev, err := r.a.Steps.Get(r.ctx(), state.LeaseKey(identity))
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return nil, 0
+	}
+	require.NoError(r.t, err)
+	l, err := state.DecodeLease(v)
+	require.NoError(r.t, err)
+	return &l, rev
+}
+
+// putLease writes identity's lease record l whatever it held, and returns
+// its revision.
+func (r *rig) putLease(identity string, l state.Lease) uint64 {
+	r.t.Helper()
+	l.V = state.Version
+	if l.At.IsZero() {
+		l.At = time.Now().UTC()
+	}
+	b, err := state.Encode(l)
+	require.NoError(r.t, err)
+	rev, err := r.a.Steps.Put(r.ctx(), state.LeaseKey(identity), b)
+	require.NoError(r.t, err)
+	return rev
+}
+
+// attempts reads step id's attempt log (nil: none).
+func (r *rig) attempts(id string) *state.AttemptLog {
+	r.t.Helper()
+	v, _, err := r.a.Attempts.Get(r.ctx(), id)
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return nil
+	}
+	require.NoError(r.t, err)
+	l, err := state.DecodeAttemptLog(v)
+	require.NoError(r.t, err)
+	return &l
+}
+
+// putAttempts writes step id's attempt log.
+func (r *rig) putAttempts(id string, l state.AttemptLog) {
+	r.t.Helper()
+	l.V = state.Version
+	b, err := state.Encode(l)
+	require.NoError(r.t, err)
+	_, err = r.a.Attempts.Put(r.ctx(), id, b)
+	require.NoError(r.t, err)
+}
+
+// commitStep writes a committed record of step id of run runID with
+// output, as a branch or an event would (create-if-absent).
+func (r *rig) commitStep(runID, id, output string) uint64 {
+	r.t.Helper()
+	b, err := state.Encode(state.Step{V: state.Version, StepID: id, RunID: runID, Name: state.StepName(id), Attempt: 1,
+		Output: json.RawMessage(output), Committed: time.Now().UTC()})
+	require.NoError(r.t, err)
+	rev, err := r.a.Steps.Create(r.ctx(), id, b)
+	require.NoError(r.t, err)
+	return rev
+}
+
+// timers are the timers stored in JETFLOW_TIMERS and not fired yet, by
+// step ID, with the task each becomes.
+func (r *rig) timers() map[string]state.Task {
+	r.t.Helper()
+	stored, err := jetstream.StoredTimers(r.ctx(), r.a.Timers)
+	require.NoError(r.t, err)
+	out := make(map[string]state.Task, len(stored))
+	for _, st := range stored {
+		task, err := state.DecodeTask(st.Data)
+		require.NoError(r.t, err)
+		out[task.StepID] = task
+	}
+	return out
+}
+
+// pending is the task stored on subject (the zero task and false: none).
+func (r *rig) pending(subject string) (state.Task, uint64, bool) {
+	r.t.Helper()
+	m, err := r.a.Tasks.GetLastMsgForSubject(r.ctx(), subject)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return state.Task{}, 0, false
+	}
+	require.NoError(r.t, err)
+	task, err := state.DecodeTask(m.Data)
+	require.NoError(r.t, err)
+	return task, m.Sequence, true
+}
+
+// publish stores task on subject under msgID and returns its stream
+// sequence.
+func (r *rig) publish(subject, msgID string, task state.Task) uint64 {
+	r.t.Helper()
+	task.V = state.Version
+	b, err := state.Encode(task)
+	require.NoError(r.t, err)
+	ack, err := r.a.JS.Publish(r.ctx(), subject, b, natsjs.WithMsgID(msgID))
+	require.NoError(r.t, err)
+	require.False(r.t, ack.Duplicate)
+	return ack.Sequence
+}
+
+// wake publishes a wake of run (read at rev) about stepID under msgID.
+func (r *rig) wake(run state.Run, rev uint64, stepID, msgID string) {
+	r.t.Helper()
+	d, err := Wake(r.ctx(), r.a, run, rev, stepID, msgID)
+	require.NoError(r.t, err)
+	require.Equal(r.t, jetstream.Stored, d)
+}
+
+// eventually waits for cond, polling, within the rig's bound.
+func (r *rig) eventually(cond func() bool, msg string, args ...any) {
+	r.t.Helper()
+	require.Eventually(r.t, cond, r.within(), 2*time.Millisecond, fmt.Sprintf(msg, args...))
+}
+
+// await receives from ch within the rig's bound.
+func await[T any](r *rig, ch <-chan T, what string) T {
+	r.t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(r.within()):
+		r.t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// never checks that nothing arrives on ch for a whole span (a bound the
+// test derives from AckWait: what it rules out would have happened
+// within it).
+func never[T any](r *rig, ch <-chan T, span time.Duration, what string) {
+	r.t.Helper()
+	select {
+	case v := <-ch:
+		r.t.Fatalf("%s: %v", what, v)
+	case <-time.After(span):
+	}
+}
+
+// tap records every task and timer publish seen on the server, in order.
+type tap struct {
+	t    *testing.T
+	pub  *nats.Conn // the connection whose publishes sync orders
+	mu   sync.Mutex
+	msgs []*nats.Msg
+	sync chan string
+	n    atomic.Int64
+}
+
+func newTap(t *testing.T, pub, sub *nats.Conn) *tap {
+	tp := &tap{t: t, pub: pub, sync: make(chan string, 16)}
+	for _, subject := range []string{"jetflow.run.>", "jetflow.branch.>", "jetflow.sched.>", "tap.sync.*"} {
+		_, err := sub.Subscribe(subject, func(m *nats.Msg) {
+			if strings.HasPrefix(m.Subject, "tap.sync.") {
+				tp.sync <- m.Subject
+				return
+			}
+			tp.mu.Lock()
+			tp.msgs = append(tp.msgs, m)
+			tp.mu.Unlock()
+		})
+		require.NoError(t, err)
+	}
+	require.NoError(t, sub.Flush())
+	return tp
+}
+
+// published returns the publishes seen so far on subjects with prefix:
+// every publish made on the rig's connection before the call is in it.
+func (tp *tap) published(prefix string) []*nats.Msg {
+	tp.t.Helper()
+	want := "tap.sync." + strconv.FormatInt(tp.n.Add(1), 10)
+	require.NoError(tp.t, tp.pub.Publish(want, nil))
+	for {
+		select {
+		case got := <-tp.sync:
+			if got != want {
+				continue
+			}
+		case <-time.After(10 * time.Second):
+			tp.t.Fatal("the tap did not see its sync message")
+		}
+		break
+	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	var out []*nats.Msg
+	for _, m := range tp.msgs {
+		if strings.HasPrefix(m.Subject, prefix) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// tasks decodes msgs.
+func (tp *tap) tasks(msgs []*nats.Msg) []state.Task {
+	tp.t.Helper()
+	out := make([]state.Task, len(msgs))
+	for i, m := range msgs {
+		task, err := state.DecodeTask(m.Data)
+		require.NoError(tp.t, err)
+		out[i] = task
+	}
+	return out
+}
+
+// probe is a handler that hands every delivery to a test's function, which
+// settles it (or not).
+type probe func(ctx context.Context, d *consume.Delivery)
+
+func (p probe) Handle(ctx context.Context, d *consume.Delivery) { p(ctx, d) }
+func (p probe) Release(msg natsjs.Msg, delay time.Duration) error {
+	return consume.NakAfter(msg, delay)
+}
+
+// meta is a delivery's stream sequence and delivery count.
+func meta(t *testing.T, d *consume.Delivery) (seq uint64, delivered int) {
+	t.Helper()
+	m, err := d.Msg.Metadata()
+	require.NoError(t, err)
+	return m.Sequence.Stream, int(m.NumDelivered)
+}
+
+// body helpers
+
+// seqStep runs step name inline with the default policy.
+func seqStep(c *Context, name string, fn StepFunc) (json.RawMessage, error) {
+	return c.StepWithKey(name, RetryPolicy{}, TaskKey{}, fn)
+}
+
+// ok is a step function that returns v.
+func ok(v string) StepFunc {
+	return func(context.Context) (json.RawMessage, error) { return json.RawMessage(v), nil }
+}
+
+// retryIn is a retryable error that asks for delay d.
+type retryIn time.Duration
+
+func (e retryIn) Error() string             { return "try again in " + time.Duration(e).String() }
+func (e retryIn) RetryAfter() time.Duration { return time.Duration(e) }
+
+// fatal is an error that must not be retried, with a code.
+type fatal struct{ code string }
+
+func (e fatal) Error() string     { return "fatal: " + e.code }
+func (e fatal) Fatal() bool       { return true }
+func (e fatal) ErrorCode() string { return e.code }
+
+// attemptsSeen records the attempts the executor numbers (Hooks.BeforeAttempt).
+type attemptsSeen struct {
+	mu   sync.Mutex
+	seen map[string][]int
+}
+
+func (a *attemptsSeen) hook(stepID string, attempt int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.seen == nil {
+		a.seen = map[string][]int{}
+	}
+	a.seen[stepID] = append(a.seen[stepID], attempt)
+}
+
+func (a *attemptsSeen) of(stepID string) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]int(nil), a.seen[stepID]...)
+}
