@@ -162,7 +162,7 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	require.NoError(t, err)
-	admit := dedupe.New(c.assets, nil, m.internal())
+	admit := dedupe.New(c.assets, dedupe.Config{Metrics: m.internal()})
 	var outcomes []dedupe.Outcome
 	require.Eventually(t, func() bool {
 		res, err := admit.Admit(context.Background(), dedupe.Request{RunID: "evt-1", Workflow: "window", Input: json.RawMessage(`1`)})

@@ -103,7 +103,7 @@ type Client struct {
 	admit  *dedupe.Admitter
 	runs   *runs.Store
 	// cancels ends runs as cancelled (CancelRun, superseding starts).
-	cancels *canceller
+	engine engine
 	// denials fails a cancel at once when the server refuses its writes.
 	denials denials
 	// noIndexRepair: the server refused this client's repair of the run
@@ -135,12 +135,8 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 		return nil, err
 	}
 	cfg.Metrics.watch(nc)
-	store := runs.New(assets)
-	admit := dedupe.New(assets, nil, cfg.Metrics.internal())
-	admit.SetTracer(cfg.Tracing.internal())
-	cancels := newCanceller(nc, assets, store, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
-	cancels.attach(admit)
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: admit, runs: store, cancels: cancels}, nil
+	eng := newEngine(assets, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
+	return &Client{nc: nc, cfg: cfg, assets: assets, admit: eng.admit, runs: eng.runs, engine: eng}, nil
 }
 
 // Ready reports whether the client can start and read runs: connected to
@@ -943,7 +939,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	if err := state.ValidateRunID(runID); err != nil {
 		return CancelOutcome{}, err
 	}
-	return c.cancels.cancel(ctx, runID)
+	return c.engine.cancel(ctx, runID)
 }
 
 // cancelWrites are the subjects CancelRun publishes to: run records, the

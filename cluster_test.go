@@ -243,11 +243,7 @@ func r3Failover(t *testing.T, stream string) {
 	// A worker process comes back with the node: its reads are served by
 	// the replicas that just caught up.
 	env.r3Worker(victim, wfName, fx)
-	select {
-	case <-loadDone:
-	case <-time.After(90 * time.Second):
-		t.Fatalf("the load did not finish: %d of %d starts accepted", l.acceptedCount(), total)
-	}
+	l.waitLoad(t, loadDone, total, 90*time.Second)
 	loadAt := time.Since(begin)
 
 	sum := r3Check(t, c, plan, l, mon, fx, 60*time.Second)
@@ -348,17 +344,42 @@ func (l *r3Ledger) errorCauses() map[string]int {
 	return maps.Clone(l.causes)
 }
 
-// waitAccepted waits until n starts are accepted.
-func (l *r3Ledger) waitAccepted(t *testing.T, n int, d time.Duration) {
+// waitAccepted waits until n starts are accepted, for as long as starts
+// keep being accepted: it fails when none was for stall. A busy machine
+// makes the load slower, not stalled, so the allowance is for a stall,
+// not for the whole load.
+func (l *r3Ledger) waitAccepted(t *testing.T, n int, stall time.Duration) {
 	t.Helper()
-	deadline := time.After(d)
-	for l.acceptedCount() < n {
+	if !l.progressUntil(func() bool { return l.acceptedCount() >= n }, nil, stall) {
+		t.Fatalf("only %d of %d starts accepted, none in the last %s", l.acceptedCount(), n, stall)
+	}
+}
+
+// waitLoad waits until done is closed (the producers finished), for as
+// long as starts keep being accepted; it fails when none was for stall.
+func (l *r3Ledger) waitLoad(t *testing.T, done <-chan struct{}, total int, stall time.Duration) {
+	t.Helper()
+	if !l.progressUntil(func() bool { return false }, done, stall) {
+		t.Fatalf("the load did not finish: %d of %d starts accepted, none in the last %s", l.acceptedCount(), total, stall)
+	}
+}
+
+// progressUntil waits until cond holds or done is closed, and reports
+// false when no start was accepted for stall before that.
+func (l *r3Ledger) progressUntil(cond func() bool, done <-chan struct{}, stall time.Duration) bool {
+	timer := time.NewTimer(stall)
+	defer timer.Stop()
+	for !cond() {
 		select {
 		case <-l.progress:
-		case <-deadline:
-			t.Fatalf("only %d of %d starts accepted after %s", l.acceptedCount(), n, d)
+			timer.Reset(stall)
+		case <-done:
+			return true
+		case <-timer.C:
+			return false
 		}
 	}
+	return true
 }
 
 // r3Produce feeds plan to producers goroutines, one start every every. A
@@ -1223,7 +1244,7 @@ func TestClusterRetriedStartLandsOnOneRun(t *testing.T) {
 	// created and the record keeps the creator's token.
 	env.r3Worker(1, "r3retry", fx)
 	env.r3Worker(2, "r3retry", fx)
-	admitters := []*dedupe.Admitter{dedupe.New(assets[1], nil, nil), dedupe.New(assets[2], nil, nil)}
+	admitters := []*dedupe.Admitter{dedupe.New(assets[1], dedupe.Config{}), dedupe.New(assets[2], dedupe.Config{})}
 	for i := range n {
 		id := fmt.Sprint("adm-", i)
 		req := dedupe.Request{RunID: id, Workflow: "r3retry", Input: json.RawMessage(`0`), Source: "retry-test"}

@@ -300,7 +300,7 @@ func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 	c := env.client()
 	ctx := ctxT(t, 60*time.Second)
 
-	admit := dedupe.New(c.assets, nil, nil)
+	admit := dedupe.New(c.assets, dedupe.Config{})
 	published, resume := make(chan struct{}), make(chan struct{})
 	admit.SetHooks(dedupe.Hooks{AfterStartPublished: func(string) {
 		close(published)

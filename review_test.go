@@ -41,7 +41,7 @@ func TestStartOfAnotherWorkflowCannotTakeOverARun(t *testing.T) {
 
 	// Repeat until the broker's window has passed and the other workflow's
 	// start task is stored: its worker must drop it.
-	admit := dedupe.New(c.assets, nil, nil)
+	admit := dedupe.New(c.assets, dedupe.Config{})
 	var errs []error
 	require.Eventually(t, func() bool {
 		res, err := admit.Admit(context.Background(), dedupe.Request{RunID: "shared-1", Workflow: "other", Input: json.RawMessage(`"x"`)})

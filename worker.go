@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/consume"
-	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
@@ -208,10 +207,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	admit := dedupe.New(assets, nil, w.cfg.Metrics.internal())
-	admit.SetTracer(w.cfg.Tracing.internal())
-	cancels := newCanceller(w.nc, assets, runs.New(assets), w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
-	cancels.attach(admit)
+	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
@@ -224,10 +220,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
 	exec := workflow.NewExecutor(workflow.Config{
-		Assets: assets, Admitter: admit, Definitions: defs, Logger: w.log,
+		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
-		Cancel: cancels.finish, Stopping: w.draining.Load,
+		Canceller: eng.cancels, Stopping: w.draining.Load,
 	})
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
@@ -268,14 +264,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
-	stopDurable, startConsumers, err := startproto.ServeDurable(ctx, assets, admit, served, startproto.DurableConfig{
+	stopDurable, startConsumers, err := startproto.ServeDurable(ctx, assets, eng.admit, served, startproto.DurableConfig{
 		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
 		return errors.Join(err, notices.Unsubscribe(), stopPools(ctx))
 	}
 	consumers = append(consumers, startConsumers...)
-	stopStarts, err := startproto.Serve(w.nc, admit, served, 10*time.Second, w.log)
+	stopStarts, err := startproto.Serve(w.nc, eng.admit, served, 10*time.Second, w.log)
 	if err != nil {
 		return errors.Join(err, notices.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
 	}

@@ -120,7 +120,8 @@ type Admitter struct {
 	metrics *metrics.Metrics
 	hooks   Hooks
 	tracer  *tracing.Tracer
-	// cancelled finishes the cancel of a superseded generation (SetCancelled).
+	// cancelled finishes the cancel of a superseded generation
+	// (Config.Cancelled).
 	cancelled func(ctx context.Context, run state.Run, first bool) error
 }
 
@@ -143,19 +144,6 @@ type Hooks struct {
 // SetHooks installs h. Call it before the Admitter is used.
 func (a *Admitter) SetHooks(h Hooks) { a.hooks = h }
 
-// SetCancelled sets what a superseding start does once it has cancelled
-// a running generation: tell the run's workers and parent, and cancel its
-// children, as a cancel of the run does (nil: nothing). It is called again
-// by a start that finds the cancelled generation without its successor,
-// so it must be safe to repeat. Call it before the Admitter is used.
-func (a *Admitter) SetCancelled(f func(ctx context.Context, run state.Run, first bool) error) {
-	a.cancelled = f
-}
-
-// SetTracer makes Admit emit a jetflow.start span per start (nil: none).
-// Call it before the Admitter is used.
-func (a *Admitter) SetTracer(t *tracing.Tracer) { a.tracer = t }
-
 // ErrStaleStart is Materialize's answer to a start task that must create
 // nothing: its run ID's record expired after the task was published (the
 // task of a duplicate start left in the stream past the broker's window, or
@@ -169,12 +157,30 @@ var ErrStaleStart = errors.New("jetflow: stale start task")
 // safe.
 var ErrRetryStart = errors.New("jetflow: the run expired while it was being started; start it again")
 
-// New returns an Admitter over provisioned assets. now and m may be nil.
-func New(assets *jetstream.Assets, now func() time.Time, m *metrics.Metrics) *Admitter {
-	if now == nil {
-		now = time.Now
+// Config is what an Admitter works with besides its assets. Every field
+// may be left zero.
+type Config struct {
+	// Now is the clock of audit entries and records (default time.Now).
+	Now func() time.Time
+	// Metrics counts starts (nil: none).
+	Metrics *metrics.Metrics
+	// Tracer emits a jetflow.start span per start (nil: none).
+	Tracer *tracing.Tracer
+	// Cancelled is what a superseding start does once it has cancelled a
+	// running generation: tell the run's workers and parent, and cancel
+	// its children, as a cancel of the run does (workflow.Canceller.Ended;
+	// nil: nothing). It is called again by a start that finds the
+	// cancelled generation without its successor, so it must be safe to
+	// repeat.
+	Cancelled func(ctx context.Context, run state.Run, first bool) error
+}
+
+// New returns an Admitter over provisioned assets.
+func New(assets *jetstream.Assets, cfg Config) *Admitter {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	return &Admitter{assets: assets, runs: runs.New(assets), now: now, metrics: m}
+	return &Admitter{assets: assets, runs: runs.New(assets), now: cfg.Now, metrics: cfg.Metrics, tracer: cfg.Tracer, cancelled: cfg.Cancelled}
 }
 
 // Validate checks a request without touching NATS.

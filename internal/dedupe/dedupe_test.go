@@ -19,7 +19,7 @@ func setup(t *testing.T) *Admitter {
 	nc := testenv.Conn(t, testenv.Server(t))
 	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	return New(a, nil, nil)
+	return New(a, Config{})
 }
 
 func ctx(t *testing.T) context.Context {
@@ -103,7 +103,7 @@ func TestAfterExpiryIsReportedWhoeverCreates(t *testing.T) {
 	nc := testenv.Conn(t, testenv.Server(t))
 	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{Retention: time.Second, DuplicateWindow: 500 * time.Millisecond}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	a := New(assets, nil, nil)
+	a := New(assets, Config{})
 	_, err = a.Admit(ctx(t), Request{RunID: "exp-1", Workflow: "w", Input: json.RawMessage(`1`)})
 	require.NoError(t, err)
 	end(t, a, "exp-1")

@@ -25,7 +25,7 @@ func TestAdmitCountsInvalidStartsApartFromErrors(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(reg)
 	require.NoError(t, err)
-	a := New(assets, nil, m)
+	a := New(assets, Config{Metrics: m})
 
 	_, err = a.Admit(ctx(t), Request{RunID: "no spaces", Workflow: "w", Input: json.RawMessage(`1`)})
 	require.ErrorIs(t, err, state.ErrInvalidRunID)

@@ -165,7 +165,7 @@ func FuzzHandleStart(f *testing.F) {
 	defer cancel()
 	assets, err := jetstream.Provision(setupCtx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(f, err)
-	a := dedupe.New(assets, nil, nil)
+	a := dedupe.New(assets, dedupe.Config{})
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

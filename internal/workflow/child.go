@@ -273,21 +273,14 @@ func (e *Executor) cancelChildOf(d *delivery, parent state.Run, spec *ChildSpec)
 	return nil
 }
 
-// cancelChild writes the child run runID cancelled, if it still runs, and
-// tells the workers, so that a step of it that runs now sees its context
-// cancelled (the notice is best effort: the child's next step reads its
-// record first).
+// cancelChild cancels the child run runID, if it still runs, as any
+// cancel does (Canceller.Cancel: its workers, its children). A child
+// that has no record or has ended is nothing to do; a cancel that fails
+// releases the task, and its redelivery repeats it.
 func (e *Executor) cancelChild(d *delivery, runID string) *settlement {
-	child, cancelled, err := e.runs.Cancel(d.nctx, runID)
-	switch {
-	case errors.Is(err, runs.ErrNotFound):
-		return nil
-	case err != nil:
+	_, err := e.cancels.Cancel(d.nctx, runID)
+	if err != nil && !errors.Is(err, ErrRunNotFound) && !errors.Is(err, ErrRunEnded) {
 		return &settlement{kind: settleRelease, err: err}
-	case cancelled:
-		if err := e.cfg.Assets.JS.Conn().Publish(jetstream.CancelSubjectPrefix+child.RunID, []byte(child.Token)); err != nil {
-			d.log.Warn().Err(err).Str("child_run_id", runID).Msg("child cancelled, but notifying workers failed")
-		}
 	}
 	return nil
 }

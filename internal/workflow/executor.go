@@ -95,11 +95,12 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Tracer emits step and run spans (nil: none).
 	Tracer *tracing.Tracer
-	// Cancel finishes the cancel of a run whose lease says cancelled while
-	// its record still runs (the canceller died between its two writes):
-	// it writes the record cancelled and tells the workers, the parent and
-	// the children, as a cancel does (nil: the record alone).
-	Cancel func(ctx context.Context, runID string) error
+	// Canceller is the process's cancel path (nil: the executor's own,
+	// over Assets, Metrics and Tracer). The executor cancels a cancelled
+	// parent's children with it, and finishes the cancel of a run whose
+	// lease says cancelled while its record still runs (the canceller
+	// died between its two writes).
+	Canceller *Canceller
 	// Stopping reports whether the worker is draining (nil: never): a
 	// holder then starts no further sequential step, and hands its run to
 	// another worker at the step boundary instead.
@@ -112,6 +113,7 @@ type Executor struct {
 	cfg      Config
 	inflight *inflight
 	runs     *runs.Store
+	cancels  *Canceller
 	log      zerolog.Logger
 }
 
@@ -126,7 +128,11 @@ func NewExecutor(cfg Config) *Executor {
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second
 	}
-	return &Executor{cfg: cfg, inflight: newInflight(), runs: runs.New(cfg.Assets), log: cfg.Logger}
+	e := &Executor{cfg: cfg, inflight: newInflight(), runs: runs.New(cfg.Assets), cancels: cfg.Canceller, log: cfg.Logger}
+	if e.cancels == nil {
+		e.cancels = NewCanceller(cfg.Assets, e.runs, cfg.Metrics, cfg.Tracer, false)
+	}
+	return e
 }
 
 // Runs is the handler of run tasks (jetstream.RunTasks): every delivery

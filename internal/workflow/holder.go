@@ -268,11 +268,7 @@ func (e *Executor) cancelledLease(d *delivery) *settlement {
 	case d.delivered < 2:
 		return &settlement{kind: settleRelease, err: errors.New("the run's lease is cancelled and its record not yet: a cancel under way")}
 	}
-	cancel := e.cfg.Cancel
-	if cancel == nil {
-		cancel = func(ctx context.Context, runID string) error { _, _, err := e.runs.Cancel(ctx, runID); return err }
-	}
-	if err := cancel(d.nctx, d.run.RunID); err != nil && !errors.Is(err, runs.ErrNotFound) {
+	if err := e.cancels.Finish(d.nctx, d.run.RunID); err != nil {
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot finish the run's cancel: %w", err)}
 	}
 	d.log.Warn().Msg("finished the cancel of a run whose canceller stopped between its writes")
