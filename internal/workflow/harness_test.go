@@ -497,3 +497,91 @@ func (a *attemptsSeen) of(stepID string) []int {
 	defer a.mu.Unlock()
 	return append([]int(nil), a.seen[stepID]...)
 }
+
+// deliveries counts the deliveries a handler got, by subject.
+type deliveries struct {
+	h  consume.Handler
+	mu sync.Mutex
+	n  map[string][]int // delivery counts seen per subject
+	// handled gets the subject of every delivery the handler returned
+	// from (dropped when nobody reads it).
+	handled chan string
+}
+
+func (c *deliveries) Handle(ctx context.Context, d *consume.Delivery) {
+	if m, err := d.Msg.Metadata(); err == nil {
+		c.mu.Lock()
+		if c.n == nil {
+			c.n = map[string][]int{}
+		}
+		c.n[d.Msg.Subject()] = append(c.n[d.Msg.Subject()], int(m.NumDelivered))
+		c.mu.Unlock()
+	}
+	c.h.Handle(ctx, d)
+	select {
+	case c.handled <- d.Msg.Subject():
+	default:
+	}
+}
+
+func (c *deliveries) Release(msg natsjs.Msg, delay time.Duration) error { return c.h.Release(msg, delay) }
+
+// of is the delivery counts seen on subject, in order.
+func (c *deliveries) of(subject string) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int(nil), c.n[subject]...)
+}
+
+// served are the handlers of an executor a rig serves, counted.
+type served struct{ runs, branches *deliveries }
+
+// serveCounted serves e like serve (runs and/or branches), counting
+// deliveries.
+func (r *rig) serveCounted(e *Executor, slots int, runs, branches bool) served {
+	s := served{runs: &deliveries{h: e.Runs(), handled: make(chan string, 64)},
+		branches: &deliveries{h: e.Branches(), handled: make(chan string, 64)}}
+	var rh, bh consume.Handler
+	if runs {
+		rh = s.runs
+	}
+	if branches {
+		bh = s.branches
+	}
+	r.serveHandlers(slots, false, rh, bh)
+	return s
+}
+
+// hooked records what an executor's hooks saw.
+type hooked struct {
+	attempts attemptsSeen
+	parks    chan []string // Hooks.AfterPark: the waits
+	finishes chan string   // Hooks.AfterFinish: the run ID
+	commits  chan commitSeen
+}
+
+type commitSeen struct {
+	step string
+	won  bool
+}
+
+func newHooked() *hooked {
+	return &hooked{parks: make(chan []string, 16), finishes: make(chan string, 16), commits: make(chan commitSeen, 64)}
+}
+
+// install sets the hooks on c.
+func (h *hooked) install(c *Config) {
+	c.Hooks.BeforeAttempt = h.attempts.hook
+	c.Hooks.AfterPark = func(_ string, waits []string) { h.parks <- waits }
+	c.Hooks.AfterFinish = func(runID string) { h.finishes <- runID }
+	c.Hooks.AfterCommit = func(stepID string, won bool) { h.commits <- commitSeen{stepID, won} }
+}
+
+// msgIDs are the Nats-Msg-Id headers of msgs.
+func msgIDs(msgs []*nats.Msg) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.Header.Get(natsjs.MsgIDHeader)
+	}
+	return out
+}
