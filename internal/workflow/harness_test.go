@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,27 +58,10 @@ func newRig(t *testing.T, ackWait time.Duration) *rig {
 	defer cancel()
 	a, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
-	r := &rig{t: t, nc: nc, a: a, store: runs.New(a), admit: newAdmitter(t, a), ackWait: ackWait,
+	r := &rig{t: t, nc: nc, a: a, store: runs.New(a), admit: dedupe.New(a, dedupe.Config{}), ackWait: ackWait,
 		clock: &clock{now: time.Now()}}
 	r.tap = newTap(t, nc, testenv.Conn(t, srv))
 	return r
-}
-
-// newAdmitter is dedupe.New(a) with its defaults. dedupe.New's options
-// are being reworked (positional clock and metrics, or a dedupe.Config):
-// the call is made by reflection so that these tests build against either
-// until that change lands, when it becomes a plain call.
-func newAdmitter(t *testing.T, a *jetstream.Assets) *dedupe.Admitter {
-	t.Helper()
-	fn := reflect.ValueOf(dedupe.New)
-	args := []reflect.Value{reflect.ValueOf(a)}
-	for i := 1; i < fn.Type().NumIn(); i++ {
-		args = append(args, reflect.Zero(fn.Type().In(i)))
-	}
-	out := fn.Call(args)
-	admit, ok := out[0].Interface().(*dedupe.Admitter)
-	require.True(t, ok)
-	return admit
 }
 
 // ctx is a context for one operation of the test.
@@ -524,7 +506,9 @@ func (c *deliveries) Handle(ctx context.Context, d *consume.Delivery) {
 	}
 }
 
-func (c *deliveries) Release(msg natsjs.Msg, delay time.Duration) error { return c.h.Release(msg, delay) }
+func (c *deliveries) Release(msg natsjs.Msg, delay time.Duration) error {
+	return c.h.Release(msg, delay)
+}
 
 // of is the delivery counts seen on subject, in order.
 func (c *deliveries) of(subject string) []int {
