@@ -905,12 +905,6 @@ type CancelOutcome struct {
 	Children []string
 }
 
-// Cancel cancels a running run; see CancelRun.
-func (c *Client) Cancel(ctx context.Context, runID string) error {
-	_, err := c.CancelRun(ctx, runID)
-	return err
-}
-
 // CancelRun cancels a running run: its record becomes cancelled at once (a
 // final state that no later completion overwrites; Result reports a
 // *RunError with Status cancelled), workers are told to cancel the context

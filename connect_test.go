@@ -23,8 +23,8 @@ func TestConnectUnsafeConnection(t *testing.T) {
 	url := srv.ClientURL()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	ws := NewWorkers()
-	require.NoError(t, ws.Add(NewWorkflow("connectcheck", func(_ *Context, in int) (int, error) { return in, nil })))
+	ws := NewRegistry()
+	require.NoError(t, ws.Register(NewWorkflow("connectcheck", func(_ *Context, in int) (int, error) { return in, nil })))
 	conn := func(connect func(string, ...nats.Option) (*nats.Conn, error), opts ...nats.Option) *nats.Conn {
 		t.Helper()
 		nc, err := connect(url, opts...)

@@ -213,11 +213,6 @@ func StepDetailsFrom(ctx context.Context) (details StepDetails, ok bool) {
 	return stepDetailsFrom(info), true
 }
 
-// StepInfo is StepDetailsFrom.
-//
-// Deprecated: use StepDetailsFrom, named after the type it returns.
-func StepInfo(ctx context.Context) (details StepDetails, ok bool) { return StepDetailsFrom(ctx) }
-
 // Registrable is a workflow definition that a registry accepts:
 // any *Workflow[P, R].
 type Registrable interface {
@@ -232,18 +227,8 @@ type Registry struct {
 	defs map[string]Registrable
 }
 
-// Workers is the former name of Registry.
-//
-// Deprecated: use Registry.
-type Workers = Registry
-
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{defs: make(map[string]Registrable)} }
-
-// NewWorkers returns an empty registry.
-//
-// Deprecated: use NewRegistry.
-func NewWorkers() *Registry { return NewRegistry() }
 
 // Register registers workflows. It fails on an invalid name
 // (ErrInvalidName), a name registered twice (ErrDuplicateWorkflow) or an
@@ -273,11 +258,6 @@ func (r *Registry) Register(wfs ...Registrable) error {
 	}
 	return nil
 }
-
-// Add is Register.
-//
-// Deprecated: use Register.
-func (r *Registry) Add(wfs ...Registrable) error { return r.Register(wfs...) }
 
 // Names lists the registered workflow names.
 func (r *Registry) Names() []string {

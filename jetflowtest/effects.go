@@ -40,7 +40,7 @@ func (e *Effects) Apply(ctx context.Context) (first bool) {
 	if killedStep(ctx) {
 		return false // the call of a worker the Env killed: it never reached anyone
 	}
-	d, ok := jetflow.StepInfo(ctx)
+	d, ok := jetflow.StepDetailsFrom(ctx)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !ok || d.StepID == "" {

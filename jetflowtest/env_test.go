@@ -18,7 +18,7 @@ func order(fx *jetflowtest.Effects) *jetflow.Workflow[int, string] {
 		for _, name := range []string{"reserve", "charge", "ship"} {
 			if _, err := jetflow.Step(ctx, name, func(sctx context.Context) (string, error) {
 				fx.Apply(sctx)
-				d, _ := jetflow.StepInfo(sctx)
+				d, _ := jetflow.StepDetailsFrom(sctx)
 				return d.StepID, nil
 			}); err != nil {
 				return "", err

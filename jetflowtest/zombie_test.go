@@ -22,7 +22,7 @@ func TestCallsOfACrashedWorkersStepAreNotCounted(t *testing.T) {
 		// a commits, and the worker is killed, only while b runs on it.
 		a := jetflow.Go(ctx, "a", func(context.Context) (int, error) { <-bRuns; return 1, nil })
 		b := jetflow.Go(ctx, "b", func(sctx context.Context) (int, error) {
-			if d, _ := jetflow.StepInfo(sctx); d.Attempt == 1 {
+			if d, _ := jetflow.StepDetailsFrom(sctx); d.Attempt == 1 {
 				close(bRuns)
 				<-crashed
 				zombieDone <- fx.Apply(sctx)

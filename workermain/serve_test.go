@@ -39,7 +39,7 @@ func testWorkers(t *testing.T) *jetflow.Registry {
 	ws := jetflow.NewRegistry()
 	require.NoError(t, ws.Register(jetflow.NewWorkflow("order", func(ctx *jetflow.Context, in order) (string, error) {
 		return jetflow.Step(ctx, "charge", func(sctx context.Context) (string, error) {
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			return in.OrderID + " " + info.StepID, nil
 		})
 	})))

@@ -55,7 +55,7 @@ func NewWelcomeWorkflow(mail *Outbox) *jetflow.Workflow[Signup, Welcomed] {
 			return out, err
 		}
 		sent, err := jetflow.Step(ctx, "send-welcome-email", func(sctx context.Context) (Email, error) {
-			info, _ := jetflow.StepInfo(sctx)
+			info, _ := jetflow.StepDetailsFrom(sctx)
 			// A real worker POSTs to its email provider with the header
 			// Idempotency-Key: info.StepID.
 			return Email{MessageID: mail.Send(info.StepID, in.Email, "Welcome!"), IdempotencyKey: info.StepID}, nil
