@@ -449,7 +449,12 @@ func holdFresh(t *testing.T, r *rig, e *Executor, f func(o holdOutcome) bool) {
 	t.Helper()
 	r.start("r", `{}`)
 	done := make(chan struct{})
+	var once atomic.Bool
 	r.serveHandlers(1, false, probe(func(ctx context.Context, m *consume.Delivery) {
+		if once.Swap(true) {
+			_ = m.Msg.Term() // a redelivery after f: not judged
+			return
+		}
 		defer close(done)
 		o, untrack := e.tryHold(ctx, m)
 		defer untrack()
