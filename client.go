@@ -219,7 +219,7 @@ func (c *Client) startOpts(ctx context.Context, opts []StartOption) (startOption
 		opt(&o)
 	}
 	if o.err == nil && o.policy != nil {
-		_, o.err = o.policy.toInternal()
+		o.err = dedupe.ValidatePolicy(*o.policy)
 	}
 	if o.err == nil {
 		o.err = state.ValidateAttributes(o.attributes)
@@ -305,8 +305,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	if o.policy != nil {
 		policy = *o.policy
 	}
-	ipolicy, err := policy.toInternal()
-	if err != nil {
+	if err := dedupe.ValidatePolicy(policy); err != nil {
 		return nil, err
 	}
 	if c.cfg.StartByRequest {
@@ -314,7 +313,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
 		RunID: o.runID, Workflow: wf.Name(), Input: raw, Source: o.source,
-		IgnoreInput: o.ignoreInput, Policy: ipolicy, Retention: wf.retention,
+		IgnoreInput: o.ignoreInput, Policy: policy, Retention: wf.retention,
 		Entry: string(o.entry), Attributes: o.attributes,
 	})
 	if err != nil {
@@ -508,7 +507,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 		sr.Fingerprint = "ignore"
 	}
 	if o.policy != nil {
-		p, err := o.policy.envelope()
+		p, err := dedupe.EnvelopeFromPolicy(*o.policy)
 		if err != nil {
 			return StartResult{}, err
 		}

@@ -18,149 +18,6 @@ import (
 // to and from the internal ones: every enum value both ways, an unknown
 // value an error (never a default), every struct field carried.
 
-func TestConflictPolicyWhileRunningConversion(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		pub WhileRunning
-		in  dedupe.OnRunning
-	}{
-		{Attach, dedupe.Attach},
-		{RejectWhileRunning, dedupe.RejectRunning},
-		{Supersede, dedupe.Supersede},
-	} {
-		in, err := tc.pub.toInternal()
-		require.NoError(t, err)
-		require.Equal(t, tc.in, in)
-		pub, err := whileRunningFrom(tc.in)
-		require.NoError(t, err)
-		require.Equal(t, tc.pub, pub)
-	}
-	for _, bad := range []WhileRunning{-1, 3, 99} {
-		_, err := bad.toInternal()
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
-	}
-	for _, bad := range []dedupe.OnRunning{-1, 3, 99} {
-		_, err := whileRunningFrom(bad)
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
-	}
-}
-
-func TestConflictPolicyAfterEndedConversion(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		pub AfterEnded
-		in  dedupe.OnEnded
-	}{
-		{ReturnExisting, dedupe.Return},
-		{RejectAfterEnd, dedupe.RejectEnded},
-		{StartNew, dedupe.StartNew},
-	} {
-		in, err := tc.pub.toInternal()
-		require.NoError(t, err)
-		require.Equal(t, tc.in, in)
-		pub, err := afterEndedFrom(tc.in)
-		require.NoError(t, err)
-		require.Equal(t, tc.pub, pub)
-	}
-	for _, bad := range []AfterEnded{-1, 3, 99} {
-		_, err := bad.toInternal()
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
-	}
-	for _, bad := range []dedupe.OnEnded{-1, 3, 99} {
-		_, err := afterEndedFrom(bad)
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
-	}
-}
-
-func TestConflictPolicyStructConversion(t *testing.T) {
-	t.Parallel()
-	p := ConflictPolicy{WhileRunning: RejectWhileRunning, AfterCompleted: StartNew, AfterFailed: RejectAfterEnd}
-	in, err := p.toInternal()
-	require.NoError(t, err)
-	require.Equal(t, dedupe.Policy{Running: dedupe.RejectRunning, Completed: dedupe.StartNew, Failed: dedupe.RejectEnded}, in)
-	back, err := conflictPolicyFrom(in)
-	require.NoError(t, err)
-	require.Equal(t, p, back)
-	zero, err := ConflictPolicy{}.toInternal()
-	require.NoError(t, err)
-	require.Equal(t, dedupe.Policy{}, zero, "the zero values are the defaults on both sides")
-	env, err := p.envelope()
-	require.NoError(t, err)
-	require.Equal(t, dedupe.EnvelopePolicy{WhileRunning: "reject", AfterCompleted: "start_new", AfterFailed: "reject"}, env)
-
-	for field, bad := range map[string]ConflictPolicy{
-		"WhileRunning":   {WhileRunning: 5},
-		"AfterCompleted": {AfterCompleted: 5},
-		"AfterFailed":    {AfterFailed: -1},
-	} {
-		_, err := bad.toInternal()
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, field)
-		require.ErrorContains(t, err, field)
-		_, err = bad.envelope()
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%s: an envelope of an invalid policy is an error, not a panic", field)
-	}
-	_, err = conflictPolicyFrom(dedupe.Policy{Failed: 7})
-	require.ErrorIs(t, err, ErrInvalidConflictPolicy)
-}
-
-func TestConflictFingerprintModeConversion(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		pub    FingerprintMode
-		ignore bool
-	}{
-		{FingerprintStrict, false},
-		{FingerprintIgnore, true},
-	} {
-		ignore, err := tc.pub.toInternal()
-		require.NoError(t, err)
-		require.Equal(t, tc.ignore, ignore)
-		require.Equal(t, tc.pub, fingerprintModeFrom(tc.ignore))
-	}
-	for _, bad := range []FingerprintMode{-1, 2, 99} {
-		_, err := bad.toInternal()
-		require.ErrorIs(t, err, ErrInvalidConflictPolicy, "%d", bad)
-		var o startOptions
-		WithFingerprintMode(bad)(&o)
-		require.ErrorIs(t, o.err, ErrInvalidConflictPolicy, "the option records the error for the start to return")
-	}
-}
-
-func TestTaskKeyScopeConversion(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		pub  KeyScope
-		in   state.KeyScope
-		name string
-	}{
-		{ScopeRun, state.ScopeRun, "run"},
-		{ScopeWorkflow, state.ScopeWorkflow, "workflow"},
-		{ScopeGlobal, state.ScopeGlobal, "global"},
-	} {
-		in, err := tc.pub.toInternal()
-		require.NoError(t, err)
-		require.Equal(t, tc.in, in)
-		pub, err := keyScopeFrom(tc.in)
-		require.NoError(t, err)
-		require.Equal(t, tc.pub, pub)
-		require.Equal(t, tc.name, tc.pub.String())
-		require.Equal(t, tc.in.String(), tc.pub.String())
-	}
-	var zero KeyScope
-	require.Equal(t, ScopeRun, zero, "the zero value is the run scope, as internally")
-	for _, bad := range []KeyScope{-1, 3, 9} {
-		_, err := bad.toInternal()
-		require.ErrorIs(t, err, ErrInvalidKey, "%d", bad)
-		var o stepOptions
-		WithKeyScope(bad)(&o)
-		require.ErrorIs(t, o.err, ErrInvalidKey)
-	}
-	for _, bad := range []state.KeyScope{-1, 3, 9} {
-		_, err := keyScopeFrom(bad)
-		require.ErrorIs(t, err, ErrInvalidKey, "%d", bad)
-	}
-}
-
 // sameFields fails when pub and in do not have the same field names, so
 // that a field added on one side only is noticed here.
 func sameFields(t *testing.T, pub, in any) {
@@ -283,7 +140,6 @@ func TestConflictPolicyInvalidDefaultRefusedByRegistry(t *testing.T) {
 	require.Empty(t, r.Names(), "a refused batch registers none")
 	require.NoError(t, r.Register(good))
 	require.Equal(t, []string{"good"}, r.Names())
-	require.ErrorIs(t, NewWorkers().Add(bad), ErrInvalidConflictPolicy, "the deprecated names do the same")
 }
 
 // TestNamesDeprecatedWrappersDoWhatTheNewNamesDo: the old names kept for
@@ -294,13 +150,8 @@ func TestNamesDeprecatedWrappersDoWhatTheNewNamesDo(t *testing.T) {
 	WithIdempotencyKey("k", time.Minute)(&old)
 	WithTaskKey("k", time.Minute)(&cur)
 	require.Equal(t, cur, old)
-	_, ok := StepInfo(t.Context())
+	_, ok := StepDetailsFrom(t.Context())
 	require.False(t, ok, "outside a step")
-	_, ok = StepDetailsFrom(t.Context())
-	require.False(t, ok, "outside a step")
-	var ws *Workers = NewWorkers()
-	var r *Registry = ws
-	require.NotNil(t, r)
 }
 
 // TestNamesConstantsEqualTheEngines: the public constants are written as
@@ -316,17 +167,4 @@ func TestNamesConstantsEqualTheEngines(t *testing.T) {
 		require.Equal(t, string(in), string(pub))
 		require.Equal(t, in.Terminal(), pub.Terminal())
 	}
-}
-
-// An unknown enum value prints as its number: String falls back without
-// recursing through the conversion's error message.
-func TestUnknownEnumValuesPrint(t *testing.T) {
-	require.Equal(t, "KeyScope(-1)", KeyScope(-1).String())
-	require.Equal(t, "workflow", ScopeWorkflow.String())
-	_, err := KeyScope(7).toInternal()
-	require.ErrorIs(t, err, ErrInvalidKey)
-	require.Contains(t, err.Error(), "KeyScope(7)")
-	_, err = WhileRunning(9).toInternal()
-	require.ErrorIs(t, err, ErrInvalidConflictPolicy)
-	require.Contains(t, err.Error(), "WhileRunning(9)")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Sentinel errors. Match them with errors.Is; the typed errors below carry
@@ -75,7 +76,7 @@ var (
 	ErrDuplicateRejected = dedupe.ErrRejected
 	// ErrInvalidConflictPolicy: a conflict policy has a value outside its
 	// constants.
-	ErrInvalidConflictPolicy = dedupe.ErrInvalidPolicy
+	ErrInvalidConflictPolicy = jetflowtype.ErrInvalidConflictPolicy
 	// ErrInvalidRetention: a workflow retention under a second or longer
 	// than the deployment's.
 	ErrInvalidRetention = dedupe.ErrInvalidRetention

@@ -5,111 +5,51 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // ConflictPolicy decides what a start gets when its run ID names a run that
-// already exists, by the state of that run. The zero value is the default
-// of the idempotency-key documents this follows: attach to a running run,
-// return an ended one.
-type ConflictPolicy struct {
-	WhileRunning   WhileRunning
-	AfterCompleted AfterEnded
-	// AfterFailed applies to failed and cancelled runs.
-	AfterFailed AfterEnded
-}
+// already exists, by the state of that run: WhileRunning, AfterCompleted
+// and AfterFailed (which applies to failed and cancelled runs). The zero
+// value is the default of the idempotency-key documents this follows:
+// attach to a running run, return an ended one.
+type ConflictPolicy = jetflowtype.ConflictPolicy
 
 // WhileRunning is what a duplicate start gets while the run is running.
-type WhileRunning int
+type WhileRunning = jetflowtype.WhileRunning
 
 const (
 	// Attach returns the running run (OutcomeExisting). The default.
-	Attach WhileRunning = iota
+	Attach = jetflowtype.Attach
 	// RejectWhileRunning returns ErrDuplicateRejected (HTTP 409).
-	RejectWhileRunning
+	RejectWhileRunning = jetflowtype.RejectWhileRunning
 	// Supersede lets a newer start replace the running run: a start whose
 	// input differs from the running generation's cancels that generation
-	// (its steps stop and its children are cancelled, as CancelRun does;
-	// its record shows it cancelled with code "superseded") and starts a
-	// new generation under the same run ID with its own input
-	// (OutcomeSuperseded; the new generation's step IDs are
-	// <run-id>/<n>.<step>.<occurrence>, so external APIs see new
-	// idempotency keys). A start with the running generation's own input
-	// is a retry of the start that created it and attaches
-	// (OutcomeExisting), so a retried request never cancels its own run.
-	// However many superseding starts race, one generation is running when
-	// they have returned, each superseded one is cancelled, and each start
-	// learns the generation it started or got (Handle.Generation). It
-	// acts on another input under either fingerprint mode, overriding
-	// FingerprintStrict. It acts on running runs only: a start with another
-	// input once the run has ended gets AfterCompleted's or AfterFailed's
-	// answer (a conflict under FingerprintStrict, unless StartNew). A late
-	// retry of an older generation's start carries another input than the
-	// running generation's, and supersedes it too.
-	Supersede
+	// and starts a new generation under the same run ID with its own input
+	// (OutcomeSuperseded); a start with the running generation's own input
+	// attaches (OutcomeExisting). See jetflowtype.Supersede.
+	Supersede = jetflowtype.Supersede
 )
 
 // CodeSuperseded is the RunError.Code of a generation that a superseding
 // start cancelled (Supersede).
-const CodeSuperseded = dedupe.CodeSuperseded
+const CodeSuperseded = jetflowtype.CodeSuperseded
 
 // AfterEnded is what a duplicate start gets once the run has ended.
-type AfterEnded int
+type AfterEnded = jetflowtype.AfterEnded
 
 const (
 	// ReturnExisting returns the ended run (OutcomeExisting). The default.
-	ReturnExisting AfterEnded = iota
+	ReturnExisting = jetflowtype.ReturnExisting
 	// RejectAfterEnd returns ErrDuplicateRejected.
-	RejectAfterEnd
+	RejectAfterEnd = jetflowtype.RejectAfterEnd
 	// StartNew starts a new run under the same run ID, with this start's
 	// input (OutcomeRestarted). However many starts race, one new run is
 	// created: the old record's revision is the fence. The new run's step
 	// IDs are <run-id>/<n>.<step>.<occurrence>, so external APIs see new
 	// idempotency keys.
-	StartNew
+	StartNew = jetflowtype.StartNew
 )
-
-// toInternal is the admitter's form of p, or ErrInvalidConflictPolicy
-// for a field outside its constants.
-func (p ConflictPolicy) toInternal() (dedupe.Policy, error) {
-	running, err := p.WhileRunning.toInternal()
-	if err != nil {
-		return dedupe.Policy{}, err
-	}
-	completed, err := p.AfterCompleted.toInternal()
-	if err != nil {
-		return dedupe.Policy{}, fmt.Errorf("AfterCompleted: %w", err)
-	}
-	failed, err := p.AfterFailed.toInternal()
-	if err != nil {
-		return dedupe.Policy{}, fmt.Errorf("AfterFailed: %w", err)
-	}
-	return dedupe.Policy{Running: running, Completed: completed, Failed: failed}, nil
-}
-
-// conflictPolicyFrom is the public form of an admitter's policy.
-func conflictPolicyFrom(p dedupe.Policy) (ConflictPolicy, error) {
-	running, err := whileRunningFrom(p.Running)
-	if err != nil {
-		return ConflictPolicy{}, err
-	}
-	completed, err := afterEndedFrom(p.Completed)
-	if err != nil {
-		return ConflictPolicy{}, err
-	}
-	failed, err := afterEndedFrom(p.Failed)
-	if err != nil {
-		return ConflictPolicy{}, err
-	}
-	return ConflictPolicy{WhileRunning: running, AfterCompleted: completed, AfterFailed: failed}, nil
-}
-
-func (p ConflictPolicy) envelope() (dedupe.EnvelopePolicy, error) {
-	ip, err := p.toInternal()
-	if err != nil {
-		return dedupe.EnvelopePolicy{}, err
-	}
-	return dedupe.EnvelopeFromPolicy(ip), nil
-}
 
 // WithConflictPolicy overrides the workflow's conflict policy for one
 // start. An invalid value makes the start fail with
@@ -180,16 +120,16 @@ func rejectedErrorFrom(e *dedupe.RejectedError) *RejectedError {
 }
 
 // FingerprintMode decides what a duplicate start with another input gets.
-type FingerprintMode int
+type FingerprintMode = jetflowtype.FingerprintMode
 
 const (
 	// FingerprintStrict (the default): a start whose run ID exists with
 	// another input is ErrIdempotencyConflict, as an Idempotency-Key reused
 	// with another payload is.
-	FingerprintStrict FingerprintMode = iota
+	FingerprintStrict = jetflowtype.FingerprintStrict
 	// FingerprintIgnore: it is an ordinary duplicate; the stored input is
 	// kept. A start of another workflow is a conflict in both modes.
-	FingerprintIgnore
+	FingerprintIgnore = jetflowtype.FingerprintIgnore
 )
 
 // WithFingerprintMode sets how this start treats an existing run with
@@ -198,10 +138,9 @@ const (
 // the constants makes the start fail with ErrInvalidConflictPolicy.
 func WithFingerprintMode(m FingerprintMode) StartOption {
 	return func(o *startOptions) {
-		ignore, err := m.toInternal()
-		if err != nil && o.err == nil {
+		if err := dedupe.ValidateFingerprintMode(m); err != nil && o.err == nil {
 			o.err = err
 		}
-		o.ignoreInput = ignore
+		o.ignoreInput = m == FingerprintIgnore
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Task keys (G7): a step call can carry a key whose result is reused, for a
@@ -35,18 +36,20 @@ import (
 // ID (what StepDetails gives an external API as its Idempotency-Key): it is
 // the caller's name for a result that several step calls share.
 
-// KeyScope says who shares a task key.
-type KeyScope int
+// KeyScope says who shares a task key: ScopeRun, ScopeWorkflow or
+// ScopeGlobal. Its String is the scope's name: "run", "workflow" or
+// "global".
+type KeyScope = jetflowtype.KeyScope
 
 const (
 	// ScopeRun (the default): the key is private to the run; a run started
 	// again under the same run ID (StartNew, or a start after the
 	// retention) is another run and does not share it.
-	ScopeRun KeyScope = iota
+	ScopeRun = jetflowtype.ScopeRun
 	// ScopeWorkflow: the key is shared by every run of the workflow.
-	ScopeWorkflow
+	ScopeWorkflow = jetflowtype.ScopeWorkflow
 	// ScopeGlobal: the key is shared by every run of every workflow.
-	ScopeGlobal
+	ScopeGlobal = jetflowtype.ScopeGlobal
 )
 
 // MaxTaskKeyLen is the longest task key, in bytes. Any bytes are allowed:
@@ -72,11 +75,10 @@ func WithIdempotencyKey(key string, ttl time.Duration) StepOption { return WithT
 // outside the constants makes the step call return ErrInvalidKey.
 func WithKeyScope(scope KeyScope) StepOption {
 	return func(o *stepOptions) {
-		s, err := scope.toInternal()
-		if err != nil && o.err == nil {
+		if err := state.ValidateKeyScope(scope); err != nil && o.err == nil {
 			o.err = err
 		}
-		o.taskKey.Scope, o.taskKey.Others = s, true
+		o.taskKey.Scope, o.taskKey.Others = scope, true
 	}
 }
 
@@ -111,11 +113,10 @@ const DefaultKeyLease = 90 * time.Second
 // record but does not cache its result.
 func (c *Client) ResetTaskKey(ctx context.Context, key string, scope KeyScope, scopeID string) (_ int, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	s, err := scope.toInternal()
-	if err != nil {
+	if err := state.ValidateKeyScope(scope); err != nil {
 		return 0, err
 	}
-	filter, err := state.TaskKeyFilter(s, scopeID, key)
+	filter, err := state.TaskKeyFilter(scope, scopeID, key)
 	if err != nil {
 		return 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
@@ -72,8 +73,7 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 // served is what the admitter needs to admit starts of w; it fails with
 // ErrInvalidConflictPolicy when w's conflict policy is invalid.
 func (w *Workflow[P, R]) served() (startproto.Served, error) {
-	policy, err := w.policy.toInternal()
-	if err != nil {
+	if err := dedupe.ValidatePolicy(w.policy); err != nil {
 		return startproto.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
 	}
 	return startproto.Served{
@@ -81,7 +81,7 @@ func (w *Workflow[P, R]) served() (startproto.Served, error) {
 			_, err := decodeInput[P](raw)
 			return err
 		},
-		Policy:       policy,
+		Policy:       w.policy,
 		Retention:    w.retention,
 		RequireRunID: w.requireRunID,
 	}, nil

@@ -24,6 +24,7 @@ import (
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Outcome says what a start did.
@@ -69,7 +70,7 @@ type Request struct {
 	// duplicate instead of a conflict (the stored input is kept either way).
 	IgnoreInput bool
 	// Policy decides what a duplicate gets in each state of the run.
-	Policy Policy
+	Policy jetflowtype.ConflictPolicy
 	// Retention is how long the run's record is kept after the run ended
 	// (0: the deployment's; at most the deployment's). A running run's
 	// record never expires.
@@ -197,7 +198,7 @@ func Validate(req Request) error {
 	if err := state.ValidateAttributes(req.Attributes); err != nil {
 		return err
 	}
-	if err := req.Policy.Validate(); err != nil {
+	if err := ValidatePolicy(req.Policy); err != nil {
 		return err
 	}
 	if req.Retention != 0 && req.Retention < time.Second {
@@ -324,7 +325,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 		entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Status: run.Status,
 			FingerprintMatch: run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == fp)}
 		var refusal error
-		act := req.Policy.decide(run)
+		act := decide(req.Policy, run)
 		switch {
 		case run.Workflow != req.Workflow:
 			entry.Outcome = state.AuditConflict
@@ -420,14 +421,10 @@ func maxRounds(act action, run state.Run) int {
 	return maxRestartRounds
 }
 
-// CodeSuperseded is the error code of a generation that a superseding start
-// cancelled.
-const CodeSuperseded = "superseded"
-
 // IsSuperseded reports whether run is a generation that a superseding start
 // cancelled.
 func IsSuperseded(run state.Run) bool {
-	return run.Status == state.StatusCancelled && run.Error != nil && run.Error.Code == CodeSuperseded
+	return run.Status == state.StatusCancelled && run.Error != nil && run.Error.Code == jetflowtype.CodeSuperseded
 }
 
 // supersede cancels the generation run (read at rev, running) for a newer
@@ -437,7 +434,7 @@ func IsSuperseded(run state.Run) bool {
 // again.
 func (a *Admitter) supersede(ctx context.Context, req Request, run state.Run, rev uint64) (written bool, err error) {
 	cancelled, written, err := a.runs.Supersede(ctx, run, rev, &state.ErrorInfo{
-		Kind: "cancelled", Code: CodeSuperseded, Fatal: true,
+		Kind: "cancelled", Code: jetflowtype.CodeSuperseded, Fatal: true,
 		Message: fmt.Sprintf("superseded by a newer start (source %q)", req.Source),
 	})
 	if err != nil || !written {

@@ -12,6 +12,7 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 func setup(t *testing.T) *Admitter {
@@ -248,7 +249,7 @@ func TestSupersedingStartThatKeepsLosingIsUnavailable(t *testing.T) {
 
 // supersedeRequest is a start of runID with input under Supersede.
 func supersedeRequest(runID, input string) Request {
-	return Request{RunID: runID, Workflow: "w", Input: json.RawMessage(input), Policy: Policy{Running: Supersede}}
+	return Request{RunID: runID, Workflow: "w", Input: json.RawMessage(input), Policy: jetflowtype.ConflictPolicy{WhileRunning: jetflowtype.Supersede}}
 }
 
 // rivalEveryRestart makes a rival start of runID (inputs 1001, 1002...)
@@ -281,7 +282,7 @@ func TestSupersedingStartNeverGivesUpAfterItsOwnCancel(t *testing.T) {
 	a := setup(t)
 	res, err := a.Admit(ctx(t), supersedeRequest("s-9", `0`))
 	require.NoError(t, err)
-	_, written, err := a.runs.Supersede(ctx(t), res.Run, res.Revision, &state.ErrorInfo{Kind: "cancelled", Code: CodeSuperseded, Fatal: true, Message: "by a start that died"})
+	_, written, err := a.runs.Supersede(ctx(t), res.Run, res.Revision, &state.ErrorInfo{Kind: "cancelled", Code: jetflowtype.CodeSuperseded, Fatal: true, Message: "by a start that died"})
 	require.NoError(t, err)
 	require.True(t, written)
 

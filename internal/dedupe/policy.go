@@ -6,57 +6,48 @@ import (
 	"slices"
 
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
-// OnRunning is what a duplicate start gets while the run is running.
-type OnRunning int
+// The conflict policy is jetflowtype.ConflictPolicy (the root package's
+// ConflictPolicy): WhileRunning, AfterCompleted and AfterFailed, whose zero
+// values are the defaults (attach while running, return once ended).
 
-const (
-	// Attach (default): the existing run, outcome existing.
-	Attach OnRunning = iota
-	// RejectRunning: ErrRejected.
-	RejectRunning
-	// Supersede: a start with another input than the running generation's
-	// cancels that generation and starts a new one with its input,
-	// outcome superseded; a start with the same input attaches (a retry of
-	// the start that created the generation). Concurrent superseding
-	// starts leave one generation running.
-	Supersede
-)
-
-// OnEnded is what a duplicate start gets once the run has ended.
-type OnEnded int
-
-const (
-	// Return (default): the ended run, outcome existing.
-	Return OnEnded = iota
-	// RejectEnded: ErrRejected.
-	RejectEnded
-	// StartNew: a new run under the same run ID (a new generation, with
-	// its own step IDs), outcome restarted. Concurrent starts create one.
-	StartNew
-)
-
-// Policy decides what a duplicate start gets in each state of the run.
-// The zero value is the default: attach while running, return once ended.
-type Policy struct {
-	Running   OnRunning
-	Completed OnEnded
-	// Failed applies to failed and cancelled runs.
-	Failed OnEnded
-}
-
-// Validate rejects values outside the enumerations.
-func (p Policy) Validate() error {
-	if p.Running < Attach || p.Running > Supersede ||
-		p.Completed < Return || p.Completed > StartNew || p.Failed < Return || p.Failed > StartNew {
-		return fmt.Errorf("%w: conflict policy %+v", ErrInvalidPolicy, p)
+// ValidatePolicy returns jetflowtype.ErrInvalidConflictPolicy, naming the
+// field and its value, when a field of p is outside its constants: an
+// unknown value is an error, never a default.
+func ValidatePolicy(p jetflowtype.ConflictPolicy) error {
+	switch p.WhileRunning {
+	case jetflowtype.Attach, jetflowtype.RejectWhileRunning, jetflowtype.Supersede:
+	default:
+		return fmt.Errorf("%w: WhileRunning(%d)", jetflowtype.ErrInvalidConflictPolicy, int(p.WhileRunning))
+	}
+	if err := validAfterEnded(p.AfterCompleted); err != nil {
+		return fmt.Errorf("AfterCompleted: %w", err)
+	}
+	if err := validAfterEnded(p.AfterFailed); err != nil {
+		return fmt.Errorf("AfterFailed: %w", err)
 	}
 	return nil
 }
 
-// ErrInvalidPolicy is returned for a conflict policy outside its values.
-var ErrInvalidPolicy = errors.New("jetflow: invalid conflict policy")
+func validAfterEnded(e jetflowtype.AfterEnded) error {
+	switch e {
+	case jetflowtype.ReturnExisting, jetflowtype.RejectAfterEnd, jetflowtype.StartNew:
+		return nil
+	}
+	return fmt.Errorf("%w: AfterEnded(%d)", jetflowtype.ErrInvalidConflictPolicy, int(e))
+}
+
+// ValidateFingerprintMode returns jetflowtype.ErrInvalidConflictPolicy for
+// a fingerprint mode outside its constants.
+func ValidateFingerprintMode(m jetflowtype.FingerprintMode) error {
+	switch m {
+	case jetflowtype.FingerprintStrict, jetflowtype.FingerprintIgnore:
+		return nil
+	}
+	return fmt.Errorf("%w: FingerprintMode(%d)", jetflowtype.ErrInvalidConflictPolicy, int(m))
+}
 
 // action is the decision for one duplicate.
 type action int
@@ -72,31 +63,31 @@ const (
 // a superseding start that did not get to start its new generation (it
 // died, or lost the race to write it) is started anew by the next
 // superseding start, as the start that cancelled it would have.
-func (p Policy) decide(run state.Run) action {
-	var e OnEnded
+func decide(p jetflowtype.ConflictPolicy, run state.Run) action {
+	var e jetflowtype.AfterEnded
 	switch run.Status {
 	case state.StatusRunning:
-		switch p.Running {
-		case RejectRunning:
+		switch p.WhileRunning {
+		case jetflowtype.RejectWhileRunning:
 			return actReject
-		case Supersede:
+		case jetflowtype.Supersede:
 			return actSupersede
 		}
 		return actDuplicate
 	case state.StatusCancelled:
-		if p.Running == Supersede && IsSuperseded(run) {
+		if p.WhileRunning == jetflowtype.Supersede && IsSuperseded(run) {
 			return actStartNew
 		}
-		e = p.Failed
+		e = p.AfterFailed
 	case state.StatusCompleted:
-		e = p.Completed
+		e = p.AfterCompleted
 	default: // failed
-		e = p.Failed
+		e = p.AfterFailed
 	}
 	switch e {
-	case RejectEnded:
+	case jetflowtype.RejectAfterEnd:
 		return actReject
-	case StartNew:
+	case jetflowtype.StartNew:
 		return actStartNew
 	default:
 		return actDuplicate
@@ -135,32 +126,37 @@ var (
 
 // EnvelopeNames are the values an envelope's policy accepts: for
 // while_running, and for after_completed and after_failed, in the order of
-// the OnRunning and OnEnded constants. The envelope's JSON Schema lists
-// the same.
+// the WhileRunning and AfterEnded constants. The envelope's JSON Schema
+// lists the same.
 func EnvelopeNames() (running, ended []string) {
 	return slices.Clone(runningNames), slices.Clone(endedNames)
 }
 
-// EnvelopeFromPolicy spells p for the envelope.
-func EnvelopeFromPolicy(p Policy) EnvelopePolicy {
-	return EnvelopePolicy{
-		WhileRunning:   runningNames[p.Running],
-		AfterCompleted: endedNames[p.Completed],
-		AfterFailed:    endedNames[p.Failed],
+// EnvelopeFromPolicy spells p for the envelope, or returns
+// jetflowtype.ErrInvalidConflictPolicy (ValidatePolicy) when p has a value
+// outside its constants.
+func EnvelopeFromPolicy(p jetflowtype.ConflictPolicy) (EnvelopePolicy, error) {
+	if err := ValidatePolicy(p); err != nil {
+		return EnvelopePolicy{}, err
 	}
+	return EnvelopePolicy{
+		WhileRunning:   runningNames[p.WhileRunning],
+		AfterCompleted: endedNames[p.AfterCompleted],
+		AfterFailed:    endedNames[p.AfterFailed],
+	}, nil
 }
 
 // Policy parses an envelope's policy; base supplies what it leaves empty.
-func (e EnvelopePolicy) Policy(base Policy) (Policy, error) {
+func (e EnvelopePolicy) Policy(base jetflowtype.ConflictPolicy) (jetflowtype.ConflictPolicy, error) {
 	p := base
-	if err := parseName(e.WhileRunning, runningNames, (*int)(&p.Running)); err != nil {
-		return p, fmt.Errorf("%w: while_running: %w", ErrInvalidPolicy, err)
+	if err := parseName(e.WhileRunning, runningNames, (*int)(&p.WhileRunning)); err != nil {
+		return p, fmt.Errorf("%w: while_running: %w", jetflowtype.ErrInvalidConflictPolicy, err)
 	}
-	if err := parseName(e.AfterCompleted, endedNames, (*int)(&p.Completed)); err != nil {
-		return p, fmt.Errorf("%w: after_completed: %w", ErrInvalidPolicy, err)
+	if err := parseName(e.AfterCompleted, endedNames, (*int)(&p.AfterCompleted)); err != nil {
+		return p, fmt.Errorf("%w: after_completed: %w", jetflowtype.ErrInvalidConflictPolicy, err)
 	}
-	if err := parseName(e.AfterFailed, endedNames, (*int)(&p.Failed)); err != nil {
-		return p, fmt.Errorf("%w: after_failed: %w", ErrInvalidPolicy, err)
+	if err := parseName(e.AfterFailed, endedNames, (*int)(&p.AfterFailed)); err != nil {
+		return p, fmt.Errorf("%w: after_failed: %w", jetflowtype.ErrInvalidConflictPolicy, err)
 	}
 	return p, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // startSeeds are envelopes as other-language clients send them, well-formed
@@ -59,7 +60,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 	f.Add("a.b", []byte(`{"run_id":"r","input":1}`))
 	f.Add("x>", []byte(`{"run_id":"r","input":1}`))
 	f.Fuzz(func(t *testing.T, workflow string, body []byte) {
-		req, err := DecodeStartRequest(workflow, body, dedupe.Policy{})
+		req, err := DecodeStartRequest(workflow, body, jetflowtype.ConflictPolicy{})
 		if err != nil {
 			requireTyped(t, err)
 			return
@@ -79,7 +80,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 		// req again.
 		b2, err := state.Encode(StartRequest{RunID: req.RunID, Input: req.Input, Source: req.Source})
 		require.NoError(t, err)
-		req2, err := DecodeStartRequest(workflow, b2, dedupe.Policy{})
+		req2, err := DecodeStartRequest(workflow, b2, jetflowtype.ConflictPolicy{})
 		require.NoError(t, err, "re-encoded envelope %s", b2)
 		require.Equal(t, req.RunID, req2.RunID)
 		require.Equal(t, req.Workflow, req2.Workflow)
@@ -92,7 +93,7 @@ func FuzzDecodeStartRequest(f *testing.F) {
 // an error code.
 func requireTyped(t *testing.T, err error) {
 	t.Helper()
-	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, dedupe.ErrInvalidPolicy, ErrRunIDRequired} {
+	for _, target := range []error{state.ErrCorrupt, state.ErrInvalidRunID, state.ErrInvalidName, state.ErrInputTooLarge, jetflowtype.ErrInvalidConflictPolicy, ErrRunIDRequired} {
 		if errors.Is(err, target) {
 			return
 		}
@@ -183,7 +184,7 @@ func FuzzHandleStart(f *testing.F) {
 		if runID != "" {
 			before = readRun(ctx, t, assets, runID)
 		}
-		_, decErr := DecodeStartRequest(workflow, body, dedupe.Policy{})
+		_, decErr := DecodeStartRequest(workflow, body, jetflowtype.ConflictPolicy{})
 
 		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body, "nats")
 
@@ -214,7 +215,7 @@ func FuzzHandleStart(f *testing.F) {
 		}
 
 		require.NoError(t, decErr, "accepted an envelope the decoder rejects")
-		req, _ := DecodeStartRequest(workflow, body, dedupe.Policy{})
+		req, _ := DecodeStartRequest(workflow, body, jetflowtype.ConflictPolicy{})
 		require.NoError(t, checkFuzzInput(req.Input), "accepted an input the workflow rejects")
 		require.NoError(t, state.ValidateRunID(reply.RunID))
 		require.Equal(t, workflow, reply.Workflow)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // The JSON Schemas in docs/schema are what other languages code against.
@@ -93,10 +94,10 @@ func TestStartEnvelopeSchemaAttributes(t *testing.T) {
 	for _, n := range []string{"order_id", "a", "Order", "1a", "a.b", "a" + strings.Repeat("b", 31), "a" + strings.Repeat("b", 32)} {
 		require.Equal(t, name.MatchString(n), state.ValidateAttributeName(n) == nil, n)
 	}
-	_, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"Order":"1"}}`), dedupe.Policy{})
+	_, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"Order":"1"}}`), jetflowtype.ConflictPolicy{})
 	require.ErrorIs(t, err, state.ErrInvalidAttributes)
 	require.Equal(t, CodeBadAttrs, errorReply(err).Error.Code)
-	req, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"order_id":"42"}}`), dedupe.Policy{})
+	req, err := DecodeStartRequest("wf", []byte(`{"run_id":"k-1","input":1,"attributes":{"order_id":"42"}}`), jetflowtype.ConflictPolicy{})
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"order_id": "42"}, req.Attributes)
 }
@@ -124,7 +125,7 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 		}
 		b, err := json.Marshal(m)
 		require.NoError(t, err)
-		if _, err := DecodeStartRequest("w", b, dedupe.Policy{}); err != nil {
+		if _, err := DecodeStartRequest("w", b, jetflowtype.ConflictPolicy{}); err != nil {
 			required = append(required, name)
 		}
 	}
@@ -137,7 +138,7 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 		`{"run_id":"k-1"}`: true, `{"generate_run_id":true}`: true, `{}`: false,
 		`{"run_id":"k-1","generate_run_id":true}`: false, `{"run_id":""}`: false, `{"run_id":null}`: false,
 	} {
-		_, err := DecodeStartRequest("w", []byte(env), dedupe.Policy{})
+		_, err := DecodeStartRequest("w", []byte(env), jetflowtype.ConflictPolicy{})
 		require.Equal(t, ok, err == nil, "%s: %v", env, err)
 	}
 
@@ -151,10 +152,10 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 
 	// fingerprint: the enumeration is what the decoder accepts.
 	for _, fp := range s.Properties["fingerprint"].Enum {
-		_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"`+fp+`"}`), dedupe.Policy{})
+		_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"`+fp+`"}`), jetflowtype.ConflictPolicy{})
 		require.NoError(t, err, fp)
 	}
-	_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"other"}`), dedupe.Policy{})
+	_, err := DecodeStartRequest("w", []byte(`{"run_id":"k-1","fingerprint":"other"}`), jetflowtype.ConflictPolicy{})
 	require.Error(t, err)
 
 	// policy: fields and values.

@@ -25,6 +25,7 @@ import (
 	"github.com/jetflow/jetflow/internal/reqreply"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // AdmitSubjectPrefix is where workers answer start requests by request-reply:
@@ -120,7 +121,7 @@ var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, Cod
 // Serve does for a workflow that does not require a run ID: the run ID is
 // run_id, generated only when the envelope says generate_run_id; the policy
 // defaults to base where the envelope leaves it out.
-func DecodeStartRequest(workflow string, b []byte, base dedupe.Policy) (dedupe.Request, error) {
+func DecodeStartRequest(workflow string, b []byte, base jetflowtype.ConflictPolicy) (dedupe.Request, error) {
 	sr, err := parseStartRequest(b)
 	if err != nil {
 		return dedupe.Request{}, err
@@ -186,7 +187,7 @@ func parseStartRequest(b []byte) (StartRequest, error) {
 
 // request validates a parsed envelope (whose run ID is set) and turns it
 // into the admission request.
-func (sr StartRequest) request(workflow string, base dedupe.Policy) (dedupe.Request, error) {
+func (sr StartRequest) request(workflow string, base jetflowtype.ConflictPolicy) (dedupe.Request, error) {
 	if len(sr.Input) == 0 {
 		sr.Input = json.RawMessage("null")
 	}
@@ -216,7 +217,7 @@ type InputChecker func(input json.RawMessage) error
 type Served struct {
 	Check InputChecker
 	// Policy is the workflow's default conflict policy.
-	Policy dedupe.Policy
+	Policy jetflowtype.ConflictPolicy
 	// Retention is the workflow's run retention (0: the deployment's).
 	Retention time.Duration
 	// RequireRunID refuses request-reply starts that ask for a generated
@@ -339,7 +340,7 @@ func errorReply(err error) StartReply {
 		code = CodeInvalidRunID
 	case errors.Is(err, state.ErrInputTooLarge):
 		code = CodeTooLarge
-	case errors.Is(err, dedupe.ErrInvalidPolicy):
+	case errors.Is(err, jetflowtype.ErrInvalidConflictPolicy):
 		code = CodeBadPolicy
 	case errors.Is(err, ErrRunIDRequired):
 		code = CodeRunIDNeeded

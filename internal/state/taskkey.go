@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Task idempotency keys (G7). A step call may carry a caller-chosen key; the
@@ -27,31 +29,29 @@ const (
 	MinTaskKeyTTL = time.Second
 )
 
-// KeyScope says who shares a task key.
-type KeyScope int
+// KeyScope says who shares a task key: jetflowtype.KeyScope (the root
+// package's KeyScope), named here for the engine.
+type KeyScope = jetflowtype.KeyScope
 
 // Scopes. The zero value is the run scope.
 const (
 	// ScopeRun: the key is private to one run (one generation of a run
 	// ID, see RunTaskKeyName).
-	ScopeRun KeyScope = iota
+	ScopeRun = jetflowtype.ScopeRun
 	// ScopeWorkflow: shared by every run of one workflow.
-	ScopeWorkflow
+	ScopeWorkflow = jetflowtype.ScopeWorkflow
 	// ScopeGlobal: shared by every run of every workflow.
-	ScopeGlobal
+	ScopeGlobal = jetflowtype.ScopeGlobal
 )
 
-func (s KeyScope) String() string {
+// ValidateKeyScope returns ErrInvalidTaskKey for a scope outside the
+// constants: an unknown scope is an error, never a default.
+func ValidateKeyScope(s KeyScope) error {
 	switch s {
-	case ScopeRun:
-		return "run"
-	case ScopeWorkflow:
-		return "workflow"
-	case ScopeGlobal:
-		return "global"
-	default:
-		return fmt.Sprintf("scope(%d)", int(s))
+	case ScopeRun, ScopeWorkflow, ScopeGlobal:
+		return nil
 	}
+	return fmt.Errorf("%w: KeyScope(%d)", ErrInvalidTaskKey, int(s))
 }
 
 // ValidateTaskKey checks a caller's key: 1..MaxTaskKeyLen bytes.
