@@ -35,11 +35,6 @@ func sameFields(t *testing.T, pub, in any) {
 
 func TestNamesStructConversionsCarryEveryField(t *testing.T) {
 	t.Parallel()
-	rp := RetryPolicy{MaxAttempts: 7, InitialInterval: time.Second, MaxInterval: time.Minute, Multiplier: 1.5}
-	sameFields(t, rp, workflow.RetryPolicy{})
-	require.Equal(t, workflow.RetryPolicy{MaxAttempts: 7, InitialInterval: time.Second, MaxInterval: time.Minute, Multiplier: 1.5}, rp.toInternal())
-	require.Equal(t, rp, retryPolicyFrom(rp.toInternal()))
-
 	info := workflow.StepInfo{StepID: "r.s.0", StepName: "s", Attempt: 2, RunID: "r", Workflow: "w"}
 	sameFields(t, StepDetails{}, info)
 	require.Equal(t, StepDetails{StepID: "r.s.0", StepName: "s", Attempt: 2, RunID: "r", Workflow: "w"}, stepDetailsFrom(info))

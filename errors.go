@@ -65,7 +65,7 @@ var (
 	// ErrStepFailed is matched by every *StepError.
 	ErrStepFailed = workflow.ErrStepFailed
 	// ErrInvalidPolicy: a retry policy has a bad field.
-	ErrInvalidPolicy = workflow.ErrInvalidPolicy
+	ErrInvalidPolicy = jetflowtype.ErrInvalidPolicy
 	// ErrIdempotencyConflict: the run ID names an existing run that the
 	// start does not match: another workflow, or a different input while
 	// the fingerprint mode is strict (the default; see FingerprintMode).

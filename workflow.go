@@ -10,6 +10,7 @@ import (
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Workflow is a workflow definition: a stable name and a typed body. Define
@@ -141,35 +142,16 @@ type stepOptions struct {
 	err error
 }
 
-// RetryPolicy decides how often and how fast a failing step is retried.
-// Zero fields take the defaults: 5 attempts, 1s initial backoff doubling to
-// at most 1m, with jitter.
-type RetryPolicy struct {
-	// MaxAttempts counts every attempt, the first included (default 5; 1 =
-	// no retries). A delivery after a worker crash counts as an attempt.
-	MaxAttempts int
-	// InitialInterval is the delay before the second attempt (default 1s).
-	InitialInterval time.Duration
-	// MaxInterval caps the delay (default 1m).
-	MaxInterval time.Duration
-	// Multiplier grows the delay per attempt (default 2; at least 1).
-	Multiplier float64
-}
-
-// toInternal is the executor's form of p.
-func (p RetryPolicy) toInternal() workflow.RetryPolicy {
-	return workflow.RetryPolicy(p) // same fields: a field added to one side only does not compile
-}
-
-// retryPolicyFrom is the public form of an executor's policy.
-func retryPolicyFrom(p workflow.RetryPolicy) RetryPolicy {
-	return RetryPolicy(p)
-}
+// RetryPolicy decides how often and how fast a failing step is retried:
+// MaxAttempts, InitialInterval, MaxInterval, Multiplier. Zero fields take
+// the defaults: 5 attempts, 1s initial backoff doubling to at most 1m,
+// with jitter. See jetflowtype.RetryPolicy for its fields.
+type RetryPolicy = jetflowtype.RetryPolicy
 
 // WithRetry sets the step's retry policy. An invalid policy makes the step
 // call return ErrInvalidPolicy.
 func WithRetry(p RetryPolicy) StepOption {
-	return func(o *stepOptions) { o.policy = p.toInternal() }
+	return func(o *stepOptions) { o.policy = p }
 }
 
 // WithMaxAttempts sets only the number of attempts (1 = no retries).

@@ -139,7 +139,7 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 	if err := state.ValidateName(name); err != nil {
 		return nil, err
 	}
-	if err := policy.Validate(); err != nil {
+	if err := ValidateRetry(policy); err != nil {
 		return nil, err
 	}
 	if err := key.Validate(); err != nil {
@@ -149,7 +149,7 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 		fn = wrap(c.run.Workflow, name, fn)
 	}
 	p := c.next(name)
-	p.call = &stepCall{name: name, id: p.id, seq: p.seq, policy: policy.WithDefaults(), taskKey: key, fn: fn}
+	p.call = &stepCall{name: name, id: p.id, seq: p.seq, policy: RetryWithDefaults(policy), taskKey: key, fn: fn}
 	c.begin(p)
 	return p, nil
 }

@@ -1,28 +1,21 @@
 package workflow
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
-// RetryPolicy decides how often and how fast a failing step is retried.
-type RetryPolicy struct {
-	// MaxAttempts counts every attempt, the first included (default 5).
-	// A delivery after a worker crash counts as an attempt.
-	MaxAttempts int
-	// InitialInterval is the delay before the second attempt (default 1s).
-	InitialInterval time.Duration
-	// MaxInterval caps the delay (default 1m).
-	MaxInterval time.Duration
-	// Multiplier grows the delay per attempt (default 2).
-	Multiplier float64
-}
+// RetryPolicy decides how often and how fast a failing step is retried:
+// jetflowtype.RetryPolicy (the root package's RetryPolicy), named here for
+// the engine.
+type RetryPolicy = jetflowtype.RetryPolicy
 
-// WithDefaults fills unset fields.
-func (p RetryPolicy) WithDefaults() RetryPolicy {
+// RetryWithDefaults is p with its unset fields filled.
+func RetryWithDefaults(p RetryPolicy) RetryPolicy {
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = 5
 	}
@@ -38,8 +31,8 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 	return p
 }
 
-// Validate names the first bad field.
-func (p RetryPolicy) Validate() error {
+// ValidateRetry names the first bad field of p.
+func ValidateRetry(p RetryPolicy) error {
 	switch {
 	case p.MaxAttempts < 0:
 		return fmt.Errorf("%w: MaxAttempts %d < 0", ErrInvalidPolicy, p.MaxAttempts)
@@ -53,14 +46,15 @@ func (p RetryPolicy) Validate() error {
 	return nil
 }
 
-// ErrInvalidPolicy is returned for a retry policy with a bad field.
-var ErrInvalidPolicy = errors.New("jetflow: invalid retry policy")
+// ErrInvalidPolicy is returned for a retry policy with a bad field
+// (jetflowtype's).
+var ErrInvalidPolicy = jetflowtype.ErrInvalidPolicy
 
 // Backoff is the delay after failed attempt number attempt (1-based) before
 // the next one: exponential, capped, with up to 20% jitter subtracted so that
 // retries of many runs spread out.
-func (p RetryPolicy) Backoff(attempt int) time.Duration {
-	p = p.WithDefaults()
+func Backoff(p RetryPolicy, attempt int) time.Duration {
+	p = RetryWithDefaults(p)
 	d := float64(p.InitialInterval) * math.Pow(p.Multiplier, float64(max(attempt-1, 0)))
 	if d > float64(p.MaxInterval) {
 		d = float64(p.MaxInterval)

@@ -112,7 +112,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 	case attempt < sc.policy.MaxAttempts:
 		delay, ok := retryAfter(err)
 		if !ok {
-			delay = sc.policy.Backoff(attempt)
+			delay = Backoff(sc.policy, attempt)
 		}
 		d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
 			Str("retry_in", logging.Duration(delay)).Err(err).Msg("step failed; retrying")
