@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,9 @@ type rig struct {
 	// clock is the executors' timer clock (Config.TimerNow): it starts at
 	// real time and moves only when a test advances it.
 	clock *clock
+
+	mu    sync.Mutex
+	pools []*consume.Pool // stopped together when the test ends
 }
 
 // newRig provisions a server of the test's own whose task consumers have
@@ -61,7 +65,50 @@ func newRig(t *testing.T, ackWait time.Duration) *rig {
 	r := &rig{t: t, nc: nc, a: a, store: runs.New(a), admit: dedupe.New(a, dedupe.Config{}), ackWait: ackWait,
 		clock: &clock{now: time.Now()}}
 	r.tap = newTap(t, nc, testenv.Conn(t, srv))
+	// Before the server and connections go, the pools stop: together, and
+	// with their consumers deleted once they stop pulling, which ends
+	// their open pull requests (a stopping pool waits for them, up to a
+	// second: the bulk of a test's time otherwise).
+	t.Cleanup(func() {
+		r.mu.Lock()
+		pools := r.pools
+		r.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, p := range pools {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = p.Stop(ctx)
+			}()
+		}
+		for _, p := range pools {
+			for !p.Stopping() {
+				runtime.Gosched()
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, c := range []struct{ stream, name string }{
+			{jetstream.TasksStream, jetstream.ConsumerName(wf, jetstream.RunTasks)},
+			{jetstream.TasksStream, jetstream.ConsumerName(wf, jetstream.BranchTasks)},
+			{jetstream.TimersStream, jetstream.DueConsumer},
+		} {
+			_ = a.JS.DeleteConsumer(ctx, c.stream, c.name)
+		}
+		wg.Wait()
+	})
 	return r
+}
+
+// newPool is a consume pool stopped when the test ends.
+func (r *rig) newPool(slots int, noAckExtension bool) *consume.Pool {
+	p := consume.New(r.nc, slots, noAckExtension, testenv.Logger(r.t))
+	r.mu.Lock()
+	r.pools = append(r.pools, p)
+	r.mu.Unlock()
+	return p
 }
 
 // ctx is a context for one operation of the test.
@@ -127,12 +174,7 @@ func (r *rig) serve(e *Executor, slots int, noAckExtension bool) {
 // branches (nil: not consumed) on a pool of its own.
 func (r *rig) serveHandlers(slots int, noAckExtension bool, runs, branches consume.Handler) {
 	r.t.Helper()
-	pool := consume.New(r.nc, slots, noAckExtension, testenv.Logger(r.t))
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = pool.Stop(ctx)
-	})
+	pool := r.newPool(slots, noAckExtension)
 	if runs != nil {
 		require.NoError(r.t, pool.Consume(r.consumer(jetstream.RunTasks), slots, runs))
 	}
@@ -144,12 +186,7 @@ func (r *rig) serveHandlers(slots int, noAckExtension bool, runs, branches consu
 // serveTimers moves due timers into the task stream (DueForwarder).
 func (r *rig) serveTimers() {
 	r.t.Helper()
-	pool := consume.New(r.nc, 2, false, testenv.Logger(r.t))
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = pool.Stop(ctx)
-	})
+	pool := r.newPool(2, false)
 	c, err := r.a.EnsureDueConsumer(r.ctx(), jetstream.ConsumerConfig{AckWait: r.ackWait})
 	require.NoError(r.t, err)
 	require.NoError(r.t, pool.Consume(c, 2, &DueForwarder{JS: r.a.JS, Log: testenv.Logger(r.t)}))
