@@ -65,12 +65,6 @@ func WithTaskKey(key string, ttl time.Duration) StepOption {
 	}
 }
 
-// WithIdempotencyKey is WithTaskKey.
-//
-// Deprecated: use WithTaskKey. "Idempotency key" also names a run ID and
-// a step ID; this option sets neither.
-func WithIdempotencyKey(key string, ttl time.Duration) StepOption { return WithTaskKey(key, ttl) }
-
 // WithKeyScope sets the task key's scope (default ScopeRun). A scope
 // outside the constants makes the step call return ErrInvalidKey.
 func WithKeyScope(scope KeyScope) StepOption {

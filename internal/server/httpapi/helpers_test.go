@@ -147,7 +147,7 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 			jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{AfterCompleted: jetflow.StartNew, AfterFailed: jetflow.StartNew})),
 		jetflow.NewWorkflow("mailer", func(ctx *jetflow.Context, key string) (int64, error) {
 			return jetflow.Step(ctx, "send", func(context.Context) (int64, error) { return b.sends.Add(1), nil },
-				jetflow.WithIdempotencyKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
+				jetflow.WithTaskKey(key, time.Hour), jetflow.WithKeyScope(jetflow.ScopeGlobal))
 		}),
 		jetflow.NewWorkflow("flaky", func(ctx *jetflow.Context, msg string) (string, error) {
 			if msg == "hold" {
