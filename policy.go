@@ -84,7 +84,8 @@ func RequireRunID() WorkflowOption {
 // the deployment's Topology.Retention, 30 days; at most that). A running
 // run is never forgotten, however long it runs. A start after that creates a
 // new run and says so (Handle.AfterExpiry), never a silent re-run that looks
-// like a duplicate.
+// like a duplicate. Register refuses a retention under a second, and
+// NewWorker one longer than the deployment's (both ErrInvalidRetention).
 func WithRetention(d time.Duration) WorkflowOption {
 	return func(o *workflowOptions) { o.retention = d }
 }

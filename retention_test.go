@@ -343,3 +343,28 @@ func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 	require.Equal(t, 6, out)
 	require.Len(t, effects.snapshot(), 2)
 }
+
+// A workflow retention that every start would refuse is refused once, up
+// front: under a second by Register, longer than the deployment's by
+// NewWorker, both ErrInvalidRetention.
+func TestRetentionOutOfBoundsRefusedBeforeAnyStart(t *testing.T) {
+	t.Parallel()
+	body := func(*Context, int) (int, error) { return 0, nil }
+	r := NewRegistry()
+	err := r.Register(NewWorkflow("blink", body, WithRetention(time.Millisecond)))
+	require.ErrorIs(t, err, ErrInvalidRetention)
+	require.Empty(t, r.Names())
+
+	env := newEnv(t, Topology{Retention: time.Hour})
+	long := NewRegistry()
+	require.NoError(t, long.Register(NewWorkflow("century", body, WithRetention(100*365*24*time.Hour))))
+	_, err = NewWorker(env.conn(), long, WorkerConfig{Topology: Topology{Retention: time.Hour}})
+	require.ErrorIs(t, err, ErrInvalidRetention)
+	_, err = NewWorker(env.conn(), long, WorkerConfig{})
+	require.ErrorIs(t, err, ErrInvalidRetention, "longer than the default 30 days too")
+
+	fits := NewRegistry()
+	require.NoError(t, fits.Register(NewWorkflow("hourly", body, WithRetention(time.Hour))))
+	_, err = NewWorker(env.conn(), fits, WorkerConfig{Topology: Topology{Retention: time.Hour}})
+	require.NoError(t, err)
+}

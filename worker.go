@@ -173,6 +173,9 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	if len(ws.defs) == 0 {
 		return nil, errors.New("jetflow: worker has no workflows registered")
 	}
+	if err := ws.checkRetention(jetstream.TopologyWithDefaults(cfg.Topology).Retention); err != nil {
+		return nil, err
+	}
 	if cfg.Metrics.internal().Role() == metrics.RoleClient {
 		return nil, ErrClientMetrics
 	}

@@ -72,10 +72,16 @@ func (w *Workflow[P, R]) definition() workflow.Definition {
 }
 
 // served is what the admitter needs to admit starts of w; it fails with
-// ErrInvalidConflictPolicy when w's conflict policy is invalid.
+// ErrInvalidConflictPolicy when w's conflict policy is invalid, and with
+// ErrInvalidRetention when its retention (WithRetention) is set under a
+// second. (The retention's upper bound is the deployment's, which
+// NewWorker checks.)
 func (w *Workflow[P, R]) served() (startproto.Served, error) {
 	if err := dedupe.ValidatePolicy(w.policy); err != nil {
 		return startproto.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
+	}
+	if w.retention != 0 && w.retention < time.Second {
+		return startproto.Served{}, fmt.Errorf("workflow %s: %w: %s is less than a second", w.name, ErrInvalidRetention, w.retention)
 	}
 	return startproto.Served{
 		Check: func(raw json.RawMessage) error {
@@ -237,6 +243,22 @@ func (r *Registry) Register(wfs ...Registrable) error {
 	}
 	for _, wf := range wfs {
 		r.defs[wf.Name()] = wf
+	}
+	return nil
+}
+
+// checkRetention fails with ErrInvalidRetention when a registered
+// workflow keeps its runs longer than the deployment does (max): every
+// start of it would be refused.
+func (r *Registry) checkRetention(max time.Duration) error {
+	for name, wf := range r.defs {
+		s, err := wf.served()
+		if err != nil {
+			return err
+		}
+		if s.Retention > max {
+			return fmt.Errorf("workflow %s: %w: %s is longer than the deployment's %s (Topology.Retention)", name, ErrInvalidRetention, s.Retention, max)
+		}
 	}
 	return nil
 }
