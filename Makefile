@@ -6,14 +6,17 @@ PKGS := ./...
 
 all: lint test
 
-# The README's test command: every package, race detector on, fresh results.
+# The README's test command: every package, race detector on, fresh
+# results; then the checks module (checks/), as CI runs it.
 test:
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	cd checks && $(GO) test -race -count=1 -timeout 30m ./...
 
 race: test
 
 vet:
 	$(GO) vet $(PKGS)
+	cd checks && $(GO) vet ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

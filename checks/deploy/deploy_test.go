@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"maps"
@@ -21,8 +22,20 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// The test runs in deploy/; the module root is its parent.
+// The tests run in the repository's deploy/ directory (TestMain changes
+// into it); the repository's root, jetflow's module root, is its parent.
 const moduleRoot = ".."
+
+// deployDir is the repository's deploy/ directory, from this package's.
+const deployDir = "../../deploy"
+
+func TestMain(m *testing.M) {
+	if err := os.Chdir(deployDir); err != nil {
+		fmt.Fprintln(os.Stderr, "deploy checks:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
 
 // ---------------------------------------------------------------------------
 // Files parse.

@@ -1,8 +1,13 @@
-// Package deploy holds jetflow's deployment files, not code: the NATS
-// configurations (nats/), the container image (docker/), Docker Compose
+// Package deploy checks jetflow's deployment files, which are not code and
+// live in the repository's deploy/ directory: the NATS configurations
+// (nats/), the container image (docker/), Docker Compose
 // (docker-compose.yml), Kubernetes manifests and Helm values (k8s/),
 // Prometheus scrape configuration and alert rules (prometheus/) and the
-// Grafana provisioning and dashboard (grafana/).
+// Grafana provisioning and dashboard (grafana/). It is in the checks
+// module, so that compose-go and the Kubernetes types are in no build of a
+// program that imports jetflow; its tests run in deploy/ (TestMain changes
+// into it), so that every path they name is relative to deploy/ as the
+// files' own references are.
 //
 // Its test checks them without Docker or a network: every YAML and JSON
 // file parses, the NATS configurations load with nats-server's own parser,

@@ -35,8 +35,8 @@ type rawEnv struct {
 func newRawEnv(t *testing.T) *rawEnv {
 	t.Helper()
 	ns := testenv.Server(t)
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(
 		jetflow.NewWorkflow("approve", func(ctx *jetflow.Context, order string) (string, error) {
 			a, err := jetflow.WaitEvent[approval](ctx, "approval", jetflow.WithHookToken(order+"-approval"))
 			return a.By, err

@@ -12,6 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow/internal/testsupport/inspectortest"
 )
 
 // The browser tests drive a real headless Chromium through the DevTools
@@ -25,11 +27,12 @@ var browsers = make(chan struct{}, 3)
 
 // waitTimeout bounds each wait for the page. What a wait waits for takes
 // at most a refresh tick and two requests (an action's, then the page's
-// read of the run), each bounded on the server by requestTimeout; the
-// factor 2 is for a browser slowed down by a loaded machine. browserTimeout
-// bounds each browser test, leaving time to record a failed wait's page.
+// read of the run), each bounded on the server by
+// inspectortest.RequestTimeout; the factor 2 is for a browser slowed down
+// by a loaded machine. browserTimeout bounds each browser test, leaving
+// time to record a failed wait's page.
 const (
-	waitTimeout    = 2 * (pageRefresh + 2*requestTimeout)
+	waitTimeout    = 2 * (inspectortest.PageRefresh + 2*inspectortest.RequestTimeout)
 	browserTimeout = 4 * waitTimeout
 )
 

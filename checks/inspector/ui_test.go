@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/testsupport/inspectortest"
 )
 
 // rowsJS is the list's rows as [run ID, status] pairs.
@@ -21,23 +22,23 @@ const rowsJS = `[...document.querySelectorAll("#runs-body tr")].map(r => [r.data
 // its attempts (a step that failed twice shows three).
 func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := inspectortest.New(t)
 	b := newBrowser(t)
 
 	for _, id := range []string{"echo-1", "echo-2", "echo-3"} {
-		e.start("echo", id, map[string]any{"n": id})
+		e.Start("echo", id, map[string]any{"n": id})
 	}
-	e.start("fails", "refund-77", map[string]any{"order": 77})
+	e.Start("fails", "refund-77", map[string]any{"order": 77})
 	input := map[string]any{"order_id": "o-1042", "amount_cents": 1999, "currency": "usd"}
-	require.Equal(t, jetflow.OutcomeCreated, e.start("flaky", "order-1042", input).Outcome)
-	require.Equal(t, jetflow.OutcomeExisting, e.start("flaky", "order-1042", input).Outcome, "a duplicate start")
+	require.Equal(t, jetflow.OutcomeCreated, e.Start("flaky", "order-1042", input).Outcome)
+	require.Equal(t, jetflow.OutcomeExisting, e.Start("flaky", "order-1042", input).Outcome, "a duplicate start")
 	for _, id := range []string{"echo-1", "echo-2", "echo-3", "refund-77", "order-1042"} {
-		e.wait(id)
+		e.Wait(id)
 	}
-	e.start("waiter", "shipment-9", map[string]any{"carrier": "ups"})
+	e.Start("waiter", "shipment-9", map[string]any{"carrier": "ups"})
 
 	// The list: every run, newest first.
-	require.EqualValues(t, 200, b.navigate(e.srv.URL+"/ui/"))
+	require.EqualValues(t, 200, b.navigate(e.Srv.URL+"/ui/"))
 	b.waitFor("six rows", `document.querySelectorAll("#runs-body tr").length === 6`)
 	var rows [][]string
 	b.eval(rowsJS, &rows)
@@ -47,7 +48,7 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"echo-1": "completed", "echo-2": "completed", "echo-3": "completed",
 		"refund-77": "failed", "order-1042": "completed", "shipment-9": "running"}, got)
-	counts, err := e.client.CountRuns(ctxT(t, 10*time.Second), "")
+	counts, err := e.Client.CountRuns(ctxT(t, 10*time.Second), "")
 	require.NoError(t, err)
 	require.Equal(t, jetflow.RunCounts{Running: 1, Completed: 4, Failed: 1}, counts)
 	b.waitFor("the counts", `document.querySelector('#counts [data-count="completed"] .n')?.textContent === "4"`)
@@ -75,7 +76,7 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	require.Equal(t, [][]string{{"refund-77", "failed"}}, rows)
 
 	// Search by run ID: "/" focuses the search box; Enter finds the run.
-	b.run("clear filters", chromedp.Navigate(e.srv.URL+"/ui/#/"))
+	b.run("clear filters", chromedp.Navigate(e.Srv.URL+"/ui/#/"))
 	b.waitFor("the list", `document.querySelectorAll("#runs-body tr").length === 6`)
 	b.run("search", chromedp.KeyEvent("/"))
 	b.waitFor("/ to focus the search box", `document.activeElement.id === "search"`)
@@ -98,9 +99,9 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.waitFor("the exact match", `location.hash.includes("prefix=order-1042") && document.querySelector("#exact-link")?.textContent === "order-1042"`)
 
 	// The run page, against the SDK's view of the run.
-	run, err := e.client.GetRun(ctxT(t, 10*time.Second), "order-1042")
+	run, err := e.Client.GetRun(ctxT(t, 10*time.Second), "order-1042")
 	require.NoError(t, err)
-	steps, err := e.client.Steps(ctxT(t, 10*time.Second), "order-1042")
+	steps, err := e.Client.Steps(ctxT(t, 10*time.Second), "order-1042")
 	require.NoError(t, err)
 	b.run("open the run", chromedp.Click("#exact-link", chromedp.ByQuery))
 	b.waitFor("the run page", `document.querySelector("#run-id")?.textContent === "order-1042" && document.querySelector("#timeline .step")`)
@@ -122,16 +123,16 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	require.Equal(t, want, stepIDs, "every committed step, in call order, with its step ID as Idempotency-Key")
 	charge := steps[0]
 	require.Equal(t, "charge", charge.Name)
-	require.Equal(t, flakyFailures+1, charge.Attempt, "the SDK's count: committed on the third attempt")
+	require.Equal(t, inspectortest.FlakyFailures+1, charge.Attempt, "the SDK's count: committed on the third attempt")
 	var attempts []string
 	b.eval(`[...document.querySelectorAll('#timeline .attempt[data-step-id=`+jsString(charge.StepID)+`]')].map(a => a.dataset.attempt)`, &attempts)
 	require.NotEmpty(t, attempts)
 	require.Equal(t, "3", attempts[len(attempts)-1], "the committed attempt's number")
-	require.Len(t, charge.Attempts, flakyFailures, "the SDK's failed attempts")
+	require.Len(t, charge.Attempts, inspectortest.FlakyFailures, "the SDK's failed attempts")
 	require.Equal(t, len(charge.Attempts)+1, len(attempts), "a bar per attempt: the failed ones and the committed one")
 	var failed int
 	b.eval(`document.querySelectorAll('#timeline .attempt-failed[data-step-id=`+jsString(charge.StepID)+`]').length`, &failed)
-	require.Equal(t, flakyFailures, failed)
+	require.Equal(t, inspectortest.FlakyFailures, failed)
 	require.Contains(t, b.text("#timeline"), "attempt 1: payment service timed out (attempt 1)")
 	require.Contains(t, b.text("#run-input"), `"order_id": "o-1042"`)
 	require.Contains(t, b.text("#timeline"), "task key")
@@ -145,13 +146,13 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.run("type the key", chromedp.SendKeys("#confirm-input", "receipt-ch_1", chromedp.ByQuery), chromedp.Click("#confirm-ok", chromedp.ByQuery))
 	b.waitFor("the answer", `document.querySelector("#action-result")?.textContent.includes("removed")`)
 	require.Equal(t, "Task key reset (scope run): 1 stored result(s) removed.", b.text("#action-result"))
-	n, err := e.client.ResetTaskKey(ctxT(t, 10*time.Second), "receipt-ch_1", jetflow.ScopeRun, "order-1042")
+	n, err := e.Client.ResetTaskKey(ctxT(t, 10*time.Second), "receipt-ch_1", jetflow.ScopeRun, "order-1042")
 	require.NoError(t, err)
 	require.Zero(t, n, "the page's reset removed the key")
 
 	// The running run (its wait is not a step until the event comes) has a
 	// cancel button.
-	b.run("open the running run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/shipment-9"))
+	b.run("open the running run", chromedp.Navigate(e.Srv.URL+"/ui/#/runs/shipment-9"))
 	b.waitFor("the running run", `document.querySelector("#run-id")?.textContent === "shipment-9" && document.querySelector("#cancel-run")`)
 	require.Equal(t, "running", b.text("#run-status"))
 	b.screenshot("inspector-run-running")
@@ -170,12 +171,12 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 // starts the run again, with the same input, as a new generation.
 func TestBrowserCancelAndStartAgain(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := inspectortest.New(t)
 	b := newBrowser(t)
 	input := map[string]any{"carrier": "ups", "parcel": 7}
-	e.start("waiter", "parcel-7", input)
+	e.Start("waiter", "parcel-7", input)
 
-	b.navigate(e.srv.URL + "/ui/#/runs/parcel-7")
+	b.navigate(e.Srv.URL + "/ui/#/runs/parcel-7")
 	b.waitFor("the cancel button", `document.querySelector("#cancel-run") !== null`)
 	// A refresh of the unchanged running run moves its clock, not its
 	// buttons: a click whose press and release straddle a refresh lands.
@@ -188,7 +189,7 @@ func TestBrowserCancelAndStartAgain(t *testing.T) {
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("Esc", chromedp.KeyEvent(kb.Escape))
 	b.waitFor("the dialog closed", `!document.querySelector("#confirm").open`)
-	e.requireRun("parcel-7", jetflow.StatusRunning, 0, "Esc cancels the dialog, not the run")
+	e.RequireRun("parcel-7", jetflow.StatusRunning, 0, "Esc cancels the dialog, not the run")
 
 	// Open, dismiss and open again in one task of the page: the dismissal's
 	// close event is dispatched after the second opening (Chromium
@@ -200,36 +201,36 @@ func TestBrowserCancelAndStartAgain(t *testing.T) {
 		document.querySelector("#cancel-run").click();
 	})()`, nil)
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
-	arrived, decide := e.hold("POST", "/v1/runs/parcel-7/cancel")
+	arrived, decide := e.Hold("POST", "/v1/runs/parcel-7/cancel")
 	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
 	b.waitFor("the cancel on its way", `!document.querySelector("#confirm").open && document.querySelector("#action-result")?.textContent === "Cancelling run parcel-7…"`)
-	e.arrives(arrived, "the page's cancel")
-	e.requireRun("parcel-7", jetflow.StatusRunning, 0, "the cancel is held")
+	e.Arrives(arrived, "the page's cancel", waitTimeout)
+	e.RequireRun("parcel-7", jetflow.StatusRunning, 0, "the cancel is held")
 	decide(true)
 	// The answer, with the status: a periodic refresh may draw the new
 	// status before the page's own read after the cancel answers.
 	b.waitFor("the answer and the status cancelled", `document.querySelector("#action-result")?.textContent === "Run parcel-7 cancelled." && document.querySelector("#run-status")?.textContent === "cancelled"`)
-	e.requireRun("parcel-7", jetflow.StatusCancelled, 0, "cancelled from the page")
+	e.RequireRun("parcel-7", jetflow.StatusCancelled, 0, "cancelled from the page")
 
 	// Start again, with the request cut on its way: an error, nothing
 	// changed, and the button is still there.
-	arrived, decide = e.hold("POST", "/ui/api/runs/parcel-7/start-again")
+	arrived, decide = e.Hold("POST", "/ui/api/runs/parcel-7/start-again")
 	decide(false)
 	b.waitFor("the start-again button", `document.querySelector("#start-again") !== null`)
 	b.run("start again", chromedp.Click("#start-again", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
 	b.waitFor("the error", `document.querySelector("#action-result.err")?.textContent.startsWith("Network error")`)
-	e.arrives(arrived, "the page's start again")
-	e.requireRun("parcel-7", jetflow.StatusCancelled, 0, "a start again that never reached the server")
+	e.Arrives(arrived, "the page's start again", waitTimeout)
+	e.RequireRun("parcel-7", jetflow.StatusCancelled, 0, "a start again that never reached the server")
 
-	e.unhold("POST", "/ui/api/runs/parcel-7/start-again")
+	e.Unhold("POST", "/ui/api/runs/parcel-7/start-again")
 	b.waitFor("the start-again button", `document.querySelector("#start-again") !== null`)
 	b.run("start again", chromedp.Click("#start-again", chromedp.ByQuery))
 	b.waitFor("the dialog", `document.querySelector("#confirm").open`)
 	b.run("confirm", chromedp.Click("#confirm-ok", chromedp.ByQuery))
 	b.waitFor("the answer and generation 1, running", `document.querySelector("#action-result")?.textContent.includes("started again (restarted)") && document.querySelector("#run-generation")?.textContent === "1" && document.querySelector("#run-status")?.textContent === "running"`)
-	run := e.requireRun("parcel-7", jetflow.StatusRunning, 1, "started again from the page")
+	run := e.RequireRun("parcel-7", jetflow.StatusRunning, 1, "started again from the page")
 	require.JSONEq(t, `{"carrier":"ups","parcel":7}`, string(run.Input), "started again with the same input")
 }
 
@@ -237,14 +238,14 @@ func TestBrowserCancelAndStartAgain(t *testing.T) {
 // and no script of theirs runs.
 func TestBrowserShowsMarkupAsText(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := inspectortest.New(t)
 	b := newBrowser(t)
 	evil := "<script>window.__pwned=1</script>"
 	img := `<img src=x onerror="window.__pwned=2">`
-	e.start("echo", "markup-1", map[string]any{"note": evil, "img": img})
-	e.wait("markup-1")
+	e.Start("echo", "markup-1", map[string]any{"note": evil, "img": img})
+	e.Wait("markup-1")
 
-	b.navigate(e.srv.URL + "/ui/#/runs/markup-1")
+	b.navigate(e.Srv.URL + "/ui/#/runs/markup-1")
 	b.waitFor("the run page", `document.querySelector("#run-output")?.textContent.includes("window.__pwned")`)
 	in, out := b.text("#run-input"), b.text("#run-output")
 	for _, s := range []string{in, out} {
@@ -265,18 +266,18 @@ func TestBrowserShowsMarkupAsText(t *testing.T) {
 // of the timeline, with its failed attempt, as Client.OpenSteps lists it.
 func TestBrowserOpenStep(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := inspectortest.New(t)
 	b := newBrowser(t)
-	e.start("stuck", "partner-3", map[string]any{"n": 3})
+	e.Start("stuck", "partner-3", map[string]any{"n": 3})
 	var open []jetflow.OpenStep
 	require.Eventually(t, func() bool {
 		var err error
-		open, err = e.client.OpenSteps(ctxT(t, 10*time.Second), "partner-3")
+		open, err = e.Client.OpenSteps(ctxT(t, 10*time.Second), "partner-3")
 		require.NoError(t, err)
 		return len(open) == 1 && len(open[0].Attempts) == 1
 	}, 30*time.Second, 20*time.Millisecond, "the failed first attempt is recorded")
 
-	b.navigate(e.srv.URL + "/ui/#/runs/partner-3")
+	b.navigate(e.Srv.URL + "/ui/#/runs/partner-3")
 	b.waitFor("the open step", `document.querySelector("#timeline .open-step") !== null`)
 	var ids []string
 	b.eval(`[...document.querySelectorAll("#timeline .open-step")].map(s => s.dataset.stepId)`, &ids)
@@ -293,19 +294,19 @@ func TestBrowserOpenStep(t *testing.T) {
 // a run ID still finds that run.
 func TestBrowserSearchByAttribute(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := inspectortest.New(t)
 	b := newBrowser(t)
 	attrs := func(order, customer string) jetflow.StartOption {
 		return jetflow.WithAttributes(map[string]string{"order_id": order, "customer": customer})
 	}
-	e.start("echo", "att-1", map[string]any{"n": 1}, attrs("42", "7"))
-	e.start("echo", "att-2", map[string]any{"n": 2}, attrs("43", "7"))
-	e.start("echo", "att-3", map[string]any{"n": 3}, attrs("42", "8"))
+	e.Start("echo", "att-1", map[string]any{"n": 1}, attrs("42", "7"))
+	e.Start("echo", "att-2", map[string]any{"n": 2}, attrs("43", "7"))
+	e.Start("echo", "att-3", map[string]any{"n": 3}, attrs("42", "8"))
 	for _, id := range []string{"att-1", "att-2", "att-3"} {
-		e.wait(id)
+		e.Wait(id)
 	}
 
-	require.EqualValues(t, 200, b.navigate(e.srv.URL+"/ui/"))
+	require.EqualValues(t, 200, b.navigate(e.Srv.URL+"/ui/"))
 	b.waitFor("three rows", `document.querySelectorAll("#runs-body tr").length === 3`)
 	b.run("search an attribute", chromedp.Evaluate(`document.querySelector("#search").value = ""`, nil), chromedp.SendKeys("#search", "order_id=42"+kb.Enter, chromedp.ByQuery))
 	b.waitFor("the runs of order 42", `location.hash.includes("attr.order_id=42") && document.querySelectorAll("#runs-body tr").length === 2`)
@@ -322,7 +323,7 @@ func TestBrowserSearchByAttribute(t *testing.T) {
 	b.eval(`document.querySelector("#search").value`, &box)
 	require.Equal(t, "order_id=42 customer=8", box, "the box keeps what was searched")
 
-	b.run("open the run", chromedp.Navigate(e.srv.URL+"/ui/#/runs/att-2"))
+	b.run("open the run", chromedp.Navigate(e.Srv.URL+"/ui/#/runs/att-2"))
 	b.waitFor("the run page", `document.querySelector("#run-id")?.textContent === "att-2"`)
 	require.Equal(t, "customer=7, order_id=43", b.text("#run-attributes"))
 	b.run("follow an attribute", chromedp.Click(`#run-attributes a`, chromedp.ByQuery))

@@ -22,9 +22,18 @@
 //     then workermain and cmd/..., thin mains.
 //   - Test support: internal/testsupport/... (embedded servers for tests,
 //     fault checks, the operations cluster, doc tests, an OTLP receiver, a
-//     webhook sender), and the public test kit jetflowtest. Code outside
+//     webhook sender, the inspector as producer serve mounts it), and the
+//     public test kit jetflowtest. Code outside
 //     them and bench imports test support only from its tests.
 //   - examples/: imported by examples, by cmd/worker (it serves the order
 //     example) and by internal/testsupport/opcluster (which runs it on a
 //     cluster), nothing else.
+//   - checks/: a module of its own (github.com/jetflow/jetflow/checks), the
+//     tests whose libraries (compose-go, the Kubernetes API types,
+//     kin-openapi, jsonschema, stripe-go, chromedp) this module must not
+//     require, so that they are in the module graph of no team importing
+//     jetflow. Its packages import anything of this module, test support
+//     included; go list of this module lists none of them, and nothing
+//     here can import them. go.mod naming none of those libraries is
+//     tested here.
 package layers

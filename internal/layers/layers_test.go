@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -71,7 +72,9 @@ func layer(path string) string {
 		return "command"
 	case under(rel, "/examples"):
 		return "examples"
-	default: // bench, deploy
+	case under(rel, "/checks"): // a module of its own: go list of this one lists none
+		return "checks"
+	default: // bench
 		return "tools"
 	}
 }
@@ -192,9 +195,26 @@ func TestLayerOfAPath(t *testing.T) {
 		module + "/workermain":                   "command",
 		module + "/examples/orders":              "examples",
 		module + "/bench":                        "tools",
+		module + "/checks/contract":              "checks",
 		module + "/internalx":                    "tools",
 		"github.com/nats-io/nats.go":             "outside",
 	} {
 		require.Equal(t, want, layer(path), path)
+	}
+}
+
+// The libraries that only tests use and that would weigh on every team
+// importing jetflow are required by the checks module (checks/), not by
+// this one: a package of this module, or a test of one, that imported one
+// would need it in go.mod.
+func TestModuleRequiresNoTestOnlyHeavyweights(t *testing.T) {
+	t.Parallel()
+	gomod, err := os.ReadFile("../../go.mod")
+	require.NoError(t, err)
+	for _, heavy := range []string{
+		"github.com/compose-spec/", "github.com/getkin/kin-openapi", "github.com/santhosh-tekuri/jsonschema",
+		"github.com/stripe/stripe-go", "k8s.io/", "github.com/chromedp/",
+	} {
+		require.NotContains(t, string(gomod), heavy, "go.mod requires %s: a test that needs it goes in checks/", heavy)
 	}
 }

@@ -1,20 +1,19 @@
 package httpapi
 
 import (
+	"bufio"
 	"bytes"
-	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
-
-	"github.com/getkin/kin-openapi/openapi3"
-	"github.com/getkin/kin-openapi/openapi3filter"
-	"github.com/getkin/kin-openapi/routers"
-	"github.com/getkin/kin-openapi/routers/legacy"
 )
 
 // The HTTP tests check every answer they get against openapi.yaml with a
@@ -22,37 +21,59 @@ import (
 // sent to an httptest server, serveChecked for requests served into a
 // recorder. A departure from the document fails the test that made the
 // request, whatever the test itself asserts.
+//
+// kin-openapi is in the checks module (checks/contract), not in jetflow's
+// module graph: the first check of a test binary starts its command,
+// openapi-check, with go run in checks/ (built once, then cached), and
+// every exchange is sent to it and its verdict read back, one JSON object
+// a line each way. The checks of the checker itself, and that the
+// document is a valid OpenAPI document, are checks/contract's tests.
 
-// contract is openapi.yaml as kin-openapi loads it, validated, with a
-// router over its operations.
+// checksDir is the checks module, from this package's directory.
+const checksDir = "../../../checks"
+
+// contract is a running openapi-check over openapi.yaml.
 type contract struct {
-	doc    *openapi3.T
-	router routers.Router
+	mu  sync.Mutex // one exchange at a time
+	enc *json.Encoder
+	dec *json.Decoder
 }
 
-// loadContract loads and validates openapi.yaml once per test binary.
-var loadContract = sync.OnceValues(func() (*contract, error) { return newContract(openapiYAML) })
-
-// newContract loads and validates the OpenAPI document data.
-func newContract(data []byte) (*contract, error) {
-	loader := openapi3.NewLoader()
-	doc, err := loader.LoadFromData(data)
+// loadContract starts openapi-check once per test binary; the command
+// ends when the test binary does (its input closes).
+var loadContract = sync.OnceValues(func() (*contract, error) {
+	doc, err := filepath.Abs("openapi.yaml")
 	if err != nil {
-		return nil, fmt.Errorf("openapi.yaml does not load: %w", err)
+		return nil, err
 	}
-	if err := doc.Validate(loader.Context); err != nil {
-		return nil, fmt.Errorf("openapi.yaml is not a valid OpenAPI document: %w", err)
-	}
-	// Route by path alone: test servers listen on ports of their own, not
-	// on the documented server URL.
-	byPath := *doc
-	byPath.Servers = nil
-	router, err := legacy.NewRouter(&byPath)
+	goTool, err := exec.LookPath("go")
 	if err != nil {
-		return nil, fmt.Errorf("openapi.yaml: no router: %w", err)
+		return nil, fmt.Errorf("openapi-check: %w", err)
 	}
-	return &contract{doc: doc, router: router}, nil
-}
+	cmd := exec.Command(goTool, "run", "./contract/cmd/openapi-check", doc)
+	cmd.Dir = checksDir
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("openapi-check: %w", err)
+	}
+	c := &contract{enc: json.NewEncoder(in), dec: json.NewDecoder(bufio.NewReader(out))}
+	var ready verdict
+	if err := c.dec.Decode(&ready); err != nil {
+		return nil, fmt.Errorf("openapi-check (go run in checks/) did not start: %w", err)
+	}
+	if !ready.Ready {
+		return nil, fmt.Errorf("openapi-check: %s", ready.Error)
+	}
+	return c, nil
+})
 
 // exchange is one request and the answer it got, both read in full.
 type exchange struct {
@@ -63,7 +84,8 @@ type exchange struct {
 	body    []byte
 }
 
-// checkMode says how much of an exchange check validates.
+// checkMode says how much of an exchange check validates
+// (contract.Mode).
 type checkMode int
 
 const (
@@ -76,128 +98,45 @@ const (
 	checkAnswer
 )
 
-// check returns how ex departs from the document, nil when it does not.
-// A request an operation matches gets an answer whose status that
-// operation documents, with every required header, each documented header
-// matching its schema, and a body of a documented content type matching
-// its schema. A request no operation matches gets the NoRoute response of
-// the components (unknown path), or a 405 that every operation of its
-// path documents (known path, other method).
+// wireExchange is an exchange as openapi-check reads it
+// (contract.Exchange).
+type wireExchange struct {
+	Method       string      `json:"method"`
+	Path         string      `json:"path"`
+	RawPath      string      `json:"raw_path,omitempty"`
+	RawQuery     string      `json:"raw_query,omitempty"`
+	Header       http.Header `json:"header,omitempty"`
+	Body         []byte      `json:"body,omitempty"`
+	Mode         checkMode   `json:"mode"`
+	Code         int         `json:"code"`
+	AnswerHeader http.Header `json:"answer_header,omitempty"`
+	Answer       []byte      `json:"answer,omitempty"`
+}
+
+// verdict is openapi-check's answer (contract.Verdict).
+type verdict struct {
+	Ready bool   `json:"ready,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// check returns how ex departs from the document, nil when it does not:
+// openapi-check's verdict (contract.Contract.Check says what it checks).
 func (c *contract) check(ex exchange, mode checkMode) error {
-	ctx := context.Background()
-	// Route on the escaped path, as http.ServeMux does: a key sent as
-	// "a%2Fb" is one path segment.
-	routed := ex.req.Clone(ctx)
-	routed.URL.Path = ex.req.URL.EscapedPath()
-	routed.URL.RawPath = ""
-	route, params, err := c.router.FindRoute(routed)
-	if err != nil {
-		return c.checkUnmatched(ex, err)
+	w := wireExchange{
+		Method: ex.req.Method, Path: ex.req.URL.Path, RawPath: ex.req.URL.RawPath, RawQuery: ex.req.URL.RawQuery,
+		Header: ex.req.Header, Body: ex.reqBody, Mode: mode, Code: ex.code, AnswerHeader: ex.header, Answer: ex.body,
 	}
-	req := ex.req.Clone(ctx)
-	req.Body = io.NopCloser(bytes.NewReader(ex.reqBody))
-	if len(ex.reqBody) > 0 && req.Header.Get("Content-Type") == "" {
-		// The server reads a body without a Content-Type as JSON (the
-		// 415 answer's description says so); OpenAPI has no words for it.
-		req.Header.Set("Content-Type", "application/json")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.enc.Encode(w); err != nil {
+		return fmt.Errorf("openapi-check: %w", err)
 	}
-	in := &openapi3filter.RequestValidationInput{
-		Request:    req,
-		PathParams: params,
-		Route:      route,
-		Options: &openapi3filter.Options{
-			MultiError: true,
-			// Authentication is the server's business (Config.Tokens),
-			// tested on its own; the document only names the scheme.
-			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
-		},
+	var v verdict
+	if err := c.dec.Decode(&v); err != nil {
+		return fmt.Errorf("openapi-check: %w", err)
 	}
-	var errs []error
-	if mode == checkAll {
-		if reqErr := openapi3filter.ValidateRequest(ctx, in); reqErr != nil && ex.code < 400 {
-			errs = append(errs, fmt.Errorf("answered %d to a request the document rejects: %w", ex.code, reqErr))
-		}
-	}
-	return errors.Join(append(errs, c.checkAnswer(ctx, in, ex))...)
-}
-
-// checkUnmatched checks the answer to a request FindRoute found no
-// operation for (routeErr says why).
-func (c *contract) checkUnmatched(ex exchange, routeErr error) error {
-	var re *routers.RouteError
-	if !errors.As(routeErr, &re) {
-		return fmt.Errorf("routing: %w", routeErr)
-	}
-	// kin-openapi's router tells a known path with another method
-	// (ErrMethodNotAllowed) only for paths without parameters: the path
-	// is known when an operation of another method matches it.
-	item := c.pathItem(ex.req)
-	want := http.StatusNotFound
-	if item != nil {
-		want = http.StatusMethodNotAllowed
-	}
-	if ex.code != want {
-		return fmt.Errorf("no operation matches (%s): want %d, got %d", re.Reason, want, ex.code)
-	}
-	resp := c.doc.Components.Responses["NoRoute"]
-	if item != nil {
-		// The path's answer to the other methods: every operation of the
-		// path documents it (OpenAPI has no responses per path), so that a
-		// client generated from any of them knows it.
-		resp = nil
-		for method, op := range item.Operations() {
-			r := op.Responses.Status(want)
-			if r == nil {
-				return fmt.Errorf("answered 405 to %s %s, which %s %s does not document", ex.req.Method, ex.req.URL.Path, method, ex.req.URL.Path)
-			}
-			resp = r
-		}
-	}
-	if resp == nil {
-		return fmt.Errorf("no documented response for %d", want)
-	}
-	// An operation of its own for the answer, so that kin-openapi checks
-	// it exactly as it checks an operation's.
-	route := &routers.Route{
-		Spec:      c.doc,
-		Path:      ex.req.URL.Path,
-		Method:    ex.req.Method,
-		Operation: &openapi3.Operation{Responses: openapi3.NewResponses(openapi3.WithStatus(want, resp))},
-	}
-	in := &openapi3filter.RequestValidationInput{Request: ex.req, Route: route}
-	return c.checkAnswer(context.Background(), in, ex)
-}
-
-// pathItem is the document's path item for req's path, found through an
-// operation of another method; nil when none has the path.
-func (c *contract) pathItem(req *http.Request) *openapi3.PathItem {
-	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-		other := req.Clone(context.Background())
-		other.Method = method
-		other.URL.Path = req.URL.EscapedPath()
-		other.URL.RawPath = ""
-		if route, _, err := c.router.FindRoute(other); err == nil {
-			return route.PathItem
-		}
-	}
-	return nil
-}
-
-// checkAnswer validates the status, headers and body of ex's answer
-// against in's operation.
-func (c *contract) checkAnswer(ctx context.Context, in *openapi3filter.RequestValidationInput, ex exchange) error {
-	out := &openapi3filter.ResponseValidationInput{
-		RequestValidationInput: in,
-		Status:                 ex.code,
-		Header:                 ex.header,
-		Options: &openapi3filter.Options{
-			MultiError:            true,
-			IncludeResponseStatus: true, // an undocumented status is an error
-		},
-	}
-	out.SetBodyBytes(ex.body)
-	if err := openapi3filter.ValidateResponse(ctx, out); err != nil {
-		return fmt.Errorf("answer %d: %w", ex.code, err)
+	if v.Error != "" {
+		return errors.New(v.Error)
 	}
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	stripewebhook "github.com/stripe/stripe-go/v84/webhook"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/server/webhook"
@@ -181,7 +180,7 @@ func TestNewRefusesBadSources(t *testing.T) {
 }
 
 // TestWebhookOfficialLibraries delivers, over HTTP, every delivery the
-// providers' own libraries signed (internal/testsupport/webhooktest:
+// providers' own libraries signed and judged (internal/testsupport/webhooktest:
 // standardwebhooks, @octokit/webhooks-methods, stripe-go), each to a source
 // of its own holding the secrets the official verifier held. What the
 // official verifier accepts starts exactly one run, also when four copies
@@ -194,7 +193,7 @@ func TestWebhookOfficialLibraries(t *testing.T) {
 	require.NoError(t, err)
 	b := setup(t)
 
-	// One API server per verifier clock (the fixtures' and stripe-go's),
+	// One API server per verifier clock (each fixture file's),
 	// with a source per case.
 	servers := map[time.Time]*httptest.Server{}
 	sources := map[time.Time][]webhook.Source{}
@@ -275,11 +274,14 @@ func paySource(t *testing.T) webhook.Source {
 }
 
 // stripeDelivery is a Stripe event of type typ about order, signed at ts
-// by stripe-go with webhooktest.StripeSecret.
+// with webhooktest.StripeSecret by webhook.Sign, which writes the header
+// stripe-go's GenerateTestSignedPayload writes (checked in the checks
+// module: checks/webhook, TestSignIsStripeGos).
 func stripeDelivery(id, typ, order string, ts time.Time) delivery {
 	body := `{"id":"` + id + `","object":"event","type":"` + typ + `","data":{"object":{"object":"payment_intent","amount":1999,"metadata":{"order_id":"` + order + `"}}}}`
-	p := stripewebhook.GenerateTestSignedPayload(&stripewebhook.UnsignedPayload{Payload: []byte(body), Secret: webhooktest.StripeSecret, Timestamp: ts})
-	return delivery{header: http.Header{"Stripe-Signature": {p.Header}, "Content-Type": {"application/json"}}, body: body}
+	h := webhook.Sign(webhook.Stripe, webhooktest.StripeSecret, id, ts, []byte(body))
+	h.Set("Content-Type", "application/json")
+	return delivery{header: h, body: body}
 }
 
 // servePayments starts a second worker on b's server, serving "payorder":
@@ -287,8 +289,8 @@ func stripeDelivery(id, typ, order string, ts time.Time) delivery {
 // and amount.
 func (b *bundle) servePayments() {
 	b.t.Helper()
-	ws := jetflow.NewWorkers()
-	require.NoError(b.t, ws.Add(jetflow.NewWorkflow("payorder", func(ctx *jetflow.Context, order string) (string, error) {
+	ws := jetflow.NewRegistry()
+	require.NoError(b.t, ws.Register(jetflow.NewWorkflow("payorder", func(ctx *jetflow.Context, order string) (string, error) {
 		ev, err := jetflow.WaitEvent[paidEvent](ctx, "paid", jetflow.WithHookToken("order-"+order+"-payment"))
 		return fmt.Sprintf("%s:%d", ev.ID, ev.Data.Object.Amount), err
 	}, jetflow.WithEvent[paidEvent]("paid"))))

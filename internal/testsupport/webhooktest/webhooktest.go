@@ -6,22 +6,23 @@
 //     testdata/generate.mjs with the npm packages standardwebhooks and
 //     @octokit/webhooks-methods (CI does not run npm; the script says how
 //     to regenerate the file);
-//   - Stripe: built at run time with stripe-go's webhook package.
+//   - Stripe: testdata/stripe.json, signed and judged by stripe-go's
+//     webhook package in the checks module (checks/webhook), whose test
+//     signs the same deliveries again and fails unless stripe-go still
+//     gives the file's signatures and verdicts; `go test ./webhook
+//     -update` in checks/ writes it anew. stripe-go is thus in the checks
+//     module's build only, not in jetflow's module graph.
 //
 // It does not import package webhook, so that package's own tests can use
-// it. Only tests import it: stripe-go is linked into no binary.
+// it. Only tests import it.
 package webhooktest
 
 import (
 	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
-
-	stripewebhook "github.com/stripe/stripe-go/v84/webhook"
 )
 
 // Case is one delivery and the official verifier's verdict on it.
@@ -111,96 +112,73 @@ func Fixtures() ([]Case, error) {
 	return out, nil
 }
 
-// Stripe secrets of StripeCases: the current one, a rotated (older) one,
-// and one the verifier does not hold.
+// Stripe secrets of the Stripe cases: the current one, a rotated (older)
+// one, and one the verifier does not hold.
 const (
 	StripeSecret        = "whsec_jetflow_fixture_stripe_current"
 	StripeRotatedSecret = "whsec_jetflow_fixture_stripe_rotated"
-	stripeWrongSecret   = "whsec_jetflow_fixture_stripe_wrong"
+	StripeWrongSecret   = "whsec_jetflow_fixture_stripe_wrong"
 )
 
-// StripeCases returns Stripe deliveries signed with stripe-go at times
-// around the wall clock, each with stripe-go's verdict
-// (webhook.ValidatePayloadWithTolerance, DefaultTolerance, with any of the
-// case's secrets) and Now set to the clock it was given against.
-func StripeCases() []Case {
-	now := time.Now().Truncate(time.Second)
-	body := func(id string) []byte {
-		return []byte(`{"id":"` + id + `","object":"event","type":"payment_intent.succeeded","data":{"object":{"amount":100}}}`)
+//go:embed testdata/stripe.json
+var stripeJSON []byte
+
+// StripeFile is the layout of testdata/stripe.json: Stripe deliveries
+// signed with stripe-go at Now (Unix seconds), each with stripe-go's
+// verdict at that time (webhook.ValidatePayloadWithTolerance,
+// DefaultTolerance, with any of the case's secrets). The checks module
+// writes it and checks it against stripe-go (checks/webhook).
+type StripeFile struct {
+	GeneratedBy string            `json:"generated_by"`
+	Versions    map[string]string `json:"versions"`
+	Now         int64             `json:"now"`
+	Stripe      []StripeCase      `json:"stripe"`
+}
+
+// StripeCase is one delivery of testdata/stripe.json: the secrets the
+// verifier held, the Stripe-Signature header, the body sent, and
+// stripe-go's verdict. The event ID is the body's id.
+type StripeCase struct {
+	Name      string   `json:"name"`
+	Secrets   []string `json:"secrets"`
+	Signature string   `json:"stripe_signature"`
+	Body      string   `json:"body"`
+	Accepted  bool     `json:"accepted"`
+}
+
+// Case returns c as a Case judged at now.
+func (c StripeCase) Case(now time.Time) (Case, error) {
+	var ev struct {
+		ID string `json:"id"`
 	}
-	v1 := func(secret string, ts time.Time, b []byte) string {
-		return "v1=" + hex.EncodeToString(stripewebhook.ComputeSignature(ts, b, secret))
+	if err := json.Unmarshal([]byte(c.Body), &ev); err != nil {
+		return Case{}, fmt.Errorf("webhooktest: Stripe case %q: body: %w", c.Name, err)
 	}
-	type spec struct {
-		name    string
-		id      string
-		ts      time.Time
-		secrets []string // the verifier's
-		header  func(t string, b []byte) string
-		sent    func(b []byte) []byte
+	return Case{
+		Provider: "stripe", Name: c.Name, Secrets: c.Secrets, Header: http.Header{"Stripe-Signature": {c.Signature}},
+		Body: []byte(c.Body), Now: now.UTC(), Accepted: c.Accepted, EventID: ev.ID,
+	}, nil
+}
+
+// StripeCases returns the cases of testdata/stripe.json, or an error if
+// the file does not decode.
+func StripeCases() ([]Case, error) {
+	var f StripeFile
+	if err := json.Unmarshal(stripeJSON, &f); err != nil {
+		return nil, fmt.Errorf("webhooktest: testdata/stripe.json: %w", err)
 	}
-	ts := now.Add(-30 * time.Second)
-	plain := func(t string, b []byte) string { return t + "," + v1(StripeSecret, ts, b) }
-	specs := []spec{
-		{name: "signed by GenerateTestSignedPayload", id: "evt_1NG8Du2eZvKYlo2C", header: func(_ string, b []byte) string {
-			return stripewebhook.GenerateTestSignedPayload(&stripewebhook.UnsignedPayload{Payload: b, Secret: StripeSecret, Timestamp: ts}).Header
-		}},
-		{name: "event ID with dot and colon", id: "evt.2024:a/b", header: plain},
-		{name: "event ID too long for a run ID", id: "evt_" + strings.Repeat("x", 250), header: plain},
-		{name: "rotation: old and new signatures, verifier has the new secret", id: "evt_rot_1", header: func(t string, b []byte) string {
-			return t + "," + v1(StripeRotatedSecret, ts, b) + "," + v1(StripeSecret, ts, b)
-		}},
-		{name: "rotation: signed with the old secret, verifier has both", id: "evt_rot_2", secrets: []string{StripeSecret, StripeRotatedSecret},
-			header: func(t string, b []byte) string { return t + "," + v1(StripeRotatedSecret, ts, b) }},
-		{name: "v1 not hex before a valid one", id: "evt_badhex_1", header: func(t string, b []byte) string {
-			return t + ",v1=xyz," + v1(StripeSecret, ts, b) + ",v1=abc"
-		}},
-		{name: "v0 beside a valid v1", id: "evt_v0_1", header: func(t string, b []byte) string {
-			return t + ",v0=" + strings.Repeat("00", 32) + "," + v1(StripeSecret, ts, b)
-		}},
-		{name: "only a v1 that is not hex", id: "evt_badhex_2", header: func(t string, _ []byte) string { return t + ",v1=xyz" }},
-		{name: "element without =", id: "evt_noeq_1", header: func(t string, b []byte) string { return plain(t, b) + ",v1" }},
-		{name: "tampered body", id: "evt_tampered_1", header: plain,
-			sent: func(b []byte) []byte { return []byte(strings.Replace(string(b), "100", "999", 1)) }},
-		{name: "wrong secret", id: "evt_wrong_1", secrets: []string{stripeWrongSecret}, header: plain},
-		{name: "future timestamp", id: "evt_future_1", ts: now.Add(stripewebhook.DefaultTolerance + time.Minute), header: func(t string, b []byte) string {
-			return t + "," + v1(StripeSecret, now.Add(stripewebhook.DefaultTolerance+time.Minute), b)
-		}},
-		{name: "timestamp with a leading zero", id: "evt_zero_1", header: func(t string, b []byte) string {
-			return "t=0" + strings.TrimPrefix(t, "t=") + "," + v1(StripeSecret, ts, b)
-		}},
-		{name: "stale timestamp", id: "evt_stale_1", ts: now.Add(-stripewebhook.DefaultTolerance - time.Minute), header: func(t string, b []byte) string {
-			return t + "," + v1(StripeSecret, now.Add(-stripewebhook.DefaultTolerance-time.Minute), b)
-		}},
+	if len(f.Stripe) == 0 {
+		return nil, fmt.Errorf("webhooktest: testdata/stripe.json has no cases")
 	}
-	out := make([]Case, 0, len(specs))
-	for _, s := range specs {
-		at := ts
-		if !s.ts.IsZero() {
-			at = s.ts
+	out := make([]Case, 0, len(f.Stripe))
+	for _, c := range f.Stripe {
+		cc, err := c.Case(time.Unix(f.Now, 0))
+		if err != nil {
+			return nil, err
 		}
-		secrets := s.secrets
-		if secrets == nil {
-			secrets = []string{StripeSecret}
-		}
-		b := body(s.id)
-		header := s.header(fmt.Sprintf("t=%d", at.Unix()), b)
-		sent := b
-		if s.sent != nil {
-			sent = s.sent(b)
-		}
-		accepted := false
-		for _, secret := range secrets {
-			if stripewebhook.ValidatePayloadWithTolerance(sent, header, secret, stripewebhook.DefaultTolerance) == nil {
-				accepted = true
-			}
-		}
-		out = append(out, Case{
-			Provider: "stripe", Name: s.name, Secrets: secrets, Header: http.Header{"Stripe-Signature": {header}},
-			Body: sent, Now: now.UTC(), Accepted: accepted, EventID: s.id,
-		})
+		out = append(out, cc)
 	}
-	return out
+	return out, nil
 }
 
 // All returns Fixtures and StripeCases together.
@@ -209,5 +187,9 @@ func All() ([]Case, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(cases, StripeCases()...), nil
+	stripe, err := StripeCases()
+	if err != nil {
+		return nil, err
+	}
+	return append(cases, stripe...), nil
 }
