@@ -135,8 +135,8 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 		})
 		return err
 	}
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(
 		jetflow.NewWorkflow("echo", echo),
 		jetflow.NewWorkflow("reject", echo, jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.RejectWhileRunning})),
 		jetflow.NewWorkflow("keyed", echo, jetflow.RequireRunID()),
@@ -320,7 +320,7 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 
 // runWorker starts a worker of ws on its own connection to ns (cfg's
 // Logger is the test's), stopped when t ends.
-func runWorker(t *testing.T, ns *natsserver.Server, ws *jetflow.Workers, cfg jetflow.WorkerConfig) {
+func runWorker(t *testing.T, ns *natsserver.Server, ws *jetflow.Registry, cfg jetflow.WorkerConfig) {
 	t.Helper()
 	cfg.Logger = testenv.Logger(t)
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, cfg)

@@ -20,8 +20,8 @@ import (
 func TestStartTellsUnknownWorkflowFromNoWorker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(jetflow.NewWorkflow("retired", func(*jetflow.Context, echoIn) (int, error) { return 0, nil })))
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(jetflow.NewWorkflow("retired", func(*jetflow.Context, echoIn) (int, error) { return 0, nil })))
 	w, err := jetflow.NewWorker(testenv.Conn(t, b.ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -73,8 +73,8 @@ func TestStartBeforeAnyWorkerReportedIs503(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, b.do(http.MethodGet, "/v1/runs/fresh-1", nil, "").code, "nothing stored")
 
 	var executions atomic.Int64
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(jetflow.NewWorkflow("orders", func(ctx *jetflow.Context, in echoIn) (int, error) {
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(jetflow.NewWorkflow("orders", func(ctx *jetflow.Context, in echoIn) (int, error) {
 		return jetflow.Step(ctx, "double", func(context.Context) (int, error) {
 			executions.Add(1)
 			return in.N * 2, nil

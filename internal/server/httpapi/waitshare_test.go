@@ -54,8 +54,8 @@ func TestWaitShareLongPollsShareOneConsumer(t *testing.T) {
 			}
 		})
 	})
-	ws := jetflow.NewWorkers()
-	require.NoError(t, ws.Add(gated))
+	ws := jetflow.NewRegistry()
+	require.NoError(t, ws.Register(gated))
 	// No sweeper: its passes watch the runs bucket with consumers of their own.
 	runWorker(t, ns, ws, jetflow.WorkerConfig{SweepInterval: -1, Concurrency: 64})
 	client, err := jetflow.NewClient(ctxT(t, 10*time.Second), testenv.Conn(t, ns), jetflow.ClientConfig{})
