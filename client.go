@@ -22,6 +22,7 @@ import (
 	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/tracing"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Outcome says what a start did.
@@ -43,19 +44,17 @@ const (
 	OutcomeRestarted Outcome = "restarted"
 )
 
-// RunStatus is a run's lifecycle state.
-type RunStatus string
+// RunStatus is a run's lifecycle state; its Terminal reports whether it is
+// final.
+type RunStatus = jetflowtype.RunStatus
 
 // Run states; all but running are final.
 const (
-	StatusRunning   RunStatus = "running"
-	StatusCompleted RunStatus = "completed"
-	StatusFailed    RunStatus = "failed"
-	StatusCancelled RunStatus = "cancelled"
+	StatusRunning   = jetflowtype.StatusRunning
+	StatusCompleted = jetflowtype.StatusCompleted
+	StatusFailed    = jetflowtype.StatusFailed
+	StatusCancelled = jetflowtype.StatusCancelled
 )
-
-// Terminal reports whether s is final.
-func (s RunStatus) Terminal() bool { return state.Status(s).Terminal() }
 
 // ClientConfig configures a Client.
 type ClientConfig struct {
@@ -317,7 +316,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		Entry: string(o.entry), Attributes: o.attributes,
 	})
 	if err != nil {
-		return nil, admitError(err)
+		return nil, err
 	}
 	h := &Handle[R]{
 		RunID: res.Run.RunID, Outcome: outcome(res.Outcome), Status: RunStatus(res.Run.Status),

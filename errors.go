@@ -63,17 +63,17 @@ var (
 	// ErrRunFailed is matched by every *RunError.
 	ErrRunFailed = errors.New("jetflow: run did not complete")
 	// ErrStepFailed is matched by every *StepError.
-	ErrStepFailed = workflow.ErrStepFailed
+	ErrStepFailed = jetflowtype.ErrStepFailed
 	// ErrInvalidPolicy: a retry policy has a bad field.
 	ErrInvalidPolicy = jetflowtype.ErrInvalidPolicy
 	// ErrIdempotencyConflict: the run ID names an existing run that the
 	// start does not match: another workflow, or a different input while
 	// the fingerprint mode is strict (the default; see FingerprintMode).
 	// See *ConflictError for which one. The existing run is not changed.
-	ErrIdempotencyConflict = dedupe.ErrConflict
+	ErrIdempotencyConflict = jetflowtype.ErrIdempotencyConflict
 	// ErrDuplicateRejected: the run ID names an existing run and the
 	// conflict policy rejects duplicates in its state; see *RejectedError.
-	ErrDuplicateRejected = dedupe.ErrRejected
+	ErrDuplicateRejected = jetflowtype.ErrDuplicateRejected
 	// ErrInvalidConflictPolicy: a conflict policy has a value outside its
 	// constants.
 	ErrInvalidConflictPolicy = jetflowtype.ErrInvalidConflictPolicy
@@ -130,27 +130,10 @@ var (
 )
 
 // ConflictError is a start whose run ID names an existing run that it does
-// not match; it says which part differed. The existing run is not changed.
-// It matches ErrIdempotencyConflict.
-type ConflictError struct {
-	// RunID is the start's run ID.
-	RunID string
-	// Field is what differs: "workflow" or "input".
-	Field string
-	// Stored is the existing run's value of Field (for the input, a short
-	// prefix of its fingerprint).
-	Stored string
-	// Requested is the start's value of Field.
-	Requested string
-}
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
-		e.RunID, e.Field, e.Stored, e.Requested)
-}
-
-// Is makes errors.Is(err, ErrIdempotencyConflict) true.
-func (e *ConflictError) Is(target error) bool { return target == ErrIdempotencyConflict }
+// not match; it says which part differed (Field: "workflow" or "input",
+// Stored, Requested). The existing run is not changed. It matches
+// ErrIdempotencyConflict.
+type ConflictError = jetflowtype.ConflictError
 
 // NoWorkerError is a start that no worker answered and that may be
 // answered later: a worker served the workflow once (FirstWorker, at
@@ -178,141 +161,31 @@ func (e *NoWorkerError) Error() string {
 // ErrUnavailable) true.
 func (e *NoWorkerError) Unwrap() []error { return []error{ErrNoWorker, ErrUnavailable} }
 
-// conflictErrorFrom is the public form of the admitter's conflict.
-func conflictErrorFrom(e *dedupe.ConflictError) *ConflictError {
-	return &ConflictError{RunID: e.RunID, Field: e.Field, Stored: e.Stored, Requested: e.Requested}
-}
-
-// admitError turns the admitter's typed refusals into the public
-// *ConflictError and *RejectedError; other errors are returned as they are.
-func admitError(err error) error {
-	var ce *dedupe.ConflictError
-	if errors.As(err, &ce) {
-		return conflictErrorFrom(ce)
-	}
-	var re *dedupe.RejectedError
-	if errors.As(err, &re) {
-		return rejectedErrorFrom(re)
-	}
-	return err
-}
-
 // StepError is a step's final failure as the workflow sees it: it returned a
 // fatal error or ran out of attempts. The failure is committed, so every
 // replay of the run returns the same StepError, with the same Code; the
 // workflow can handle it (branch on Code, compensate) or return it, which
-// fails the run. It matches ErrStepFailed, and when the step failed with a
-// coded error (ErrorWithCode), errors.As reaches a *CodedError with the code.
-type StepError struct {
-	// RunID is the run the step belongs to.
-	RunID string
-	// StepID is the step's deterministic ID (see StepDetails).
-	StepID string
-	// StepName is the name the workflow called the step with.
-	StepName string
-	// Attempts is the attempt on which the failure was committed.
-	Attempts int
-	// Fatal is true when the step returned a fatal error (Fatal): it was
-	// not retried.
-	Fatal bool
-	// Code is the code of the error the step failed with (ErrorWithCode, or
-	// any error in its chain with an ErrorCode() string method); empty when
-	// it had none.
-	Code string
-	// Message is the text of the error the step failed with.
-	Message string
-	// ChildRunID is the child run a child step (Child) stands for; empty
-	// for a step.
-	ChildRunID string
-	// ChildStatus is how that child ended: StatusFailed or StatusCancelled;
-	// empty when the child could not be started (its run ID holds another
-	// run, or another input).
-	ChildStatus RunStatus
-}
-
-// Error is the engine's text of the failure (one wording for both forms).
-func (e *StepError) Error() string { return e.toInternal().Error() }
-
-// Is makes errors.Is(err, ErrStepFailed) true, and, for a wait for an
-// event, errors.Is(err, ErrEventTimeout) or errors.Is(err, ErrHookTaken)
-// when that is how it ended.
-func (e *StepError) Is(target error) bool {
-	switch target {
-	case ErrStepFailed:
-		return true
-	case ErrEventTimeout:
-		return e.Code == workflow.CodeEventTimeout && isWaitStep(e.StepName)
-	case ErrHookTaken:
-		return e.Code == workflow.CodeHookTaken && isWaitStep(e.StepName)
-	}
-	return false
-}
-
-// Unwrap returns the committed failure as a *CodedError when it has a
-// code (nil otherwise), so that errors.As finds the code after a replay,
-// where the step's original error value no longer exists.
-func (e *StepError) Unwrap() error {
-	if e.Code == "" {
-		return nil
-	}
-	return &CodedError{Code: e.Code, Err: errors.New(e.Message)}
-}
-
-// As lets the engine recognise a step failure that a workflow returns: a
-// run whose workflow returns a *StepError (wrapped or not) fails with Kind
-// "step" and the step's Code. It matches no target of the public API
-// (errors.As with a **StepError target finds e itself).
-func (e *StepError) As(target any) bool {
-	t, ok := target.(**workflow.StepError)
-	if ok {
-		*t = e.toInternal()
-	}
-	return ok
-}
-
-// stepErrorFrom is the public form of a committed step failure.
-func stepErrorFrom(e *workflow.StepError) *StepError {
-	return &StepError{
-		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
-		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
-		ChildRunID: e.ChildRunID, ChildStatus: RunStatus(e.ChildStatus),
-	}
-}
-
-// toInternal is the engine's form of e.
-func (e *StepError) toInternal() *workflow.StepError {
-	return &workflow.StepError{
-		RunID: e.RunID, StepID: e.StepID, StepName: e.StepName,
-		Attempts: e.Attempts, Fatal: e.Fatal, Code: e.Code, Message: e.Message,
-		ChildRunID: e.ChildRunID, ChildStatus: state.Status(e.ChildStatus),
-	}
-}
+// fails the run with Kind "step" and the step's Code. It matches
+// ErrStepFailed (and, for a wait for an event, ErrEventTimeout or
+// ErrHookTaken when that is how it ended), and when the step failed with a
+// coded error (ErrorWithCode), errors.As reaches a *CodedError with the
+// code. See jetflowtype.StepError for its fields.
+type StepError = jetflowtype.StepError
 
 // CodedError is an error with a code that a workflow or a caller branches
 // on, such as "card_declined". A step fails with one through ErrorWithCode;
 // the code is committed with the step's failure and survives replay (which
 // the error value itself does not): the workflow reads it as StepError.Code
 // and the caller as RunError.Code. Any error with an ErrorCode() string
-// method carries a code the same way.
-type CodedError struct {
-	// Code is the error's code. Keep it stable: workflows branch on it
-	// across deploys.
-	Code string
-	// Err is the error itself. On the *CodedError a StepError or RunError
-	// unwraps to, it carries only the committed message.
-	Err error
-}
+// method carries a code the same way. Its Err is the error itself; on the
+// *CodedError a StepError or RunError unwraps to, it carries only the
+// committed message.
+type CodedError = jetflowtype.CodedError
 
 // ErrorWithCode returns err with code attached (a *CodedError). It
 // combines with Fatal, RetryAfter and Retryable in either order, for
 // example Fatal(ErrorWithCode("card_declined", err)).
 func ErrorWithCode(code string, err error) error { return &CodedError{Code: code, Err: err} }
-
-func (e *CodedError) Error() string { return e.Code + ": " + errString(e.Err) }
-func (e *CodedError) Unwrap() error { return e.Err }
-
-// ErrorCode returns e.Code.
-func (e *CodedError) ErrorCode() string { return e.Code }
 
 // RunError is how a run that did not complete is reported to the caller
 // waiting for its result. It matches ErrRunFailed, and when it has a Code,

@@ -2,14 +2,13 @@ package jetflow
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Errors of sleeps, waits and event deliveries.
@@ -17,11 +16,11 @@ var (
 	// ErrEventTimeout is matched by the error of a wait whose timeout
 	// passed before an event came (WithTimeout), from Get, AwaitAll and
 	// AwaitFirst alike. It is a *StepError with Code "event_timeout".
-	ErrEventTimeout = errors.New("jetflow: no event before the wait's timeout")
+	ErrEventTimeout = jetflowtype.ErrEventTimeout
 	// ErrHookTaken is matched by the error of a wait whose hook token
 	// another wait had taken (tokens are single-use). It is also a
 	// *StepError with Code "hook_taken".
-	ErrHookTaken = errors.New("jetflow: hook token taken by another wait")
+	ErrHookTaken = jetflowtype.ErrHookTaken
 	// ErrUnknownEvent: the workflow declares no event of that name
 	// (WithEvent), or declares it with another payload type. A sender gets
 	// it too, and nothing is stored.
@@ -148,10 +147,6 @@ func (c *Context) declared(name string, typ reflect.Type) error {
 	}
 	return nil
 }
-
-// isWaitStep reports whether name is the step name of a wait for an
-// event (a name the body gives a step never holds '=').
-func isWaitStep(name string) bool { return strings.Contains(name, "=") }
 
 // Sleep pauses the run for d, durably: the run holds no worker, goroutine
 // or timer while it sleeps. The wake-up is a message the NATS server

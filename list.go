@@ -247,7 +247,7 @@ func (o ListOptions) query() (runindex.Query, error) {
 	switch {
 	case o.Workflow != "" && state.ValidateName(o.Workflow) != nil:
 		return bad("%w", state.ValidateName(o.Workflow))
-	case o.Status != "" && !state.Status(o.Status).Valid():
+	case o.Status != "" && !state.ValidStatus(o.Status):
 		return bad("status %q: want running, completed, failed or cancelled", o.Status)
 	case o.RunIDPrefix != "" && state.ValidateRunID(o.RunIDPrefix) != nil:
 		return bad("run ID prefix: %w", state.ValidateRunID(o.RunIDPrefix))

@@ -160,11 +160,12 @@ func pendings(fs []Awaitable) ([]*workflow.Pending, error) {
 	return ps, nil
 }
 
-// publicStepErr turns the engine's *StepError into the public one.
+// publicStepErr is the *StepError in err's chain itself, when it has one:
+// a step's failure reaches the workflow as a bare *StepError.
 func publicStepErr(err error) error {
-	var se *workflow.StepError
+	var se *StepError
 	if errors.As(err, &se) {
-		return stepErrorFrom(se)
+		return se
 	}
 	return err
 }

@@ -1,7 +1,6 @@
 package jetflow
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
@@ -98,27 +97,10 @@ func WithDefaultConflictPolicy(p ConflictPolicy) WorkflowOption {
 	return func(o *workflowOptions) { o.policy = p }
 }
 
-// RejectedError is a duplicate start that the conflict policy refused. It
+// RejectedError is a duplicate start that the conflict policy refused: Status
+// is the existing run's state, for which the policy rejects duplicates. It
 // matches ErrDuplicateRejected.
-type RejectedError struct {
-	// RunID is the start's run ID.
-	RunID string
-	// Status is the existing run's state, for which the policy rejects
-	// duplicates.
-	Status RunStatus
-}
-
-func (e *RejectedError) Error() string {
-	return fmt.Sprintf("jetflow: run %s exists (%s) and the conflict policy rejects a duplicate start", e.RunID, e.Status)
-}
-
-// Is makes errors.Is(err, ErrDuplicateRejected) true.
-func (e *RejectedError) Is(target error) bool { return target == ErrDuplicateRejected }
-
-// rejectedErrorFrom is the public form of the admitter's refusal.
-func rejectedErrorFrom(e *dedupe.RejectedError) *RejectedError {
-	return &RejectedError{RunID: e.RunID, Status: RunStatus(e.Status)}
-}
+type RejectedError = jetflowtype.RejectedError
 
 // FingerprintMode decides what a duplicate start with another input gets.
 type FingerprintMode = jetflowtype.FingerprintMode

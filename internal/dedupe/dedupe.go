@@ -593,26 +593,10 @@ func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, 
 // deployment's.
 var ErrInvalidRetention = errors.New("jetflow: invalid retention")
 
-// ErrConflict is matched by every *ConflictError.
-var ErrConflict = errors.New("jetflow: idempotency conflict")
-
 // ConflictError is a start whose run ID names an existing run that it does
-// not match. The existing run is untouched.
-type ConflictError struct {
-	RunID string
-	// Field is what differs: "workflow" or "input".
-	Field     string
-	Stored    string
-	Requested string
-}
-
-func (e *ConflictError) Error() string {
-	return fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
-		e.RunID, e.Field, e.Stored, e.Requested)
-}
-
-// Is makes errors.Is(err, ErrConflict) true.
-func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+// not match (jetflowtype's: it matches jetflowtype.ErrIdempotencyConflict).
+// The existing run is untouched.
+type ConflictError = jetflowtype.ConflictError
 
 // Materialize returns the run record a start task stands for, creating it
 // from the task if its publisher died before doing so. The stored record

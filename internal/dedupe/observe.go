@@ -5,6 +5,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // observe counts one start decision: its outcome (outcomeName) by entry
@@ -40,9 +41,9 @@ func outcomeName(res Result, err error, invalid bool) string {
 	switch {
 	case err == nil:
 		return res.Outcome.String()
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, jetflowtype.ErrIdempotencyConflict):
 		return metrics.OutcomeConflict
-	case errors.Is(err, ErrRejected):
+	case errors.Is(err, jetflowtype.ErrDuplicateRejected):
 		return metrics.OutcomeRejected
 	case invalid:
 		return metrics.OutcomeInvalid

@@ -1,7 +1,6 @@
 package dedupe
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 
@@ -94,21 +93,9 @@ func decide(p jetflowtype.ConflictPolicy, run state.Run) action {
 	}
 }
 
-// ErrRejected is matched by every *RejectedError.
-var ErrRejected = errors.New("jetflow: duplicate start rejected by the conflict policy")
-
-// RejectedError is a duplicate start that the conflict policy refused.
-type RejectedError struct {
-	RunID  string
-	Status state.Status
-}
-
-func (e *RejectedError) Error() string {
-	return fmt.Sprintf("jetflow: run %s exists (%s) and the conflict policy rejects a duplicate start", e.RunID, e.Status)
-}
-
-// Is makes errors.Is(err, ErrRejected) true.
-func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
+// RejectedError is a duplicate start that the conflict policy refused
+// (jetflowtype's: it matches jetflowtype.ErrDuplicateRejected).
+type RejectedError = jetflowtype.RejectedError
 
 // EnvelopePolicy is a conflict policy as the start envelope spells it:
 // while_running "attach" | "reject" | "supersede"; after_completed and after_failed

@@ -318,10 +318,10 @@ func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedup
 	if errors.Is(err, state.ErrInputTooLarge) {
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}
 	}
-	if errors.Is(err, dedupe.ErrConflict) {
+	if errors.Is(err, jetflowtype.ErrIdempotencyConflict) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
 	}
-	if errors.Is(err, dedupe.ErrRejected) {
+	if errors.Is(err, jetflowtype.ErrDuplicateRejected) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}
 	}
 	if err != nil {

@@ -202,7 +202,7 @@ func checkRun(t *testing.T, r Run) {
 	t.Helper()
 	checkRunID(t, r.RunID)
 	checkName(t, r.Workflow)
-	if !r.Status.Valid() {
+	if !ValidStatus(r.Status) {
 		t.Fatalf("unknown status %q accepted", r.Status)
 	}
 	checkJSON(t, "input", r.Input)

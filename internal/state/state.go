@@ -11,27 +11,26 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
-// Status is the lifecycle state of a run.
-type Status string
+// Status is the lifecycle state of a run: jetflowtype.RunStatus (the root
+// package's RunStatus), named here for the engine. Its Terminal reports a
+// final state.
+type Status = jetflowtype.RunStatus
 
 // Run states. A run is created running; completed, failed and cancelled are
 // terminal and never change again.
 const (
-	StatusRunning   Status = "running"
-	StatusCompleted Status = "completed"
-	StatusFailed    Status = "failed"
-	StatusCancelled Status = "cancelled"
+	StatusRunning   = jetflowtype.StatusRunning
+	StatusCompleted = jetflowtype.StatusCompleted
+	StatusFailed    = jetflowtype.StatusFailed
+	StatusCancelled = jetflowtype.StatusCancelled
 )
 
-// Terminal reports whether s is a final state.
-func (s Status) Terminal() bool {
-	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
-}
-
-// Valid reports whether s is one of the known states.
-func (s Status) Valid() bool {
+// ValidStatus reports whether s is one of the known states.
+func ValidStatus(s Status) bool {
 	return s == StatusRunning || s.Terminal()
 }
 
@@ -495,7 +494,7 @@ func DecodeRun(b []byte) (Run, error) {
 	if err := ValidateName(r.Workflow); err != nil {
 		return Run{}, fmt.Errorf("%w: run record: %w", ErrCorrupt, err)
 	}
-	if !r.Status.Valid() {
+	if !ValidStatus(r.Status) {
 		return Run{}, fmt.Errorf("%w: run record: unknown status %q", ErrCorrupt, r.Status)
 	}
 	if r.Generation < 0 || r.Retention < 0 {
@@ -559,7 +558,7 @@ func DecodeAudit(b []byte) (Audit, error) {
 		default:
 			return Audit{}, fmt.Errorf("%w: audit outcome %q", ErrCorrupt, e.Outcome)
 		}
-		if e.Status != "" && !e.Status.Valid() {
+		if e.Status != "" && !ValidStatus(e.Status) {
 			return Audit{}, fmt.Errorf("%w: audit status %q", ErrCorrupt, e.Status)
 		}
 		if err := checkTimes("audit entry", e.At); err != nil {

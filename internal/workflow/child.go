@@ -12,6 +12,7 @@ import (
 	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // ChildSpec is a child run a workflow body starts (Context.StartChild).
@@ -204,7 +205,7 @@ func (e *Executor) startChild(d *delivery, sc *stepCall) (*state.Step, *settleme
 	})
 	var refused *dedupe.ConflictError
 	switch {
-	case errors.As(err, &refused) || errors.Is(err, dedupe.ErrConflict) || errors.Is(err, state.ErrInvalidRunID) ||
+	case errors.As(err, &refused) || errors.Is(err, jetflowtype.ErrIdempotencyConflict) || errors.Is(err, state.ErrInvalidRunID) ||
 		errors.Is(err, state.ErrInputTooLarge):
 		return e.commitRecord(d, refusedChild(d, sc, err.Error()))
 	case err != nil:

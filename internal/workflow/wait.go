@@ -8,6 +8,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // WaitSpec is a step that runs no function: a sleep, or a wait for an
@@ -45,9 +46,9 @@ const (
 	KindTimeout = "timeout"
 	// KindHookTaken: the hook token was already taken by another wait.
 	KindHookTaken = "hook-taken"
-	// The codes of those failures (StepError.Code).
-	CodeEventTimeout = "event_timeout"
-	CodeHookTaken    = "hook_taken"
+	// The codes of those failures (StepError.Code; jetflowtype's).
+	CodeEventTimeout = jetflowtype.CodeEventTimeout
+	CodeHookTaken    = jetflowtype.CodeHookTaken
 )
 
 // validate checks s and returns the name of its step.

@@ -190,7 +190,7 @@ func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
 			return opts, fmt.Errorf("%w: workflow %q: %w", errBadRequest, clip(opts.Workflow), err)
 		}
 	}
-	if opts.Status != "" && !state.Status(opts.Status).Valid() {
+	if opts.Status != "" && !state.ValidStatus(state.Status(opts.Status)) {
 		return opts, fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", errBadRequest, clip(string(opts.Status)))
 	}
 	if opts.RunIDPrefix != "" {
