@@ -111,11 +111,41 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 // the record which case it is (an earlier run's entry that outlived its
 // record is the other).
 func (x *Index) PutNew(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
-	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
-	if jetstream.IsWrongLastSequence(err) {
-		return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
+	wait, err := x.PutNewAsync(run, ttl)
+	if err != nil {
+		return 0, err
 	}
-	return seq, err
+	return wait(ctx)
+}
+
+// PutNewAsync is PutNew that sends the write and returns at once, with
+// the wait for its answer: a write sent before another one on the same
+// connection reaches the server first, so a caller can send the entry,
+// then the run's record, and wait for both answers together. wait returns
+// what PutNew would.
+func (x *Index) PutNewAsync(run state.Run, ttl time.Duration) (wait func(context.Context) (uint64, error), err error) {
+	b, err := json.Marshal(EntryOf(run))
+	if err != nil {
+		return nil, err
+	}
+	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
+	f, err := x.js.PublishMsgAsync(msg, x.putOpts(ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))...)
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
+	}
+	return func(ctx context.Context) (uint64, error) {
+		select {
+		case ack := <-f.Ok():
+			return ack.Sequence, nil
+		case err := <-f.Err():
+			if jetstream.IsWrongLastSequence(err) {
+				return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
+			}
+			return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, ctx.Err())
+		}
+	}, nil
 }
 
 // ErrEntryExists: PutNew found an entry of the run ID in the index.

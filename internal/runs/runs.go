@@ -135,19 +135,27 @@ func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, e
 // answer a retry finds its own write, which the caller tells by the
 // record's token.
 //
-// The run's index entry is written before the record (indexFirst), so
-// that a process that dies between the two leaves an entry a reader
-// passes over until its record is there (see Repair), never a running
-// run that no listing shows: the record, once written, is listed.
+// The run's index entry is sent before the record (the two answers are
+// awaited together, so the caller waits one round trip, not two): a
+// process that dies between the two leaves an entry a reader passes over
+// until its record is there (see Repair), never a running run that no
+// listing shows: the record, once written, is listed. An entry of the run
+// ID already there (a duplicate start's run, or an earlier run's entry
+// that outlived its record) makes the first write refuse; the record's
+// write then says which case it is (indexLate).
 func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
-	entered, ierr := s.indexFirst(ctx, run)
+	var entered uint64
+	wait, ierr := s.index.PutNewAsync(run, s.ttl(run)) // on the wire before the record's write
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
 	if err == nil && s.afterCreate != nil {
 		s.afterCreate(run.RunID)
+	}
+	if ierr == nil {
+		entered, ierr = wait(ctx)
 	}
 	switch {
 	case err == nil && ierr == nil:
@@ -163,16 +171,6 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 		s.IndexFailed(run.RunID, ierr)
 	}
 	return rev, err
-}
-
-// indexFirst writes the entry of run, about to be created, when the index
-// holds no entry of its run ID (the usual case: one request), and reports
-// whether it wrote one. An entry of the run ID there (a duplicate start's
-// run, or an earlier run's entry that outlived its record) is an error
-// matching runindex.ErrEntryExists, handled once the record's write has
-// said which case it is (indexLate).
-func (s *Store) indexFirst(ctx context.Context, run state.Run) (uint64, error) {
-	return s.index.PutNew(ctx, run, s.ttl(run))
 }
 
 // indexAttributes writes the attribute entries of run, just created with
