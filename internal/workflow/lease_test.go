@@ -209,6 +209,31 @@ func TestHoldDecisions(t *testing.T) {
 			require.Less(t, o.took, ackWait, "a lease without a record is taken without waiting")
 		},
 	}, {
+		name: "redelivery finding the lease parked by its own first delivery (a crash before the ack): taken over at once",
+		setup: func(r *rig) func(int) bool {
+			r.start("r", `{}`)
+			_, seq, _ := r.pending(jetstream.RunSubject(wf, "r"))
+			r.putLease("r", state.Lease{State: state.LeaseParked, Seq: seq, Delivered: 1, Epoch: 1, Waits: []string{"r.x.0"}})
+			return second
+		},
+		want: "taken over", write: true,
+		check: func(t *testing.T, r *rig, o holdOutcome) {
+			require.Less(t, o.took, ackWait, "a parked lease is no live holder's")
+			require.True(t, o.h.inherited)
+		},
+	}, {
+		name: "redelivery finding the lease held by its own first delivery (a crash mid-step): taken over after a whole AckWait",
+		setup: func(r *rig) func(int) bool {
+			r.start("r", `{}`)
+			_, seq, _ := r.pending(jetstream.RunSubject(wf, "r"))
+			r.putLease("r", state.Lease{State: state.LeaseHeld, Seq: seq, Delivered: 1})
+			return second
+		},
+		want: "taken over", write: true,
+		check: func(t *testing.T, r *rig, o holdOutcome) {
+			require.GreaterOrEqual(t, o.took, ackWait, "a crashed holder and a stalled one look alike: the lease is waited out")
+		},
+	}, {
 		name: "the delivery just before handed the task back unstarted: taken as it found it",
 		setup: func(r *rig) func(int) bool {
 			run, rev := r.createRun("r", nil)
