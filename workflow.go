@@ -170,35 +170,17 @@ func WithBackoff(initial, maxInterval time.Duration) StepOption {
 	return func(o *stepOptions) { o.policy.InitialInterval, o.policy.MaxInterval = initial, maxInterval }
 }
 
-// StepDetails describes the running step attempt.
-type StepDetails struct {
-	// StepID is deterministic: run ID, step name and occurrence
-	// (run-42.charge.0). Pass it as the Idempotency-Key of external calls.
-	StepID string
-	// StepName is the name the workflow called the step with.
-	StepName string
-	// Attempt counts from 1; a redelivery after a crash is a new attempt.
-	Attempt int
-	// RunID is the run's ID.
-	RunID string
-	// Workflow is the workflow's stable name.
-	Workflow string
-}
-
-// stepDetailsFrom is the public form of the executor's step info.
-func stepDetailsFrom(i workflow.StepInfo) StepDetails {
-	return StepDetails{StepID: i.StepID, StepName: i.StepName, Attempt: i.Attempt, RunID: i.RunID, Workflow: i.Workflow}
-}
+// StepDetails describes the running step attempt: StepID (deterministic:
+// run ID, step name and occurrence, run-42.charge.0; pass it as the
+// Idempotency-Key of external calls), StepName, Attempt (from 1; a
+// redelivery after a crash is a new attempt), RunID and Workflow.
+type StepDetails = jetflowtype.StepDetails
 
 // StepDetailsFrom returns the details of the step running with ctx: its
 // deterministic step ID, its name, the attempt number (from 1), the run ID
 // and the workflow name. ok is false outside a step.
 func StepDetailsFrom(ctx context.Context) (details StepDetails, ok bool) {
-	info, ok := workflow.InfoFrom(ctx)
-	if !ok {
-		return StepDetails{}, false
-	}
-	return stepDetailsFrom(info), true
+	return workflow.InfoFrom(ctx)
 }
 
 // Registrable is a workflow definition that a registry accepts:

@@ -6,25 +6,16 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-)
 
-// StepInfo describes the step attempt that is running.
-type StepInfo struct {
-	// StepID is deterministic: run ID, step name and occurrence. Pass it as
-	// the Idempotency-Key of external calls.
-	StepID   string
-	StepName string
-	// Attempt counts from 1; a redelivery after a crash is a new attempt.
-	Attempt  int
-	RunID    string
-	Workflow string
-}
+	"github.com/jetflow/jetflow/jetflowtype"
+)
 
 type stepInfoKey struct{}
 
-// InfoFrom returns the StepInfo of the step running with ctx.
-func InfoFrom(ctx context.Context) (StepInfo, bool) {
-	info, ok := ctx.Value(stepInfoKey{}).(StepInfo)
+// InfoFrom returns the details of the step attempt running with ctx
+// (jetflowtype.StepDetails, the root package's StepDetails).
+func InfoFrom(ctx context.Context) (jetflowtype.StepDetails, bool) {
+	info, ok := ctx.Value(stepInfoKey{}).(jetflowtype.StepDetails)
 	return info, ok
 }
 

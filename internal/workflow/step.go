@@ -11,6 +11,7 @@ import (
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // stepCall is one call of a step the body started.
@@ -75,7 +76,7 @@ func (e *Executor) runAttempt(d *delivery, a *stepAttempt, commit commitFunc) (r
 // cannot be acquired.
 func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.StepResult, *settlement) {
 	sc, attempt, key := a.stepCall, a.attempt, a.key
-	info := StepInfo{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
+	info := jetflowtype.StepDetails{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
 	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID, StartedAt: a.start.UTC()}
 	cached, err := key.acquire(d.ctx, d.nctx)
 	if err != nil {
@@ -257,7 +258,7 @@ func (e *Executor) commitRecord(d *delivery, rec *state.Step) (*state.Step, *set
 
 // call runs fn with the step's info in its context, turning a panic into an
 // error.
-func (e *Executor) call(ctx context.Context, info StepInfo, fn StepFunc) (out json.RawMessage, err error) {
+func (e *Executor) call(ctx context.Context, info jetflowtype.StepDetails, fn StepFunc) (out json.RawMessage, err error) {
 	ctx = context.WithValue(ctx, stepInfoKey{}, info)
 	defer func() {
 		if r := recover(); r != nil {
