@@ -384,3 +384,33 @@ func TestSettleBranchRetry(t *testing.T) {
 		})
 	}
 }
+
+// A park of a run cancelled under its holder is a drop: the lease stays
+// cancelled, the task is acknowledged, and the run is neither parked nor
+// woken.
+func TestSettleParkOfACancelledRun(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, time.Second)
+	hk := newHooked()
+	e := r.executor("w1", noBody, hk.install)
+	later := settleFresh(t, r, e, func(holdOutcome) {
+		_, _, err := r.store.Cancel(r.ctx(), "r")
+		require.NoError(t, err)
+		r.commitStep("r", "r.a.0", `1`) // what it waits for: no look, no wake
+	}, func(holdOutcome) *settlement {
+		return &settlement{kind: settlePark, epoch: 1, waits: []*Pending{{id: "r.a.0"}}}
+	})
+	r.acked(jetstream.RunSubject(wf, "r"))
+	l, _ := r.lease("r")
+	require.Equal(t, state.LeaseCancelled, l.State)
+	select {
+	case w := <-hk.parks:
+		t.Fatalf("a cancelled run was parked (%v)", w)
+	case d := <-later:
+		t.Fatalf("a cancelled run's task came again: %+v", d)
+	default:
+	}
+	require.Len(t, r.tap.published("jetflow.run."), 1, "a cancelled run was woken")
+	end, _ := r.runRecord("r")
+	require.Equal(t, state.StatusCancelled, end.Status)
+}
