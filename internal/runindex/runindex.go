@@ -49,6 +49,9 @@ type Entry struct {
 	Generation int          `json:"generation,omitempty"`
 	CreatedAt  time.Time    `json:"created_at"`
 	UpdatedAt  time.Time    `json:"updated_at"`
+	// Token is the run's writer token (state.Run.Token): which run of the
+	// run ID the entry stands for. Entries of earlier versions have none.
+	Token string `json:"token,omitempty"`
 	// Seq is the entry's stream sequence (not stored): its place in the
 	// index's order.
 	Seq uint64 `json:"-"`
@@ -60,13 +63,15 @@ type Entry struct {
 // EntryOf is the entry of run.
 func EntryOf(run state.Run) Entry {
 	return Entry{V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Status: run.Status,
-		Generation: run.Generation, CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt}
+		Generation: run.Generation, CreatedAt: run.CreatedAt, UpdatedAt: run.UpdatedAt, Token: run.Token}
 }
 
 // Matches reports whether e stands for run as stored: same status,
-// workflow and generation. An entry that does not is stale.
+// workflow and generation, and the same token when both have one. An
+// entry that does not is stale.
 func (e Entry) Matches(run state.Run) bool {
-	return e.Status == run.Status && e.Workflow == run.Workflow && e.Generation == run.Generation && e.RunID == run.RunID
+	return e.Status == run.Status && e.Workflow == run.Workflow && e.Generation == run.Generation && e.RunID == run.RunID &&
+		(e.Token == "" || run.Token == "" || e.Token == run.Token)
 }
 
 // Index reads and writes the run index. It is safe for concurrent use

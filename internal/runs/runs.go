@@ -200,6 +200,13 @@ func (s *Store) dropUnlessMatching(ctx context.Context, run state.Run, seq uint6
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
+	if err == nil && stored.Status == run.Status && stored.Workflow == run.Workflow && stored.Generation == run.Generation {
+		// The run of another start, which has no entry (its writer died
+		// before it): the entry is written for it, in place of this one.
+		if _, err := s.index.Put(ctx, stored, s.ttl(stored)); err != nil {
+			return err
+		}
+	}
 	e := runindex.EntryOf(run)
 	e.Seq = seq
 	return s.index.RemoveEntry(ctx, e)
@@ -212,6 +219,14 @@ func (s *Store) dropUnlessMatching(ctx context.Context, run state.Run, seq uint6
 func (s *Store) indexLate(ctx context.Context, run state.Run, err error) error {
 	if !errors.Is(err, runindex.ErrEntryExists) {
 		return err
+	}
+	// Most often the entry is this very run's (same token): another
+	// process — a worker creating the record from the start task, or the
+	// start itself — sent it and lost the record's race. One read says so.
+	if has, err := s.index.Has(ctx, run); err != nil {
+		return err
+	} else if has {
+		return s.indexAttributes(ctx, run)
 	}
 	seq, err := s.index.Put(ctx, run, s.ttl(run))
 	if err != nil {
