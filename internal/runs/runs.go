@@ -190,22 +190,18 @@ func (s *Store) indexAttributes(ctx context.Context, run state.Run) error {
 
 // dropUnlessMatching removes the entry of run written at sequence seq by
 // a Create that then found its run ID taken (another start's record, or
-// an expired run's marker), unless the record there is one the entry
-// stands for (same status, workflow and generation).
+// an expired run's marker), unless the record there is in the entry's
+// state (same status, workflow and generation).
 func (s *Store) dropUnlessMatching(ctx context.Context, run state.Run, seq uint64) error {
 	stored, _, err := s.Get(ctx, run.RunID)
-	if err == nil && runindex.EntryOf(run).Matches(stored) {
+	if err == nil && stored.Status == run.Status && stored.Workflow == run.Workflow && stored.Generation == run.Generation {
+		// Another start's run in the same state: most often one that
+		// raced this start and won the record, and replaces this entry
+		// by its own (indexLate); else readers repair it.
 		return nil
 	}
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
-	}
-	if err == nil && stored.Status == run.Status && stored.Workflow == run.Workflow && stored.Generation == run.Generation {
-		// The run of another start, which has no entry (its writer died
-		// before it): the entry is written for it, in place of this one.
-		if _, err := s.index.Put(ctx, stored, s.ttl(stored)); err != nil {
-			return err
-		}
 	}
 	e := runindex.EntryOf(run)
 	e.Seq = seq
