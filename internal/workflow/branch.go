@@ -25,18 +25,11 @@ import (
 // it, commits it with create-if-absent and wakes the run. It decides
 // nothing about other steps, and never continues the body.
 func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
-	d := e.newDelivery(ctx, m)
+	d, def, done := e.accept(ctx, m)
 	if d == nil {
 		return
 	}
-	e.cfg.Metrics.InFlight(1)
-	defer e.cfg.Metrics.InFlight(-1)
-	def, ok := e.cfg.Definitions[d.task.Workflow]
-	if !ok {
-		d.log.Error().Msg("task for a workflow this worker does not serve; releasing it")
-		settleErr(d.log, m.Msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
-		return
-	}
+	defer done()
 	d.run, d.rev = state.RunFromTask(d.task), d.task.Rev
 	untrack := e.inflight.track(d, ctx)
 	defer untrack()

@@ -37,21 +37,33 @@ type holder struct {
 	inherited bool
 }
 
-// handleRun handles one delivery of a run task: load the run, take its
-// lease, replay its body and settle.
-func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
-	d := e.newDelivery(ctx, m)
-	if d == nil {
-		return
+// accept makes the delivery of m and finds its workflow's definition,
+// counting it in flight until done is called. It returns a nil delivery
+// when m is not to be handled: undecodable (newDelivery settled it), or a
+// task of a workflow this worker does not serve (released, for a worker
+// that does).
+func (e *Executor) accept(ctx context.Context, m *consume.Delivery) (d *delivery, def Definition, done func()) {
+	if d = e.newDelivery(ctx, m); d == nil {
+		return nil, def, nil
 	}
-	e.cfg.Metrics.InFlight(1)
-	defer e.cfg.Metrics.InFlight(-1)
 	def, ok := e.cfg.Definitions[d.task.Workflow]
 	if !ok {
 		d.log.Error().Msg("task for a workflow this worker does not serve; releasing it")
 		settleErr(d.log, m.Msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		return nil, def, nil
+	}
+	e.cfg.Metrics.InFlight(1)
+	return d, def, func() { e.cfg.Metrics.InFlight(-1) }
+}
+
+// handleRun handles one delivery of a run task: load the run, take its
+// lease, replay its body and settle.
+func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
+	d, def, done := e.accept(ctx, m)
+	if d == nil {
 		return
 	}
+	defer done()
 	if s := e.loadRun(d); s != nil {
 		e.settleRun(d, nil, s)
 		return
