@@ -38,7 +38,7 @@ type Email struct {
 
 // NewWelcomeWorkflow returns the welcome workflow: three steps, each run
 // once per run whatever crashes and retries happen, their results
-// committed. The email step sends with its step ID (StepInfo) as the
+// committed. The email step sends with its step ID (StepDetailsFrom) as the
 // Idempotency-Key, so that a retry after a lost response sends no second
 // email.
 func NewWelcomeWorkflow(mail *Outbox) *jetflow.Workflow[Signup, Welcomed] {
