@@ -123,11 +123,9 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 		return nil, err
 	}
 	defer func() { err = jetstream.Unavailable(err) }()
-	if cfg.Name == "" {
-		cfg.Name = "go-sdk"
-	}
-	if cfg.RequestTimeout == 0 {
-		cfg.RequestTimeout = 10 * time.Second
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	assets, err := jetstream.Provision(ctx, nc, cfg.Topology, jetstream.Ensure)
 	if err != nil {
@@ -136,6 +134,27 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	cfg.Metrics.watch(nc)
 	eng := newEngine(assets, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
 	return &Client{nc: nc, cfg: cfg, assets: assets, admit: eng.admit, runs: eng.runs, engine: eng}, nil
+}
+
+// WithDefaults returns c with every unset field at its default, as
+// NewClient uses it.
+func (c ClientConfig) WithDefaults() ClientConfig {
+	if c.Name == "" {
+		c.Name = "go-sdk"
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// validate refuses a configuration NewClient cannot work with, before it
+// touches NATS. (The topology is Provision's to check.)
+func (c ClientConfig) validate() error {
+	if c.RequestTimeout < 0 {
+		return fmt.Errorf("jetflow: client config: RequestTimeout must not be negative, got %s", c.RequestTimeout)
+	}
+	return nil
 }
 
 // Ready reports whether the client can start and read runs: connected to

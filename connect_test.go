@@ -83,3 +83,19 @@ func TestConnectDefaultLogger(t *testing.T) {
 	require.Equal(t, zerolog.Disabled, WorkerConfig{Logger: zerolog.Nop()}.WithDefaults().Logger.GetLevel())
 	require.Equal(t, zerolog.DebugLevel, WorkerConfig{Logger: zerolog.New(nil).Level(zerolog.DebugLevel)}.WithDefaults().Logger.GetLevel())
 }
+
+// ClientConfig has its defaults in one place, as WorkerConfig has, and a
+// negative RequestTimeout is refused before NATS is touched.
+func TestClientConfigDefaultsAndValidation(t *testing.T) {
+	t.Parallel()
+	d := ClientConfig{}.WithDefaults()
+	require.Equal(t, "go-sdk", d.Name)
+	require.Equal(t, 10*time.Second, d.RequestTimeout)
+	kept := ClientConfig{Name: "orders-api", RequestTimeout: time.Second}.WithDefaults()
+	require.Equal(t, "orders-api", kept.Name)
+	require.Equal(t, time.Second, kept.RequestTimeout)
+
+	env := newEnv(t, Topology{})
+	_, err := NewClient(ctxT(t, 5*time.Second), env.conn(), ClientConfig{RequestTimeout: -time.Second})
+	require.ErrorContains(t, err, "RequestTimeout must not be negative")
+}
