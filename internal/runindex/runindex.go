@@ -67,11 +67,15 @@ func EntryOf(run state.Run) Entry {
 }
 
 // Matches reports whether e stands for run as stored: same status,
-// workflow and generation, and the same token when both have one. An
-// entry that does not is stale.
+// workflow and generation. An entry that does not is stale.
 func (e Entry) Matches(run state.Run) bool {
-	return e.Status == run.Status && e.Workflow == run.Workflow && e.Generation == run.Generation && e.RunID == run.RunID &&
-		(e.Token == "" || run.Token == "" || e.Token == run.Token)
+	return e.Status == run.Status && e.Workflow == run.Workflow && e.Generation == run.Generation && e.RunID == run.RunID
+}
+
+// Written reports whether e is the entry run's own writer made: it
+// Matches run and carries run's token.
+func (e Entry) Written(run state.Run) bool {
+	return e.Matches(run) && e.Token != "" && e.Token == run.Token
 }
 
 // Index reads and writes the run index. It is safe for concurrent use
@@ -116,41 +120,11 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 // the record which case it is (an earlier run's entry that outlived its
 // record is the other).
 func (x *Index) PutNew(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
-	wait, err := x.PutNewAsync(run, ttl)
-	if err != nil {
-		return 0, err
+	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
+	if jetstream.IsWrongLastSequence(err) {
+		return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
 	}
-	return wait(ctx)
-}
-
-// PutNewAsync is PutNew that sends the write and returns at once, with
-// the wait for its answer: a write sent before another one on the same
-// connection reaches the server first, so a caller can send the entry,
-// then the run's record, and wait for both answers together. wait returns
-// what PutNew would.
-func (x *Index) PutNewAsync(run state.Run, ttl time.Duration) (wait func(context.Context) (uint64, error), err error) {
-	b, err := json.Marshal(EntryOf(run))
-	if err != nil {
-		return nil, err
-	}
-	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
-	f, err := x.js.PublishMsgAsync(msg, x.putOpts(ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))...)
-	if err != nil {
-		return nil, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
-	}
-	return func(ctx context.Context) (uint64, error) {
-		select {
-		case ack := <-f.Ok():
-			return ack.Sequence, nil
-		case err := <-f.Err():
-			if jetstream.IsWrongLastSequence(err) {
-				return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
-			}
-			return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
-		case <-ctx.Done():
-			return 0, fmt.Errorf("jetflow: index run %s: %w", run.RunID, ctx.Err())
-		}
-	}, nil
+	return seq, err
 }
 
 // ErrEntryExists: PutNew found an entry of the run ID in the index.
@@ -227,15 +201,26 @@ func (x *Index) RemoveEntry(ctx context.Context, e Entry) error {
 // Has reports whether the index holds an entry for run in its current
 // state (status, workflow, generation).
 func (x *Index) Has(ctx context.Context, run state.Run) (bool, error) {
+	e, ok, err := x.last(ctx, run)
+	return ok && e.Matches(run), err
+}
+
+// HasOwn reports whether the index holds the entry run's own writer made
+// (Entry.Written): the one a process that lost the race to create run's
+// record may have written for it.
+func (x *Index) HasOwn(ctx context.Context, run state.Run) (bool, error) {
+	e, ok, err := x.last(ctx, run)
+	return ok && e.Written(run), err
+}
+
+// last reads the newest entry on the subject of run's current state.
+func (x *Index) last(ctx context.Context, run state.Run) (Entry, bool, error) {
 	msgs, _, err := x.direct(ctx, directRequest{LastFor: entrySubject(run.Status, run.Workflow, run.RunID)})
 	if err != nil || len(msgs) == 0 {
-		return false, err
+		return Entry{}, false, err
 	}
 	e, err := decodeEntry(msgs[0])
-	if err != nil {
-		return false, err
-	}
-	return e.Matches(run), nil
+	return e, err == nil, err
 }
 
 // ErrMissing: the index stream does not exist (deleted by hand, or not

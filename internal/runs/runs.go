@@ -135,10 +135,10 @@ func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, e
 // answer a retry finds its own write, which the caller tells by the
 // record's token.
 //
-// The run's index entry is sent before the record (the two answers are
-// awaited together, so the caller waits one round trip, not two): a
-// process that dies between the two leaves an entry a reader passes over
-// until its record is there (see Repair), never a running run that no
+// The run's index entry is written before the record, each awaited in
+// turn (sending the two together let a retried entry land after a
+// rebuild of a deleted index): a process that dies between the two
+// leaves an entry a reader passes over until its record is there (see Repair), never a running run that no
 // listing shows: the record, once written, is listed. An entry of the run
 // ID already there (a duplicate start's run, or an earlier run's entry
 // that outlived its record) makes the first write refuse; the record's
@@ -148,14 +148,10 @@ func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var entered uint64
-	wait, ierr := s.index.PutNewAsync(run, s.ttl(run)) // on the wire before the record's write
+	entered, ierr := s.index.PutNew(ctx, run, s.ttl(run))
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
 	if err == nil && s.afterCreate != nil {
 		s.afterCreate(run.RunID)
-	}
-	if ierr == nil {
-		entered, ierr = wait(ctx)
 	}
 	switch {
 	case err == nil && ierr == nil:
@@ -219,7 +215,7 @@ func (s *Store) indexLate(ctx context.Context, run state.Run, err error) error {
 	// Most often the entry is this very run's (same token): another
 	// process — a worker creating the record from the start task, or the
 	// start itself — sent it and lost the record's race. One read says so.
-	if has, err := s.index.Has(ctx, run); err != nil {
+	if has, err := s.index.HasOwn(ctx, run); err != nil {
 		return err
 	} else if has {
 		return s.indexAttributes(ctx, run)
