@@ -23,6 +23,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
+	"github.com/jetflow/jetflow/internal/testsupport/openapiwire"
 )
 
 // Contract is an OpenAPI document as kin-openapi loads it, validated, with
@@ -56,39 +57,21 @@ func New(data []byte) (*Contract, error) {
 // Doc is the loaded document.
 func (c *Contract) Doc() *openapi3.T { return c.doc }
 
-// Mode says how much of an exchange Check validates.
-type Mode int
-
-const (
-	// All validates the request too: a request the document rejects must
-	// not get a 2xx answer.
-	All Mode = iota
-	// AnswerOnly validates the answer only, for requests that use what
-	// the server accepts beyond the document's words (the fuzzer's any
-	// "+json" media type, or no Content-Type).
-	AnswerOnly
+// Mode and Exchange are the wire's (internal/testsupport/openapiwire):
+// what the httpapi tests send, one JSON object a line.
+type (
+	Mode     = openapiwire.Mode
+	Exchange = openapiwire.Exchange
 )
 
-// Exchange is one request and the answer it got, both read in full, as
-// the httpapi tests send it to openapi-check (one JSON object a line).
-type Exchange struct {
-	Method string `json:"method"`
-	// Path, RawPath and RawQuery are the request URL's, so that the
-	// escaped path is the one sent.
-	Path     string      `json:"path"`
-	RawPath  string      `json:"raw_path,omitempty"`
-	RawQuery string      `json:"raw_query,omitempty"`
-	Header   http.Header `json:"header,omitempty"`
-	Body     []byte      `json:"body,omitempty"`
-	Mode     Mode        `json:"mode"`
-
-	Code         int         `json:"code"`
-	AnswerHeader http.Header `json:"answer_header,omitempty"`
-	Answer       []byte      `json:"answer,omitempty"`
-}
+// The modes of an exchange.
+const (
+	All        = openapiwire.All
+	AnswerOnly = openapiwire.AnswerOnly
+)
 
 // request is ex's request, its body unread.
-func (ex Exchange) request() *http.Request {
+func request(ex Exchange) *http.Request {
 	req := httptest.NewRequest(http.MethodGet, "/", bytes.NewReader(ex.Body))
 	req.Method = ex.Method
 	req.URL = &url.URL{Path: ex.Path, RawPath: ex.RawPath, RawQuery: ex.RawQuery}
@@ -110,7 +93,7 @@ func (ex Exchange) request() *http.Request {
 // path documents (known path, other method).
 func (c *Contract) Check(ex Exchange) error {
 	ctx := context.Background()
-	orig := ex.request()
+	orig := request(ex)
 	// Route on the escaped path, as http.ServeMux does: a key sent as
 	// "a%2Fb" is one path segment.
 	routed := orig.Clone(ctx)

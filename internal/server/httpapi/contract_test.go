@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/jetflow/jetflow/internal/testsupport/openapiwire"
 )
 
 // The HTTP tests check every answer they get against openapi.yaml with a
@@ -84,34 +86,13 @@ type exchange struct {
 	body    []byte
 }
 
-// checkMode says how much of an exchange check validates
-// (contract.Mode).
-type checkMode int
+// checkMode says how much of an exchange check validates.
+type checkMode = openapiwire.Mode
 
 const (
-	// checkAll validates the request too: a request the document
-	// rejects must not get a 2xx answer.
-	checkAll checkMode = iota
-	// checkAnswer validates the answer only, for requests that use what
-	// the server accepts beyond the document's words (the fuzzer's any
-	// "+json" media type, or no Content-Type).
-	checkAnswer
+	checkAll    = openapiwire.All
+	checkAnswer = openapiwire.AnswerOnly
 )
-
-// wireExchange is an exchange as openapi-check reads it
-// (contract.Exchange).
-type wireExchange struct {
-	Method       string      `json:"method"`
-	Path         string      `json:"path"`
-	RawPath      string      `json:"raw_path,omitempty"`
-	RawQuery     string      `json:"raw_query,omitempty"`
-	Header       http.Header `json:"header,omitempty"`
-	Body         []byte      `json:"body,omitempty"`
-	Mode         checkMode   `json:"mode"`
-	Code         int         `json:"code"`
-	AnswerHeader http.Header `json:"answer_header,omitempty"`
-	Answer       []byte      `json:"answer,omitempty"`
-}
 
 // verdict is openapi-check's answer (contract.Verdict).
 type verdict struct {
@@ -122,7 +103,7 @@ type verdict struct {
 // check returns how ex departs from the document, nil when it does not:
 // openapi-check's verdict (contract.Contract.Check says what it checks).
 func (c *contract) check(ex exchange, mode checkMode) error {
-	w := wireExchange{
+	w := openapiwire.Exchange{
 		Method: ex.req.Method, Path: ex.req.URL.Path, RawPath: ex.req.URL.RawPath, RawQuery: ex.req.URL.RawQuery,
 		Header: ex.req.Header, Body: ex.reqBody, Mode: mode, Code: ex.code, AnswerHeader: ex.header, Answer: ex.body,
 	}
