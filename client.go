@@ -99,10 +99,9 @@ type Client struct {
 	nc     *nats.Conn
 	cfg    ClientConfig
 	assets *jetstream.Assets
-	admit  *dedupe.Admitter
-	runs   *runs.Store
-	// cancels ends runs as cancelled (CancelRun, superseding starts).
-	engine engine
+	// engine holds the client's run store (runs), admitter (admit) and
+	// the cancel path (cancels), shared with nothing else.
+	engine
 	// denials fails a cancel at once when the server refuses its writes.
 	denials denials
 	// noIndexRepair: the server refused this client's repair of the run
@@ -133,7 +132,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 	}
 	cfg.Metrics.watch(nc)
 	eng := newEngine(assets, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
-	return &Client{nc: nc, cfg: cfg, assets: assets, admit: eng.admit, runs: eng.runs, engine: eng}, nil
+	return &Client{nc: nc, cfg: cfg, assets: assets, engine: eng}, nil
 }
 
 // WithDefaults returns c with every unset field at its default, as
@@ -950,7 +949,7 @@ func (c *Client) CancelRun(ctx context.Context, runID string) (out CancelOutcome
 	if err := state.ValidateRunID(runID); err != nil {
 		return CancelOutcome{}, err
 	}
-	return c.engine.cancel(ctx, runID)
+	return c.cancel(ctx, runID)
 }
 
 // cancelWrites are the subjects CancelRun publishes to: run records, the
