@@ -182,7 +182,11 @@ func TestProtocolRequestReply(t *testing.T) {
 	require.Equal(t, "created", created["outcome"], created)
 	require.Equal(t, "rr-1", created["run_id"])
 	require.Equal(t, "proto-rr", created["workflow"])
-	require.Equal(t, "running", created["status"])
+	// The run's state as admission saw it: running, or already completed
+	// when the worker that received the start task wrote the record and
+	// finished the three steps before this admission read it back (a busy
+	// machine).
+	require.Contains(t, []any{"running", "completed"}, created["status"], created)
 	require.Nil(t, created["error"])
 
 	rec := waitRunStatus(t, js, "rr-1", "completed")
