@@ -237,6 +237,8 @@ func TestCommandErrors(t *testing.T) {
 		{"ResetInvalidRunID", []string{"reset", "k", "--scope", "run", "--run-id", "a.b"}, "error: reset key: "},
 		{"ListBadStatus", []string{"list", "--status", "done"}, `error: invalid value "done" for --status`},
 		{"ListBadLimit", []string{"list", "--limit", "501"}, "error: invalid value 501 for --limit: want 1..500"},
+		{"ListZeroLimit", []string{"list", "--limit", "0"}, "error: invalid value 0 for --limit: want 1..500"},
+		{"ListNegativeLimit", []string{"list", "--limit=-1"}, "error: invalid value -1 for --limit: want 1..500"},
 		{"ListBadCursor", []string{"list", "--cursor", "a b"}, "error: jetflow: invalid list options"},
 		{"ListBadSince", []string{"list", "--since", "yesterday"}, `error: invalid value "yesterday" for --since: want an RFC 3339 time`},
 		{"ListBadUntil", []string{"list", "--until", "2026-01-02"}, `error: invalid value "2026-01-02" for --until`},

@@ -149,7 +149,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.DurationVar(&c.timeout, "timeout", 60*time.Second, "")
 	fs.StringVar(&c.workflow, "workflow", "", "")
 	fs.StringVar(&c.status, "status", "", "")
-	fs.IntVar(&c.limit, "limit", 0, "")
+	fs.IntVar(&c.limit, "limit", jetflow.DefaultListLimit, "")
 	fs.StringVar(&c.cursor, "cursor", "", "")
 	fs.StringVar(&c.prefix, "prefix", "", "")
 	fs.Var(&c.attrs, "attr", "")
@@ -311,7 +311,9 @@ func (c *cli) invocation(scope string) error {
 		return fmt.Errorf("invalid value %s for --timeout: must be positive", c.timeout)
 	case c.interval <= 0:
 		return fmt.Errorf("invalid value %s for --interval: must be positive", c.interval)
-	case c.limit < 0 || c.limit > jetflow.MaxListLimit:
+	case c.limit < 1 || c.limit > jetflow.MaxListLimit:
+		// 0 is not "the default": the default is what the flag starts
+		// with, and a --limit 0 from a script is a mistake to report.
 		return fmt.Errorf("invalid value %d for --limit: want 1..%d", c.limit, jetflow.MaxListLimit)
 	case c.status != "" && !slices.Contains([]jetflow.RunStatus{
 		jetflow.StatusRunning, jetflow.StatusCompleted, jetflow.StatusFailed, jetflow.StatusCancelled,
