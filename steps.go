@@ -1,10 +1,11 @@
 package jetflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -87,40 +88,131 @@ type StepTaskKey struct {
 
 // Steps lists a run's committed steps in the order the workflow called
 // them: the run's history, as a tool reads it. For a run ID started again
-// by the conflict policy, it is the current run's history.
+// by the conflict policy, it is the current run's history. An event
+// delivered for a wait the body has not reached yet is listed last, in
+// the order the events came.
 func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
+	h, err := c.history(ctx, runID)
+	return h.steps, err
+}
+
+// OpenWaits lists what the current run of runID waits for and has not got
+// yet — a sleep's end, an event, a hook's resume, a child run's end — in
+// call order, each with when it began and until when it waits (zero when
+// it has no deadline). A run that waits for nothing, or has ended, has
+// none. Like Steps, it is a tool's read: two reads of the buckets.
+func (c *Client) OpenWaits(ctx context.Context, runID string) (_ []OpenWait, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
+	h, err := c.history(ctx, runID)
+	return h.waits, err
+}
+
+// OpenWait is a wait a run has begun and that has not ended: its step has
+// no committed record yet.
+type OpenWait struct {
+	StepID string `json:"step_id"`
+	Name   string `json:"name"`
+	// Kind is "sleep", "event", "hook" or "child".
+	Kind string `json:"kind"`
+	// Event is the event an event or hook wait waits for, HookToken a hook
+	// wait's token, ChildRunID the run a child wait waits for.
+	Event      string `json:"event,omitempty"`
+	HookToken  string `json:"hook_token,omitempty"`
+	ChildRunID string `json:"child_run_id,omitempty"`
+	// Since is when the run began the wait; Until when it ends without an
+	// event (a sleep's end, a wait's timeout), zero when it has no
+	// deadline.
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until,omitzero"`
+}
+
+// history is what Steps and OpenWaits read.
+type history struct {
+	steps []StepRecord
+	waits []OpenWait
+}
+
+// history reads the committed steps and the wait records of the current
+// run of runID, two snapshots of a bucket each, and orders both by call.
+// A wait's record places the event its sender committed (which carries no
+// place of its own) and gives a committed wait its start.
+func (c *Client) history(ctx context.Context, runID string) (history, error) {
 	if err := state.ValidateRunID(runID); err != nil {
-		return nil, err
+		return history{}, err
 	}
 	identity := c.identity(ctx, runID)
 	// Step IDs have three tokens; the run's lease (two) is not a step.
-	lister, err := c.assets.Steps.Raw().ListKeysFiltered(ctx, identity+".*.*")
+	entries, err := c.assets.Steps.Matching(ctx, identity+".*.*")
 	if err != nil {
-		return nil, fmt.Errorf("jetflow: list steps of %s: %w", runID, err)
+		return history{}, fmt.Errorf("jetflow: read the steps of %s: %w", runID, err)
 	}
-	var out []StepRecord
-	for key := range lister.Keys() {
-		v, _, err := c.assets.Steps.Get(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		s, err := state.DecodeKeyedStep(v)
-		if err != nil {
-			return nil, err
-		}
-		rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
-			Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
-		if s.Error != nil {
-			rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
-		}
-		if k := s.TaskKey; k != nil {
-			rec.TaskKey = &StepTaskKey{Key: k.Key, Served: k.Served, From: k.From}
-		}
-		out = append(out, rec)
+	marks, err := c.assets.Attempts.Matching(ctx, state.WaitKeys(identity))
+	if err != nil {
+		return history{}, fmt.Errorf("jetflow: read the waits of %s: %w", runID, err)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
-	return out, nil
+	waits := make(map[string]state.Wait, len(marks))
+	for _, e := range marks {
+		w, err := state.DecodeWait(e.Value)
+		if err != nil {
+			return history{}, fmt.Errorf("jetflow: wait %s: %w", e.Key, err)
+		}
+		waits[w.StepID] = w
+	}
+	var h history
+	placed := make(map[string]bool, len(entries)) // steps whose place in call order is known
+	for _, e := range entries {
+		s, err := state.DecodeKeyedStep(e.Value)
+		if err != nil {
+			return history{}, err
+		}
+		rec := toStepRecord(s)
+		placed[rec.StepID] = s.EventID == "" // an event's sender does not know the wait's place
+		if w, ok := waits[s.StepID]; ok {
+			rec.Seq, placed[rec.StepID] = w.Seq, true
+			if rec.StartedAt.IsZero() {
+				rec.StartedAt = w.Since
+			}
+			delete(waits, s.StepID)
+		}
+		h.steps = append(h.steps, rec)
+	}
+	slices.SortStableFunc(h.steps, func(a, b StepRecord) int {
+		if pa, pb := placed[a.StepID], placed[b.StepID]; pa != pb {
+			if pa {
+				return -1
+			}
+			return 1
+		}
+		if a.Seq != b.Seq {
+			return cmp.Compare(a.Seq, b.Seq)
+		}
+		return a.CommittedAt.Compare(b.CommittedAt)
+	})
+	for _, w := range waits { // the ones whose step has not committed
+		h.waits = append(h.waits, toOpenWait(w))
+	}
+	slices.SortFunc(h.waits, func(a, b OpenWait) int { return cmp.Compare(waitSeq(a, waits), waitSeq(b, waits)) })
+	return h, nil
+}
+
+func waitSeq(w OpenWait, waits map[string]state.Wait) int { return waits[w.StepID].Seq }
+
+func toOpenWait(w state.Wait) OpenWait {
+	return OpenWait{StepID: w.StepID, Name: state.StepName(w.StepID), Kind: w.Kind, Event: w.Event, HookToken: w.Token,
+		ChildRunID: w.Child, Since: w.Since, Until: w.Until}
+}
+
+func toStepRecord(s state.KeyedStep) StepRecord {
+	rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
+		Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
+	if s.Error != nil {
+		rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
+	}
+	if k := s.TaskKey; k != nil {
+		rec.TaskKey = &StepTaskKey{Key: k.Key, Served: k.Served, From: k.From}
+	}
+	return rec
 }
 
 // identity is the key prefix of the current generation of runID's

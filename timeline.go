@@ -43,6 +43,9 @@ func (c *Client) OpenSteps(ctx context.Context, runID string) (_ []OpenStep, err
 	}
 	out := []OpenStep{}
 	for key := range lister.Keys() {
+		if state.IsWaitKey(key) {
+			continue // a wait's record (OpenWaits), not an attempt log
+		}
 		v, _, err := c.assets.Attempts.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrNotFound) {
 			continue // gone since the listing

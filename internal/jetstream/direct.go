@@ -142,8 +142,22 @@ type Entry struct {
 // that keeps one revision per key does not have, through all of the
 // stream's blocks.
 func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, error) {
-	filter := k.prefix + prefix + ".>"
-	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{filter}})
+	out, err := k.Matching(ctx, prefix+".>")
+	if err != nil {
+		return nil, err
+	}
+	if upTo > 0 {
+		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Rev > upTo })
+	}
+	return out, nil
+}
+
+// Matching reads the latest value of every key that filter (a key with
+// wildcards, such as "run-1.*.*.wait") matches, in revision order, the way
+// Prefix does: one snapshot for up to 1,024 keys, batches of 1,024 beyond.
+func (k *KV) Matching(ctx context.Context, filter string) ([]Entry, error) {
+	subject := k.prefix + filter
+	msgs, status, err := k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{MultiLastFor: []string{subject}})
 	for status == "413" && err == nil {
 		// More keys than one answer holds: walk their messages in
 		// revision order (every revision; the latest of each key wins).
@@ -152,20 +166,16 @@ func (k *KV) Prefix(ctx context.Context, prefix string, upTo uint64) ([]Entry, e
 		if n := len(msgs); n > 0 {
 			seq = msgSeq(msgs[n-1]) + 1
 		}
-		page, status, err = k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{Seq: seq, NextFor: filter, Batch: 1024})
+		page, status, err = k.direct.request(ctx, "KV_"+k.Bucket(), DirectRequest{Seq: seq, NextFor: subject, Batch: 1024})
 		msgs = append(msgs, page...)
 		if status == "204" && len(page) == 1024 {
 			status = "413" // a full page: there may be more
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("jetflow: read %s/%s.*: %w", k.Bucket(), prefix, err)
+		return nil, fmt.Errorf("jetflow: read %s/%s: %w", k.Bucket(), filter, err)
 	}
-	out := k.entries(msgs)
-	if upTo > 0 {
-		out = slices.DeleteFunc(out, func(e Entry) bool { return e.Rev > upTo })
-	}
-	return out, nil
+	return k.entries(msgs), nil
 }
 
 // PrefixFenced reads like Prefix (latest values), with a guard against a

@@ -300,7 +300,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs, topo.Retention},
 		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps, 0},
 		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, 0},
-		{AttemptsBucket, "jetflow attempt counts of redelivered steps, keyed by step ID", &a.Attempts, 0},
+		{AttemptsBucket, "jetflow attempt logs of retried steps and the waits runs began, keyed by step ID", &a.Attempts, 0},
 		{HooksBucket, "jetflow hook tokens, keyed by token: the wait each resumes", &a.Hooks, 0},
 	} {
 		kv, err := p.ensureBucket(ctx, natsjs.KeyValueConfig{

@@ -140,7 +140,11 @@ func (h *holder) beginChild(c *Context, p *Pending) *settlement {
 		c.hist.put(rec)
 		return nil
 	}
-	if err := h.scheduleWake(c, p, time.Time{}, h.e.cfg.TimerNow()); err != nil {
+	now := h.e.cfg.TimerNow()
+	if _, err := h.markWait(p, state.Wait{Kind: state.WaitChild, Child: p.call.child.RunID, Since: now}); err != nil {
+		return &settlement{kind: settleRelease, err: err}
+	}
+	if err := h.scheduleWake(c, p, time.Time{}, now); err != nil {
 		return &settlement{kind: settleRelease, err: err}
 	}
 	return nil

@@ -131,7 +131,11 @@ func (h *holder) beginWait(c *Context, p *Pending) *settlement {
 			return h.end(c, p, taken)
 		}
 	}
-	deadline := w.deadline(now)
+	mark, err := h.markWait(p, state.Wait{Kind: w.Kind, Event: w.Event, Token: w.Token, Since: now, Until: w.deadline(now)})
+	if err != nil {
+		return &settlement{kind: settleRelease, err: err}
+	}
+	deadline := mark.Until
 	if !deadline.IsZero() && !deadline.After(now) {
 		return h.end(c, p, expired(d, p.call, deadline))
 	}
@@ -150,6 +154,33 @@ func (h *holder) beginWait(c *Context, p *Pending) *settlement {
 		return &settlement{kind: settleRelease, err: err}
 	}
 	return nil
+}
+
+// markWait writes w as the record of the wait p begins (state.Wait),
+// create-if-absent, and returns the record stored: w, or the one the
+// first beginning of the wait wrote, whose deadline stands — a holder that
+// begins the wait again (it took the run over, or a recheck woke it)
+// counts from the wait's first beginning, not from now.
+func (h *holder) markWait(p *Pending, w state.Wait) (state.Wait, error) {
+	w.V, w.StepID, w.Seq = state.Version, p.id, p.seq
+	w.Since, w.Until = w.Since.UTC(), w.Until.UTC()
+	b, err := state.Encode(w)
+	if err != nil {
+		return w, err
+	}
+	key := state.WaitKey(p.id)
+	_, err = h.e.cfg.Assets.Attempts.Create(h.d.nctx, key, b)
+	if err == nil {
+		return w, nil
+	}
+	if !errors.Is(err, jetstream.ErrExists) {
+		return w, fmt.Errorf("jetflow: record the wait %s: %w", p.id, err)
+	}
+	v, _, err := h.e.cfg.Assets.Attempts.GetExisting(h.d.nctx, key)
+	if err != nil {
+		return w, fmt.Errorf("jetflow: read the wait %s: %w", p.id, err)
+	}
+	return state.DecodeWait(v)
 }
 
 // end commits rec as the end of wait p (create-if-absent: an event
