@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,7 +136,8 @@ type PaymentOptions struct {
 	// Addr is the address to listen on; "" is 127.0.0.1 on a random port.
 	Addr string
 	// Ledger, if not empty, is the file the charges are kept in: read on
-	// start, appended to on every charge, created if missing.
+	// start, appended to on every charge, created (with its directory) if
+	// missing.
 	Ledger string
 	// Log gets a line for every request and for a failed ledger write.
 	Log zerolog.Logger
@@ -191,8 +193,13 @@ func StartPaymentService(opts PaymentOptions) (*PaymentService, error) {
 }
 
 // openLedger reads the charges of the ledger file at path into p and keeps
-// the file open for appending.
+// the file open for appending. A missing directory of path is created
+// (the README keeps the ledger in the worker's data directory, which a
+// fresh checkout does not have).
 func (p *PaymentService) openLedger(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)

@@ -179,6 +179,25 @@ func TestPaymentLedgerSurvivesRestart(t *testing.T) {
 	require.Equal(t, ChargeCount{Charges: 2, Orders: 2}, p.Count())
 }
 
+// TestPaymentLedgerDirectoryCreated: a ledger in a directory that does not
+// exist yet (the README's jetflow-data/payments.jsonl in a fresh checkout)
+// is created with its directory, and read back on the next start.
+func TestPaymentLedgerDirectoryCreated(t *testing.T) {
+	t.Parallel()
+	ledger := filepath.Join(t.TempDir(), "jetflow-data", "payments.jsonl")
+	p, err := StartPaymentService(PaymentOptions{Ledger: ledger, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	require.NoError(t, err)
+	postCharge(t, p, "order-o-1.charge.0", `{"order_id":"o-1","amount_cents":1999,"currency":"usd"}`)
+	require.NoError(t, p.Close())
+	_, err = os.Stat(ledger)
+	require.NoError(t, err, "the ledger and its directory are created")
+
+	p, err = StartPaymentService(PaymentOptions{Ledger: ledger, Log: zerolog.Nop()})
+	require.NoError(t, err)
+	defer p.Close()
+	require.Equal(t, ChargeCount{Charges: 1, Orders: 1}, p.Count())
+}
+
 // TestPaymentLedgerCorrupt: a ledger that does not parse is an error that
 // names its line, and the file is left as it was.
 func TestPaymentLedgerCorrupt(t *testing.T) {

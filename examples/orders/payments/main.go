@@ -2,7 +2,7 @@
 // examples/orders as a process of its own, so that its ledger outlives the
 // workers that charge through it:
 //
-//	go run ./examples/orders/payments --addr 127.0.0.1:8099 --ledger payments.jsonl
+//	go run ./examples/orders/payments --addr 127.0.0.1:8099 --ledger jetflow-data/payments.jsonl
 //	go run ./cmd/worker --payments-url http://127.0.0.1:8099
 //
 // It serves POST /charges (honouring Idempotency-Key), GET /charges and
@@ -10,10 +10,11 @@
 // providers (POST and GET /emails and /shipments, kept in memory only),
 // until SIGINT or SIGTERM, and logs one JSON line per
 // charge request, with the run ID and workflow it came from, to stderr.
-// With --ledger every charge is appended to that file before it is answered
-// and read back on start, so a restarted service still replays a charge
-// instead of making it twice. Exit code 0 after a signal, 1 on a usage
-// error or when the ledger cannot be read or the address cannot be bound.
+// With --ledger every charge is appended to that file (its directory is
+// created if missing) before it is answered and read back on start, so a
+// restarted service still replays a charge instead of making it twice.
+// Exit code 0 after a signal, 1 on a usage error or when the ledger cannot
+// be read or the address cannot be bound.
 package main
 
 import (

@@ -221,6 +221,74 @@ func TestReadmeCrash(t *testing.T) {
 	pay.stop()
 }
 
+// TestReadmeCrashFilesIgnored: the crash section's payment service keeps
+// its ledger where git ignores it (a relative path under a directory the
+// repository's .gitignore names), so that a reader who follows the
+// section from the repository's root does not leave an untracked file in
+// the tree. TestReadmeCrash runs the command itself.
+func TestReadmeCrashFilesIgnored(t *testing.T) {
+	t.Parallel()
+	blocks := sectionBlocks(readmeBlocks(t), "### A crash, twice", "sh")
+	require.NotEmpty(t, blocks)
+	var ledger string
+	for _, b := range blocks {
+		for _, c := range Commands(b) {
+			if !strings.HasPrefix(c.Line, "go run ./examples/orders/payments ") {
+				continue
+			}
+			_, args := goRun(t, c.Line)
+			for i, a := range args {
+				if a == "--ledger" && i+1 < len(args) {
+					ledger = args[i+1]
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, ledger, "the crash section runs the payment service with --ledger")
+	require.False(t, filepath.IsAbs(ledger), "the ledger is in the tree the reader runs from: %s", ledger)
+	patterns, err := os.ReadFile(filepath.Join(repoRoot, ".gitignore"))
+	require.NoError(t, err)
+	require.True(t, gitIgnored(string(patterns), ledger), "--ledger %s is not ignored by .gitignore:\n%s", ledger, patterns)
+	// The matcher tells: the tree's own files, and the ledger the section
+	// used to write in the root, are not ignored.
+	for _, p := range []string{"README.md", "payments.jsonl", "examples/orders/payments.go"} {
+		require.False(t, gitIgnored(string(patterns), p), p)
+	}
+}
+
+// gitIgnored reports whether the .gitignore patterns ignore path (relative
+// to the repository's root, slash-separated): the subset of gitignore's
+// rules the repository uses — blank lines and # comments, a trailing "/"
+// for directories only, a leading or inner "/" anchoring at the root,
+// globs; no negation. A path is ignored when it, or a directory it is in,
+// matches.
+func gitIgnored(patterns, path string) bool {
+	parts := strings.Split(filepath.ToSlash(filepath.Clean(path)), "/")
+	for _, p := range strings.Split(patterns, "\n") {
+		p = strings.TrimSpace(p)
+		if p == "" || strings.HasPrefix(p, "#") || strings.HasPrefix(p, "!") {
+			continue
+		}
+		dirOnly := strings.HasSuffix(p, "/")
+		p = strings.TrimSuffix(p, "/")
+		anchored := strings.Contains(p, "/")
+		p = strings.TrimPrefix(p, "/")
+		for i := range parts {
+			if dirOnly && i == len(parts)-1 {
+				break // the last part is the file itself
+			}
+			name := parts[i]
+			if anchored {
+				name = strings.Join(parts[:i+1], "/")
+			}
+			if ok, _ := filepath.Match(p, name); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // TestReadmeShellBlocksAreAllRun: every shell block of the README is in a
 // section whose blocks a test runs (the first commands, the tour and its
 // crash section, the go get line, the HTTP example), so a command added elsewhere fails here until a
