@@ -556,6 +556,10 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 		return StartResult{}, fmt.Errorf("%w: start reply: %w", ErrMalformed, err)
 	}
 	if reply.Error != nil {
+		if c := reply.Error.Conflict; c != nil && reply.Error.Code == startproto.CodeConflict && reply.RunID != "" {
+			// The worker's *ConflictError, as Start returns it in process.
+			return StartResult{}, c.ConflictError(reply.RunID)
+		}
 		return StartResult{}, replyError(reply.Error)
 	}
 	return StartResult{

@@ -131,9 +131,26 @@ var (
 
 // ConflictError is a start whose run ID names an existing run that it does
 // not match; it says which part differed (Field: "workflow" or "input",
-// Stored, Requested). The existing run is not changed. It matches
-// ErrIdempotencyConflict.
+// Stored, Requested) and, for two JSON object inputs, which top-level
+// fields (Fields: names and how each changed, never values). The existing
+// run is not changed. It matches ErrIdempotencyConflict. Start and
+// StartByName return it alike (from a worker's reply too).
 type ConflictError = jetflowtype.ConflictError
+
+// FieldDiff is a top-level input field that differs between a start and
+// the run its run ID names (ConflictError.Fields): its name, and
+// FieldAdded, FieldRemoved or FieldChanged.
+type FieldDiff = jetflowtype.FieldDiff
+
+// The changes of a FieldDiff, from the run's stored input to the start's.
+const (
+	FieldAdded   = jetflowtype.FieldAdded
+	FieldRemoved = jetflowtype.FieldRemoved
+	FieldChanged = jetflowtype.FieldChanged
+	// MaxConflictFields bounds ConflictError.Fields; MoreFields counts the
+	// rest.
+	MaxConflictFields = jetflowtype.MaxConflictFields
+)
 
 // NoWorkerError is a start that no worker answered and that may be
 // answered later: a worker served the workflow once (FirstWorker, at

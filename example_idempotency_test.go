@@ -152,10 +152,10 @@ func Example_retrySafeTrigger() {
 
 	_, err = jetflow.Start(ctx, c, invoice, Order{ID: "7", Amount: 999}, jetflow.WithRunID("invoice-7"))
 	var conflict *jetflow.ConflictError
-	fmt.Println(errors.As(err, &conflict), conflict.Field)
+	fmt.Println(errors.As(err, &conflict), conflict.Field, conflict.Fields)
 	// Output:
 	// created existing <nil>
-	// true input
+	// true input [{amount changed}]
 }
 
 // Passing the step ID to an external API: it is the same on every retry of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,58 @@ func TestFingerprintDecidesDuplicateOrConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"id":"o-1","items":["a","b"],"total":3}`, string(run.Input), "the stored input is kept")
 	require.JSONEq(t, `3`, string(run.Output))
+}
+
+// A conflict on the input names the top-level fields that differ, with
+// how each changed, and never a value: in the error's text and in
+// ConflictError.Fields, the same from Start (admitted in process) and
+// StartByName (a worker's reply). An input that is not an object is
+// said to differ, with no fields.
+func TestConflictNamesTheFieldsThatDiffer(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	obj := NewWorkflow("cf-obj", func(ctx *Context, in map[string]any) (int, error) { return len(in), nil })
+	num := NewWorkflow("cf-num", func(ctx *Context, in int) (int, error) { return in, nil })
+	env.worker(WorkerConfig{}, obj, num)
+	c := env.client()
+	ctx := ctxT(t, 30*time.Second)
+	_, err := c.StartByName(ctx, "cf-obj", json.RawMessage(`{"amount":100,"card":"4242-secret","note":"hello-note","id":"o-1"}`), WithRunID("cf-1"))
+	require.NoError(t, err)
+
+	want := []FieldDiff{{Name: "amount", Change: FieldChanged}, {Name: "coupon", Change: FieldAdded}, {Name: "note", Change: FieldRemoved}}
+	const text = `: input fields differ: "amount" (changed), "coupon" (added), "note" (removed)`
+	check := func(how string, err error) {
+		t.Helper()
+		var ce *ConflictError
+		require.ErrorAs(t, err, &ce, how)
+		require.ErrorIs(t, err, ErrIdempotencyConflict, how)
+		require.Equal(t, "cf-1", ce.RunID, how)
+		require.Equal(t, "input", ce.Field, how)
+		require.Equal(t, want, ce.Fields, how)
+		require.Zero(t, ce.MoreFields, how)
+		require.True(t, strings.HasSuffix(err.Error(), text), "%s: %s", how, err)
+		for _, v := range []string{"4242", "secret", "hello", "999", "SAVE10"} {
+			require.NotContains(t, err.Error(), v, "%s: no value in the text", how)
+		}
+	}
+	_, err = Start(ctx, c, obj, map[string]any{"amount": 999, "card": "4242-secret", "coupon": "SAVE10", "id": "o-1"}, WithRunID("cf-1"))
+	check("Start", err)
+	_, err = c.StartByName(ctx, "cf-obj", json.RawMessage(`{"id":"o-1","card":"4242-secret","amount":999,"coupon":"SAVE10"}`), WithRunID("cf-1"))
+	check("StartByName", err)
+
+	_, err = c.StartByName(ctx, "cf-num", json.RawMessage(`1`), WithRunID("cf-2"))
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "cf-num", json.RawMessage(`2`), WithRunID("cf-2"))
+	var ce *ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Empty(t, ce.Fields)
+	require.True(t, strings.HasSuffix(err.Error(), ": input differs"), err.Error())
+
+	// Another workflow: the workflows are named, no input fields.
+	_, err = c.StartByName(ctx, "cf-num", json.RawMessage(`7`), WithRunID("cf-1"))
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "workflow", ce.Field)
+	require.Empty(t, ce.Fields)
 }
 
 // G10: every duplicate attempt is recorded on its run — when, from where,

@@ -202,6 +202,13 @@ func TestProtocolRequestReply(t *testing.T) {
 	require.Equal(t, "rr-1", conflict["run_id"])
 	require.Equal(t, "completed", conflict["status"])
 	require.Nil(t, conflict["outcome"])
+	// What differs: the input, which is not an object, so no fields.
+	detail := conflict["error"].(map[string]any)["conflict"].(map[string]any)
+	require.Equal(t, "input", detail["field"], conflict)
+	require.NotEmpty(t, detail["stored"])
+	require.NotEmpty(t, detail["requested"])
+	require.Nil(t, detail["fields"])
+	require.True(t, strings.HasSuffix(conflict["error"].(map[string]any)["message"].(string), ": input differs"), conflict)
 
 	// Another input is an ordinary duplicate when the envelope says so.
 	ignored := request(t, nc, "proto-rr", `{"run_id":"rr-1","input":11,"fingerprint":"ignore"}`)

@@ -50,11 +50,63 @@ type ConflictError struct {
 	Stored string
 	// Requested is the start's value of Field.
 	Requested string
+	// Fields are, when the input differs and both inputs are JSON
+	// objects, the top-level fields that differ, by name, sorted: at most
+	// MaxConflictFields, MoreFields counting the rest. Names only, never
+	// values (an input may hold secrets). Empty when the inputs are not
+	// both objects: the error then says only that the input differs.
+	Fields []FieldDiff
+	// MoreFields counts the differing fields left out of Fields.
+	MoreFields int
 }
 
+// MaxConflictFields bounds ConflictError.Fields.
+const MaxConflictFields = 32
+
+// FieldDiff is a top-level field of a start's input that differs from the
+// stored run's input.
+type FieldDiff struct {
+	// Name is the field's name (cut to 64 bytes, ending with "…", when
+	// longer).
+	Name string `json:"name"`
+	// Change is FieldAdded, FieldRemoved or FieldChanged.
+	Change string `json:"change"`
+}
+
+// The changes of a FieldDiff, from the stored run's input to the start's.
+const (
+	// FieldAdded: the start's input has the field, the run's has not.
+	FieldAdded = "added"
+	// FieldRemoved: the run's input has the field, the start's has not.
+	FieldRemoved = "removed"
+	// FieldChanged: both have it, with other values (compared as the
+	// fingerprint compares them: key order and white space aside, numbers
+	// as written).
+	FieldChanged = "changed"
+)
+
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
+	s := fmt.Sprintf("jetflow: idempotency conflict: run %s exists with %s %q, the start asked for %q",
 		e.RunID, e.Field, e.Stored, e.Requested)
+	if e.Field != "input" {
+		return s
+	}
+	if len(e.Fields) == 0 {
+		return s + ": input differs"
+	}
+	var b strings.Builder
+	b.WriteString(s)
+	b.WriteString(": input fields differ: ")
+	for i, f := range e.Fields {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q (%s)", f.Name, f.Change)
+	}
+	if e.MoreFields > 0 {
+		fmt.Fprintf(&b, ", and %d more", e.MoreFields)
+	}
+	return b.String()
 }
 
 // Is makes errors.Is(err, ErrIdempotencyConflict) true.

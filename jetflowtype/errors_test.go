@@ -15,7 +15,14 @@ func TestErrorTexts(t *testing.T) {
 		want string
 	}{
 		{&ConflictError{RunID: "r", Field: "input", Stored: "ab", Requested: "cd"},
-			`jetflow: idempotency conflict: run r exists with input "ab", the start asked for "cd"`},
+			`jetflow: idempotency conflict: run r exists with input "ab", the start asked for "cd": input differs`},
+		{&ConflictError{RunID: "r", Field: "input", Stored: "ab", Requested: "cd",
+			Fields: []FieldDiff{{"amount", FieldChanged}, {"coupon", FieldAdded}, {"note\n", FieldRemoved}}},
+			`jetflow: idempotency conflict: run r exists with input "ab", the start asked for "cd": input fields differ: "amount" (changed), "coupon" (added), "note\n" (removed)`},
+		{&ConflictError{RunID: "r", Field: "input", Stored: "ab", Requested: "cd", Fields: []FieldDiff{{"a", FieldChanged}}, MoreFields: 2},
+			`jetflow: idempotency conflict: run r exists with input "ab", the start asked for "cd": input fields differ: "a" (changed), and 2 more`},
+		{&ConflictError{RunID: "r", Field: "workflow", Stored: "order", Requested: "refund"},
+			`jetflow: idempotency conflict: run r exists with workflow "order", the start asked for "refund"`},
 		{&RejectedError{RunID: "r", Status: StatusCompleted},
 			"jetflow: run r exists (completed) and the conflict policy rejects a duplicate start"},
 		{&StepError{StepName: "charge", StepID: "r.charge.0", Attempts: 3, Message: "declined"},

@@ -379,7 +379,9 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 			// payload is a conflict (HTTP 422) in every state, and only a
 			// repeat of the same request is the policy's to refuse (409).
 			entry.Outcome = state.AuditConflict
-			refusal = &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(fp)}
+			ce := &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(fp)}
+			ce.Fields, ce.MoreFields, _ = DiffFields(run.Input, req.Input)
+			refusal = ce
 		case act == actReject:
 			entry.Outcome = state.AuditRejected
 			refusal = &RejectedError{RunID: req.RunID, Status: run.Status}

@@ -33,6 +33,8 @@ type schema struct {
 	Description          string                     `json:"description"`
 	Type                 string                     `json:"type"`
 	DependentSchemas     map[string]json.RawMessage `json:"dependentSchemas"`
+	Items                *schema                    `json:"items"`
+	MaxItems             int                        `json:"maxItems"`
 }
 
 func loadSchema(t *testing.T, name string) *schema {
@@ -187,6 +189,30 @@ func TestStartReplySchemaMatchesStartReply(t *testing.T) {
 	}
 	require.Equal(t, sorted(always), sorted(es.Required))
 	require.Equal(t, sorted(ReplyCodes), sorted(es.Properties["code"].Enum))
+
+	// The conflict's detail: ReplyConflict, and its fields' FieldDiff.
+	cs := es.Properties["conflict"]
+	require.NotNil(t, cs, "error.conflict")
+	cnames, comit := jsonTags(ReplyConflict{})
+	require.Equal(t, cnames, keys(cs.Properties))
+	require.Equal(t, "false", string(cs.AdditionalProperties))
+	always = nil
+	for _, n := range cnames {
+		if !comit[n] {
+			always = append(always, n)
+		}
+	}
+	require.Equal(t, sorted(always), sorted(cs.Required))
+	require.Equal(t, []string{"workflow", "input"}, cs.Properties["field"].Enum)
+	fs := cs.Properties["fields"]
+	require.NotNil(t, fs)
+	require.Equal(t, jetflowtype.MaxConflictFields, fs.MaxItems)
+	items := fs.Items
+	require.NotNil(t, items)
+	fnames, _ := jsonTags(jetflowtype.FieldDiff{})
+	require.Equal(t, fnames, keys(items.Properties))
+	require.Equal(t, sorted(fnames), sorted(items.Required))
+	require.Equal(t, []string{jetflowtype.FieldAdded, jetflowtype.FieldRemoved, jetflowtype.FieldChanged}, items.Properties["change"].Enum)
 
 	require.Equal(t, []string{dedupe.Created.String(), dedupe.Existing.String(), dedupe.Restarted.String(), dedupe.Superseded.String()}, s.Properties["outcome"].Enum)
 	var statuses []string

@@ -96,6 +96,42 @@ type StartReply struct {
 type ReplyError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Conflict says what differs, with code conflict (absent from the
+	// reply of a worker of an earlier version).
+	Conflict *ReplyConflict `json:"conflict,omitempty"`
+}
+
+// ReplyConflict is the detail of an idempotency conflict
+// (jetflowtype.ConflictError, whose fields it carries).
+type ReplyConflict struct {
+	// Field is what differs: "workflow" or "input".
+	Field string `json:"field"`
+	// Stored and Requested are the run's and the start's values of Field
+	// (for the input, short prefixes of their fingerprints).
+	Stored    string `json:"stored"`
+	Requested string `json:"requested"`
+	// Fields are the top-level input fields that differ, by name (never
+	// values), when both inputs are JSON objects; MoreFields counts those
+	// left out (at most jetflowtype.MaxConflictFields are named).
+	Fields     []jetflowtype.FieldDiff `json:"fields,omitempty"`
+	MoreFields int                     `json:"more_fields,omitempty"`
+}
+
+// ConflictReply is the conflict detail of err, nil when err is not a
+// *jetflowtype.ConflictError.
+func ConflictReply(err error) *ReplyConflict {
+	var ce *jetflowtype.ConflictError
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	return &ReplyConflict{Field: ce.Field, Stored: ce.Stored, Requested: ce.Requested, Fields: ce.Fields, MoreFields: ce.MoreFields}
+}
+
+// ConflictError is the error a conflict reply stands for: the worker's
+// *jetflowtype.ConflictError, for runID, rebuilt from the detail.
+func (c *ReplyConflict) ConflictError(runID string) *jetflowtype.ConflictError {
+	return &jetflowtype.ConflictError{RunID: runID, Field: c.Field, Stored: c.Stored, Requested: c.Requested,
+		Fields: c.Fields, MoreFields: c.MoreFields}
 }
 
 // Error codes of a StartReply.
@@ -319,7 +355,7 @@ func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedup
 		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}
 	}
 	if errors.Is(err, jetflowtype.ErrIdempotencyConflict) {
-		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error()}}
+		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error(), Conflict: ConflictReply(err)}}
 	}
 	if errors.Is(err, jetflowtype.ErrDuplicateRejected) {
 		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}

@@ -36,6 +36,12 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// RunID is the run the problem is about, where known.
 	RunID string `json:"run_id,omitempty"`
+	// Fields are, on a 422 idempotency conflict whose inputs are both JSON
+	// objects, the top-level input fields that differ (names and how each
+	// changed, never values: jetflow.ConflictError.Fields); MoreFields
+	// counts those left out.
+	Fields     []jetflow.FieldDiff `json:"fields,omitempty"`
+	MoreFields int                 `json:"more_fields,omitempty"`
 }
 
 // writeProblem sends p, filling Type and Title from its status.
@@ -152,6 +158,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 			p.Type = RunIDRequiredType
 			p.Title = "Idempotency-Key required"
 			w.Header().Set("Link", "<"+RunIDRequiredType+`>; rel="describedby"`)
+		}
+	case http.StatusUnprocessableEntity:
+		var ce *jetflow.ConflictError
+		if errors.As(err, &ce) {
+			p.Fields, p.MoreFields = ce.Fields, ce.MoreFields
 		}
 	case http.StatusConflict:
 		if errors.Is(err, jetflow.ErrEventConflict) {

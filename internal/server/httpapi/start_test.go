@@ -144,21 +144,32 @@ func TestStartConcurrentSameKey(t *testing.T) {
 }
 
 // A key reused with another input or another workflow is 422; the run
-// keeps its input.
+// keeps its input. Another object input names the top-level fields that
+// differ (fields, and the detail), never their values.
 func TestStartKeyReusedIs422(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.Equal(t, http.StatusCreated, b.post("echo", "k-422", `{"n":1}`).code)
 
-	for _, tc := range []struct{ workflow, input string }{
-		{"echo", `{"n":2}`},
-		{"keyed", `{"n":1}`},
+	for _, tc := range []struct {
+		workflow, input string
+		fields          []jetflow.FieldDiff
+	}{
+		{"echo", `{"n":2}`, []jetflow.FieldDiff{{Name: "n", Change: jetflow.FieldChanged}}},
+		{"keyed", `{"n":1}`, nil},
 	} {
 		res := b.post(tc.workflow, "k-422", tc.input)
 		require.Equal(t, http.StatusUnprocessableEntity, res.code, "body: %s", res.body)
 		p := res.problem(t)
 		require.Equal(t, "k-422", p.RunID)
 		require.Contains(t, p.Detail, "idempotency conflict")
+		require.Equal(t, tc.fields, p.Fields, "body: %s", res.body)
+		if tc.fields != nil {
+			require.Contains(t, p.Detail, `input fields differ: "n" (changed)`)
+			require.Contains(t, string(res.body), `"fields":[{"name":"n","change":"changed"}]`)
+		} else {
+			require.NotContains(t, string(res.body), `"fields"`)
+		}
 		require.Empty(t, res.header.Get(HeaderReplayed))
 	}
 	run, err := b.client.GetRun(ctxT(t, 10*time.Second), "k-422")
