@@ -93,7 +93,10 @@ type StepTaskKey struct {
 // the order the events came.
 func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	h, err := c.history(ctx, runID)
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	h, err := c.history(ctx, runID, c.identity(ctx, runID))
 	return h.steps, err
 }
 
@@ -104,8 +107,61 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 // none. Like Steps, it is a tool's read: two reads of the buckets.
 func (c *Client) OpenWaits(ctx context.Context, runID string) (_ []OpenWait, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	h, err := c.history(ctx, runID)
+	if err := state.ValidateRunID(runID); err != nil {
+		return nil, err
+	}
+	h, err := c.history(ctx, runID, c.identity(ctx, runID))
 	return h.waits, err
+}
+
+// RunDescription is everything a tool shows of a run, read at once by
+// Describe: the run, its committed steps in call order, the steps that
+// failed or started again and have not committed, and what it waits for.
+// Its JSON encoding is the run's fields followed by "steps", "open_steps"
+// and "waits" (lists that are empty, never null), as GET /v1/runs/{id}
+// sends it and the producer's get --output json prints it.
+type RunDescription struct {
+	Run
+	Steps     []StepRecord `json:"steps"`
+	OpenSteps []OpenStep   `json:"open_steps"`
+	Waits     []OpenWait   `json:"waits"`
+}
+
+// Describe reads runID's RunDescription: GetRun, Steps, OpenSteps and
+// OpenWaits of the same generation, with one read of the run. It returns
+// ErrRunNotFound for a run ID without a run.
+func (c *Client) Describe(ctx context.Context, runID string) (_ RunDescription, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
+	run, err := c.GetRun(ctx, runID)
+	if err != nil {
+		return RunDescription{}, err
+	}
+	identity := state.RunIdentity(runID, run.Generation)
+	h, err := c.history(ctx, runID, identity)
+	if err != nil {
+		return RunDescription{}, err
+	}
+	open, err := c.openSteps(ctx, runID, identity)
+	if err != nil {
+		return RunDescription{}, err
+	}
+	return RunDescription{Run: run, Steps: h.steps, OpenSteps: open, Waits: h.waits}, nil
+}
+
+// MarshalJSON encodes d with its lists empty, never null.
+func (d RunDescription) MarshalJSON() ([]byte, error) {
+	type plain RunDescription // without this method
+	p := plain(d)
+	if p.Steps == nil {
+		p.Steps = []StepRecord{}
+	}
+	if p.OpenSteps == nil {
+		p.OpenSteps = []OpenStep{}
+	}
+	if p.Waits == nil {
+		p.Waits = []OpenWait{}
+	}
+	return json.Marshal(p)
 }
 
 // OpenWait is a wait a run has begun and that has not ended: its step has
@@ -133,15 +189,12 @@ type history struct {
 	waits []OpenWait
 }
 
-// history reads the committed steps and the wait records of the current
-// run of runID, two snapshots of a bucket each, and orders both by call.
-// A wait's record places the event its sender committed (which carries no
-// place of its own) and gives a committed wait its start.
-func (c *Client) history(ctx context.Context, runID string) (history, error) {
-	if err := state.ValidateRunID(runID); err != nil {
-		return history{}, err
-	}
-	identity := c.identity(ctx, runID)
+// history reads the committed steps and the wait records of runID's
+// generation whose records are keyed by identity, a snapshot of each
+// bucket, and orders both by call. A wait's record places the event its
+// sender committed (which carries no place of its own) and gives a
+// committed wait its start.
+func (c *Client) history(ctx context.Context, runID, identity string) (history, error) {
 	// Step IDs have three tokens; the run's lease (two) is not a step.
 	entries, err := c.assets.Steps.Matching(ctx, identity+".*.*")
 	if err != nil {

@@ -36,7 +36,12 @@ func (c *Client) OpenSteps(ctx context.Context, runID string) (_ []OpenStep, err
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	identity := c.identity(ctx, runID)
+	return c.openSteps(ctx, runID, c.identity(ctx, runID))
+}
+
+// openSteps is OpenSteps of the generation whose records are keyed by
+// identity.
+func (c *Client) openSteps(ctx context.Context, runID, identity string) ([]OpenStep, error) {
 	lister, err := c.assets.Attempts.Raw().ListKeysFiltered(ctx, identity+".>")
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: list attempts of %s: %w", runID, err)

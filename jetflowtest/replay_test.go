@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/jetflowtest"
 )
 
@@ -173,7 +172,7 @@ func TestGoldenHistoryIsCurrent(t *testing.T) {
 	if err := jetflowtest.Replay(orderPlan(goldenPlan), fresh); err != nil {
 		t.Fatalf("the unchanged code does not replay its own run: %v", err)
 	}
-	body, err := json.Marshal(httpapi.NewRunWithSteps(r.Run, r.Steps, r.Open))
+	body, err := json.Marshal(jetflow.RunDescription{Run: r.Run, Steps: r.Steps, OpenSteps: r.Open, Waits: r.Waits})
 	if err != nil {
 		t.Fatal(err)
 	}

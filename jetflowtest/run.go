@@ -55,11 +55,13 @@ func (e *Env) Wait(runID string) jetflow.Run {
 // output, error, generation and duplicate-start audit), its committed
 // steps in the order the body started them (IDs, names, attempts with the
 // failed ones before, results, task keys, sleeps, timers and events), and
-// the steps that failed and have not committed.
+// the steps that failed and have not committed, and what the run waits
+// for (a sleep, an event, a hook, a child run: since when, until when).
 type Report struct {
 	Run   jetflow.Run
 	Steps []jetflow.StepRecord
 	Open  []jetflow.OpenStep
+	Waits []jetflow.OpenWait
 }
 
 // Inspect reads run runID's Report. A read that could not be made fails
@@ -68,17 +70,11 @@ func (e *Env) Inspect(runID string) Report {
 	e.t.Helper()
 	ctx, cancel := e.context()
 	defer cancel()
-	var r Report
-	var err error
-	if r.Run, err = e.client.GetRun(ctx, runID); err != nil {
+	d, err := e.client.Describe(ctx, runID)
+	if err != nil {
 		e.t.Fatalf("jetflowtest: read run %s: %v", runID, err)
 	}
-	if r.Steps, err = e.client.Steps(ctx, runID); err != nil {
-		e.t.Fatalf("jetflowtest: read the steps of run %s: %v", runID, err)
-	}
-	if r.Open, err = e.client.OpenSteps(ctx, runID); err != nil {
-		e.t.Fatalf("jetflowtest: read the open steps of run %s: %v", runID, err)
-	}
+	r := Report{Run: d.Run, Steps: d.Steps, Open: d.OpenSteps, Waits: d.Waits}
 	return r
 }
 

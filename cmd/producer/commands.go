@@ -57,24 +57,12 @@ func get(ctx context.Context, c *jetflow.Client, out *printer, runID string) err
 	return out.run(tl)
 }
 
-// readTimeline reads the run, its committed steps and its open steps,
-// within opTimeout.
-func readTimeline(ctx context.Context, c *jetflow.Client, runID string) (timeline.Timeline, error) {
+// readTimeline reads the run's description (Client.Describe) within
+// opTimeout.
+func readTimeline(ctx context.Context, c *jetflow.Client, runID string) (jetflow.RunDescription, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	run, err := c.GetRun(ctx, runID)
-	if err != nil {
-		return timeline.Timeline{}, err
-	}
-	steps, err := c.Steps(ctx, runID)
-	if err != nil {
-		return timeline.Timeline{}, err
-	}
-	open, err := c.OpenSteps(ctx, runID)
-	if err != nil {
-		return timeline.Timeline{}, err
-	}
-	return timeline.Timeline{Run: run, Steps: steps, Open: open}, nil
+	return c.Describe(ctx, runID)
 }
 
 // watch prints the run's timeline, then each change as it happens (a step
@@ -231,9 +219,9 @@ func (p *printer) start(res jetflow.StartResult) error {
 }
 
 // run prints a run's timeline, or as JSON the body of GET /v1/runs/{id}.
-func (p *printer) run(tl timeline.Timeline) error {
+func (p *printer) run(tl jetflow.RunDescription) error {
 	if p.json {
-		return p.encode(httpapi.NewRunWithSteps(tl.Run, tl.Steps, tl.Open))
+		return p.encode(tl)
 	}
 	return timeline.Write(p.w, tl, timeline.Options{Color: p.color})
 }
@@ -241,14 +229,14 @@ func (p *printer) run(tl timeline.Timeline) error {
 // follower returns what watch prints each reading with: as text, the
 // timeline and then what changed (timeline.Follower); as JSON, the body
 // of GET /v1/runs/{id} on one line, each time it differs from the last.
-func (p *printer) follower() func(timeline.Timeline) error {
+func (p *printer) follower() func(jetflow.RunDescription) error {
 	if !p.json {
 		f := timeline.NewFollower(timeline.Options{Color: p.color})
-		return func(tl timeline.Timeline) error { return f.Update(p.w, tl) }
+		return func(tl jetflow.RunDescription) error { return f.Update(p.w, tl) }
 	}
 	var last []byte
-	return func(tl timeline.Timeline) error {
-		b, err := json.Marshal(httpapi.NewRunWithSteps(tl.Run, tl.Steps, tl.Open))
+	return func(tl jetflow.RunDescription) error {
+		b, err := json.Marshal(tl)
 		if err != nil || bytes.Equal(b, last) {
 			return err
 		}

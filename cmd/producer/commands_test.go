@@ -175,7 +175,7 @@ func TestConflictExitCode(t *testing.T) {
 
 	code, out, errOut = producer("get", "c-1", "--output", "json")
 	require.Equal(t, 0, code, errOut)
-	var run httpapi.RunWithSteps
+	var run jetflow.RunDescription
 	require.NoError(t, json.Unmarshal([]byte(out), &run))
 	require.JSONEq(t, `{"name":"ada"}`, string(run.Input), "the run keeps its input")
 	require.Equal(t, int64(2), run.Duplicates)

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/internal/server/webhook"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
@@ -117,7 +116,7 @@ func TestServe(t *testing.T) {
 
 	res := do(t, http.MethodGet, base+"/v1/runs/http-1/result?wait=20s", bearer(tok1), nil)
 	require.Equal(t, http.StatusOK, res.code, res.body)
-	var run httpapi.RunWithSteps
+	var run jetflow.RunDescription
 	require.NoError(t, json.Unmarshal([]byte(res.body), &run))
 	require.Equal(t, jetflow.StatusCompleted, run.Status)
 	require.JSONEq(t, `"hello, ada-payload-7f"`, string(run.Output))

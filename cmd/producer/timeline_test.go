@@ -11,9 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jetflow/jetflow"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jetflow/jetflow/internal/server/httpapi"
 )
 
 // get on a run whose step failed twice before it committed, started twice
@@ -58,7 +57,7 @@ func TestGetTimeline(t *testing.T) {
 
 	code, out, errOut = producer("get", "tl-1", "--output", "json")
 	require.Equal(t, 0, code, errOut)
-	var run httpapi.RunWithSteps
+	var run jetflow.RunDescription
 	require.NoError(t, json.Unmarshal([]byte(out), &run), out)
 	require.Contains(t, out, `"open_steps": []`)
 	require.Len(t, run.Steps, 1)
@@ -209,7 +208,7 @@ func TestWatchExitCodes(t *testing.T) {
 	code, out, errOut := producer("watch", "w-2", "--output", "json")
 	require.Equal(t, exitRunFailed, code, errOut)
 	require.Equal(t, 1, strings.Count(out, "\n"), out)
-	var run httpapi.RunWithSteps
+	var run jetflow.RunDescription
 	require.NoError(t, json.Unmarshal([]byte(out), &run))
 	require.Equal(t, "cancelled", string(run.Status))
 	require.NotNil(t, run.OpenSteps)

@@ -50,8 +50,8 @@ func (f *fakeBackend) GetRun(context.Context, string) (jetflow.Run, error) {
 	return jetflow.Run{}, f.errOr(jetflow.ErrRunNotFound)
 }
 
-func (f *fakeBackend) Steps(context.Context, string) ([]jetflow.StepRecord, error) {
-	return nil, f.err
+func (f *fakeBackend) Describe(context.Context, string) (jetflow.RunDescription, error) {
+	return jetflow.RunDescription{}, f.errOr(jetflow.ErrRunNotFound)
 }
 
 func (f *fakeBackend) WaitRun(context.Context, string) (jetflow.Run, error) {
@@ -64,10 +64,6 @@ func (f *fakeBackend) ListRuns(context.Context, jetflow.ListOptions) (jetflow.Ru
 
 func (f *fakeBackend) CountRuns(context.Context, string) (jetflow.RunCounts, error) {
 	return jetflow.RunCounts{}, f.err
-}
-
-func (f *fakeBackend) OpenSteps(context.Context, string) ([]jetflow.OpenStep, error) {
-	return nil, f.err
 }
 
 func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, string) (int, error) {

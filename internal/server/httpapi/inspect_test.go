@@ -115,7 +115,7 @@ func TestGetRunTimeline(t *testing.T) {
 	b := setup(t)
 	require.Equal(t, http.StatusCreated, b.post("flaky", "tl-1", `"card"`).code)
 	b.waitDone("tl-1")
-	var run RunWithSteps
+	var run jetflow.RunDescription
 	res := b.do(http.MethodGet, "/v1/runs/tl-1", nil, "")
 	require.Equal(t, http.StatusOK, res.code, "%s", res.body)
 	res.json(t, &run)
@@ -137,7 +137,7 @@ func TestGetRunTimeline(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.post("flaky", "tl-2", `"hold"`).code)
 	require.Eventually(t, func() bool {
 		res := b.do(http.MethodGet, "/v1/runs/tl-2", nil, "")
-		var run RunWithSteps
+		var run jetflow.RunDescription
 		res.json(t, &run)
 		return len(run.OpenSteps) == 1 && run.OpenSteps[0].Attempt == 3
 	}, 30*time.Second, 20*time.Millisecond, "the step blocked in its third attempt is listed as open")

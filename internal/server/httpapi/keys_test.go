@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/jetflow/jetflow"
 	"github.com/stretchr/testify/require"
 )
 
@@ -24,7 +25,7 @@ func TestResetTaskKey(t *testing.T) {
 	// The served step says so, and which step's result it got.
 	res := b.do(http.MethodGet, "/v1/runs/mail-2", nil, "")
 	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
-	var run RunWithSteps
+	var run jetflow.RunDescription
 	res.json(t, &run)
 	require.Len(t, run.Steps, 1)
 	require.NotNil(t, run.Steps[0].TaskKey, "body: %s", res.body)

@@ -13,30 +13,6 @@ import (
 	"github.com/jetflow/jetflow/internal/state"
 )
 
-// RunWithSteps is the body of GET /v1/runs/{id}: the run, its committed
-// steps and its open steps in one answer, where the SDK reads them with
-// three calls (Client.GetRun, Client.Steps, Client.OpenSteps), hence a type
-// of its own. It encodes as the run's fields followed by "steps" and
-// "open_steps", lists that are empty, never absent or null, when there is
-// none. The producer's get --output json prints the same.
-type RunWithSteps struct {
-	jetflow.Run
-	Steps     []jetflow.StepRecord `json:"steps"`
-	OpenSteps []jetflow.OpenStep   `json:"open_steps"`
-}
-
-// NewRunWithSteps returns the body for run, its committed steps and its
-// open steps.
-func NewRunWithSteps(run jetflow.Run, steps []jetflow.StepRecord, open []jetflow.OpenStep) RunWithSteps {
-	if steps == nil {
-		steps = []jetflow.StepRecord{}
-	}
-	if open == nil {
-		open = []jetflow.OpenStep{}
-	}
-	return RunWithSteps{Run: run, Steps: steps, OpenSteps: open}
-}
-
 // RunList returns page as GET /v1/runs sends it, and the producer's list
 // --output json prints it: its runs are a list, [] on an empty page, never
 // null.
@@ -47,8 +23,8 @@ func RunList(page jetflow.RunPage) jetflow.RunPage {
 	return page
 }
 
-// getRun is GET /v1/runs/{id}: the run, its committed steps and its open
-// steps.
+// getRun is GET /v1/runs/{id}: the run's description (the run, its
+// committed and open steps, its open waits).
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := state.ValidateRunID(id); err != nil {
@@ -57,23 +33,13 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	run, err := s.cfg.Backend.GetRun(ctx, id)
+	d, err := s.cfg.Backend.Describe(ctx, id)
 	if err != nil {
 		s.fail(w, r, id, err)
 		return
 	}
-	steps, err := s.cfg.Backend.Steps(ctx, id)
-	if err != nil {
-		s.fail(w, r, id, err)
-		return
-	}
-	open, err := s.cfg.Backend.OpenSteps(ctx, id)
-	if err != nil {
-		s.fail(w, r, id, err)
-		return
-	}
-	w.Header().Set(HeaderRunStatus, string(run.Status))
-	writeJSON(w, http.StatusOK, "application/json", NewRunWithSteps(run, steps, open))
+	w.Header().Set(HeaderRunStatus, string(d.Status))
+	writeJSON(w, http.StatusOK, "application/json", d)
 }
 
 // result is GET /v1/runs/{id}/result?wait=30s: 200 with the run once it

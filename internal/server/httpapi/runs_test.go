@@ -28,7 +28,7 @@ func TestGetRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.code, "body: %s", res.body)
 	require.Equal(t, "application/json", res.header.Get("Content-Type"))
 	require.Equal(t, "completed", res.header.Get(HeaderRunStatus))
-	var run RunWithSteps
+	var run jetflow.RunDescription
 	res.json(t, &run)
 	require.Equal(t, "get-1", run.RunID)
 	require.Equal(t, "echo", run.Workflow)
@@ -271,9 +271,9 @@ func TestResultWaitEndsWhenServerStops(t *testing.T) {
 	}
 }
 
-// The bodies built around the public records (RunWithSteps, RunList):
-// "steps", "open_steps" and "runs" are lists, empty rather than absent or
-// null, and a run's steps follow its fields, then its open steps. (These were internal/view's tests; the
+// The bodies built around the public records (jetflow.RunDescription, RunList):
+// "steps", "open_steps", "waits" and "runs" are lists, empty rather than absent or
+// null, and a run's steps follow its fields, then its open steps and its open waits. (These were internal/view's tests; the
 // records' own encodings are tested in the root package, json_test.go.)
 func TestRunBodiesJSON(t *testing.T) {
 	t.Parallel()
@@ -285,17 +285,20 @@ func TestRunBodiesJSON(t *testing.T) {
 		return rec.Body.String()
 	}
 	require.Equal(t, `{"run_id":"order-1","workflow":"ship","status":"running","created_at":"2025-01-02T03:04:05Z",`+
-		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[],"open_steps":[]}`+"\n",
-		encode(NewRunWithSteps(run, nil, nil)), "asked for and none: an empty list")
+		`"updated_at":"2025-01-02T03:04:05Z","generation":0,"duplicates":0,"steps":[],"open_steps":[],"waits":[]}`+"\n",
+		encode(jetflow.RunDescription{Run: run}), "asked for and none: an empty list")
 
 	steps := []jetflow.StepRecord{{StepID: "order-1.pack.0", Name: "pack", Attempt: 2, Output: json.RawMessage(`3`), Worker: "w1", CommittedAt: at}}
 	open := []jetflow.OpenStep{{StepID: "order-1.ship.0", Name: "ship", Attempt: 1}}
-	b := encode(NewRunWithSteps(run, steps, open))
+	waits := []jetflow.OpenWait{{StepID: "order-1.event=paid.0", Name: "event=paid", Kind: "event", Event: "paid", Since: at, Until: at.Add(time.Hour)}}
+	desc := jetflow.RunDescription{Run: run, Steps: steps, OpenSteps: open, Waits: waits}
+	b := encode(desc)
 	require.True(t, strings.HasSuffix(b, `"duplicates":0,"steps":[{"step_id":"order-1.pack.0","name":"pack","attempt":2,"output":3,"worker":"w1","committed_at":"2025-01-02T03:04:05Z"}],`+
-		`"open_steps":[{"step_id":"order-1.ship.0","name":"ship","attempt":1}]}`+"\n"), b)
-	var back RunWithSteps
+		`"open_steps":[{"step_id":"order-1.ship.0","name":"ship","attempt":1}],`+
+		`"waits":[{"step_id":"order-1.event=paid.0","name":"event=paid","kind":"event","event":"paid","since":"2025-01-02T03:04:05Z","until":"2025-01-02T04:04:05Z"}]}`+"\n"), b)
+	var back jetflow.RunDescription
 	require.NoError(t, json.Unmarshal([]byte(b), &back))
-	require.Equal(t, NewRunWithSteps(run, steps, open), back)
+	require.Equal(t, desc, back)
 
 	require.Equal(t, `{"runs":[]}`+"\n", encode(RunList(jetflow.RunPage{})))
 	var page jetflow.RunPage

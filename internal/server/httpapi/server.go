@@ -28,11 +28,10 @@ import (
 type Backend interface {
 	StartByName(ctx context.Context, name string, input json.RawMessage, opts ...jetflow.StartOption) (jetflow.StartResult, error)
 	GetRun(ctx context.Context, runID string) (jetflow.Run, error)
-	Steps(ctx context.Context, runID string) ([]jetflow.StepRecord, error)
+	Describe(ctx context.Context, runID string) (jetflow.RunDescription, error)
 	WaitRun(ctx context.Context, runID string) (jetflow.Run, error)
 	ListRuns(ctx context.Context, opts jetflow.ListOptions) (jetflow.RunPage, error)
 	CountRuns(ctx context.Context, workflow string) (jetflow.RunCounts, error)
-	OpenSteps(ctx context.Context, runID string) ([]jetflow.OpenStep, error)
 	ResetTaskKey(ctx context.Context, key string, scope jetflow.KeyScope, scopeID string) (int, error)
 	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
 	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)

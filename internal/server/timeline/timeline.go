@@ -2,7 +2,8 @@
 // a header (the run's identity, status, times, input and result, the
 // duplicate starts it absorbed) and then one aligned line per step in call
 // order, with the failed earlier attempts of a step indented under it and
-// the steps still open (running or retrying) at the end.
+// the steps still open (running or retrying) and what the run waits for
+// (a sleep, an event, a hook, a child run, with its deadline) at the end.
 //
 // Every text taken from a run (input, output, errors, names, sources) is
 // escaped by Clean first: a control character in it (an ANSI escape
@@ -22,14 +23,6 @@ import (
 	"github.com/jetflow/jetflow"
 )
 
-// Timeline is one reading of a run: the run, its committed steps in call
-// order (Client.Steps) and its open steps (Client.OpenSteps).
-type Timeline struct {
-	Run   jetflow.Run
-	Steps []jetflow.StepRecord
-	Open  []jetflow.OpenStep
-}
-
 // Options says how a timeline is printed.
 type Options struct {
 	// Color colours the run's status with ANSI escapes (set it only when
@@ -38,7 +31,7 @@ type Options struct {
 }
 
 // Write prints tl: the header, then the step lines.
-func Write(w io.Writer, tl Timeline, opts Options) error {
+func Write(w io.Writer, tl jetflow.RunDescription, opts Options) error {
 	f := NewFollower(opts)
 	return f.Update(w, tl)
 }
@@ -80,7 +73,7 @@ func NewFollower(opts Options) *Follower {
 // line when the run's status changed. The columns are as wide as the
 // widest cell printed so far, so later lines line up with earlier ones
 // unless they hold a wider cell.
-func (f *Follower) Update(w io.Writer, tl Timeline) error {
+func (f *Follower) Update(w io.Writer, tl jetflow.RunDescription) error {
 	rows := rowsOf(tl)
 	for _, r := range rows {
 		f.grow(r)
@@ -218,8 +211,9 @@ func writeDuplicates(b *strings.Builder, run jetflow.Run) {
 }
 
 // rowsOf returns tl's step rows: each committed step in call order, its
-// failed earlier attempts under it, then the open steps.
-func rowsOf(tl Timeline) []row {
+// failed earlier attempts under it, then the open steps, then the open
+// waits.
+func rowsOf(tl jetflow.RunDescription) []row {
 	start := tl.Run.CreatedAt
 	var rows []row
 	for _, s := range tl.Steps {
@@ -233,7 +227,7 @@ func rowsOf(tl Timeline) []row {
 		}})
 		rows = append(rows, attemptRows(start, s.StepID, s.Attempts)...)
 	}
-	for _, o := range tl.Open {
+	for _, o := range tl.OpenSteps {
 		state := "running"
 		if len(o.Attempts) > 0 {
 			state = fmt.Sprintf("retrying, attempt %d", o.Attempt)
@@ -247,7 +241,31 @@ func rowsOf(tl Timeline) []row {
 			offset(start, began), "-", Clean(o.Name), Clean(o.StepID), strconv.Itoa(o.Attempt), "-", "-", state,
 		}})
 	}
+	for _, w := range tl.Waits {
+		rows = append(rows, row{key: "wait " + w.StepID, cells: [len(columns)]string{
+			offset(start, w.Since), "-", Clean(w.Name), Clean(w.StepID), "-", "-", "-", waiting(w),
+		}})
+	}
 	return rows
+}
+
+// waiting says what an open wait waits for and until when.
+func waiting(w jetflow.OpenWait) string {
+	var d string
+	switch w.Kind {
+	case "sleep":
+		return "sleeping until " + stamp(w.Until)
+	case "child":
+		return "waiting for child run " + Clean(w.ChildRunID)
+	case "hook":
+		d = "waiting for hook " + Clean(w.Event) + " (token " + Clean(w.HookToken) + ")"
+	default:
+		d = "waiting for event " + Clean(w.Event)
+	}
+	if w.Until.IsZero() {
+		return d + ", no deadline"
+	}
+	return d + " until " + stamp(w.Until)
 }
 
 // attemptRows are the indented lines of a step's failed attempts.

@@ -25,10 +25,10 @@ func at(d time.Duration) time.Time { return t0.Add(d) }
 
 // completed is an ended run with a step retried twice, a step served from
 // a task key, a sleep, an event, a child and two duplicate starts.
-func completed() Timeline {
+func completed() jetflow.RunDescription {
 	dup := jetflow.DuplicateAttempt{At: at(time.Second), Source: "http", Outcome: "existing", FingerprintMatch: true, Status: jetflow.StatusRunning}
 	dup2 := jetflow.DuplicateAttempt{At: at(3 * time.Second), Source: "producer", Outcome: "conflict", Status: jetflow.StatusCompleted}
-	return Timeline{
+	return jetflow.RunDescription{
 		Run: jetflow.Run{RunID: "order-1", Workflow: "order", Status: jetflow.StatusCompleted, Source: "producer",
 			CreatedAt: t0, UpdatedAt: at(2500 * time.Millisecond), Duplicates: 2, FirstDuplicate: &dup,
 			RecentDuplicates: []jetflow.DuplicateAttempt{dup, dup2},
@@ -55,13 +55,13 @@ func completed() Timeline {
 
 // running is a run with one committed step, one step retrying and one
 // running.
-func running() Timeline {
-	return Timeline{
+func running() jetflow.RunDescription {
+	return jetflow.RunDescription{
 		Run: jetflow.Run{RunID: "r-2", Workflow: "wf", Status: jetflow.StatusRunning, CreatedAt: t0, UpdatedAt: t0,
 			Input: json.RawMessage(`{}`)},
 		Steps: []jetflow.StepRecord{{StepID: "r-2.a.0", Name: "a", Attempt: 1, Worker: "w-1", StartedAt: at(time.Millisecond),
 			CommittedAt: at(5 * time.Millisecond), TaskKey: &jetflow.StepTaskKey{Key: "r.r-2.cd.a", From: "r-2.a.0"}}},
-		Open: []jetflow.OpenStep{
+		OpenSteps: []jetflow.OpenStep{
 			{StepID: "r-2.b.0", Name: "b", Attempt: 2, Attempts: []jetflow.StepAttempt{
 				{Attempt: 1, StartedAt: at(10 * time.Millisecond), EndedAt: at(20 * time.Millisecond), Worker: "w-1", Error: "boom"}}},
 			{StepID: "r-2.c.0", Name: "c", Attempt: 1},
@@ -70,8 +70,8 @@ func running() Timeline {
 }
 
 // hostile has control characters in every text a run carries.
-func hostile() Timeline {
-	return Timeline{
+func hostile() jetflow.RunDescription {
+	return jetflow.RunDescription{
 		Run: jetflow.Run{RunID: "h-1", Workflow: "wf", Status: jetflow.StatusFailed, Source: "src\x1b[2J",
 			CreatedAt: t0, UpdatedAt: at(time.Second), Input: json.RawMessage("{\"a\":\n\"\\u001b\"}"),
 			Error: &jetflow.RunError{Kind: "step", Message: "bad\x1b[31mred\nsecond line\u202e\xff"}},
@@ -92,7 +92,7 @@ func golden(t *testing.T, name, got string) {
 	require.Equal(t, string(want), got)
 }
 
-func render(t *testing.T, tl Timeline, opts Options) string {
+func render(t *testing.T, tl jetflow.RunDescription, opts Options) string {
 	t.Helper()
 	var b bytes.Buffer
 	require.NoError(t, Write(&b, tl, opts))
@@ -103,7 +103,7 @@ func render(t *testing.T, tl Timeline, opts Options) string {
 // control characters, as golden text.
 func TestWriteGolden(t *testing.T) {
 	t.Parallel()
-	for name, tl := range map[string]Timeline{"completed": completed(), "running": running(), "hostile": hostile()} {
+	for name, tl := range map[string]jetflow.RunDescription{"completed": completed(), "running": running(), "hostile": hostile()} {
 		golden(t, name, render(t, tl, Options{}))
 	}
 }
@@ -203,18 +203,18 @@ func TestFollowerPrintsChanges(t *testing.T) {
 	require.Empty(t, b.String(), "nothing changed")
 
 	// b failed again and c committed.
-	tl.Open[0].Attempt = 3
-	tl.Open[0].Attempts = append(tl.Open[0].Attempts, jetflow.StepAttempt{Attempt: 2, StartedAt: at(30 * time.Millisecond),
+	tl.OpenSteps[0].Attempt = 3
+	tl.OpenSteps[0].Attempts = append(tl.OpenSteps[0].Attempts, jetflow.StepAttempt{Attempt: 2, StartedAt: at(30 * time.Millisecond),
 		EndedAt: at(40 * time.Millisecond), Worker: "w-2", Error: "boom again"})
 	tl.Steps = append(tl.Steps, jetflow.StepRecord{StepID: "r-2.c.0", Name: "c", Attempt: 1, Worker: "w-1",
 		StartedAt: at(50 * time.Millisecond), CommittedAt: at(60 * time.Millisecond)})
-	tl.Open = tl.Open[:1]
+	tl.OpenSteps = tl.OpenSteps[:1]
 	require.NoError(t, f.Update(&b, tl))
 	golden(t, "follow-1", b.String())
 
 	// b committed, the run completed.
 	b.Reset()
-	tl.Open = nil
+	tl.OpenSteps = nil
 	tl.Steps = append(tl.Steps, jetflow.StepRecord{StepID: "r-2.b.0", Name: "b", Attempt: 3, Worker: "w-1",
 		StartedAt: at(70 * time.Millisecond), CommittedAt: at(80 * time.Millisecond)})
 	tl.Run.Status, tl.Run.UpdatedAt, tl.Run.Output = jetflow.StatusCompleted, at(90*time.Millisecond), json.RawMessage(`42`)
@@ -226,9 +226,51 @@ func TestFollowerPrintsChanges(t *testing.T) {
 // ended; a step that commits later brings the column titles with it.
 func TestNoSteps(t *testing.T) {
 	t.Parallel()
-	tl := Timeline{Run: jetflow.Run{RunID: "n-1", Workflow: "wf", Status: jetflow.StatusRunning, CreatedAt: t0, UpdatedAt: t0}}
+	tl := jetflow.RunDescription{Run: jetflow.Run{RunID: "n-1", Workflow: "wf", Status: jetflow.StatusRunning, CreatedAt: t0, UpdatedAt: t0}}
 	require.True(t, strings.HasSuffix(render(t, tl, Options{}), "duplicates:  0\nsteps: none yet\n"))
 	ended := tl
 	ended.Run.Status = jetflow.StatusFailed
 	require.True(t, strings.HasSuffix(render(t, ended, Options{}), "duplicates:  0\nsteps: none\n"))
+}
+
+// A waiting run's open waits follow its steps, each saying what it waits
+// for and until when; watch prints a wait once, and the committed step
+// that ends it when it comes.
+func TestOpenWaits(t *testing.T) {
+	t.Parallel()
+	run := jetflow.Run{RunID: "w-1", Workflow: "wf", Status: jetflow.StatusRunning, CreatedAt: t0, UpdatedAt: t0}
+	tl := jetflow.RunDescription{Run: run, Waits: []jetflow.OpenWait{
+		{StepID: "w-1.event=paid.0", Name: "event=paid", Kind: "event", Event: "paid", Since: at(2 * time.Second), Until: at(time.Hour)},
+		{StepID: "w-1.hook=ok.1", Name: "hook=ok", Kind: "hook", Event: "ok", HookToken: "tok-1", Since: at(2 * time.Second)},
+		{StepID: "w-1.kid.2", Name: "kid", Kind: "child", ChildRunID: "w-1=kid=0", Since: at(3 * time.Second)},
+		{StepID: "w-1.nap.3", Name: "nap", Kind: "sleep", Since: at(4 * time.Second), Until: at(24 * time.Hour)},
+	}}
+	out := render(t, tl, Options{})
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Equal(t, []string{
+		"+2s - event=paid w-1.event=paid.0 - - - waiting for event paid until " + stamp(at(time.Hour)),
+		"+2s - hook=ok w-1.hook=ok.1 - - - waiting for hook ok (token tok-1), no deadline",
+		"+3s - kid w-1.kid.2 - - - waiting for child run w-1=kid=0",
+		"+4s - nap w-1.nap.3 - - - sleeping until " + stamp(at(24*time.Hour)),
+	}, squeeze(lines[len(lines)-4:]))
+	f := NewFollower(Options{})
+	var b strings.Builder
+	require.NoError(t, f.Update(&b, tl))
+	b.Reset()
+	require.NoError(t, f.Update(&b, tl))
+	require.Empty(t, b.String(), "a wait is printed once")
+	tl.Waits = tl.Waits[1:]
+	tl.Steps = []jetflow.StepRecord{{StepID: "w-1.event=paid.0", Name: "event=paid", Attempt: 1, Kind: "event", EventID: "e-1",
+		StartedAt: at(2 * time.Second), CommittedAt: at(5 * time.Second)}}
+	require.NoError(t, f.Update(&b, tl))
+	require.Contains(t, b.String(), "event e-1")
+}
+
+// squeeze joins each line's fields with one space.
+func squeeze(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = strings.Join(strings.Fields(l), " ")
+	}
+	return out
 }
