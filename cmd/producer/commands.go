@@ -75,13 +75,19 @@ func readTimeline(ctx context.Context, c *jetflow.Client, runID string) (jetflow
 // Client.WaitRun (a watch of the run's record) for the run to end, for at
 // most interval, so that a step line appears within interval of its commit
 // and the end of the run at once.
-func watch(ctx context.Context, c *jetflow.Client, out *printer, runID string, interval time.Duration) error {
+//
+// NATS being unavailable is ridden out for up to --timeout an outage (p).
+func watch(ctx context.Context, c *jetflow.Client, out *printer, runID string, interval time.Duration, p *patience) error {
 	follow := out.follower()
 	for {
 		tl, err := readTimeline(ctx, c, runID)
+		if p.retry(ctx, err) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
+		p.ok()
 		if err := follow(tl); err != nil {
 			return err
 		}
@@ -97,19 +103,26 @@ func watch(ctx context.Context, c *jetflow.Client, out *printer, runID string, i
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !p.retry(ctx, err) {
 			return err
 		}
 	}
 }
 
 // wait waits until the run ends and prints its result. A run that did not
-// complete is returned as its *jetflow.RunError.
-func wait(ctx context.Context, c *jetflow.Client, out *printer, runID string, timeout time.Duration) error {
-	wctx, cancel := context.WithTimeout(ctx, timeout)
+// complete is returned as its *jetflow.RunError. NATS being unavailable is
+// ridden out until p's deadline, the end of --timeout (timeout).
+func wait(ctx context.Context, c *jetflow.Client, out *printer, runID string, timeout time.Duration, p *patience) error {
+	wctx, cancel := context.WithDeadline(ctx, p.deadline)
 	defer cancel()
 	run, err := c.WaitRun(wctx, runID)
+	for p.retry(wctx, err) {
+		run, err = c.WaitRun(wctx, runID)
+	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		if down := p.down(); down != nil { // NATS, not the run, is why
+			return fmt.Errorf("run %s: not seen to end within %s: %w", runID, timeout, down)
+		}
 		return fmt.Errorf("run %s did not end within %s", runID, timeout)
 	}
 	if err != nil {

@@ -78,7 +78,7 @@ var arity = map[string]struct {
 	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id [--attr NAME=VALUE]..."},
 	"get":    {1, "get takes one run ID: producer get <run-id>"},
 	"wait":   {1, "wait takes one run ID: producer wait <run-id>"},
-	"watch":  {1, "watch takes one run ID: producer watch <run-id> [--interval 1s]"},
+	"watch":  {1, "watch takes one run ID: producer watch <run-id> [--interval 1s] [--timeout 60s]"},
 	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
 	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
 	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
@@ -93,7 +93,7 @@ var arity = map[string]struct {
 var commandFlags = map[string][]string{
 	"id":              {"start"},
 	"generate-id":     {"start"},
-	"timeout":         {"wait"},
+	"timeout":         {"wait", "watch"},
 	"workflow":        {"list", "reset"},
 	"status":          {"list"},
 	"limit":           {"list"},

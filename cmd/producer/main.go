@@ -3,7 +3,7 @@
 //
 //	producer start <workflow> <json-input> --id RUNID | --generate-id [--attr NAME=VALUE]...
 //	producer get <run-id>
-//	producer watch <run-id> [--interval 1s]
+//	producer watch <run-id> [--interval 1s] [--timeout 60s]
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
 //	producer send <run-id> <event-name> --event-id ID [--data JSON]
@@ -38,6 +38,16 @@
 // --attr NAME=VALUE (repeatable) the run's attributes, which start's
 // --attr gives a run (jetflow.WithAttributes); list --counts prints how
 // many runs are in each state.
+//
+// # NATS unavailable
+//
+// wait and watch ride out NATS being unavailable (not up yet, restarting,
+// as when the worker that embeds it restarts): a connection or read that
+// fails with jetflow.ErrUnavailable is tried again, with backoff from
+// 100ms to 2s, and a note on stderr when the outage begins ("retrying:
+// ..."). wait does so within its --timeout, which bounds the whole wait;
+// watch for up to --timeout per outage. Unavailable past that, they exit
+// with 5. The other commands fail at once with exit code 5: retry them.
 //
 // # Idempotency
 //
@@ -77,7 +87,12 @@
 //
 // serve runs the HTTP API (docs/http.md) under /v1/, with Prometheus metrics
 // on /metrics, liveness on /healthz and readiness on /readyz, on one address,
-// until SIGINT or SIGTERM, then drains in-flight requests. --api-token
+// until SIGINT or SIGTERM, then drains in-flight requests. It listens
+// before NATS is reachable and waits for it: until connected, and its
+// engine's buckets bound, /healthz answers 200, /readyz 503 and the API
+// 503 with Retry-After, while serve retries (logging "waiting for NATS at
+// <url>" each attempt); it exits only for a setting that cannot be used,
+// credentials the server refuses or TLS that cannot be agreed on. --api-token
 // (comma-separated for several) protects the API; --webhooks names a YAML
 // list of webhook sources:
 //
@@ -102,7 +117,8 @@
 //	   conflict policy rejected the duplicate; send, resume: the event ID was
 //	   delivered with another payload, or the hook's wait has ended
 //	5  unavailable: NATS cannot serve the command now (unreachable,
-//	   reconnecting, JetStream unavailable, no answer in time), or (start)
+//	   reconnecting, JetStream unavailable, no answer in time; wait and
+//	   watch retry it within --timeout first), or (start)
 //	   no worker is running for a known workflow, or none of the
 //	   deployment runs at all (none has reported yet) (or, send and resume,
 //	   none answered); retry later, start with the same run ID, send with
@@ -147,7 +163,7 @@ Commands:
         start a run; the same RUNID again finds the existing run
   get <run-id>
         show a run's timeline: the run, its steps and attempts, its open steps
-  watch <run-id> [--interval 1s]
+  watch <run-id> [--interval 1s] [--timeout 60s]
         show a run's timeline, then each change as it happens, until the run ends
   wait <run-id> [--timeout 60s]
         wait until a run ends and show its result
@@ -187,8 +203,10 @@ Flags (anywhere on the line):
           --generate-id          instead of --id: a generated run ID, a new run each time
           --attr NAME=VALUE      an attribute of the run, repeatable (at most 8; a repeat
                                  start keeps the first start's)
-  wait:   --timeout D            how long to wait (default 60s)
+  wait:   --timeout D            how long to wait (default 60s); NATS being unavailable
+                                 meanwhile is retried within it
   watch:  --interval D           the longest time between two readings of the run (default 1s)
+          --timeout D            how long one NATS outage is retried before exit 5 (default 60s)
   list:   --workflow W           only runs of workflow W
           --status S             only runs in state S: running, completed, failed, cancelled
           --prefix P             only run IDs starting with P
@@ -228,7 +246,7 @@ Exit codes:
   4  conflict: the run ID has another input or workflow, or the policy rejected the
      duplicate; the event ID was delivered with another payload, or the hook's wait ended
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
-     time), or no worker is running for a known workflow, or none has reported yet;
+     time; wait and watch retry it within --timeout first), or no worker is running for a known workflow, or none has reported yet;
      retry later, start with the same run ID, send with the same event ID
 `
 
@@ -258,25 +276,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	if c.command == "serve" {
 		log := logging.New(stderr, c.serve.logFormat, c.serve.logLevel)
-		if err := serve(ctx, c, getenv, log, nil); err != nil {
+		if err := serve(ctx, c, getenv, log, serveHooks{}); err != nil {
 			log.Error().Err(err).Msg("producer serve failed")
 			return exitCode(err)
 		}
 		return exitOK
 	}
 
-	nc, err := c.nats.Connect("jetflow-producer", nats.Timeout(5*time.Second))
-	if err != nil {
-		err = jetstream.Unavailable(err)
-		fmt.Fprintf(stderr, "error: %v (is a worker or NATS server running?)\n", err)
-		return exitCode(err)
+	// wait and watch ride out NATS being unavailable within --timeout
+	// (wait: the whole wait; watch: each outage); the other commands fail
+	// at once with exit code 5.
+	var p *patience
+	switch c.command {
+	case "wait":
+		p = &patience{deadline: time.Now().Add(c.timeout), notes: stderr}
+	case "watch":
+		p = &patience{window: c.timeout, notes: stderr}
 	}
-	defer nc.Close()
-	client, err := newClient(ctx, nc, c, jetflow.ClientConfig{})
+	nc, client, err := connect(ctx, c, p)
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitCode(err)
 	}
+	defer nc.Close()
 
 	// Colour only for a terminal, and never under NO_COLOR (no-color.org).
 	out := &printer{w: stdout, json: c.output == "json", color: logging.IsTerminal(stdout) && getenv("NO_COLOR") == ""}
@@ -286,9 +308,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "get":
 		err = get(ctx, client, out, c.args[0])
 	case "watch":
-		err = watch(ctx, client, out, c.args[0], c.interval)
+		err = watch(ctx, client, out, c.args[0], c.interval, p)
 	case "wait":
-		err = wait(ctx, client, out, c.args[0], c.timeout)
+		err = wait(ctx, client, out, c.args[0], c.timeout, p)
 	case "cancel":
 		err = cancelRun(ctx, client, out, c.args[0])
 	case "send":

@@ -99,8 +99,13 @@ type testbed struct {
 
 func newTestbed(t *testing.T) *testbed {
 	t.Helper()
+	return newTestbedOn(t, testenv.Server(t))
+}
+
+// newTestbedOn is newTestbed on srv, a server the test started.
+func newTestbedOn(t *testing.T, srv *natsserver.Server) *testbed {
+	t.Helper()
 	tb := &testbed{}
-	srv := testenv.Server(t)
 	nc := testenv.Conn(t, srv)
 	ws := jetflow.NewRegistry()
 	release := make(chan struct{})
@@ -312,7 +317,7 @@ func TestErrors(t *testing.T) {
 		{"CancelInvalidRunID", []string{"cancel", "a.b"}, 1, "error: jetflow: invalid run ID"},
 		{"CancelNoRunID", []string{"cancel"}, 1, "error: cancel takes one run ID: producer cancel <run-id>"},
 		{"CancelTwoRunIDs", []string{"cancel", "evt_1", "evt_2"}, 1, "error: cancel takes one run ID"},
-		{"TimeoutOnCancel", []string{"cancel", "evt_1", "--timeout", "1s"}, 1, "error: --timeout is a flag of wait, not cancel"},
+		{"TimeoutOnCancel", []string{"cancel", "evt_1", "--timeout", "1s"}, 1, "error: --timeout is a flag of wait and watch, not cancel"},
 		{"NoCommand", nil, 1, "error: no command given"},
 		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, send, resume, list, reset or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},

@@ -21,44 +21,86 @@ import (
 )
 
 // startServe runs serve for args with the environment vars until the test
-// ends, and returns its base URL, its logs and a stop that cancels it as
-// SIGTERM does and returns serve's error.
+// ends, waits until it serves (connected to NATS), and returns its base
+// URL, its logs and a stop that cancels it as SIGTERM does and returns
+// serve's error.
 func startServe(t *testing.T, tb *testbed, vars map[string]string, args ...string) (string, *testenv.LogBuffer, func() error) {
+	t.Helper()
+	s := launchServe(t, tb, vars, args...)
+	select {
+	case addr := <-s.ready:
+		return "http://" + addr, s.logs, s.stop
+	case err := <-s.served:
+		t.Fatalf("serve returned before it was ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve not ready within 20s")
+	}
+	return "", nil, nil
+}
+
+// launchedServe is serve running in the test (launchServe).
+type launchedServe struct {
+	// listening and ready receive the API's address from serveHooks.
+	listening, ready chan string
+	// served receives serve's error when it returns.
+	served chan error
+	logs   *testenv.LogBuffer
+	// logged is signalled (without blocking) after each log line.
+	logged chan struct{}
+	// stop cancels serve as SIGTERM does and returns its error.
+	stop func() error
+}
+
+// launchServe runs serve for args with the environment vars until the
+// test ends, and returns at once.
+func launchServe(t *testing.T, tb *testbed, vars map[string]string, args ...string) *launchedServe {
 	t.Helper()
 	c, err := parseArgs(append([]string{"serve", "--http-addr", "127.0.0.1:0"}, args...), tb.env(vars), false, io.Discard)
 	require.NoError(t, err)
-	logs := &testenv.LogBuffer{}
+	s := &launchedServe{
+		listening: make(chan string, 1), ready: make(chan string, 1), served: make(chan error, 1),
+		logs: &testenv.LogBuffer{}, logged: make(chan struct{}, 1),
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	served := make(chan error, 1)
+	hooks := serveHooks{
+		listening: func(addr string) { s.listening <- addr },
+		ready:     func(addr string) { s.ready <- addr },
+	}
 	go func() {
-		served <- serve(ctx, c, tb.env(vars), zerolog.New(logs), func(addr string) { ready <- addr })
+		s.served <- serve(ctx, c, tb.env(vars), zerolog.New(notifyingWriter{s.logs, s.logged}), hooks)
 	}()
 	var (
 		once   sync.Once
 		result error
 	)
-	stop := func() error {
+	s.stop = func() error {
 		once.Do(func() {
 			cancel()
 			select {
-			case result = <-served:
+			case result = <-s.served:
 			case <-time.After(20 * time.Second):
 				t.Error("serve did not stop within 20s")
 			}
 		})
 		return result
 	}
-	t.Cleanup(func() { _ = stop() }) // before the testbed's cleanups: last in, first out
+	t.Cleanup(func() { _ = s.stop() }) // before the testbed's cleanups: last in, first out
+	return s
+}
+
+// notifyingWriter writes to w, then signals written without blocking.
+type notifyingWriter struct {
+	w       io.Writer
+	written chan struct{}
+}
+
+func (n notifyingWriter) Write(p []byte) (int, error) {
+	k, err := n.w.Write(p)
 	select {
-	case addr := <-ready:
-		return "http://" + addr, logs, stop
-	case err := <-served:
-		t.Fatalf("serve returned before it was ready: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve not ready within 20s")
+	case n.written <- struct{}{}:
+	default:
 	}
-	return "", nil, nil
+	return k, err
 }
 
 // response is one HTTP answer.
@@ -182,17 +224,6 @@ func TestServe(t *testing.T) {
 		require.NotContains(t, log, secret)
 		require.NotContains(t, res.body, secret)
 	}
-}
-
-// TestServeNoNATS: serve fails, with exit code 5 (unavailable: try again
-// later), when NATS is not there.
-func TestServeNoNATS(t *testing.T) {
-	t.Parallel()
-	code, out, errOut := runNoServer(t, map[string]string{"JETFLOW_NATS_URL": "nats://127.0.0.1:1"}, "serve", "--http-addr", "127.0.0.1:0")
-	require.Equal(t, exitUnavailable, code)
-	require.Empty(t, out)
-	require.Contains(t, errOut, `"level":"error"`)
-	require.Contains(t, errOut, "connect to nats://127.0.0.1:1")
 }
 
 // TestServeOpsAddr: with --ops-addr the operations endpoints move to their

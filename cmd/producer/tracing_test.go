@@ -71,6 +71,6 @@ func TestServeRefusesAnInvalidOTLPEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err = serve(ctx, c, env, zerolog.Nop(), func(string) { t.Error("serve became ready") })
+	err = serve(ctx, c, env, zerolog.Nop(), serveHooks{listening: func(string) { t.Error("serve listened") }})
 	require.ErrorIs(t, err, otlp.ErrInvalidEndpoint)
 }

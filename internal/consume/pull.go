@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
 // pull keeps pull requests out for s's free slots, all answered on one
@@ -79,7 +81,9 @@ func (p *Pool) pull(s *source) {
 						p.giveBack(s, outstanding)
 						return // nothing will come any more
 					}
-					p.log.Warn().Err(err).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
+					// Unavailable: a pull while disconnected says so, not
+					// "outbound buffer limit exceeded".
+					p.log.Warn().Err(jetstream.Unavailable(err)).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
 					select {
 					case <-time.After(fetchWait):
 					case <-p.quit:

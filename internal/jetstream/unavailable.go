@@ -3,7 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
-	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -95,8 +95,23 @@ func Unavailable(err error) error {
 // unavailableError is a transient error marked as ErrUnavailable.
 type unavailableError struct{ err error }
 
+// Disconnected is how an error says that the connection was down when the
+// call was made: what nats.ErrReconnectBufExceeded means on a jetflow
+// connection.
+const Disconnected = "disconnected from NATS (reconnecting)"
+
+// Error reads "jetflow: NATS unavailable, retry later: <cause>". A write
+// made while the connection is down fails with nats.ErrReconnectBufExceeded,
+// whose text ("outbound buffer limit exceeded") blames a buffer: jetflow's
+// connections have none (ConnOptions), so the connection being down is the
+// whole cause, and the message says Disconnected instead. errors.Is still
+// finds nats.ErrReconnectBufExceeded.
 func (e *unavailableError) Error() string {
-	return fmt.Sprintf("%s: %s", ErrUnavailable.Error(), e.err.Error())
+	cause := e.err.Error()
+	if errors.Is(e.err, nats.ErrReconnectBufExceeded) {
+		cause = strings.ReplaceAll(cause, nats.ErrReconnectBufExceeded.Error(), Disconnected)
+	}
+	return ErrUnavailable.Error() + ": " + cause
 }
 
 // Unwrap exposes both the marker and the cause.

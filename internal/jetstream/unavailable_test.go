@@ -36,14 +36,38 @@ func TestOutageErrorsAreTransient(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, _, shortErr := a.Runs.Get(short, "k")
-	for _, err := range []error{getErr, createErr, shortErr} {
+	watcher, watchErr := a.Runs.Raw().Watch(ctx(t), "k")
+	if watcher != nil {
+		require.NoError(t, watcher.Stop())
+	}
+	disconnected := 0
+	for _, err := range []error{getErr, createErr, shortErr, watchErr} {
 		require.Error(t, err)
 		require.True(t, IsTransient(err), "%v", err)
 		u := Unavailable(err)
 		require.ErrorIs(t, u, ErrUnavailable)
-		require.ErrorIs(t, u, errors.Unwrap(err), "the cause is kept")
+		if inner := errors.Unwrap(err); inner != nil {
+			require.ErrorIs(t, u, inner, "the cause is kept")
+		}
+		require.ErrorIs(t, u, err)
 		require.Same(t, u, Unavailable(u), "marked once")
+		// A write while disconnected is called a disconnect, not a full
+		// buffer: jetflow's connections have no reconnect buffer.
+		require.NotContains(t, u.Error(), "outbound buffer", "%v", u)
+		if errors.Is(u, nats.ErrReconnectBufExceeded) {
+			require.Contains(t, u.Error(), "NATS unavailable, retry later: ")
+			require.Contains(t, u.Error(), Disconnected)
+			disconnected++
+		}
 	}
+	require.NotZero(t, disconnected, "a write while the server is down fails as a disconnect")
+
+	// Closed by its program, the connection says so.
+	closed, err := Connect(srv.ClientURL(), t.Name()+"-closed", nats.RetryOnFailedConnect(true))
+	require.NoError(t, err)
+	closed.Close()
+	_, pubErr := closed.Request("x", nil, time.Second)
+	require.Contains(t, Unavailable(pubErr).Error(), "connection closed")
 
 	// Back up: the same calls succeed.
 	require.NoError(t, srv.Restart())
