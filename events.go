@@ -11,6 +11,18 @@ import (
 	"github.com/jetflow/jetflow/jetflowtype"
 )
 
+// The codes of a wait's failures: StepError.Code, and StepRecord.Code of
+// the wait's committed record.
+const (
+	// CodeEventTimeout: the wait's timeout passed before an event came
+	// (ErrEventTimeout). A normal outcome of a wait with WithTimeout:
+	// tools show it as "timed out", not as a fatal error.
+	CodeEventTimeout = jetflowtype.CodeEventTimeout
+	// CodeHookTaken: another wait had taken the wait's hook token
+	// (ErrHookTaken).
+	CodeHookTaken = jetflowtype.CodeHookTaken
+)
+
 // Errors of sleeps, waits and event deliveries.
 var (
 	// ErrEventTimeout is matched by the error of a wait whose timeout

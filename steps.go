@@ -26,6 +26,10 @@ type StepRecord struct {
 	// retried.
 	Error string `json:"error,omitempty"`
 	Fatal bool   `json:"fatal,omitempty"`
+	// Code is the code of a committed failure (StepError.Code): the code
+	// the step failed with (ErrorWithCode), or a wait's CodeEventTimeout
+	// (its timeout passed: an outcome, not a fault) or CodeHookTaken.
+	Code string `json:"code,omitempty"`
 	// Worker names the worker whose attempt was committed. For a result
 	// served from a task key it goes on with " (served from task key
 	// <key>, result of <step ID>)"; read TaskKey rather than this text.
@@ -260,7 +264,7 @@ func toStepRecord(s state.KeyedStep) StepRecord {
 	rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
 		Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
 	if s.Error != nil {
-		rec.Error, rec.Fatal = s.Error.Message, s.Error.Fatal
+		rec.Error, rec.Fatal, rec.Code = s.Error.Message, s.Error.Fatal, s.Error.Code
 	}
 	if k := s.TaskKey; k != nil {
 		rec.TaskKey = &StepTaskKey{Key: k.Key, Served: k.Served, From: k.From}

@@ -119,6 +119,19 @@ func TestEventTimeoutAndSleep(t *testing.T) {
 	got, err := h.Result(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "timeout", got)
+	// The wait's record says it timed out by its code, which tools show
+	// as "timed out" rather than as a fatal error.
+	steps, err := c.Steps(ctx, "t-1")
+	require.NoError(t, err)
+	var timedOut []StepRecord
+	for _, s := range steps {
+		if s.Kind == "event" {
+			timedOut = append(timedOut, s)
+		}
+	}
+	require.Len(t, timedOut, 1, "%+v", steps)
+	require.Equal(t, CodeEventTimeout, timedOut[0].Code)
+	require.Empty(t, timedOut[0].EventID)
 
 	hs, err := Start(ctx, c, slept, 2*time.Second, WithRunID("s-1"))
 	require.NoError(t, err)

@@ -164,6 +164,10 @@ type StepError struct {
 }
 
 func (e *StepError) Error() string {
+	if e.Code == CodeEventTimeout {
+		// A wait's timeout: an outcome the workflow chose, not a fault.
+		return fmt.Sprintf("jetflow: step %s (%s) timed out: %s", e.StepName, e.StepID, e.Message)
+	}
 	kind := "failed"
 	if e.Fatal {
 		kind = "failed fatally"

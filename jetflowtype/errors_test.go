@@ -29,6 +29,11 @@ func TestErrorTexts(t *testing.T) {
 			"jetflow: step charge (r.charge.0) failed after 3 attempt(s): declined"},
 		{&StepError{StepName: "charge", StepID: "r.charge.0", Attempts: 1, Fatal: true, Message: "declined"},
 			"jetflow: step charge (r.charge.0) failed fatally after 1 attempt(s): declined"},
+		// A wait's timeout is not a fatal error.
+		{&StepError{StepName: "event=paid", StepID: "r.event=paid.0", Attempts: 1, Fatal: true, Code: CodeEventTimeout, Message: "no event paid within 10s"},
+			"jetflow: step event=paid (r.event=paid.0) timed out: no event paid within 10s"},
+		{&StepError{StepName: "event=paid", StepID: "r.event=paid.0", Attempts: 1, Fatal: true, Code: CodeHookTaken, Message: "hook token t is taken"},
+			"jetflow: step event=paid (r.event=paid.0) failed fatally after 1 attempt(s): hook token t is taken"},
 		{&CodedError{Code: "card_declined", Err: errors.New("declined")}, "card_declined: declined"},
 		{&CodedError{Code: "card_declined"}, "card_declined: <nil>"},
 	} {

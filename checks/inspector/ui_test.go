@@ -288,6 +288,26 @@ func TestBrowserOpenStep(t *testing.T) {
 	require.Equal(t, []string{"1", "2"}, rows, "the failed attempt, and the next one to come")
 }
 
+// A wait whose timeout passed is shown as "timed out" with what it waited
+// for, not as an error: no "fatal", no error note, on the run page.
+func TestBrowserWaitTimedOut(t *testing.T) {
+	t.Parallel()
+	e := inspectortest.New(t)
+	b := newBrowser(t)
+	e.Start("verify", "verify-1", map[string]any{"email": "ada@example.com"})
+	require.Equal(t, jetflow.StatusCompleted, e.Wait("verify-1").Status, "the wait timed out and the reminder was sent")
+
+	b.navigate(e.Srv.URL + "/ui/#/runs/verify-1")
+	b.waitFor("the timed-out wait", `document.querySelector("#timeline .timed-out") !== null`)
+	require.Contains(t, b.text("#timeline .timed-out"), "timed out: no event verified within 50ms (at ")
+	tl := b.text("#timeline")
+	require.NotContains(t, tl, "fatal")
+	require.Contains(t, tl, "send-reminder")
+	var errs int
+	b.eval(`document.querySelectorAll("#timeline .err").length`, &errs)
+	require.Zero(t, errs, "no error note: %s", tl)
+}
+
 // The search box finds runs by attribute: "order_id=42" lists the runs
 // started with that attribute, two terms both, the run page shows a run's
 // attributes as links to the runs that share each, and a search box with

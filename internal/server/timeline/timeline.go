@@ -314,19 +314,27 @@ func detail(s jetflow.StepRecord) string {
 	case "sleep":
 		parts = append(parts, "sleep until "+stamp(s.WakeAt))
 	case "event", "hook":
-		d := s.Kind + " " + Clean(s.EventID)
+		// The event the wait holds, and a hook's token; a wait that timed
+		// out holds none, and its error below says what it waited for.
+		d := s.Kind
+		if s.EventID != "" {
+			d += " " + Clean(s.EventID)
+		}
 		if s.HookToken != "" {
 			d += " (token " + Clean(s.HookToken) + ")"
 		}
-		if s.EventID == "" {
-			d = s.Kind + " timed out"
+		if d != s.Kind || s.Error == "" {
+			parts = append(parts, d)
 		}
-		parts = append(parts, d)
 	}
 	if s.Child != "" {
 		parts = append(parts, "child run "+Clean(s.Child))
 	}
 	switch {
+	case s.Code == jetflow.CodeEventTimeout:
+		// A wait's timeout is an outcome the workflow handles, not a
+		// fault: "timed out: no event paid within 10s".
+		parts = append(parts, "timed out: "+Clean(s.Error))
 	case s.Fatal:
 		parts = append(parts, "fatal error: "+Clean(s.Error))
 	case s.Error != "":

@@ -70,7 +70,8 @@ type EchoIn map[string]any
 // "flaky" runs a charge step that fails FlakyFailures times before it
 // succeeds (then a receipt step with a run-scoped task key, and a short
 // sleep); "stuck" runs a step that fails and waits an hour for its
-// retry; "waiter" waits for the event "go" (an hour).
+// retry; "waiter" waits for the event "go" (an hour); "verify" waits
+// 50ms for the event "verified", then sends a reminder.
 func New(t *testing.T, tokens ...string) *Env {
 	t.Helper()
 	e := &Env{T: t, tries: map[string]int{}, holds: map[string]*hold{}}
@@ -113,6 +114,12 @@ func New(t *testing.T, tokens ...string) *Env {
 		jetflow.NewWorkflow("waiter", func(ctx *jetflow.Context, in EchoIn) (string, error) {
 			return jetflow.WaitEvent[string](ctx, "go", jetflow.WithTimeout(time.Hour))
 		}, jetflow.WithEvent[string]("go")),
+		jetflow.NewWorkflow("verify", func(ctx *jetflow.Context, in EchoIn) (string, error) {
+			if _, err := jetflow.WaitEvent[string](ctx, "verified", jetflow.WithTimeout(50*time.Millisecond)); err == nil {
+				return "verified", nil
+			}
+			return jetflow.Step(ctx, "send-reminder", func(context.Context) (string, error) { return "reminded", nil })
+		}, jetflow.WithEvent[string]("verified")),
 	))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
 	require.NoError(t, err)

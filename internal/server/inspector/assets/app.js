@@ -657,10 +657,14 @@ function renderTimeline(run, actions) {
         el("span", { class: "tl-dur", text: a.start !== null && a.end !== null ? fmtDur(a.end - a.start) : "—" }));
     });
     const notes = el("div", { class: "step-notes" });
-    for (const a of atts) if (a.error) notes.append(el("div", { class: "err", text: `attempt ${a.n}: ${a.error}` + (a.committed && s.fatal ? " (fatal, not retried)" : "") }));
+    // A wait whose timeout passed (code event_timeout) ended as the
+    // workflow asked: "timed out", not an error.
+    const timedOut = s.code === "event_timeout";
+    for (const a of atts) if (a.error && !(a.committed && timedOut)) notes.append(el("div", { class: "err", text: `attempt ${a.n}: ${a.error}` + (a.committed && s.fatal ? " (fatal, not retried)" : "") }));
     if (s.kind === "sleep") notes.append(el("div", { class: "note" }, "sleep until ", timeEl(s.wake_at)));
     if ((s.kind === "event" || s.kind === "hook") && s.event_id) notes.append(el("div", { class: "note" }, "event ", el("span", { class: "mono event-id", text: s.event_id })));
-    if ((s.kind === "event" || s.kind === "hook") && !s.event_id && parseTime(s.wake_at)) notes.append(el("div", { class: "note" }, "timed out at ", timeEl(s.wake_at)));
+    if (timedOut) notes.append(el("div", { class: "note timed-out" }, "timed out: " + (s.error || ""), parseTime(s.wake_at) ? [" (at ", timeEl(s.wake_at), ")"] : null));
+    else if ((s.kind === "event" || s.kind === "hook") && !s.event_id && parseTime(s.wake_at)) notes.append(el("div", { class: "note" }, "timed out at ", timeEl(s.wake_at)));
     if (s.kind === "hook" && s.hook_token) notes.append(el("div", { class: "note" }, "hook token ", el("span", { class: "mono", text: s.hook_token })));
     if (s.child) notes.append(el("div", { class: "note" }, "child run ", runLink(s.child)));
     if (s.task_key) {
