@@ -23,7 +23,7 @@ func TestAdmitCountsInvalidStartsApartFromErrors(t *testing.T) {
 	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	a := New(assets, Config{Metrics: m})
 

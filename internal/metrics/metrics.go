@@ -17,7 +17,7 @@
 //
 // # Roles
 //
-// A worker exports every family (New); a process that only starts and
+// A worker exports every family (NewFor with RoleWorker); a process that only starts and
 // reads runs exports the client's (NewFor with RoleClient, NamesFor), so
 // that a producer is never counted as a worker.
 //
@@ -118,14 +118,14 @@ func NamesFor(role Role) []string {
 	return out
 }
 
-// ErrNilRegisterer is returned by New when it is given no registerer.
+// ErrNilRegisterer is returned by NewFor when it is given no registerer.
 var ErrNilRegisterer = errors.New("metrics: nil prometheus.Registerer")
 
 // ErrUnknownRole is returned by NewFor for a role other than RoleWorker and
 // RoleClient.
 var ErrUnknownRole = errors.New("metrics: unknown role")
 
-// Metrics owns every jetflow collector. Create it with New; a nil *Metrics
+// Metrics owns every jetflow collector. Create it with NewFor; a nil *Metrics
 // is valid and records nothing. Its methods are safe for concurrent use.
 type Metrics struct {
 	role          Role
@@ -153,12 +153,6 @@ type Metrics struct {
 	backlog backlogState
 	// seen holds the label sets already initialised at zero (zeroKey).
 	seen sync.Map
-}
-
-// New is NewFor(reg, RoleWorker): every series, for a worker or a process
-// that both starts and executes runs.
-func New(reg prometheus.Registerer) (*Metrics, error) {
-	return NewFor(reg, RoleWorker)
 }
 
 // NewFor creates the collectors a process of role exports (NamesFor) and

@@ -101,7 +101,7 @@ type sample struct {
 func TestExpositionHasExactValues(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	record(t, m)
 
@@ -272,7 +272,7 @@ func equalMaps(a, b map[string]string) bool {
 func TestStepDurationBucketsSpanOneMillisecondToAMinute(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	m.Step("order", "charge", metrics.StepCommitted, time.Millisecond)
 	m.RunFinished("order", "completed", time.Hour)
@@ -301,13 +301,13 @@ func TestStepDurationBucketsSpanOneMillisecondToAMinute(t *testing.T) {
 func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 	t.Parallel()
 
-	_, err := metrics.New(nil)
+	_, err := metrics.NewFor(nil, metrics.RoleWorker)
 	require.ErrorIs(t, err, metrics.ErrNilRegisterer)
 
 	reg := prometheus.NewRegistry()
-	_, err = metrics.New(reg)
+	_, err = metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
-	_, err = metrics.New(reg)
+	_, err = metrics.NewFor(reg, metrics.RoleWorker)
 	var already prometheus.AlreadyRegisteredError
 	require.ErrorAs(t, err, &already, "a second New on the same registry fails")
 
@@ -320,7 +320,7 @@ func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 		Help: "HTTP API requests by route pattern and status code.",
 	}, []string{"route", "code"})
 	require.NoError(t, taken.Register(squatter))
-	_, err = metrics.New(taken)
+	_, err = metrics.NewFor(taken, metrics.RoleWorker)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), metrics.NameHTTPRequests)
 	squatter.WithLabelValues("GET /", "200").Inc()
@@ -328,7 +328,7 @@ func TestNewRegistersOnceAndAllOrNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, families, 1, "only the squatter is left registered")
 	require.True(t, taken.Unregister(squatter))
-	_, err = metrics.New(taken)
+	_, err = metrics.NewFor(taken, metrics.RoleWorker)
 	require.NoError(t, err, "nothing of the failed New is left to conflict with")
 }
 
@@ -400,7 +400,7 @@ func TestNilMetricsIsANoOp(t *testing.T) {
 func TestWatchBacklogSamplesUntilCancelled(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 
 	const interval = 5 * time.Millisecond
@@ -475,11 +475,11 @@ func TestHTTPObserverRecordsIntoNewsCollectors(t *testing.T) {
 	empty := prometheus.NewRegistry()
 	_, err = metrics.HTTPObserver(empty)
 	require.ErrorIs(t, err, metrics.ErrNotRegistered)
-	_, err = metrics.New(empty)
+	_, err = metrics.NewFor(empty, metrics.RoleWorker)
 	require.NoError(t, err, "the refused lookup left nothing registered")
 
 	reg := prometheus.NewPedanticRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	observe, err := metrics.HTTPObserver(reg)
 	require.NoError(t, err)

@@ -195,10 +195,6 @@ func Announce(ctx context.Context, kv *jetstream.KV, workflows []string, worker 
 	return p, nil
 }
 
-// ID is the worker's token in its liveness keys (LiveKey), new for every
-// Announce.
-func (p *Presence) ID() string { return p.id }
-
 // markKnown creates workflow's permanent record unless it exists: the
 // first worker to serve a workflow names it; later ones find it.
 func (p *Presence) markKnown(ctx context.Context, workflow string) error {

@@ -118,7 +118,7 @@ func TestHeartbeatKeepsLivenessWhileRunning(t *testing.T) {
 	kv := bucket(t, testenv.Server(t))
 	p, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	w := watchLive(t, kv, LiveKey("order", p.ID()))
+	w := watchLive(t, kv, LiveKey("order", p.id))
 
 	followHeartbeats(t, w, "w-1")
 	require.NoError(t, p.Stop(ctxT(t, 10*time.Second)))
@@ -137,7 +137,7 @@ func TestLivenessExpiresWhenTheWorkerDies(t *testing.T) {
 	require.NoError(t, err)
 	p, err := Announce(ctxT(t, 10*time.Second), a.Workflows, []string{"order"}, "w-doomed", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	w := watchLive(t, kv, LiveKey("order", p.ID()))
+	w := watchLive(t, kv, LiveKey("order", p.id))
 	require.Equal(t, natsjs.KeyValuePut, next(t, w, time.After(10*ttl)).Operation())
 
 	workerNC.Close()
@@ -150,7 +150,7 @@ func TestLivenessExpiresWhenTheWorkerDies(t *testing.T) {
 			break // the expiry marker
 		}
 	}
-	st, err := kv.Latest(ctxT(t, 10*time.Second), LiveKey("order", p.ID()))
+	st, err := kv.Latest(ctxT(t, 10*time.Second), LiveKey("order", p.id))
 	require.NoError(t, err)
 	require.False(t, st.Live, "gone after its TTL")
 	_, found, err := Lookup(ctxT(t, 10*time.Second), kv, "order")
@@ -187,9 +187,9 @@ func TestRosterOnAThreeNodeCluster(t *testing.T) {
 	require.True(t, found)
 	require.Equal(t, "w-r3", k.FirstWorker)
 
-	followHeartbeats(t, watchLive(t, kv, LiveKey("order", p.ID())), "w-r3")
+	followHeartbeats(t, watchLive(t, kv, LiveKey("order", p.id)), "w-r3")
 	require.NoError(t, p.Stop(ctx))
-	st, err := kv.Latest(ctx, LiveKey("order", p.ID()))
+	st, err := kv.Latest(ctx, LiveKey("order", p.id))
 	require.NoError(t, err)
 	require.False(t, st.Live, "withdrawn")
 }

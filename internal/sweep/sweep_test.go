@@ -47,7 +47,7 @@ func setup(t *testing.T) *bundle {
 	a, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	return &bundle{t: t, assets: a, reg: reg, m: m, t0: t0, now: t0}

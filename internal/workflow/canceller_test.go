@@ -23,7 +23,7 @@ func TestCancellerCancelsTheWholeAttachedTree(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 2*time.Second)
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	notices := make(chan *nats.Msg, 8)
 	sub, err := r.nc.ChanSubscribe(jetstream.CancelSubjectPrefix+">", notices)

@@ -122,7 +122,7 @@ func TestReadyzTruncatesLongErrors(t *testing.T) {
 func TestMetricsEndpoint(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := metrics.New(reg)
+	m, err := metrics.NewFor(reg, metrics.RoleWorker)
 	require.NoError(t, err)
 	m.Suppressed(metrics.LayerTaskKey)
 
