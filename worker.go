@@ -19,6 +19,7 @@ import (
 	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/kit"
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/roster"
@@ -88,6 +89,11 @@ type WorkerConfig struct {
 	// reported yet).
 	LivenessTTL time.Duration
 
+	// Kit is set by package jetflowtest: its fault hooks, step stubs,
+	// clock and timer store (WithDefaults applies them). A program leaves
+	// it nil.
+	Kit *kit.WorkerOptions
+
 	// hooks inject faults in tests.
 	hooks workflow.Hooks
 	// now is the clock sleeps, wait timeouts and retry delays count by
@@ -101,6 +107,9 @@ type WorkerConfig struct {
 
 // WithDefaults fills unset fields.
 func (c WorkerConfig) WithDefaults() WorkerConfig {
+	if k := c.Kit; k != nil {
+		c.hooks, c.now, c.schedule, c.Kit = k.Hooks, k.Now, k.Schedule, nil
+	}
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomSuffix())
@@ -216,7 +225,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
 	served := make(map[string]startproto.Served, len(w.ws.defs))
 	for name, wf := range w.ws.defs {
-		defs[name] = wf.definition()
+		defs[name] = wf.Definition()
 		if served[name], err = wf.served(); err != nil {
 			return err // Register refused it already
 		}

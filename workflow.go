@@ -50,7 +50,10 @@ func (w *Workflow[P, R]) ConflictPolicy() ConflictPolicy { return w.policy }
 // Name is the workflow's stable name.
 func (w *Workflow[P, R]) Name() string { return w.name }
 
-func (w *Workflow[P, R]) definition() workflow.Definition {
+// Definition is the engine's definition of the workflow: its name, and its
+// body on the engine's context. Package jetflowtest's replay check runs it;
+// a program has no use for it.
+func (w *Workflow[P, R]) Definition() workflow.Definition {
 	return workflow.Definition{
 		Name: w.name,
 		Run: func(c *workflow.Context, raw json.RawMessage) (json.RawMessage, error) {
@@ -187,7 +190,8 @@ func StepDetailsFrom(ctx context.Context) (details StepDetails, ok bool) {
 // any *Workflow[P, R].
 type Registrable interface {
 	Name() string
-	definition() workflow.Definition
+	// Definition is the engine's definition (for package jetflowtest).
+	Definition() workflow.Definition
 	served() (startproto.Served, error)
 	declaredEvents() map[string]eventType
 }

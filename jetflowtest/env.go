@@ -194,7 +194,7 @@ func (e *Env) startWorker() error {
 		p.log = &silencer{w: zerolog.NewTestWriter(e.t)}
 		wc.Logger = zerolog.New(p.log).Level(zerolog.WarnLevel)
 	}
-	wc = kit.ApplyWorker(wc, kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now, Schedule: e.clock.schedule}).(jetflow.WorkerConfig)
+	wc.Kit = &kit.WorkerOptions{Hooks: e.hooks(p), Now: e.clock.Now, Schedule: e.clock.schedule}
 	w, err := jetflow.NewWorker(nc, reg, wc)
 	if err != nil {
 		nc.Close()

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/kit"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -142,7 +141,7 @@ func Replay(wf jetflow.Registrable, h History, opts ...ReplayOption) error {
 	}
 	// Room for every step of the history after as many inserted ones.
 	limit := maxSeq + 1 + 2*len(h.Steps) + 16
-	res := workflow.Check(kit.Definition(wf), run, limit, o.timeout)
+	res := workflow.Check(wf.Definition(), run, limit, o.timeout)
 	return compare(h, res)
 }
 

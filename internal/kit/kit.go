@@ -1,8 +1,8 @@
 // Package kit carries what the public test kit (package jetflowtest) sets
-// on a worker and users cannot: fault hooks, step stubs and a clock. It
-// holds no logic; package jetflow registers ApplyWorker when it is
-// initialised, so the kit can reach a WorkerConfig's unexported fields
-// without widening the public API.
+// on a worker and users cannot: fault hooks, step stubs and a clock, in
+// WorkerConfig.Kit. Being internal, the type can be named and built only
+// inside this module, so a program can leave the field nil and nothing
+// else.
 package kit
 
 import (
@@ -23,11 +23,3 @@ type WorkerOptions struct {
 	// time).
 	Schedule workflow.ScheduleFunc
 }
-
-// ApplyWorker returns cfg, a jetflow.WorkerConfig, with o applied. Package
-// jetflow sets it.
-var ApplyWorker func(cfg any, o WorkerOptions) any
-
-// Definition returns the engine's definition of wf, a jetflow.Registrable
-// (the replay check runs its body). Package jetflow sets it.
-var Definition func(wf any) workflow.Definition
