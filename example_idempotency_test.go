@@ -228,3 +228,23 @@ func Example_taskKey() {
 	// msg-ada <nil>
 	// emails sent: 1
 }
+
+// Strict input: a start whose input has a field the workflow's input type
+// does not declare is refused at admission (ErrInvalidInput), instead of
+// running with the field dropped.
+func Example_strictInput() {
+	signup := jetflow.NewWorkflow("signup", func(ctx *jetflow.Context, o Order) (int, error) {
+		return o.Amount, nil
+	}, jetflow.WithStrictInput())
+	c, stop := exampleEnv(signup)
+	defer stop()
+	ctx := context.Background()
+
+	_, err := c.StartByName(ctx, "signup", json.RawMessage(`{"id":"8","ammount":100}`), jetflow.WithRunID("signup-8"))
+	fmt.Println(errors.Is(err, jetflow.ErrInvalidInput))
+	res, err := c.StartByName(ctx, "signup", json.RawMessage(`{"id":"8","amount":100}`), jetflow.WithRunID("signup-8"))
+	fmt.Println(res.Outcome, err)
+	// Output:
+	// true
+	// created <nil>
+}

@@ -64,7 +64,24 @@ type workflowOptions struct {
 	policy       ConflictPolicy
 	retention    time.Duration
 	requireRunID bool
+	strictInput  bool
 	events       map[string]eventType
+}
+
+// WithStrictInput refuses a start whose input JSON has a field the
+// workflow's input type does not declare, at any depth of its structs
+// (encoding/json's DisallowUnknownFields): the start fails at admission
+// with ErrInvalidInput (HTTP 400, NATS code invalid_input, a durable
+// envelope terminated) and stores nothing, instead of running with the
+// field silently dropped — a misspelt "ammount" that would otherwise
+// charge the default. It checks every start that carries JSON:
+// StartByName, request-reply, the durable start stream, HTTP and webhook
+// starts; Start's typed input encodes only declared fields. Inputs
+// decoded into a map or any are not affected. Runs already admitted are
+// not checked again when they run, so turning it on never fails a run
+// that is under way.
+func WithStrictInput() WorkflowOption {
+	return func(o *workflowOptions) { o.strictInput = true }
 }
 
 // RequireRunID makes the caller's run ID mandatory even where a generated

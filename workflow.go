@@ -1,6 +1,7 @@
 package jetflow
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,6 +23,7 @@ type Workflow[P, R any] struct {
 	policy       ConflictPolicy
 	retention    time.Duration
 	requireRunID bool
+	strictInput  bool
 	events       map[string]eventType
 }
 
@@ -38,7 +40,8 @@ func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID, events: o.events}
+	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID,
+		strictInput: o.strictInput, events: o.events}
 }
 
 // declaredEvents are the events the workflow declares (WithEvent).
@@ -86,11 +89,17 @@ func (w *Workflow[P, R]) served() (startproto.Served, error) {
 	if w.retention != 0 && w.retention < time.Second {
 		return startproto.Served{}, fmt.Errorf("workflow %s: %w: %s is less than a second", w.name, ErrInvalidRetention, w.retention)
 	}
+	// The one check of a start's JSON input, at admission (startproto),
+	// whichever way the start came.
+	check := func(raw json.RawMessage) error {
+		_, err := decodeInput[P](raw)
+		return err
+	}
+	if w.strictInput {
+		check = checkStrictInput[P]
+	}
 	return startproto.Served{
-		Check: func(raw json.RawMessage) error {
-			_, err := decodeInput[P](raw)
-			return err
-		},
+		Check:        check,
 		Policy:       w.policy,
 		Retention:    w.retention,
 		RequireRunID: w.requireRunID,
@@ -103,6 +112,18 @@ func decodeInput[P any](raw json.RawMessage) (P, error) {
 		return in, fmt.Errorf("%w: %w", ErrInvalidInput, err)
 	}
 	return in, nil
+}
+
+// checkStrictInput is decodeInput's check with unknown fields refused
+// (WithStrictInput). raw is one JSON value (admission validated it).
+func checkStrictInput[P any](raw json.RawMessage) error {
+	var in P
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return fmt.Errorf("%w: %w (the workflow takes only the fields its input type declares)", ErrInvalidInput, err)
+	}
+	return nil
 }
 
 // Context is what a workflow body gets: the run's identity and the handle

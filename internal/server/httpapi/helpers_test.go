@@ -90,7 +90,8 @@ type observation struct {
 //
 // Workflows: "echo" (echoIn -> n*2 via one step; blocks until release
 // when Block), "reject" (as echo, but a duplicate while running is
-// rejected), "keyed" (as echo, requires an Idempotency-Key), "fails"
+// rejected), "keyed" (as echo, requires an Idempotency-Key), "strict"
+// (as echo, refuses an input with fields echoIn does not declare), "fails"
 // (fails at once), "hook" (any JSON, for webhooks; StartNew after it
 // ended), "mailer" (a step with the global task key given as input,
 // counted in sends) and "waiter" (waits for the event "paid", a payment,
@@ -140,6 +141,7 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 		jetflow.NewWorkflow("echo", echo),
 		jetflow.NewWorkflow("reject", echo, jetflow.WithDefaultConflictPolicy(jetflow.ConflictPolicy{WhileRunning: jetflow.RejectWhileRunning})),
 		jetflow.NewWorkflow("keyed", echo, jetflow.RequireRunID()),
+		jetflow.NewWorkflow("strict", echo, jetflow.WithStrictInput()),
 		jetflow.NewWorkflow("fails", func(*jetflow.Context, echoIn) (int, error) { return 0, errors.New("it failed") }),
 		// A hook run ID started again after its run ended would start a new
 		// run, but for webhooks, whose redeliveries must land on the run.

@@ -178,6 +178,25 @@ func TestStartKeyReusedIs422(t *testing.T) {
 	require.Equal(t, "echo", run.Workflow)
 }
 
+// A workflow with WithStrictInput refuses a body with a field its input
+// type does not declare: 400, the detail naming the field, nothing
+// stored. The same body to a workflow without it is started (the field
+// dropped), and a declared body to the strict one too.
+func TestStartStrictInputIs400(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.post("strict", "st-1", `{"n":1,"nn":2}`)
+	require.Equal(t, http.StatusBadRequest, res.code, "body: %s", res.body)
+	p := res.problem(t)
+	require.Equal(t, "st-1", p.RunID)
+	require.Contains(t, p.Detail, `unknown field "nn"`)
+	_, err := b.client.GetRun(ctxT(t, 10*time.Second), "st-1")
+	require.ErrorIs(t, err, jetflow.ErrRunNotFound)
+
+	require.Equal(t, http.StatusCreated, b.post("echo", "st-2", `{"n":1,"nn":2}`).code)
+	require.Equal(t, http.StatusCreated, b.post("strict", "st-1", `{"n":1}`).code)
+}
+
 // A workflow whose policy rejects duplicates while running answers 409
 // while its run is blocked; once the run has ended, the default
 // (return the run) applies again.
