@@ -1,6 +1,8 @@
 module github.com/jetflow/jetflow
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/nats-io/nats-server/v2 v2.15.2

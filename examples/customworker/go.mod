@@ -1,6 +1,6 @@
 module example.com/customworker
 
-go 1.26.8
+go 1.26.0
 
 require github.com/jetflow/jetflow v0.0.0
 

@@ -36,4 +36,10 @@
 //     included; go list of this module lists none of them, and nothing
 //     here can import them. go.mod naming none of those libraries is
 //     tested here.
+//
+// Its tests also hold go.mod's go directive at the floor, the lowest Go the
+// module's dependencies allow (go 1.26.0; the toolchain line names the
+// release the project develops with), and check that a team's module
+// declaring that floor keeps it through go mod tidy and builds jetflow with
+// that Go release's own toolchain.
 package layers
