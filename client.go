@@ -560,6 +560,10 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 			// The worker's *ConflictError, as Start returns it in process.
 			return StartResult{}, c.ConflictError(reply.RunID)
 		}
+		if reply.Error.Code == startproto.CodeRejected && reply.RunID != "" && reply.Status != "" {
+			// The worker's *RejectedError, as Start returns it in process.
+			return StartResult{}, &RejectedError{RunID: reply.RunID, Status: RunStatus(reply.Status)}
+		}
 		return StartResult{}, replyError(reply.Error)
 	}
 	return StartResult{
