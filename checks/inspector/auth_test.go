@@ -41,6 +41,7 @@ func TestBrowserAuth(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, http.StatusOK, resp.Status)
 	b.waitFor("the list", `document.querySelector('#runs-body tr[data-run-id="held-1"]') !== null`)
+	require.Equal(t, "Log out", b.text("#logout"), "with tokens, Log out is shown")
 	var cookies []*network.Cookie
 	b.run("cookies", chromedp.ActionFunc(func(ctx context.Context) error {
 		var err error

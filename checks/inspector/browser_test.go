@@ -56,8 +56,13 @@ type browser struct {
 	ctx context.Context
 }
 
-// newBrowser starts Chromium with a fresh profile (t.TempDir()) and a
-// 1366x768 window; it is closed when t ends.
+// browserTZ is the browsers' time zone: not UTC (and not a whole hour
+// off it), so that a time the page shows in the browser's zone instead of
+// UTC is seen.
+const browserTZ = "Asia/Kolkata"
+
+// newBrowser starts Chromium with a fresh profile (t.TempDir()), a
+// 1366x768 window and the time zone browserTZ; it is closed when t ends.
 func newBrowser(t *testing.T) *browser {
 	t.Helper()
 	path := chromiumPath(t)
@@ -76,6 +81,7 @@ func newBrowser(t *testing.T) *browser {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1366, 768),
+		chromedp.Env("TZ=" + browserTZ),
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	// chromedp logs protocol events it does not model (the dialog's top

@@ -30,8 +30,9 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	}
 	e.Start("fails", "refund-77", map[string]any{"order": 77})
 	input := map[string]any{"order_id": "o-1042", "amount_cents": 1999, "currency": "usd"}
-	require.Equal(t, jetflow.OutcomeCreated, e.Start("flaky", "order-1042", input).Outcome)
-	require.Equal(t, jetflow.OutcomeExisting, e.Start("flaky", "order-1042", input).Outcome, "a duplicate start")
+	attrs := jetflow.WithAttributes(map[string]string{"order_id": "o-1042", "customer": "c-7"})
+	require.Equal(t, jetflow.OutcomeCreated, e.Start("flaky", "order-1042", input, attrs).Outcome)
+	require.Equal(t, jetflow.OutcomeExisting, e.Start("flaky", "order-1042", input, attrs).Outcome, "a duplicate start")
 	for _, id := range []string{"echo-1", "echo-2", "echo-3", "refund-77", "order-1042"} {
 		e.Wait(id)
 	}

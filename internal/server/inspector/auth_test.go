@@ -66,6 +66,7 @@ func TestLoginAndCookie(t *testing.T) {
 	res = e.Send(http.MethodGet, "/ui/", http.Header{"Cookie": {cookie(testToken)}}, "")
 	require.Equal(t, http.StatusOK, res.Code)
 	require.Contains(t, res.Body, `<script src="/ui/assets/app.js"`)
+	require.Contains(t, res.Body, `<form method="post" action="/ui/logout" class="logout" id="logout">`, "with tokens, Log out")
 	require.Equal(t, http.StatusOK, e.Send(http.MethodGet, "/ui/assets/app.js", nil, "").Code, "the code is public")
 
 	e.Start("fails", "declined-1", map[string]any{"n": 1})
@@ -92,7 +93,8 @@ func TestLoginAndCookie(t *testing.T) {
 	require.Equal(t, 1, run.Generation)
 }
 
-// Without tokens the inspector is open, as the API is; "/" leads to it.
+// Without tokens the inspector is open, as the API is, and shows no "Log
+// out"; "/" leads to it.
 // Starting a completed run again is refused (409): only failed and
 // cancelled runs start again; an unknown run is 404.
 func TestOpenInspectorAndStartAgainRefusals(t *testing.T) {
@@ -104,7 +106,13 @@ func TestOpenInspectorAndStartAgainRefusals(t *testing.T) {
 	res = e.Send(http.MethodGet, "/ui/", nil, "")
 	require.Equal(t, http.StatusOK, res.Code)
 	require.Contains(t, res.Header.Get("Content-Security-Policy"), "script-src 'self'")
+	require.Equal(t, "text/html; charset=utf-8", res.Header.Get("Content-Type"))
+	require.Contains(t, res.Body, `<script src="/ui/assets/app.js"`)
+	require.NotContains(t, res.Body, "Log out", "no tokens: nothing to log out of")
+	require.NotContains(t, res.Body, "{{", "the page's template is executed")
 	require.Equal(t, http.StatusNotFound, e.Send(http.MethodGet, "/ui/assets/", nil, "").Code, "no directory listing")
+	require.Equal(t, http.StatusNotFound, e.Send(http.MethodGet, "/ui/assets/index.html", nil, "").Code, "the page's template is no asset")
+	require.Equal(t, http.StatusOK, e.Send(http.MethodGet, "/ui/assets/app.css", nil, "").Code)
 	require.Equal(t, http.StatusNotFound, e.Send(http.MethodGet, "/ui/nothing", nil, "").Code)
 
 	e.Start("echo", "done-1", map[string]any{"n": 1})

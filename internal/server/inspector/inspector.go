@@ -117,15 +117,24 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request) {
 		h.loginPage(w, http.StatusUnauthorized, res == token.Invalid)
 		return
 	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	http.ServeFileFS(w, r, assets, "assets/index.html")
+	// "Log out" only where there is something to log out of: without
+	// tokens the inspector is open and keeps no cookie.
+	if err := pageTemplate.Execute(w, struct{ Auth bool }{!h.tokens.Open()}); err != nil {
+		h.cfg.Logger.Warn().Err(err).Msg("inspector: writing the page")
+	}
 }
 
+// pageTemplate is the single page; html/template escapes what it shows.
+var pageTemplate = template.Must(template.ParseFS(assets, "assets/index.html"))
+
 // asset serves the page's script, style sheet and icon: public, they
-// hold nothing but code.
+// hold nothing but code. The page and the login form are templates,
+// served only as pages.
 func (h *Handler) asset(w http.ResponseWriter, r *http.Request) {
-	if strings.HasSuffix(r.URL.Path, "/") {
-		http.NotFound(w, r) // no directory listings
+	if strings.HasSuffix(r.URL.Path, "/") || strings.HasSuffix(r.URL.Path, ".html") {
+		http.NotFound(w, r) // no directory listings, no raw templates
 		return
 	}
 	w.Header().Set("Cache-Control", "no-cache")

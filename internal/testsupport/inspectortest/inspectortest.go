@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,7 +72,8 @@ type EchoIn map[string]any
 // succeeds (then a receipt step with a run-scoped task key, and a short
 // sleep); "stuck" runs a step that fails and waits an hour for its
 // retry; "waiter" waits for the event "go" (an hour); "verify" waits
-// 50ms for the event "verified", then sends a reminder.
+// 50ms for the event "verified", then sends a reminder; and the
+// waitWorkflows.
 func New(t *testing.T, tokens ...string) *Env {
 	t.Helper()
 	e := &Env{T: t, tries: map[string]int{}, holds: map[string]*hold{}}
@@ -121,6 +123,7 @@ func New(t *testing.T, tokens ...string) *Env {
 			return jetflow.Step(ctx, "send-reminder", func(context.Context) (string, error) { return "reminded", nil })
 		}, jetflow.WithEvent[string]("verified")),
 	))
+	require.NoError(t, ws.Register(waitWorkflows()...))
 	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
@@ -142,6 +145,61 @@ func New(t *testing.T, tokens ...string) *Env {
 	e.Srv = httptest.NewServer(e.holding(mux))
 	t.Cleanup(e.Srv.Close)
 	return e
+}
+
+// Waits of the wait workflows (waitWorkflows).
+const (
+	SleepFor      = time.Hour      // "sleeper"'s cool-off
+	PaymentWithin = 24 * time.Hour // "payment"'s wait for the event "paid"
+)
+
+// waitWorkflows are the workflows whose runs wait, and one whose step fails
+// for good:
+//
+//   - "sleeper" reserves (a step whose output is its input and a
+//     "reservation") and sleeps SleepFor ("cool-off");
+//   - "payment" invoices and waits for the event "paid" (a JSON object)
+//     for PaymentWithin;
+//   - "approval" waits, without a deadline, for the hook token
+//     "approve-<input's order>" (the event "approved");
+//   - "parent" starts "hold" as its child run <run ID>-child and waits for
+//     it to end; "hold" waits for the event "release", without a deadline;
+//   - "exhausts" runs a step that fails on each of its 2 attempts, so the
+//     run fails.
+func waitWorkflows() []jetflow.Registrable {
+	hold := jetflow.NewWorkflow("hold", func(ctx *jetflow.Context, in EchoIn) (string, error) {
+		return jetflow.WaitEvent[string](ctx, "release")
+	}, jetflow.WithEvent[string]("release"))
+	return []jetflow.Registrable{
+		hold,
+		jetflow.NewWorkflow("sleeper", func(ctx *jetflow.Context, in EchoIn) (string, error) {
+			if _, err := jetflow.Step(ctx, "reserve", func(context.Context) (EchoIn, error) {
+				out := EchoIn{"reservation": "r-88"}
+				maps.Copy(out, in)
+				return out, nil
+			}); err != nil {
+				return "", err
+			}
+			return "cooled", jetflow.Sleep(ctx, "cool-off", SleepFor)
+		}),
+		jetflow.NewWorkflow("payment", func(ctx *jetflow.Context, in EchoIn) (EchoIn, error) {
+			if _, err := jetflow.Step(ctx, "invoice", func(context.Context) (string, error) { return "inv-" + ctx.RunID(), nil }); err != nil {
+				return nil, err
+			}
+			return jetflow.WaitEvent[EchoIn](ctx, "paid", jetflow.WithTimeout(PaymentWithin))
+		}, jetflow.WithEvent[EchoIn]("paid")),
+		jetflow.NewWorkflow("approval", func(ctx *jetflow.Context, in EchoIn) (EchoIn, error) {
+			return jetflow.WaitEvent[EchoIn](ctx, "approved", jetflow.WithHookToken(fmt.Sprint("approve-", in["order"])))
+		}, jetflow.WithEvent[EchoIn]("approved")),
+		jetflow.NewWorkflow("parent", func(ctx *jetflow.Context, in EchoIn) (string, error) {
+			return jetflow.Child(ctx, hold, in, jetflow.WithChildRunID(ctx.RunID()+"-child")).Get(ctx)
+		}),
+		jetflow.NewWorkflow("exhausts", func(ctx *jetflow.Context, in EchoIn) (int, error) {
+			return jetflow.Step(ctx, "call", func(context.Context) (int, error) {
+				return 0, errors.New("the partner API answers 503")
+			}, jetflow.WithMaxAttempts(2), jetflow.WithBackoff(20*time.Millisecond, 50*time.Millisecond))
+		}),
+	}
 }
 
 // Hold makes the requests method path (the path as the server sees it)

@@ -47,16 +47,36 @@ function parseTime(s) {
   return Number.isNaN(t) ? null : t;
 }
 
-function fmtTime(s, noMillis) {
+const pad = (n, w = 2) => String(n).padStart(w, "0");
+
+// fmtTime is the one format of every time the page shows: UTC, to the
+// second ("2026-11-27 09:13:55 UTC"). Its element (timeEl) says how long
+// ago (or how soon) it is, and the time to the millisecond, in its tooltip.
+function fmtTime(s) {
   const t = parseTime(s);
   if (t === null) return "—";
   const d = new Date(t);
-  const pad = (n, w = 2) => String(n).padStart(w, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}` + (noMillis ? "" : `.${pad(d.getMilliseconds(), 3)}`);
+  return `${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}:${pad(d.getUTCSeconds())} UTC`;
 }
 
-function timeEl(s, noMillis) {
-  return el("time", { dateTime: s || "", title: s || "", text: fmtTime(s, noMillis) });
+// relTime says how far t is from now: "5m 02s ago", "in 59m 58s".
+function relTime(t) {
+  const d = t - Date.now();
+  if (Math.abs(d) < 1000) return "now";
+  return d > 0 ? "in " + fmtDur(d) : fmtDur(-d) + " ago";
+}
+
+function timeTitle(s) {
+  const t = parseTime(s);
+  return t === null ? "" : relTime(t) + " · " + new Date(t).toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+// timeEl shows the time s (RFC 3339) as fmtTime does; its tooltip is drawn
+// again when the pointer enters it, so its "ago" is never stale.
+function timeEl(s, id) {
+  const node = el("time", { id, dateTime: s || "", title: timeTitle(s), text: fmtTime(s) });
+  node.addEventListener("mouseenter", () => { node.title = timeTitle(s); });
+  return node;
 }
 
 function fmtDur(ms) {
@@ -68,11 +88,6 @@ function fmtDur(ms) {
   if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
   if (s < 86400) return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
   return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
-}
-
-function ago(s) {
-  const t = parseTime(s);
-  return t === null ? "—" : fmtDur(Date.now() - t) + " ago";
 }
 
 // pretty shows a JSON value of the API (already decoded) indented.
@@ -204,7 +219,7 @@ function schedule() {
 }
 
 function stamp() {
-  $("#live").textContent = "updated " + new Date().toLocaleTimeString();
+  $("#live").textContent = "updated " + fmtTime(new Date().toISOString());
 }
 
 // ---- counts bar ------------------------------------------------------------
@@ -260,11 +275,15 @@ function searchText(f) {
 
 // ---- runs list -------------------------------------------------------------
 
-function localInput(iso) {
+// The time range's inputs hold UTC, as every time the page shows.
+function utcInput(iso) {
   const t = parseTime(iso);
-  if (t === null) return "";
-  const d = new Date(t - new Date(t).getTimezoneOffset() * 60000);
-  return d.toISOString().slice(0, 19);
+  return t === null ? "" : new Date(t).toISOString().slice(0, 19);
+}
+
+function fromUTCInput(v) {
+  const t = v ? Date.parse(v + "Z") : NaN;
+  return Number.isNaN(t) ? "" : new Date(t).toISOString();
 }
 
 function listView(params) {
@@ -281,13 +300,13 @@ function listView(params) {
   const workflow = el("input", { id: "f-workflow", type: "text", value: f.workflow, placeholder: "all", size: 14, autocomplete: "off" });
   const status = el("select", { id: "f-status" },
     el("option", { value: "", text: "all" }), STATUSES.map((s) => el("option", { value: s, text: s, selected: s === f.status })));
-  const since = el("input", { id: "f-since", type: "datetime-local", step: 1, value: localInput(f.since) });
-  const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: localInput(f.until) });
+  const since = el("input", { id: "f-since", type: "datetime-local", step: 1, value: utcInput(f.since) });
+  const until = el("input", { id: "f-until", type: "datetime-local", step: 1, value: utcInput(f.until) });
   const apply = () => {
     const q = {
       workflow: workflow.value.trim(), status: status.value, ...parseSearch(search.value.trim()),
-      since: since.value ? new Date(since.value).toISOString() : "",
-      until: until.value ? new Date(until.value).toISOString() : "",
+      since: fromUTCInput(since.value),
+      until: fromUTCInput(until.value),
     };
     location.hash = "#/?" + listQuery(q);
   };
@@ -295,7 +314,7 @@ function listView(params) {
     el("div", { class: "field grow" }, el("label", { for: "search" }, "Run ID (exact or prefix) or attribute name=value ", el("span", { class: "kbd", text: "/" })), search),
     el("div", { class: "field" }, el("label", { for: "f-workflow", text: "Workflow" }), workflow),
     el("div", { class: "field" }, el("label", { for: "f-status", text: "Status" }), status),
-    el("div", { class: "field" }, el("label", { for: "f-since", text: "Changed from" }), since),
+    el("div", { class: "field" }, el("label", { for: "f-since", text: "Changed from (UTC)" }), since),
     el("div", { class: "field" }, el("label", { for: "f-until", text: "until" }), until),
     el("button", { type: "submit", class: "primary", text: "Apply" }),
     el("button", { type: "button", text: "Clear", onclick: () => { location.hash = "#/"; } }));
@@ -308,10 +327,12 @@ function listView(params) {
       el("th", { class: "c-status", scope: "col", text: "Status" }),
       el("th", { class: "c-id", scope: "col", text: "Run ID" }),
       el("th", { class: "c-wf", scope: "col", text: "Workflow" }),
+      el("th", { class: "c-attrs", scope: "col", text: "Attributes" }),
+      el("th", { class: "c-started", scope: "col", text: "Started" }),
+      el("th", { class: "c-dur", scope: "col", text: "Duration" }),
+      el("th", { class: "c-err", scope: "col", text: "Error" }),
       el("th", { class: "c-gen", scope: "col", text: "Gen." }),
-      el("th", { class: "c-dup", scope: "col", text: "Dupl." }),
-      el("th", { class: "c-time", scope: "col", text: "Last change" }),
-      el("th", { class: "c-age", scope: "col", text: "Age" }))),
+      el("th", { class: "c-dup", scope: "col", text: "Dupl." }))),
     tbody);
   const empty = el("div", { class: "empty", id: "runs-empty", text: "No runs match.", hidden: true });
   const info = el("span", { class: "tnum", id: "page-info" });
@@ -325,8 +346,9 @@ function listView(params) {
   function setRow(tr, run) {
     if (!tr.cells.length) {
       const id = el("td", { class: "c-id" }, el("a", {}));
-      append(tr, [el("td", { class: "c-status" }), id, el("td", { class: "c-wf" }), el("td", { class: "c-gen num" }),
-        el("td", { class: "c-dup num" }), el("td", { class: "c-time" }), el("td", { class: "c-age num" })]);
+      append(tr, [el("td", { class: "c-status" }), id, el("td", { class: "c-wf" }), el("td", { class: "c-attrs" }),
+        el("td", { class: "c-started" }), el("td", { class: "c-dur num" }), el("td", { class: "c-err" }),
+        el("td", { class: "c-gen num" }), el("td", { class: "c-dup num" })]);
       tr.addEventListener("click", (e) => { if (e.target.tagName !== "A") location.hash = tr.querySelector("a").getAttribute("href"); });
     }
     tr.dataset.runId = run.run_id;
@@ -338,10 +360,16 @@ function listView(params) {
     a.title = run.run_id;
     a.href = "#/runs/" + encodeURIComponent(run.run_id);
     c[2].textContent = run.workflow;
-    c[3].textContent = String(run.generation || 0);
-    c[4].textContent = String(run.duplicates || 0);
-    c[5].replaceChildren(timeEl(run.updated_at, true));
-    c[6].textContent = ago(run.updated_at).replace(" ago", "");
+    c[3].replaceChildren();
+    append(c[3], [attrLinks(run.attributes)]);
+    c[3].title = attrText(run.attributes);
+    c[4].replaceChildren(timeEl(run.created_at));
+    c[5].textContent = runDuration(run);
+    c[5].title = run.status === "running" ? "running for " + runDuration(run) : "ended " + fmtTime(run.updated_at);
+    c[6].textContent = run.error ? run.error.message || run.error.kind : "";
+    c[6].title = run.error ? `${run.error.kind}: ${run.error.message}` : "";
+    c[7].textContent = String(run.generation || 0);
+    c[8].textContent = String(run.duplicates || 0);
   }
 
   // A run whose ID is the box's text, whatever the list shows: a run ID
@@ -459,7 +487,10 @@ function runView(id) {
       (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
   };
 
-  const actions = { cancel, startAgain, resetKey, button };
+  // expanded holds the values (step outputs, event payloads) shown in
+  // full, by their element's ID: a drawing keeps them open.
+  const expanded = new Set();
+  const actions = { cancel, startAgain, resetKey, button, expanded };
 
   // load reads the run and draws it (force: even when unchanged). A read
   // answered after a later one was drawn is dropped: the periodic refresh
@@ -482,6 +513,7 @@ function runView(id) {
       if (run.status === "running") {
         redraw(() => {
           $("#run-duration").textContent = runDuration(run);
+          $("#waits")?.replaceWith(renderWaits(run));
           $("#timeline").replaceWith(renderTimeline(run, actions));
         });
       }
@@ -521,6 +553,19 @@ function runLink(id, text) {
   return el("a", { href: "#/runs/" + encodeURIComponent(id), class: "mono", text: text || id });
 }
 
+// attrLinks shows a run's attributes, each a link to the runs that share
+// it, in name order (as the API sends them).
+function attrLinks(attrs) {
+  const entries = Object.entries(attrs || {});
+  if (!entries.length) return "—";
+  return entries.map(([name, value], i) =>
+    [i ? ", " : "", el("a", { href: "#/?" + listQuery({ attrs: { [name]: value } }), title: "runs with " + name + "=" + value, text: name + "=" + value })]);
+}
+
+function attrText(attrs) {
+  return Object.entries(attrs || {}).map(([name, value]) => name + "=" + value).join(", ");
+}
+
 function fact(label, value, id) {
   return el("div", { class: "fact" }, el("dt", { text: label }), el("dd", { id }, value));
 }
@@ -544,11 +589,10 @@ function renderRun(run, actions) {
     fact("Workflow", run.workflow, "run-workflow"),
     fact("Generation", String(run.generation || 0), "run-generation"),
     fact("Source", run.source || "—", "run-source"),
-    fact("Attributes", run.attributes ? Object.entries(run.attributes).map(([name, value], i) =>
-      [i ? ", " : "", el("a", { href: "#/?" + listQuery({ attrs: { [name]: value } }), title: "runs with " + name + "=" + value, text: name + "=" + value })]) : "—", "run-attributes"),
+    fact("Attributes", attrLinks(run.attributes), "run-attributes"),
     fact(ended ? "Duration" : "Running for", runDuration(run), "run-duration"),
-    fact("Created", timeEl(run.created_at)),
-    fact(ended ? "Ended" : "Last change", timeEl(run.updated_at)),
+    fact("Started", timeEl(run.created_at, "run-started")),
+    fact(ended ? "Ended" : "Last status change", timeEl(run.updated_at, "run-updated")),
     fact("Parent", run.parent ? runLink(run.parent.run_id) : "—", "run-parent"),
     fact("Children", run.children && run.children.length ? run.children.map((c, i) => [i ? ", " : "", runLink(c.run_id)]) : "—", "run-children"));
 
@@ -556,6 +600,9 @@ function renderRun(run, actions) {
   if (run.error) {
     out.push(el("div", { class: "run-error", id: "run-error", role: "note" },
       el("span", { class: "kind", text: run.error.kind || "error" }), el("pre", { text: run.error.message || "" })));
+  }
+  if (run.waits && run.waits.length) {
+    out.push(el("section", { class: "section" }, el("h2", { text: "Waiting for" }), renderWaits(run)));
   }
   out.push(el("section", { class: "section" }, el("h2", { text: "Timeline" }), renderTimeline(run, actions)));
   out.push(renderDuplicates(run));
@@ -586,13 +633,15 @@ function renderDuplicates(run) {
 }
 
 // renderTimeline draws a bar per attempt on a time axis from the run's
-// start: committed steps in call order, then the open ones.
+// start: committed steps in call order, then the open ones, then the open
+// waits, each a bar from its start to now and on to its deadline.
 function renderTimeline(run, actions) {
   const steps = run.steps || [];
   const open = run.open_steps || [];
-  // A step is written when it commits or fails: a step running, or a wait
-  // not over yet, for the first time has nothing to show.
-  if (!steps.length && !open.length) {
+  const waits = run.waits || [];
+  // A step is written when it commits or fails, a wait when it begins: a
+  // step running for the first time has nothing to show.
+  if (!steps.length && !open.length && !waits.length) {
     return el("div", { class: "panel empty", id: "timeline",
       text: run.status === "running" ? "No step has committed or failed yet (a step running or waiting for the first time shows once it does)." : "No step committed or failed." });
   }
@@ -604,18 +653,24 @@ function renderTimeline(run, actions) {
   const span = (a, b) => { if (a !== null) tStart = Math.min(tStart, a); if (b !== null) tEnd = Math.max(tEnd, b); };
 
   for (const s of steps) {
-    const atts = (s.attempts || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed" }));
+    const atts = failedAttempts(s.attempts);
     const committed = parseTime(s.committed_at);
     const started = parseTime(s.started_at);
-    let cls = s.error ? "failed" : "";
-    if (s.kind === "sleep" || s.kind === "event" || s.kind === "hook") cls = "wait";
+    // Every attempt that failed is labelled so, the committed one too (a
+    // step that failed for good); a wait whose timeout passed ended as the
+    // workflow asked: it timed out.
+    const timedOutWait = s.code === "event_timeout";
+    const failed = !!s.error && !timedOutWait;
+    let cls = failed ? "failed" : "";
+    if (!failed && (s.kind === "sleep" || s.kind === "event" || s.kind === "hook")) cls = "wait";
     if (s.task_key && s.task_key.served) cls = "served";
-    atts.push({ n: s.attempt, start: started, end: committed, worker: s.worker, error: s.error, cls, committed: true });
+    atts.push({ n: s.attempt, start: started, end: committed, worker: s.worker, error: s.error, cls, failed, committed: true,
+      note: timedOutWait ? "timed out" : undefined });
     atts.forEach((a) => span(a.start, a.end));
     items.push({ s, atts, open: false });
   }
   for (const o of open) {
-    const atts = (o.attempts || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed" }));
+    const atts = failedAttempts(o.attempts);
     const prevEnd = atts.length ? atts[atts.length - 1].end : null;
     atts.forEach((a) => span(a.start, a.end));
     if (run.status === "running") {
@@ -627,8 +682,25 @@ function renderTimeline(run, actions) {
     }
     items.push({ s: o, atts, open: true });
   }
-  const total = Math.max(tEnd - tStart, 1);
+  for (const w of waits) {
+    span(parseTime(w.since), now);
+    items.push({ s: w, wait: true });
+  }
+  // The axis runs on past now to the waits' deadlines, at most as far
+  // again as the run has run, so that its steps stay readable: a bar
+  // whose deadline lies further is drawn to the axis's end, open-ended.
+  let axisEnd = tEnd;
+  const ahead = tEnd + Math.max(tEnd - tStart, 1000);
+  for (const w of waits) {
+    const until = parseTime(w.until);
+    if (until !== null) axisEnd = Math.max(axisEnd, Math.min(until, ahead));
+  }
+  const total = Math.max(axisEnd - tStart, 1);
   const pct = (t) => ((t - tStart) / total) * 100;
+  const place = (bar, a, b) => {
+    bar.style.left = pct(a) + "%";
+    bar.style.width = Math.max(pct(b) - pct(a), 0.3) + "%";
+  };
 
   const axis = el("div", { class: "axis", "aria-hidden": "true" }, el("span", { text: "Step / attempt" }),
     el("div", { class: "axis-track" }, [0, 0.25, 0.5, 0.75, 1].map((f) => {
@@ -637,7 +709,13 @@ function renderTimeline(run, actions) {
       return t;
     })), el("span", { class: "tl-dur", text: "duration" }));
 
-  return el("div", { class: "panel timeline", id: "timeline" }, axis, items.map(({ s, atts, open: isOpen }) => {
+  const legend = el("div", { class: "legend", "aria-hidden": "true" }, [
+    ["", "attempt committed"], ["failed", "attempt failed"], ["open", "running or retry pending"], ["served", "served from a task key"],
+    ["wait", "wait over"], ["waiting", "waiting, until now"], ["wait-left", "until its deadline"],
+  ].map(([cls, text]) => el("span", { class: "legend-item" }, el("span", { class: "swatch bar " + cls }), text)));
+
+  return el("div", { class: "panel timeline", id: "timeline" }, axis, items.map(({ s, atts, open: isOpen, wait }) => {
+    if (wait) return renderWaitStep(s, now, axisEnd, place);
     const head = el("div", { class: "step-head" },
       el("span", { class: "step-name", text: s.name }),
       s.kind ? el("span", { class: "kind", text: s.kind }) : null,
@@ -646,12 +724,9 @@ function renderTimeline(run, actions) {
     const rows = atts.map((a) => {
       const bar = el("div", { class: "bar " + a.cls, title: a.error ? `attempt ${a.n}: ${a.error}` : `attempt ${a.n}` });
       const start = a.start ?? a.end;
-      if (start !== null && a.end !== null) {
-        bar.style.left = pct(start) + "%";
-        bar.style.width = Math.max(pct(a.end) - pct(start), 0.3) + "%";
-      }
-      const label = `attempt ${a.n}` + (a.note ? " · " + a.note : a.cls === "failed" && !a.committed ? " · failed" : "") + (a.worker ? " · " + a.worker : "");
-      return el("div", { class: "tl-row attempt" + (a.cls === "failed" ? " attempt-failed" : ""), "data-step-id": s.step_id, "data-attempt": String(a.n) },
+      if (start !== null && a.end !== null) place(bar, start, a.end);
+      const label = `attempt ${a.n}` + (a.failed ? " · failed" : a.note ? " · " + a.note : "") + (a.worker ? " · " + a.worker : "");
+      return el("div", { class: "tl-row attempt" + (a.failed ? " attempt-failed" : ""), "data-step-id": s.step_id, "data-attempt": String(a.n) },
         el("span", { class: "tl-label", title: label, text: label }),
         el("div", { class: "tl-track" }, bar),
         el("span", { class: "tl-dur", text: a.start !== null && a.end !== null ? fmtDur(a.end - a.start) : "—" }));
@@ -674,8 +749,110 @@ function renderTimeline(run, actions) {
         tk.served && tk.from ? [" (result of ", el("span", { class: "mono", text: tk.from }), ")"] : null, " ",
         actions.button("reset-key " + s.step_id, { class: "link reset-key", text: "Reset key…", onclick: () => actions.resetKey(tk) })));
     }
+    // What the step returned; for a wait that took an event, the event's
+    // payload (a sleep's is its deadline, shown above).
+    if (!isOpen && s.output !== undefined && s.kind !== "sleep") {
+      notes.append(el("div", { class: "note value-note" }, s.event_id ? "payload " : "output ",
+        valueView(s.output, "value:" + s.step_id, actions.expanded)));
+    }
     return el("div", { class: "step" + (isOpen ? " open-step" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
-  }));
+  }), legend);
+}
+
+// failedAttempts are a step's attempts that failed and were retried
+// (StepAttempt), as the timeline draws them.
+function failedAttempts(list) {
+  return (list || []).map((a) => ({ n: a.attempt, start: parseTime(a.started_at), end: parseTime(a.ended_at), worker: a.worker, error: a.error, cls: "failed", failed: true }));
+}
+
+// renderWaitStep draws an open wait in the timeline: a bar from its start
+// to now (waiting), and on from now to its deadline (left), or to the
+// axis's end (beyond) when the deadline lies past it; no deadline, no
+// second bar.
+function renderWaitStep(w, now, axisEnd, place) {
+  const since = parseTime(w.since);
+  const until = parseTime(w.until);
+  const track = el("div", { class: "tl-track" });
+  const waiting = el("div", { class: "bar waiting", title: `waiting since ${fmtTime(w.since)}` });
+  if (since !== null) place(waiting, since, now);
+  track.append(waiting);
+  let label = "waiting · no deadline";
+  if (until !== null && until > now) {
+    const left = el("div", { class: "bar wait-left" + (until > axisEnd ? " beyond" : ""), title: `until ${fmtTime(w.until)} (${relTime(until)})` });
+    place(left, now, Math.min(until, axisEnd));
+    track.append(left);
+    label = "waiting · deadline " + relTime(until);
+  } else if (until !== null) {
+    label = "waiting · deadline passed";
+  }
+  const head = el("div", { class: "step-head" },
+    el("span", { class: "step-name", text: w.name }),
+    el("span", { class: "kind", text: w.kind }),
+    el("span", { class: "kind waiting", text: "waiting" }),
+    el("span", { class: "idem" }, el("b", { text: "Step ID: " }), el("span", { class: "step-id", text: w.step_id })));
+  const row = el("div", { class: "tl-row wait-row", "data-step-id": w.step_id },
+    el("span", { class: "tl-label", title: label, text: label }),
+    track,
+    el("span", { class: "tl-dur", text: since !== null ? fmtDur(now - since) : "—" }));
+  const notes = el("div", { class: "step-notes" },
+    el("div", { class: "note" }, "waits for ", waitWhat(w), " · since ", timeEl(w.since), " · ",
+      until !== null ? ["until ", timeEl(w.until)] : el("span", { class: "no-deadline", text: "no deadline" })));
+  return el("div", { class: "step open-wait", "data-step-id": w.step_id, "data-kind": w.kind }, head, row, notes);
+}
+
+// waitWhat says what an open wait waits for.
+function waitWhat(w) {
+  switch (w.kind) {
+    case "sleep":
+      return "the sleep's end";
+    case "event":
+      return ["event ", el("span", { class: "mono wait-event", text: w.event || "" })];
+    case "hook":
+      return ["a resume of hook token ", el("span", { class: "mono wait-token", text: w.hook_token || "" }),
+        w.event ? [" (event ", el("span", { class: "mono wait-event", text: w.event }), ")"] : null];
+    case "child":
+      return ["child run ", w.child_run_id ? el("a", { href: "#/runs/" + encodeURIComponent(w.child_run_id), class: "mono wait-child", text: w.child_run_id }) : "—", " to end"];
+    default:
+      return w.kind || "—";
+  }
+}
+
+// renderWaits lists what a running run waits for: for each open wait, what
+// (kind, event, hook token, child run), since when and until when.
+function renderWaits(run) {
+  const now = Date.now();
+  return el("div", { class: "panel", id: "waits" }, el("table", { class: "grid-table waits" },
+    el("thead", {}, el("tr", {}, ["Step", "Waits for", "Since", "Until"].map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, (run.waits || []).map((w) => {
+      const since = parseTime(w.since);
+      const until = parseTime(w.until);
+      return el("tr", { class: "wait", "data-step-id": w.step_id, "data-kind": w.kind },
+        el("td", { class: "w-step" }, el("span", { class: "step-name", text: w.name }), " ", el("span", { class: "kind", text: w.kind })),
+        el("td", { class: "w-what" }, waitWhat(w)),
+        el("td", { class: "w-since" }, timeEl(w.since), since !== null ? el("span", { class: "rel", text: " · for " + fmtDur(now - since) }) : null),
+        el("td", { class: "w-until" }, until !== null
+          ? [timeEl(w.until), el("span", { class: "rel", text: " · " + (until > now ? fmtDur(until - now) + " left" : "passed") })]
+          : el("span", { class: "no-deadline", text: "no deadline" })));
+    }))));
+}
+
+// VALUE_INLINE is the longest value (as compact JSON) shown in line; a
+// longer one is collapsed to its beginning, and shown in full on a click.
+const VALUE_INLINE = 80;
+
+// valueView shows a JSON value of the API as text (never as HTML): in line
+// when short, else collapsed. id names it in expanded, the values shown
+// in full, which a drawing keeps open.
+function valueView(v, id, expanded) {
+  const compact = JSON.stringify(v);
+  if (compact === undefined) return el("code", { class: "value", text: "—" });
+  if (compact.length <= VALUE_INLINE) return el("code", { class: "value", id, text: compact });
+  const d = el("details", { class: "value", id, open: expanded.has(id) },
+    el("summary", { id: id + ":summary" }, el("code", { text: compact.slice(0, VALUE_INLINE - 20) + "…" }),
+      el("span", { class: "muted size", text: ` ${compact.length} characters` })),
+    el("pre", { tabIndex: 0, text: pretty(v) }));
+  d.addEventListener("toggle", () => { if (d.open) expanded.add(id); else expanded.delete(id); });
+  return d;
 }
 
 // ---- start -----------------------------------------------------------------
