@@ -231,6 +231,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}
 	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
+	// stops undoes what Start sets up beyond the pool (which Stop drains
+	// apart), last first: on a failure here, and in Stop.
+	var stops stopStack
+	fail := func(err error) error { return errors.Join(err, stops.unwind(ctx), pool.Stop(ctx)) }
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
@@ -247,10 +251,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		} {
 			c, err := assets.EnsureConsumer(ctx, name, kind, cc)
 			if err != nil {
-				return errors.Join(err, pool.Stop(ctx))
+				return fail(err)
 			}
 			if err := pool.Consume(c, w.cfg.Concurrency, h); err != nil {
-				return errors.Join(fmt.Errorf("jetflow: consume %s: %w", name, err), pool.Stop(ctx))
+				return fail(fmt.Errorf("jetflow: consume %s: %w", name, err))
 			}
 			consumers = append(consumers, c)
 		}
@@ -259,73 +263,76 @@ func (w *Worker) Start(ctx context.Context) error {
 	// Due timers (retries after a long backoff) are moved into the task
 	// stream by a few slots of their own, never waiting behind steps.
 	duePool := consume.New(w.nc, dueSlots, false, w.log)
-	stopPools := func(ctx context.Context) error { return errors.Join(duePool.Stop(ctx), pool.Stop(ctx)) }
+	stops.push(duePool.Stop)
 	dueCons, err := assets.EnsureDueConsumer(ctx, cc)
 	if err == nil {
 		err = duePool.Consume(dueCons, dueSlots, &workflow.DueForwarder{JS: assets.JS, Log: w.log})
 	}
 	if err != nil {
-		return errors.Join(fmt.Errorf("jetflow: consume due timers: %w", err), stopPools(ctx))
+		return fail(fmt.Errorf("jetflow: consume due timers: %w", err))
 	}
 	consumers = append(consumers, dueCons)
 	notices, err := w.nc.Subscribe(jetstream.CancelSubjectPrefix+"*", func(m *nats.Msg) {
 		exec.MarkCancelled(strings.TrimPrefix(m.Subject, jetstream.CancelSubjectPrefix), string(m.Data))
 	})
 	if err != nil {
-		return errors.Join(fmt.Errorf("jetflow: subscribe to cancellations: %w", err), stopPools(ctx))
+		return fail(fmt.Errorf("jetflow: subscribe to cancellations: %w", err))
 	}
+	stops.pushFunc(notices.Unsubscribe)
 	// Durable starts (jetflow.start.<workflow>): a few at a time per
 	// workflow, admitted like every other start.
 	stopDurable, startConsumers, err := startproto.ServeDurable(ctx, assets, eng.admit, served, startproto.DurableConfig{
 		AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait, Concurrency: min(4, w.cfg.Concurrency),
 	}, w.log)
 	if err != nil {
-		return errors.Join(err, notices.Unsubscribe(), stopPools(ctx))
+		return fail(err)
 	}
+	stops.push(stopDurable)
 	consumers = append(consumers, startConsumers...)
 	stopStarts, err := startproto.Serve(w.nc, eng.admit, served, 10*time.Second, w.log)
 	if err != nil {
-		return errors.Join(err, notices.Unsubscribe(), stopDurable(ctx), stopPools(ctx))
+		return fail(err)
 	}
+	stops.pushFunc(stopStarts)
 	events := &eventproto.Service{
 		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log, Metrics: w.cfg.Metrics.internal(),
 		Sender: workflow.Sender{Assets: assets, Runs: runs.New(assets), Now: time.Now},
 	}
 	stopEvents, err := events.Serve()
 	if err != nil {
-		return errors.Join(err, notices.Unsubscribe(), stopStarts(), stopDurable(ctx), stopPools(ctx))
+		return fail(err)
 	}
-	stop := func() error { return errors.Join(stopEvents(), stopStarts()) }
+	stops.pushFunc(stopEvents)
 	if w.cfg.ApplyAckWait {
 		// Consumers whose AckWait is longer are lowered all together, in
 		// one grace period (see LowerAckWait).
 		if err := assets.LowerAckWait(ctx, consumers, w.cfg.AckWait, w.logConsumer); err != nil {
-			return errors.Join(err, notices.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+			return fail(err)
 		}
 	}
 	// Announced once start requests are answered: a workflow recorded as
 	// known has been served, and a live record means a worker answers.
 	presence, err := roster.Announce(ctx, assets.Workflows, w.ws.Names(), w.cfg.Name, w.cfg.LivenessTTL, w.log)
 	if err != nil {
-		return errors.Join(err, notices.Unsubscribe(), stop(), stopDurable(ctx), stopPools(ctx))
+		return fail(err)
 	}
+	// The liveness records are withdrawn beside the rest of the stop,
+	// which waits for it last.
+	var withdrawn <-chan struct{}
+	stops.push(func(ctx context.Context) error { withdrawn = w.withdraw(ctx, presence); return nil })
 	sampling, stopSampling := context.WithCancel(context.Background())
+	stops.do(stopSampling)
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
 		return backlogs(ctx, consumers)
 	})
-	stopSweep := startSweeper(sweeper)
-	stopGuard := guardSubjects(assets, subjectGuardEvery, w.log)
+	stops.do(startSweeper(sweeper))
+	stops.do(guardSubjects(assets, subjectGuardEvery, w.log))
 	// Envelopes for workflows no worker serves: a gauge and a warn log.
-	stopUnserved := startproto.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log)
+	stops.do(startproto.WatchUnserved(assets, w.cfg.BacklogInterval, w.cfg.Metrics.internal(), w.log))
 	w.pool, w.started = pool, true
 	w.serving.Store(&serving{assets: assets, consumers: consumers})
 	w.stopServe = func(ctx context.Context) error {
-		stopSweep()
-		stopGuard()
-		stopSampling()
-		stopUnserved()
-		withdrawn := w.withdraw(ctx, presence)
-		err := errors.Join(notices.Unsubscribe(), stop(), stopDurable(ctx), duePool.Stop(ctx))
+		err := stops.unwind(ctx)
 		<-withdrawn
 		return err
 	}
@@ -480,4 +487,31 @@ func (w *Worker) Stop(ctx context.Context) error {
 func randomSuffix() string {
 	id := nuid.Next()
 	return id[len(id)-6:]
+}
+
+// stopStack is what a start-up set up, to undo in reverse order.
+type stopStack []func(context.Context) error
+
+// push adds stop, which undoes what was set up last.
+func (s *stopStack) push(stop func(context.Context) error) { *s = append(*s, stop) }
+
+// pushFunc adds a stop that needs no context.
+func (s *stopStack) pushFunc(stop func() error) {
+	s.push(func(context.Context) error { return stop() })
+}
+
+// do adds a stop that cannot fail.
+func (s *stopStack) do(stop func()) {
+	s.push(func(context.Context) error { stop(); return nil })
+}
+
+// unwind runs every stop, the last pushed first, and joins their errors.
+// The stack is empty after it: a repeat call runs nothing.
+func (s *stopStack) unwind(ctx context.Context) error {
+	var errs []error
+	for i := len(*s) - 1; i >= 0; i-- {
+		errs = append(errs, (*s)[i](ctx))
+	}
+	*s = nil
+	return errors.Join(errs...)
 }
