@@ -10,6 +10,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/eventproto"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // EventOutcome says what an event delivery did.
@@ -89,7 +90,12 @@ func (c *Client) deliver(ctx context.Context, req eventproto.Request) (_ EventRe
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.RequestTimeout)
 		defer cancel()
 	}
-	msg, err := c.nc.RequestWithContext(ctx, eventproto.SendSubject, body)
+	m := nats.NewMsg(eventproto.SendSubject)
+	m.Data = body
+	// The span in ctx, if any, is the parent of the worker's
+	// jetflow.event.deliver span.
+	tracing.InjectNATS(ctx, m.Header)
+	msg, err := c.nc.RequestMsgWithContext(ctx, m)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return EventResult{}, fmt.Errorf("%w: no worker is running to deliver the event", ErrUnavailable)
 	}

@@ -296,7 +296,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	stops.pushFunc(stopStarts)
 	events := &eventproto.Service{
 		NC: w.nc, Served: w.eventChecks(), Timeout: 10 * time.Second, Log: w.log, Metrics: w.cfg.Metrics.internal(),
-		Sender: workflow.Sender{Assets: assets, Runs: runs.New(assets), Now: time.Now},
+		Sender: workflow.Sender{Assets: assets, Runs: runs.New(assets), Now: time.Now}, Tracer: w.cfg.Tracing.internal(),
 	}
 	stopEvents, err := events.Serve()
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/internal/reqreply"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -190,6 +191,10 @@ type Service struct {
 	Log     zerolog.Logger
 	// Metrics counts the deliveries this worker answers (nil: none).
 	Metrics *metrics.Metrics
+	// Tracer emits the jetflow.event.deliver span of each delivery this
+	// worker answers (nil: none), in the trace of the request's
+	// traceparent header.
+	Tracer *tracing.Tracer
 }
 
 // maxConcurrent bounds the event requests a worker answers at once.
@@ -210,6 +215,7 @@ func (s *Service) Serve() (func() error, error) {
 func (s *Service) answer(m *nats.Msg) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), s.Timeout)
 	defer cancel()
+	ctx = tracing.FromNATS(ctx, m.Header) // the sender's trace context, if any
 	reply, relayed := s.handle(ctx, m.Data, m.Subject != SendSubject)
 	if !relayed { // the workers that answered a forward count it
 		s.Metrics.Event(reply.Workflow, outcomeOf(reply))
@@ -230,28 +236,39 @@ func (s *Service) answer(m *nats.Msg) []byte {
 
 // handle delivers the event in b, or, when this worker does not serve the
 // run's workflow, forwards it to the workers that do and returns their
-// reply (relayed).
+// reply (relayed). The worker that answers (not the one that forwards)
+// emits the delivery's span.
 func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) (_ *Reply, relayed bool) {
+	began := time.Now()
 	ev, err := Decode(b)
 	if err != nil {
-		return errorReply(ev, err), false
+		return s.traced(ctx, began, ev, nil, errorReply(ev, err)), false
 	}
 	t, err := s.Sender.Resolve(ctx, ev)
 	if err != nil {
-		return errorReply(ev, err), false
+		return s.traced(ctx, began, ev, nil, errorReply(ev, err)), false
 	}
 	check, ok := s.Served[t.Run.Workflow]
 	switch {
 	case !ok && forwarded:
-		return errorReply(ev, fmt.Errorf("jetflow: event forwarded to a worker that does not serve %s", t.Run.Workflow)), false
+		return s.traced(ctx, began, ev, &t.Run, errorReply(ev, fmt.Errorf("jetflow: event forwarded to a worker that does not serve %s", t.Run.Workflow))), false
 	case !ok:
 		r, relayed := s.forward(ctx, t.Run.Workflow, ev, b)
 		return r, relayed
 	}
+	ctx, span := s.Tracer.StartDelivery(ctx, began, &t.Run, delivery(ev, t.Name))
+	ev.TraceParent = tracing.TraceParent(ctx) // the span's, or the sender's when this worker does not trace
+	reply := s.deliver(ctx, t, ev, check)
+	endDelivery(span, reply)
+	return reply, false
+}
+
+// deliver checks ev's payload and delivers it to its target t.
+func (s *Service) deliver(ctx context.Context, t workflow.Target, ev workflow.Event, check Check) *Reply {
 	reply := &Reply{RunID: t.Run.RunID, Workflow: t.Run.Workflow, EventID: ev.ID}
 	if err := check(t.Name, ev.Payload); err != nil {
 		reply.Error = &ReplyError{Code: Code(err), Message: err.Error()}
-		return reply, false
+		return reply
 	}
 	d, err := s.Sender.Deliver(ctx, t, ev)
 	if err != nil {
@@ -259,19 +276,51 @@ func (s *Service) handle(ctx context.Context, b []byte, forwarded bool) (_ *Repl
 		if t.Run.Status.Terminal() {
 			reply.RunStatus = t.Run.Status
 		}
-		return reply, false
+		return reply
 	}
 	reply.Outcome, reply.StepID = OutcomeDelivered, d.StepID
 	if d.Duplicate {
 		reply.Outcome = OutcomeDuplicate
 	}
-	return reply, false
+	return reply
+}
+
+// traced emits the span of a delivery refused before it was tried (run is
+// nil when it was refused before its run was found) and returns reply.
+func (s *Service) traced(ctx context.Context, began time.Time, ev workflow.Event, run *state.Run, reply *Reply) *Reply {
+	if s.Tracer.On() {
+		_, span := s.Tracer.StartDelivery(ctx, began, run, delivery(ev, ev.Name))
+		endDelivery(span, reply)
+	}
+	return reply
+}
+
+// delivery describes ev, an event called name, for its span.
+func delivery(ev workflow.Event, name string) tracing.Delivery {
+	return tracing.Delivery{Event: name, EventID: ev.ID, Hook: ev.Token != ""}
+}
+
+// endDelivery ends a delivery's span with its reply: the step it resumed
+// and its outcome, or its error code, with an error status.
+func endDelivery(span tracing.Span, reply *Reply) {
+	if !span.Active() {
+		return
+	}
+	span.Resumed(reply.StepID)
+	if e := reply.Error; e != nil {
+		span.End(e.Code, errors.New(e.Message))
+		return
+	}
+	span.End(reply.Outcome, nil)
 }
 
 // forward asks the workers of workflow to deliver the event and relays
 // their reply (relayed); with none running it answers CodeUnavailable.
 func (s *Service) forward(ctx context.Context, workflow string, ev workflow.Event, b []byte) (_ *Reply, relayed bool) {
-	m, err := s.NC.RequestWithContext(ctx, SendSubject+"."+workflow, b)
+	req := nats.NewMsg(SendSubject + "." + workflow)
+	req.Data = b
+	tracing.InjectNATS(ctx, req.Header) // the sender's trace context, on to the worker that delivers
+	m, err := s.NC.RequestMsgWithContext(ctx, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return &Reply{RunID: ev.RunID, Workflow: workflow, EventID: ev.ID,
 			Error: &ReplyError{Code: CodeUnavailable, Message: "no worker serves workflow " + workflow + " now"}}, false

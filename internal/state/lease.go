@@ -35,6 +35,13 @@ type Lease struct {
 	// when All (an AwaitAll), else any of them.
 	Waits []string `json:"waits,omitempty"`
 	All   bool     `json:"all,omitempty"`
+	// Passed is the number of awaits of the body that holders of the run
+	// have passed (returned from), as far as the writers of the lease
+	// knew: a holder that passes a later await is the first to, which is
+	// how a wait's span is emitted once (docs/tracing.md). Records
+	// written before it existed hold 0; a parked one's Epoch tells (see
+	// PassedAwaits).
+	Passed int `json:"passed,omitempty"`
 	// Unstarted marks a record written by a delivery that handed its run
 	// task back without starting anything (its worker was stopping): the
 	// next delivery of the task takes the run as that one found it —
@@ -64,6 +71,16 @@ const (
 	LeaseCancelled LeaseState = "cancelled"
 )
 
+// PassedAwaits is the number of awaits the record says the body has
+// passed: Passed, and at least every await before the one a parked body
+// waits at.
+func (l Lease) PassedAwaits() int {
+	if l.State == LeaseParked {
+		return max(l.Passed, l.Epoch-1)
+	}
+	return l.Passed
+}
+
 // LeaseKey is the steps-bucket key of the lease of run generation identity
 // (RunIdentity): two tokens, where a step ID has three, so that it never
 // names a step.
@@ -85,8 +102,8 @@ func DecodeLease(b []byte) (Lease, error) {
 	default:
 		return Lease{}, fmt.Errorf("%w: lease record: unknown state %q", ErrCorrupt, l.State)
 	}
-	if l.Delivered < 0 || l.Epoch < 0 {
-		return Lease{}, fmt.Errorf("%w: lease record: negative delivery count or epoch", ErrCorrupt)
+	if l.Delivered < 0 || l.Epoch < 0 || l.Passed < 0 {
+		return Lease{}, fmt.Errorf("%w: lease record: negative delivery count, epoch or passed awaits", ErrCorrupt)
 	}
 	if err := checkTimes("lease record", l.At); err != nil {
 		return Lease{}, err

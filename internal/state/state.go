@@ -227,6 +227,10 @@ type Step struct {
 	// payload); HookToken the token a hook wait was addressed by.
 	EventID   string `json:"event_id,omitempty"`
 	HookToken string `json:"hook_token,omitempty"`
+	// TraceParent is the W3C trace context of the delivery that committed
+	// an event's record (its jetflow.event.deliver span, or its caller's
+	// span), for the wait's span to link to; empty without one.
+	TraceParent string `json:"traceparent,omitempty"`
 	// Rev is the record's revision in the steps bucket (not stored): all
 	// steps share one stream, so it orders commits.
 	Rev uint64 `json:"-"`

@@ -473,6 +473,11 @@ func TestTracingOffAllocatesNothing(t *testing.T) {
 		step.TaskKeyHit(false)
 		step.End(tracing.StepCommitted, nil)
 		off.EndRun(*run)
+		off.EndWait(run, tracing.WaitEnd{StepID: "r.nap.0", Name: "nap", Kind: state.StepSleep, Outcome: tracing.WaitSlept})
+		dctx, deliver := off.StartDelivery(ctx, time.Time{}, run, tracing.Delivery{Event: "go", EventID: "e"})
+		_ = tracing.TraceParent(dctx)
+		deliver.Resumed("r.event=go.0")
+		deliver.End("delivered", nil)
 	})
 	require.Zero(t, allocs)
 }

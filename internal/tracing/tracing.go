@@ -1,7 +1,7 @@
 // Package tracing emits jetflow's OpenTelemetry spans and carries the W3C
 // trace context of a start into its run.
 //
-// Three spans, with stable names (docs/tracing.md):
+// Five spans, with stable names (docs/tracing.md):
 //
 //   - jetflow.start: the admission of one start, in the process that admits
 //     it, a child of the span the start came with (an HTTP or NATS
@@ -13,6 +13,13 @@
 //     span ID is derived from the run's identity (RunSpanID), so that step
 //     spans, exported long before it, name it as their parent.
 //   - jetflow.step: one attempt of a step, a child of the run span.
+//   - jetflow.wait: one wait of a run (a sleep, an event or hook wait, a
+//     child run), from when the body began it to the commit that ended it,
+//     a child of the run span. It is emitted once, by the holder that is
+//     the first to pass the await that decides on the wait (EndWait).
+//   - jetflow.event.deliver: the delivery of an event, by the worker that
+//     commits it, a child of the span the event came with, linked to the
+//     run's span.
 //
 // The run record and its tasks carry the start's trace context as a
 // traceparent string (state.Run.TraceParent, state.Task.TraceParent): the
@@ -44,10 +51,16 @@ import (
 
 // Span names.
 const (
-	SpanStart = "jetflow.start"
-	SpanRun   = "jetflow.run"
-	SpanStep  = "jetflow.step"
+	SpanStart   = "jetflow.start"
+	SpanRun     = "jetflow.run"
+	SpanStep    = "jetflow.step"
+	SpanWait    = "jetflow.wait"
+	SpanDeliver = "jetflow.event.deliver"
 )
+
+// EventDelivered is the span event of a jetflow.wait span that an event
+// ended: at the event's commit, with its ID.
+const EventDelivered = "event delivered"
 
 // ScopeName is the instrumentation scope of jetflow's spans.
 const ScopeName = "github.com/jetflow/jetflow"
@@ -65,6 +78,25 @@ const (
 	AttrAttempt    = attribute.Key("jetflow.attempt")
 	AttrWorker     = attribute.Key("jetflow.worker")
 	AttrTaskKeyHit = attribute.Key("jetflow.task_key_hit")
+	// Of jetflow.wait and jetflow.event.deliver spans.
+	AttrWaitKind    = attribute.Key("jetflow.wait.kind")
+	AttrEvent       = attribute.Key("jetflow.event")
+	AttrEventID     = attribute.Key("jetflow.event_id")
+	AttrHookToken   = attribute.Key("jetflow.wait.hook_token")
+	AttrUntil       = attribute.Key("jetflow.wait.until")
+	AttrEarly       = attribute.Key("jetflow.wait.early")
+	AttrChildRunID  = attribute.Key("jetflow.child_run_id")
+	AttrChildStatus = attribute.Key("jetflow.child_status")
+)
+
+// Wait outcomes (AttrOutcome of a jetflow.wait span).
+const (
+	WaitEvent        = "event"         // an event (or a hook's resume) ended it
+	WaitTimeout      = "timeout"       // its timeout passed first
+	WaitSlept        = "slept"         // a sleep's deadline passed
+	WaitChildEnded   = "child_ended"   // the child run ended (AttrChildStatus says how)
+	WaitHookTaken    = "hook_taken"    // another wait held the hook token
+	WaitChildRefused = "child_refused" // the child run could not be started
 )
 
 // Step outcomes (AttrOutcome of a jetflow.step span).
@@ -156,6 +188,124 @@ func (t *Tracer) StartStep(run *state.Run, a StepAttempt) Span {
 		AttrStep.String(a.Name), AttrAttempt.Int(a.Attempt), AttrWorker.String(a.Worker)))
 	return Span{s: s}
 }
+
+// WaitEnd describes a wait of a run that has ended, for its span.
+type WaitEnd struct {
+	StepID string
+	Name   string
+	// Kind is state.StepSleep, state.StepEvent, state.StepHook or
+	// state.WaitChild; Event the event waited for, HookToken whether the
+	// wait had a hook token, Child the child's run ID.
+	Kind      string
+	Event     string
+	HookToken bool
+	Child     string
+	// Since is when the wait began, Ended when it ended (its record's
+	// commit), Until its deadline (zero: none). Early: the record was
+	// committed before the body reached the wait (Ended is Since then).
+	Since, Ended, Until time.Time
+	Early               bool
+	// Outcome is one of the Wait outcomes; ChildStatus how the child
+	// ended; Error the message of an outcome that is an error (hook
+	// taken, child refused).
+	Outcome     string
+	ChildStatus string
+	Error       string
+	// EventID is the event that ended it; Delivery the traceparent of its
+	// delivery (state.Step.TraceParent), linked from the span.
+	EventID  string
+	Delivery string
+	Worker   string
+}
+
+// EndWait emits the jetflow.wait span of a wait of run that has ended: a
+// child of the run's span, from w.Since to w.Ended, with a span event
+// EventDelivered at the event's commit and a link to its delivery. Call
+// it once per wait.
+func (t *Tracer) EndWait(run *state.Run, w WaitEnd) {
+	if t == nil {
+		return
+	}
+	_, self := runSpan(run)
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), self)
+	attrs := []attribute.KeyValue{
+		AttrRunID.String(run.RunID), AttrWorkflow.String(run.Workflow), AttrStepID.String(w.StepID),
+		AttrStep.String(w.Name), AttrWaitKind.String(w.Kind), AttrOutcome.String(w.Outcome),
+		AttrWorker.String(w.Worker),
+	}
+	if w.Event != "" {
+		attrs = append(attrs, AttrEvent.String(w.Event), AttrHookToken.Bool(w.HookToken))
+	}
+	if w.EventID != "" {
+		attrs = append(attrs, AttrEventID.String(w.EventID))
+	}
+	if !w.Until.IsZero() {
+		attrs = append(attrs, AttrUntil.String(w.Until.UTC().Format(time.RFC3339Nano)))
+	}
+	if w.Early {
+		attrs = append(attrs, AttrEarly.Bool(true))
+	}
+	if w.Child != "" {
+		attrs = append(attrs, AttrChildRunID.String(w.Child))
+	}
+	if w.ChildStatus != "" {
+		attrs = append(attrs, AttrChildStatus.String(w.ChildStatus))
+	}
+	opts := []trace.SpanStartOption{trace.WithTimestamp(w.Since), trace.WithAttributes(attrs...)}
+	if sc, ok := Parse(w.Delivery); ok {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	_, s := t.t.Start(ctx, SpanWait, opts...)
+	if w.EventID != "" {
+		s.AddEvent(EventDelivered, trace.WithTimestamp(w.Ended), trace.WithAttributes(AttrEventID.String(w.EventID)))
+	}
+	if w.Error != "" {
+		s.SetStatus(codes.Error, w.Error)
+	}
+	s.End(trace.WithTimestamp(w.Ended))
+}
+
+// Delivery describes the delivery of an event, for its span: the event's
+// name (for a hook, the event its wait waits for), ID, and whether it was
+// addressed by a hook token.
+type Delivery struct {
+	Event   string
+	EventID string
+	Hook    bool
+}
+
+// StartDelivery starts the jetflow.event.deliver span of the delivery of
+// an event to run, begun at began, a child of the span in ctx, linked to
+// run's span, and returns ctx with it. run is nil when the event was
+// refused before its run was found.
+func (t *Tracer) StartDelivery(ctx context.Context, began time.Time, run *state.Run, d Delivery) (context.Context, Span) {
+	if t == nil {
+		return ctx, Span{}
+	}
+	attrs := []attribute.KeyValue{AttrEventID.String(d.EventID), AttrHookToken.Bool(d.Hook)}
+	if d.Event != "" {
+		attrs = append(attrs, AttrEvent.String(d.Event))
+	}
+	opts := []trace.SpanStartOption{trace.WithTimestamp(began), trace.WithSpanKind(trace.SpanKindServer)}
+	if run != nil {
+		_, self := runSpan(run)
+		attrs = append(attrs, AttrRunID.String(run.RunID), AttrWorkflow.String(run.Workflow))
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: self}))
+	}
+	ctx, s := t.t.Start(ctx, SpanDeliver, append(opts, trace.WithAttributes(attrs...))...)
+	return ctx, Span{s: s}
+}
+
+// Resumed names, on a jetflow.event.deliver span, the wait step that
+// holds the event.
+func (s Span) Resumed(stepID string) {
+	if s.s != nil && stepID != "" {
+		s.s.SetAttributes(AttrStepID.String(stepID))
+	}
+}
+
+// On reports whether t traces (a nil Tracer does not).
+func (t *Tracer) On() bool { return t != nil }
 
 // TaskKeyHit marks a step span whose result was served from its task key.
 func (s Span) TaskKeyHit(hit bool) {

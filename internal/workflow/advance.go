@@ -62,6 +62,7 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 		}
 	}
 	if won, ok := decide(ps, first); ok {
+		h.passed(c, ps, first, won)
 		return won, nil
 	}
 	return -1, &settlement{kind: settlePark, epoch: c.epoch, waits: unresolved(ps), first: first}

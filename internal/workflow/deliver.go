@@ -37,12 +37,15 @@ var (
 // Event is one delivery of an event: to the wait for the event called
 // Name in the run RunID, or to the wait on the hook Token (one of the
 // two). ID identifies the event: a repeat with the same ID is a duplicate.
+// TraceParent, the W3C trace context of the delivery, is stored with the
+// event's record, for the span of the wait it ends to link to.
 type Event struct {
-	RunID   string
-	Name    string
-	Token   string
-	ID      string
-	Payload json.RawMessage
+	RunID       string
+	Name        string
+	Token       string
+	ID          string
+	Payload     json.RawMessage
+	TraceParent string
 }
 
 // Validate checks the event's addressing, ID and payload (JSON, within
@@ -168,6 +171,7 @@ func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, erro
 		rec := state.Step{
 			V: state.Version, StepID: id, RunID: t.Run.RunID, Name: state.StepName(id), Attempt: 1,
 			Output: payload, Committed: s.Now().UTC(), EventID: ev.ID, HookToken: ev.Token, Kind: state.StepEvent,
+			TraceParent: ev.TraceParent,
 		}
 		if ev.Token != "" {
 			rec.Kind = state.StepHook

@@ -295,6 +295,7 @@ func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, deliv
 		if err != nil {
 			return err
 		}
+		rec.Passed = found.PassedAwaits()
 		switch {
 		case found.Unstarted && found.Seq == seq:
 			rec.Clean, rec.Inherited, rec.Epoch = found.Clean, found.Inherited, found.Epoch

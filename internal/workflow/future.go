@@ -46,6 +46,11 @@ type Pending struct {
 	call  *stepCall
 	class class
 	rec   *state.Step // committed record once known
+	// mark is the record of the wait (or child) p, when this replay wrote
+	// or found it (markWait); decided: an await of this replay has decided
+	// on p (see holder.passed).
+	mark    *state.Wait
+	decided bool
 }
 
 // class is what an await decided a step is (see Pending).

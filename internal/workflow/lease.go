@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -59,7 +60,25 @@ type lease struct {
 	// heartbeat that comes after (its task is being settled) writes
 	// nothing over that.
 	settled bool
+	// passed is the number of awaits the holder's body has passed (pass),
+	// written with every record (state.Lease.Passed).
+	passed atomic.Int64
 }
+
+// pass records that the holder's body passed await n.
+func (l *lease) pass(n int) {
+	for {
+		old := l.passed.Load()
+		if int64(n) <= old || l.passed.CompareAndSwap(old, int64(n)) {
+			return
+		}
+	}
+}
+
+// passedBefore is the number of awaits the holders before this one
+// passed, as the lease record it found says: the body's first pass of
+// any later await is this holder's.
+func (l *lease) passedBefore() int { return l.found.PassedAwaits() }
 
 // newLease is the lease of d's run held at revision rev of its record (0:
 // none), found being that record, proved at proved.
@@ -158,7 +177,7 @@ func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) erro
 	rec := state.Lease{
 		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
 		Epoch: epoch, Waits: waits, All: st == state.LeaseParked && l.all, At: l.e.cfg.Now().UTC(),
-		Unstarted: l.unstarted, Inherited: l.inherited,
+		Unstarted: l.unstarted, Inherited: l.inherited, Passed: max(l.passedBefore(), int(l.passed.Load())),
 	}
 	if st == state.LeaseHeld {
 		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded

@@ -435,7 +435,7 @@ func TestRedeliveryTakesOverAStaleLease(t *testing.T) {
 	r := newRig(t, ackWait)
 	run, rev := r.createRun("r", nil)
 	r.wake(run, rev, "r.a.0", "r.a.0.wake")
-	stale := r.putLease("r", state.Lease{State: state.LeaseHeld, Seq: 999, Delivered: 1, Worker: "stalled", Epoch: 4})
+	stale := r.putLease("r", state.Lease{State: state.LeaseHeld, Seq: 999, Delivered: 1, Worker: "stalled", Epoch: 4, Passed: 6})
 	// A step the stalled holder committed under its lease before it
 	// stalled: the taker's history, read after its takeover, holds it.
 	r.commitStep("r", "r.a.0", `"a"`)
@@ -449,6 +449,7 @@ func TestRedeliveryTakesOverAStaleLease(t *testing.T) {
 	require.Equal(t, state.LeaseHeld, l.State)
 	require.Equal(t, "taker", l.Worker)
 	require.Equal(t, 4, l.Epoch, "a takeover keeps the epoch the run was parked at")
+	require.Equal(t, 6, l.Passed, "a takeover keeps the awaits passed before it")
 	require.Equal(t, lrev, o.h.lease.rev)
 	require.NotNil(t, o.h.history.get("r.a.0"), "the history read after the takeover misses a commit of the holder before")
 	require.True(t, o.h.inherited)
@@ -627,6 +628,14 @@ func TestLeaseSettlementRecords(t *testing.T) {
 			&state.Lease{State: state.LeaseReleased, Unstarted: true, Inherited: true}},
 		{"hand over, clean", func(l *lease) { l.handOver(false) },
 			&state.Lease{State: state.LeaseReleased, Unstarted: true}},
+		{"renew and release after passing awaits: the most passed", func(l *lease) {
+			l.pass(3)
+			l.pass(2)
+			l.mu.Lock()
+			require.NoError(t, l.writeLocked(state.LeaseHeld, 0, nil))
+			l.mu.Unlock()
+			l.release()
+		}, &state.Lease{State: state.LeaseReleased, Passed: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -649,6 +658,7 @@ func TestLeaseSettlementRecords(t *testing.T) {
 				require.Equal(t, tc.want.All, rec.All)
 				require.Equal(t, tc.want.Unstarted, rec.Unstarted)
 				require.Equal(t, tc.want.Inherited, rec.Inherited)
+				require.Equal(t, tc.want.Passed, rec.Passed)
 				require.Equal(t, o.seq, rec.Seq)
 				require.Equal(t, "holder", rec.Worker)
 				return false
@@ -678,7 +688,7 @@ func TestHandBackRecordsHowTheRunWasFound(t *testing.T) {
 			run, rev := r.createRun("r", nil)
 			r.putLease("r", state.Lease{State: state.LeaseParked, Seq: 999, Delivered: 1, Epoch: 5})
 			r.wake(run, rev, "r.a.0", "r.a.0.wake")
-		}, &state.Lease{State: state.LeaseReleased, Unstarted: true, Clean: true, Epoch: 5}},
+		}, &state.Lease{State: state.LeaseReleased, Unstarted: true, Clean: true, Epoch: 5, Passed: 4}},
 		{"a wake finding the lease held by another delivery: left alone", func(r *rig) {
 			run, rev := r.createRun("r", nil)
 			r.putLease("r", state.Lease{State: state.LeaseHeld, Seq: 999, Delivered: 1})
@@ -724,6 +734,7 @@ func TestHandBackRecordsHowTheRunWasFound(t *testing.T) {
 			require.Equal(t, tc.want.Clean, rec.Clean)
 			require.Equal(t, tc.want.Inherited, rec.Inherited)
 			require.Equal(t, tc.want.Epoch, rec.Epoch)
+			require.Equal(t, tc.want.Passed, rec.Passed, "the awaits passed before")
 			require.Equal(t, 1, rec.Delivered)
 			require.Equal(t, "stopping", rec.Worker)
 		})

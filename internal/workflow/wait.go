@@ -171,6 +171,7 @@ func (h *holder) markWait(p *Pending, w state.Wait) (state.Wait, error) {
 	key := state.WaitKey(p.id)
 	_, err = h.e.cfg.Assets.Attempts.Create(h.d.nctx, key, b)
 	if err == nil {
+		p.mark = &w
 		return w, nil
 	}
 	if !errors.Is(err, jetstream.ErrExists) {
@@ -180,7 +181,11 @@ func (h *holder) markWait(p *Pending, w state.Wait) (state.Wait, error) {
 	if err != nil {
 		return w, fmt.Errorf("jetflow: read the wait %s: %w", p.id, err)
 	}
-	return state.DecodeWait(v)
+	if w, err = state.DecodeWait(v); err != nil {
+		return w, err
+	}
+	p.mark = &w
+	return w, nil
 }
 
 // end commits rec as the end of wait p (create-if-absent: an event

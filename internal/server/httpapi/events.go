@@ -10,6 +10,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // Problem types of event deliveries (docs/http.md has a section for each).
@@ -104,6 +105,7 @@ func (s *Server) deliverEvent(w http.ResponseWriter, r *http.Request, runID stri
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	ctx = tracing.FromHTTP(ctx, r.Header) // traceparent, tracestate: the delivery joins the caller's trace
 	res, err := send(ctx, eventID, payload)
 	if res.RunID != "" {
 		runID = res.RunID // a hook's run, once the workers found it

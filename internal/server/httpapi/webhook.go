@@ -9,6 +9,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/entry"
 	"github.com/jetflow/jetflow/internal/server/webhook"
+	"github.com/jetflow/jetflow/internal/tracing"
 )
 
 // WebhookAccepted is the body of an accepted webhook delivery, whether it
@@ -190,6 +191,7 @@ func (s *Server) resume(r *http.Request, rule webhook.Resume, ev webhook.Event, 
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	ctx = tracing.FromHTTP(ctx, r.Header) // the delivery joins the caller's trace, if it sent one
 	// A redelivery of an event the run took is a duplicate, even after the
 	// run ended (the engine looks for it before refusing an ended run).
 	out, err := s.cfg.Backend.Resume(ctx, token, ev.ID, body)
