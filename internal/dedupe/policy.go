@@ -2,7 +2,6 @@ package dedupe
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/jetflowtype"
@@ -110,14 +109,6 @@ var (
 	runningNames = []string{"attach", "reject", "supersede"}
 	endedNames   = []string{"return", "reject", "start_new"}
 )
-
-// EnvelopeNames are the values an envelope's policy accepts: for
-// while_running, and for after_completed and after_failed, in the order of
-// the WhileRunning and AfterEnded constants. The envelope's JSON Schema
-// lists the same.
-func EnvelopeNames() (running, ended []string) {
-	return slices.Clone(runningNames), slices.Clone(endedNames)
-}
 
 // EnvelopeFromPolicy spells p for the envelope, or returns
 // jetflowtype.ErrInvalidConflictPolicy (ValidatePolicy) when p has a value

@@ -165,7 +165,23 @@ func TestStartEnvelopeSchemaMatchesStartRequest(t *testing.T) {
 	pnames, _ := jsonTags(dedupe.EnvelopePolicy{})
 	require.Equal(t, pnames, keys(ps.Properties))
 	require.Equal(t, "false", string(ps.AdditionalProperties))
-	runningNames, endedNames := dedupe.EnvelopeNames()
+	// Every constant spelt as the envelope spells it, in the constants'
+	// order; the value after the last is refused.
+	var runningNames, endedNames []string
+	for v := jetflowtype.Attach; ; v++ {
+		e, err := dedupe.EnvelopeFromPolicy(jetflowtype.ConflictPolicy{WhileRunning: v})
+		if err != nil {
+			break
+		}
+		runningNames = append(runningNames, e.WhileRunning)
+	}
+	for v := jetflowtype.ReturnExisting; ; v++ {
+		e, err := dedupe.EnvelopeFromPolicy(jetflowtype.ConflictPolicy{AfterCompleted: v})
+		if err != nil {
+			break
+		}
+		endedNames = append(endedNames, e.AfterCompleted)
+	}
 	require.Equal(t, runningNames, ps.Properties["while_running"].Enum)
 	require.Equal(t, endedNames, ps.Properties["after_completed"].Enum)
 	require.Equal(t, endedNames, ps.Properties["after_failed"].Enum)
