@@ -234,3 +234,11 @@ func (p *pendingClient) Describe(ctx context.Context, runID string) (jetflow.Run
 	}
 	return c.Describe(ctx, runID)
 }
+
+func (p *pendingClient) Roster(ctx context.Context) (jetflow.Roster, error) {
+	c, err := p.get()
+	if err != nil {
+		return jetflow.Roster{}, err
+	}
+	return c.Roster(ctx)
+}

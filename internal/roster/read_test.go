@@ -70,3 +70,51 @@ func TestReadManyLiveRecords(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Status{Live: n}, s)
 }
+
+// List reads every known record and the current liveness records, each
+// with its presence's ID: two workers serving one workflow are two
+// records; a withdrawn worker's records are gone, its known records stay.
+func TestListKnownAndLive(t *testing.T) {
+	t.Parallel()
+	kv := bucket(t, testenv.Server(t))
+	ctx := ctxT(t, 10*time.Second)
+
+	known, live, err := List(ctx, kv)
+	require.NoError(t, err)
+	require.Empty(t, known)
+	require.Empty(t, live)
+
+	p1, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", ttl, testenv.Logger(t))
+	require.NoError(t, err)
+	p2, err := Announce(ctx, kv, []string{"order"}, "w-2", ttl, testenv.Logger(t))
+	require.NoError(t, err)
+	known, live, err = List(ctx, kv)
+	require.NoError(t, err)
+	require.Len(t, known, 2)
+	for _, k := range known {
+		require.Equal(t, "w-1", k.FirstWorker, k.Workflow)
+	}
+	served := map[string][]string{}
+	ids := map[string]string{}
+	for _, l := range live {
+		served[l.Worker] = append(served[l.Worker], l.Workflow)
+		require.NotEmpty(t, l.ID)
+		require.False(t, l.Since.IsZero())
+		require.False(t, l.Beat.IsZero())
+		if id, ok := ids[l.Worker]; ok {
+			require.Equal(t, id, l.ID, "one presence, one ID")
+		}
+		ids[l.Worker] = l.ID
+	}
+	require.ElementsMatch(t, []string{"order", "refund"}, served["w-1"])
+	require.Equal(t, []string{"order"}, served["w-2"])
+	require.NotEqual(t, ids["w-1"], ids["w-2"])
+
+	require.NoError(t, p1.Stop(ctx))
+	known, live, err = List(ctx, kv)
+	require.NoError(t, err)
+	require.Len(t, known, 2, "known for good")
+	require.Len(t, live, 1, "w-1 withdrawn")
+	require.Equal(t, "w-2", live[0].Worker)
+	require.NoError(t, p2.Stop(ctx))
+}

@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -143,6 +144,47 @@ func readPaged(ctx context.Context, kv *jetstream.KV, workflow string) (Status, 
 		return Status{}, err
 	}
 	return Status{Known: k, Found: found, Live: len(live)}, nil
+}
+
+// Presented is a liveness record as List reads it: the record, and the ID
+// of the worker's presence that wrote it (the last token of its key, new
+// at each start of a worker).
+type Presented struct {
+	Live
+	ID string
+}
+
+// List reads every known record and every current liveness record of the
+// deployment: two reads of the bucket, each a snapshot (in pages beyond
+// 1,024 keys); a record withdrawn or expired is not current and is left
+// out. A record that does not decode is an error, as is a bucket that
+// cannot be read.
+func List(ctx context.Context, kv *jetstream.KV) ([]Known, []Presented, error) {
+	known, err := kv.Prefix(ctx, "known", 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	live, err := kv.Prefix(ctx, "live", 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	ks := make([]Known, 0, len(known))
+	for _, e := range known {
+		var k Known
+		if err := json.Unmarshal(e.Value, &k); err != nil {
+			return nil, nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+		}
+		ks = append(ks, k)
+	}
+	ps := make([]Presented, 0, len(live))
+	for _, e := range live {
+		var l Live
+		if err := json.Unmarshal(e.Value, &l); err != nil {
+			return nil, nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+		}
+		ps = append(ps, Presented{Live: l, ID: e.Key[strings.LastIndexByte(e.Key, '.')+1:]})
+	}
+	return ks, ps, nil
 }
 
 // MinTTL is the shortest liveness TTL: JetStream keeps per-message TTLs in

@@ -66,6 +66,10 @@ func (f *fakeBackend) CountRuns(context.Context, string) (jetflow.RunCounts, err
 	return jetflow.RunCounts{}, f.err
 }
 
+func (f *fakeBackend) Roster(context.Context) (jetflow.Roster, error) {
+	return jetflow.Roster{Workers: []jetflow.LiveWorker{}, Workflows: []jetflow.KnownWorkflow{}}, f.err
+}
+
 func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, string) (int, error) {
 	return 0, f.err
 }

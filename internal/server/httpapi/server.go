@@ -36,6 +36,7 @@ type Backend interface {
 	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
 	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 	Resume(ctx context.Context, token, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
+	Roster(ctx context.Context) (jetflow.Roster, error)
 }
 
 // Limits of the API.
@@ -124,6 +125,7 @@ var routes = []route{
 	{method: http.MethodPost, path: "/v1/runs/{id}/cancel", handle: (*Server).cancelRun},
 	{method: http.MethodPost, path: pathSendEvent, handle: (*Server).sendEvent},
 	{method: http.MethodPost, path: pathResumeHook, handle: (*Server).resumeHook},
+	{method: http.MethodGet, path: "/v1/workers", handle: (*Server).workers},
 	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
 	// The task-key reset's first name, before HTTP's Idempotency-Key (a
 	// run ID) and task keys had separate words.

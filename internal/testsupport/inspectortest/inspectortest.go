@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/internal/server/inspector"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
@@ -46,9 +47,12 @@ type Env struct {
 	T      *testing.T
 	Client *jetflow.Client
 	Srv    *httptest.Server // the API on /v1/, the inspector on /ui/
-	mu     sync.Mutex
-	tries  map[string]int   // charge attempts by run ID
-	holds  map[string]*hold // requests held, by method and path ("POST /v1/...")
+	// WorkerName is the name of the worker New starts.
+	WorkerName string
+	ns         *natsserver.Server
+	mu         sync.Mutex
+	tries      map[string]int   // charge attempts by run ID
+	holds      map[string]*hold // requests held, by method and path ("POST /v1/...")
 }
 
 // hold is what happens to the requests of one method and path that the
@@ -78,6 +82,7 @@ func New(t *testing.T, tokens ...string) *Env {
 	t.Helper()
 	e := &Env{T: t, tries: map[string]int{}, holds: map[string]*hold{}}
 	ns := testenv.Server(t)
+	e.ns = ns
 	ws := jetflow.NewRegistry()
 	require.NoError(t, ws.Register(
 		jetflow.NewWorkflow("echo", func(ctx *jetflow.Context, in EchoIn) (EchoIn, error) {
@@ -124,14 +129,9 @@ func New(t *testing.T, tokens ...string) *Env {
 		}, jetflow.WithEvent[string]("verified")),
 	))
 	require.NoError(t, ws.Register(waitWorkflows()...))
-	w, err := jetflow.NewWorker(testenv.Conn(t, ns), ws, jetflow.WorkerConfig{Logger: testenv.Logger(t)})
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctxT(t, 30*time.Second)))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
+	e.WorkerName = "inspector-test-worker"
+	e.Worker(e.WorkerName, ws)
+	var err error
 	e.Client, err = jetflow.NewClient(ctxT(t, 10*time.Second), testenv.Conn(t, ns), jetflow.ClientConfig{})
 	require.NoError(t, err)
 
@@ -200,6 +200,21 @@ func waitWorkflows() []jetflow.Registrable {
 			}, jetflow.WithMaxAttempts(2), jetflow.WithBackoff(20*time.Millisecond, 50*time.Millisecond))
 		}),
 	}
+}
+
+// Worker starts a worker called name serving ws, on its own connection;
+// it is stopped when the test ends (a Stop before that is the test's).
+func (e *Env) Worker(name string, ws *jetflow.Registry) *jetflow.Worker {
+	e.T.Helper()
+	w, err := jetflow.NewWorker(testenv.Conn(e.T, e.ns), ws, jetflow.WorkerConfig{Name: name, Logger: testenv.Logger(e.T)})
+	require.NoError(e.T, err)
+	require.NoError(e.T, w.Start(ctxT(e.T, 30*time.Second)))
+	e.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(e.T, w.Stop(ctx), "stopping worker %s", name) // a second Stop does nothing
+	})
+	return w
 }
 
 // Hold makes the requests method path (the path as the server sees it)

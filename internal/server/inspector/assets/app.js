@@ -194,7 +194,10 @@ function route() {
   const hash = location.hash.replace(/^#/, "") || "/";
   const [path, query] = hash.split("?");
   const m = path.match(/^\/runs\/(.+)$/);
-  view = m ? runView(decodeURIComponent(m[1])) : listView(new URLSearchParams(query || ""));
+  const workers = path === "/workers";
+  view = m ? runView(decodeURIComponent(m[1])) : workers ? workersView() : listView(new URLSearchParams(query || ""));
+  $("#nav-runs").setAttribute("aria-current", m || workers ? "false" : "page");
+  $("#nav-workers").setAttribute("aria-current", workers ? "page" : "false");
   view.refresh();
   schedule();
 }
@@ -853,6 +856,59 @@ function valueView(v, id, expanded) {
     el("pre", { tabIndex: 0, text: pretty(v) }));
   d.addEventListener("toggle", () => { if (d.open) expanded.add(id); else expanded.delete(id); });
   return d;
+}
+
+// ---- workers -----------------------------------------------------------------
+
+// workersView shows who serves what now (GET /v1/workers): the workers
+// running, each with the workflows it serves and its latest heartbeat, and
+// every workflow the deployment knows, with the workers serving it now
+// (none: its starts wait for a worker).
+function workersView() {
+  let stopped = false;
+  const error = el("div", { class: "result err", id: "workers-error", role: "alert", hidden: true });
+  const workers = el("tbody", { id: "workers-body" });
+  const workflows = el("tbody", { id: "workflows-body" });
+  const head = (...names) => el("thead", {}, el("tr", {}, names.map((h) => el("th", { scope: "col", text: h }))));
+  const noWorkers = el("p", { class: "muted", id: "workers-empty", text: "No worker is running: no liveness record is current.", hidden: true });
+  $("#view").replaceChildren(
+    el("h1", { class: "page-title", text: "Workers" }), error,
+    el("section", { class: "section" }, el("h2", { text: "Running now" }),
+      el("div", { class: "panel" }, el("table", { class: "grid-table roster", id: "workers" }, head("Worker", "ID", "Serves", "Since", "Latest heartbeat"), workers)), noWorkers),
+    el("section", { class: "section" }, el("h2", { text: "Workflows" }),
+      el("div", { class: "panel" }, el("table", { class: "grid-table roster", id: "workflows" }, head("Workflow", "Served now by", "First served by", "First served"), workflows))),
+    el("p", { class: "muted", text: "A running worker keeps a liveness record per workflow it serves, rewritten by its heartbeat; a stopped worker withdraws them, a dead one's expire within its liveness TTL. A workflow stays known once a worker has served it." }));
+
+  async function load() {
+    const r = await api("GET", "/v1/workers");
+    if (stopped) return;
+    if (!r.ok) {
+      error.textContent = problemText(r);
+      error.hidden = false;
+      return;
+    }
+    error.hidden = true;
+    stamp();
+    const d = r.data || {};
+    workers.replaceChildren(...(d.workers || []).map((w) => el("tr", { "data-worker-id": w.id },
+      el("td", { class: "w-name", text: w.name }),
+      el("td", { class: "w-id mono", text: w.id }),
+      el("td", { class: "w-serves" }, (w.workflows || []).map((name, i) => [i ? ", " : "", el("a", { href: "#/?" + listQuery({ workflow: name }), title: "runs of " + name, text: name })])),
+      el("td", {}, timeEl(w.since)),
+      el("td", {}, timeEl(w.beat)))));
+    noWorkers.hidden = (d.workers || []).length > 0;
+    workflows.replaceChildren(...(d.workflows || []).map((wf) => el("tr", { "data-workflow": wf.workflow },
+      el("td", { class: "wf-name" }, el("a", { href: "#/?" + listQuery({ workflow: wf.workflow }), title: "runs of " + wf.workflow, text: wf.workflow })),
+      el("td", { class: "wf-workers" }, wf.workers && wf.workers.length ? wf.workers.join(", ") : el("span", { class: "no-worker", text: "no worker: its starts wait for one" })),
+      el("td", { class: "wf-first", text: wf.first_worker || "—" }),
+      el("td", {}, timeEl(wf.first_served)))));
+  }
+
+  return {
+    refresh: load,
+    live: () => true,
+    stop: () => { stopped = true; },
+  };
 }
 
 // ---- start -----------------------------------------------------------------

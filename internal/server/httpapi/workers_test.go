@@ -1,0 +1,44 @@
+package httpapi
+
+import (
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetflow/jetflow"
+)
+
+// GET /v1/workers is Client.Roster: the test's worker with the workflows
+// it serves, each workflow known and served by it; a backend that cannot
+// read the roster is a 503.
+func TestWorkersRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.do(http.MethodGet, "/v1/workers", nil, "")
+	require.Equal(t, http.StatusOK, res.code, "%s", res.body)
+	var r jetflow.Roster
+	res.json(t, &r)
+	want, err := b.client.Roster(ctxT(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Len(t, r.Workers, 1, "%s", res.body)
+	w := r.Workers[0]
+	require.Equal(t, want.Workers[0].ID, w.ID)
+	require.Equal(t, want.Workers[0].Name, w.Name)
+	require.Equal(t, []string{"echo", "fails", "flaky", "hook", "keyed", "mailer", "reject", "strict", "waiter"}, w.Workflows)
+	require.False(t, w.Since.IsZero())
+	require.Len(t, r.Workflows, len(w.Workflows))
+	for _, kw := range r.Workflows {
+		require.True(t, slices.Contains(w.Workflows, kw.Workflow), kw.Workflow)
+		require.Equal(t, []string{w.Name}, kw.Workers, kw.Workflow)
+		require.Equal(t, w.Name, kw.FirstWorker, kw.Workflow)
+	}
+
+	s, err := New(Config{Backend: &fakeBackend{err: jetflow.ErrUnavailable}})
+	require.NoError(t, err)
+	res = doCtx(t, ctxT(t, 10*time.Second), newTestServer(t, s), http.MethodGet, "/v1/workers", nil, "")
+	require.Equal(t, http.StatusServiceUnavailable, res.code)
+	require.Equal(t, "1", res.header.Get("Retry-After"))
+}
