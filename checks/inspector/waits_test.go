@@ -189,4 +189,9 @@ func TestBrowserWaits(t *testing.T) {
 	b.eval(`document.querySelectorAll("#timeline .open-wait").length`, &openSteps)
 	require.Zero(t, waits, "no Waiting for section")
 	require.Zero(t, openSteps, fmt.Sprintf("no open wait in the timeline of %s", "order-311"))
+	// In call order: the invoice, then the wait the event ended, though
+	// the event's sender committed it without a place of its own.
+	var stepIDs []string
+	b.eval(`[...new Set([...document.querySelectorAll("#timeline .step-id")].map(s => s.textContent))]`, &stepIDs)
+	require.Equal(t, []string{"order-311.invoice.0", "order-311.event=paid.0"}, stepIDs)
 }
