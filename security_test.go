@@ -783,6 +783,13 @@ func runIDs(runs []Run) []string {
 // returns its URL. Passwords come from the environment, as in production.
 func securedServer(t *testing.T) string {
 	t.Helper()
+	return securedServerEdited(t, func(conf string) string { return conf })
+}
+
+// securedServerEdited is securedServer with accounts.conf passed through
+// edit first.
+func securedServerEdited(t *testing.T, edit func(conf string) string) string {
+	t.Helper()
 	for _, env := range []struct{ name, user string }{
 		{"JETFLOW_WORKER_PASSWORD", workerUser},
 		{"JETFLOW_PRODUCER_PASSWORD", producerUser},
@@ -794,7 +801,7 @@ func securedServer(t *testing.T) string {
 	raw, err := os.ReadFile(accountsConf)
 	require.NoError(t, err)
 	conf := filepath.Join(t.TempDir(), "accounts.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(uncommentTrusted(t, string(raw))), 0o600))
+	require.NoError(t, os.WriteFile(conf, []byte(edit(uncommentTrusted(t, string(raw)))), 0o600))
 
 	return testenv.ConfigServer(t, conf)
 }
@@ -876,4 +883,40 @@ func securedConn(t *testing.T, url, user string) (*nats.Conn, *permErrors) {
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc, perms
+}
+
+// A producer whose user may not make the batch read of a run's steps (an
+// accounts.conf from before that read) gets ErrPermissionDenied from
+// Steps at once, naming the subject, not a timeout reported as NATS being
+// unavailable.
+func TestStepsBatchReadDeniedFailsAtOnce(t *testing.T) {
+	const grant = "\"$JS.API.DIRECT.GET.KV_jetflow_steps\"\n"
+	url := securedServerEdited(t, func(conf string) string {
+		// The producer's and the operator's grant, not the worker's.
+		const mark = "# without a key; the request names the keys).\n"
+		i := strings.Index(conf, mark)
+		require.GreaterOrEqual(t, i, 0, "accounts.conf has no batch read grant for producers")
+		head, rest := conf[:i+len(mark)], conf[i+len(mark):]
+		j := strings.Index(rest, grant)
+		require.GreaterOrEqual(t, j, 0)
+		return head + rest[:j] + rest[j+len(grant):]
+	})
+	wnc, _ := securedConn(t, url, workerUser)
+	wf := threeSteps("denied-steps", newCounter())
+	w := startWorker(t, wnc, WorkerConfig{}, wf)
+	stopAtEnd(t, w, 10*time.Second)
+	pnc, _ := securedConn(t, url, producerUser)
+	ctx := ctxT(t, 30*time.Second)
+	c, err := NewClient(ctx, pnc, ClientConfig{})
+	require.NoError(t, err)
+	_, err = c.StartByName(ctx, "denied-steps", json.RawMessage(`1`), WithRunID("denied-1"))
+	require.NoError(t, err)
+	_, err = c.WaitRun(ctx, "denied-1")
+	require.NoError(t, err)
+
+	_, err = c.Steps(ctx, "denied-1")
+	require.ErrorIs(t, err, ErrPermissionDenied)
+	require.NotErrorIs(t, err, ErrUnavailable)
+	require.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_jetflow_steps")
+	require.NoError(t, ctx.Err(), "the refusal ended the read, not the context")
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -187,6 +188,13 @@ type OpenWait struct {
 	Until time.Time `json:"until,omitzero"`
 }
 
+// historyReads are the subjects of history's batch reads: a direct get on
+// the steps and the attempts buckets' streams, without a key.
+var historyReads = []string{
+	"$JS.API.DIRECT.GET.KV_" + jetstream.StepsBucket,
+	"$JS.API.DIRECT.GET.KV_" + jetstream.AttemptsBucket,
+}
+
 // history is what Steps and OpenWaits read.
 type history struct {
 	steps []StepRecord
@@ -199,14 +207,25 @@ type history struct {
 // sender committed (which carries no place of its own) and gives a
 // committed wait its start.
 func (c *Client) history(ctx context.Context, runID, identity string) (history, error) {
-	// Step IDs have three tokens; the run's lease (two) is not a step.
-	entries, err := c.assets.Steps.Matching(ctx, identity+".*.*")
-	if err != nil {
-		return history{}, fmt.Errorf("jetflow: read the steps of %s: %w", runID, err)
+	// A batch read the connection's user may not make gets no answer:
+	// the server's refusal fails it at once (ErrPermissionDenied), not at
+	// the end of ctx as if NATS were down.
+	rctx, stop := c.denials.watch(ctx, c.nc, historyReads...)
+	defer stop()
+	failed := func(what string, err error) error {
+		if cause := context.Cause(rctx); errors.Is(cause, ErrPermissionDenied) {
+			err = cause
+		}
+		return fmt.Errorf("jetflow: read the %s of %s: %w", what, runID, err)
 	}
-	marks, err := c.assets.Attempts.Matching(ctx, state.WaitKeys(identity))
+	// Step IDs have three tokens; the run's lease (two) is not a step.
+	entries, err := c.assets.Steps.Matching(rctx, identity+".*.*")
 	if err != nil {
-		return history{}, fmt.Errorf("jetflow: read the waits of %s: %w", runID, err)
+		return history{}, failed("steps", err)
+	}
+	marks, err := c.assets.Attempts.Matching(rctx, state.WaitKeys(identity))
+	if err != nil {
+		return history{}, failed("waits", err)
 	}
 	waits := make(map[string]state.Wait, len(marks))
 	for _, e := range marks {
