@@ -101,7 +101,8 @@ func (c *Client) Steps(ctx context.Context, runID string) (_ []StepRecord, err e
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	h, err := c.history(ctx, runID, c.identity(ctx, runID))
+	identity, ended := c.current(ctx, runID)
+	h, err := c.history(ctx, runID, identity, ended)
 	return h.steps, err
 }
 
@@ -115,7 +116,8 @@ func (c *Client) OpenWaits(ctx context.Context, runID string) (_ []OpenWait, err
 	if err := state.ValidateRunID(runID); err != nil {
 		return nil, err
 	}
-	h, err := c.history(ctx, runID, c.identity(ctx, runID))
+	identity, ended := c.current(ctx, runID)
+	h, err := c.history(ctx, runID, identity, ended)
 	return h.waits, err
 }
 
@@ -142,7 +144,7 @@ func (c *Client) Describe(ctx context.Context, runID string) (_ RunDescription, 
 		return RunDescription{}, err
 	}
 	identity := state.RunIdentity(runID, run.Generation)
-	h, err := c.history(ctx, runID, identity)
+	h, err := c.history(ctx, runID, identity, run.Status.Terminal())
 	if err != nil {
 		return RunDescription{}, err
 	}
@@ -201,12 +203,14 @@ type history struct {
 	waits []OpenWait
 }
 
-// history reads the committed steps and the wait records of runID's
-// generation whose records are keyed by identity, a snapshot of each
-// bucket, and orders both by call. A wait's record places the event its
-// sender committed (which carries no place of its own) and gives a
-// committed wait its start.
-func (c *Client) history(ctx context.Context, runID, identity string) (history, error) {
+// history reads the committed steps, the lease and the wait records of
+// runID's generation whose records are keyed by identity (ended: the run
+// has ended), a snapshot of each bucket, and orders them by call. A wait's
+// record places the event its sender committed (which carries no place of
+// its own) and gives a committed wait its start. A wait is open while its
+// step has no record, the run has not ended and, when the run is parked,
+// the park awaits it (the losers of an AwaitFirst are not).
+func (c *Client) history(ctx context.Context, runID, identity string, ended bool) (history, error) {
 	// A batch read the connection's user may not make gets no answer:
 	// the server's refusal fails it at once (ErrPermissionDenied), not at
 	// the end of ctx as if NATS were down.
@@ -218,8 +222,8 @@ func (c *Client) history(ctx context.Context, runID, identity string) (history, 
 		}
 		return fmt.Errorf("jetflow: read the %s of %s: %w", what, runID, err)
 	}
-	// Step IDs have three tokens; the run's lease (two) is not a step.
-	entries, err := c.assets.Steps.Matching(rctx, identity+".*.*")
+	// Step IDs have three tokens, the run's lease two.
+	entries, err := c.assets.Steps.Matching(rctx, identity+".>")
 	if err != nil {
 		return history{}, failed("steps", err)
 	}
@@ -237,7 +241,16 @@ func (c *Client) history(ctx context.Context, runID, identity string) (history, 
 	}
 	var h history
 	placed := make(map[string]bool, len(entries)) // steps whose place in call order is known
+	var lease *state.Lease
 	for _, e := range entries {
+		if e.Key == state.LeaseKey(identity) {
+			l, err := state.DecodeLease(e.Value)
+			if err != nil {
+				return history{}, fmt.Errorf("jetflow: lease of %s: %w", runID, err)
+			}
+			lease = &l
+			continue
+		}
 		s, err := state.DecodeKeyedStep(e.Value)
 		if err != nil {
 			return history{}, err
@@ -247,7 +260,9 @@ func (c *Client) history(ctx context.Context, runID, identity string) (history, 
 		if w, ok := waits[s.StepID]; ok {
 			rec.Seq, placed[rec.StepID] = w.Seq, true
 			if rec.StartedAt.IsZero() {
-				rec.StartedAt = w.Since
+				// A wait recorded after its end (an event that came
+				// first) began when it ended.
+				rec.StartedAt = minTime(w.Since, rec.CommittedAt)
 			}
 			delete(waits, s.StepID)
 		}
@@ -265,7 +280,10 @@ func (c *Client) history(ctx context.Context, runID, identity string) (history, 
 		}
 		return a.CommittedAt.Compare(b.CommittedAt)
 	})
-	for _, w := range waits { // the ones whose step has not committed
+	for id, w := range waits { // the ones whose step has not committed
+		if ended || lease != nil && lease.State == state.LeaseParked && !slices.Contains(lease.Waits, id) {
+			continue
+		}
 		h.waits = append(h.waits, toOpenWait(w))
 	}
 	slices.SortFunc(h.waits, func(a, b OpenWait) int { return cmp.Compare(waitSeq(a, waits), waitSeq(b, waits)) })
@@ -294,8 +312,21 @@ func toStepRecord(s state.KeyedStep) StepRecord {
 // identity is the key prefix of the current generation of runID's
 // records (the run ID itself when it has no record).
 func (c *Client) identity(ctx context.Context, runID string) string {
+	identity, _ := c.current(ctx, runID)
+	return identity
+}
+
+// current is identity, and whether that generation has ended.
+func (c *Client) current(ctx context.Context, runID string) (identity string, ended bool) {
 	if r, _, err := c.runs.Get(ctx, runID); err == nil {
-		return state.RunIdentity(runID, r.Generation)
+		return state.RunIdentity(runID, r.Generation), r.Status.Terminal()
 	}
-	return runID
+	return runID, false
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -153,3 +153,63 @@ func requireNames(t *testing.T, c *Client, runID string, names ...string) []Step
 	require.Equal(t, names, got)
 	return steps
 }
+
+// An event sent while the run is parked at an earlier wait is placed where
+// its own wait stands, after the sleep; the loser of an AwaitFirst is not
+// an open wait once the run has moved on; an ended run waits for nothing.
+func TestOpenWaitsAfterParkRaceAndEnd(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	parked := NewWorkflow("parked", func(ctx *Context, _ int) (string, error) {
+		if err := Sleep(ctx, "nap", time.Second); err != nil {
+			return "", err
+		}
+		if _, err := WaitEvent[carrierUpdate](ctx, "carrier"); err != nil {
+			return "", err
+		}
+		return Step(ctx, "after", func(context.Context) (string, error) { return "done", nil })
+	}, WithEvent[carrierUpdate]("carrier"))
+	racer := NewWorkflow("racer", func(ctx *Context, _ int) (string, error) {
+		ev := OnEvent[carrierUpdate](ctx, "carrier")
+		if _, err := AwaitFirst(ctx, ev, Timer(ctx, "give-up", time.Hour)); err != nil {
+			return "", err
+		}
+		_, err := WaitEvent[carrierUpdate](ctx, "next")
+		return "next", err
+	}, WithEvent[carrierUpdate]("carrier"), WithEvent[carrierUpdate]("next"))
+	env.worker(WorkerConfig{Concurrency: 4}, parked, racer)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+
+	h, err := Start(ctx, c, parked, 0, WithRunID("pk-1"))
+	require.NoError(t, err)
+	waitFor(t, ctx, c, "pk-1", "sleep")
+	_, err = c.SendEvent(ctx, "pk-1", "carrier", "evt-pk", json.RawMessage(`{"status":"early"}`))
+	require.NoError(t, err)
+	_, err = h.Result(ctx)
+	require.NoError(t, err)
+	steps := requireNames(t, c, "pk-1", "nap", "event=carrier", "after")
+	require.False(t, steps[1].StartedAt.After(steps[1].CommittedAt), "a wait begins no later than it ends")
+
+	_, err = Start(ctx, c, racer, 0, WithRunID("rc-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ws, err := c.OpenWaits(ctx, "rc-1")
+		require.NoError(t, err)
+		return len(ws) == 2
+	}, 20*time.Second, 20*time.Millisecond, "the race's two waits")
+	_, err = c.SendEvent(ctx, "rc-1", "carrier", "evt-rc", json.RawMessage(`{"status":"won"}`))
+	require.NoError(t, err)
+	next := waitFor(t, ctx, c, "rc-1", "event")
+	require.Equal(t, "next", next.Event, "the timer that lost the race is not waited for")
+
+	_, err = c.CancelRun(ctx, "rc-1")
+	require.NoError(t, err)
+	ws, err := c.OpenWaits(ctx, "rc-1")
+	require.NoError(t, err)
+	require.Empty(t, ws, "a cancelled run waits for nothing")
+	d, err := c.Describe(ctx, "rc-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCancelled, d.Status)
+	require.Empty(t, d.Waits)
+}

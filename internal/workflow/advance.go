@@ -32,6 +32,15 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 		}
 	}
 	for _, p := range opened {
+		if p.rec != nil && begin && p.class == classWait && p.rec.EventID != "" && p.rec.Seq != p.seq {
+			// An event its sender committed before the body came here
+			// (it carries no place): the wait's record gives it one, and
+			// says when the body reached the wait.
+			if _, err := h.markWait(p, state.Wait{Kind: p.call.wait.Kind, Event: p.call.wait.Event,
+				Token: p.call.wait.Token, Since: h.e.cfg.TimerNow()}); err != nil {
+				return -1, &settlement{kind: settleRelease, err: err}
+			}
+		}
 		if p.rec != nil || !(begin || h.timerOf(p)) {
 			continue
 		}

@@ -101,7 +101,7 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"POST /v1/workflows/{name}/runs":    append([]int{201, 400, 404, 409, 413, 415, 422}, common...),
 		"GET /v1/runs":                      append([]int{200, 400}, common...),
 		"GET /v1/runs/counts":               append([]int{200, 400}, common...),
-		"GET /v1/runs/{id}":                 append([]int{200, 400, 404}, common...),
+		"GET /v1/runs/{id}":                 append([]int{200, 400, 403, 404}, common...),
 		"GET /v1/runs/{id}/result":          append([]int{200, 202, 400, 404}, common...),
 		"POST /v1/runs/{id}/cancel":         append([]int{200, 400, 403, 404, 409}, common...),
 		"POST /v1/runs/{id}/events/{name}":  append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),

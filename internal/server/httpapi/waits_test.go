@@ -1,7 +1,9 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -60,4 +62,24 @@ func names(steps []jetflow.StepRecord) []string {
 		out[i] = s.Name
 	}
 	return out
+}
+
+// GET /v1/runs/{id} answers a read the server's NATS user may not make
+// with 403 (retrying does not help), unavailability with 503, a missing
+// run with 404.
+func TestGetRunErrorStatuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		code int
+	}{
+		{jetflow.ErrRunNotFound, 404},
+		{fmt.Errorf("%w: the NATS server refused a publish to $JS.API.DIRECT.GET.KV_jetflow_steps", jetflow.ErrPermissionDenied), 403},
+		{fmt.Errorf("%w: disconnected", jetflow.ErrUnavailable), 503},
+	} {
+		s, err := New(Config{Backend: &fakeBackend{err: tc.err}})
+		require.NoError(t, err)
+		rec := serveChecked(t, s, httptest.NewRequest(http.MethodGet, "/v1/runs/r-1", nil), checkAll)
+		require.Equal(t, tc.code, rec.Code, "%v: %s", tc.err, rec.Body)
+	}
 }
