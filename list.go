@@ -190,21 +190,59 @@ func (c *Client) repairIndex(ctx context.Context, stale []listing) {
 // indexWrites are the subjects a repair of the run index publishes to.
 var indexWrites = []string{"$JS.API.STREAM.PURGE." + jetstream.IndexStream, "jetflow.runindex."}
 
-// readIndex runs read, a read of the run index; when the index stream is
-// missing (deleted by hand) it makes it again, fills it from the run
-// records, and reads again.
+// readIndex runs read, a read of the run index, on a complete index: it
+// first looks for the marker of a completed build (one direct get), as
+// a read of an index being built would miss runs. When the stream is
+// missing (deleted by hand) it makes it again; when no build has completed
+// (the stream was just made again, here or by a worker's sweeper, which
+// may be building it now) it builds it from the run records (builds may
+// run at once), or, when this client's NATS user may not write the index
+// (a producer), waits for a worker's build. A stream deleted between the
+// check and the read is made again once more.
 func (c *Client) readIndex(ctx context.Context, read func() error) error {
-	err := read()
-	if !errors.Is(err, runindex.ErrMissing) {
-		return err
+	for attempt := 1; ; attempt++ {
+		built, err := c.runs.Index().Built(ctx)
+		if errors.Is(err, runindex.ErrMissing) {
+			built, err = false, c.assets.EnsureIndexStream(ctx)
+		}
+		if err == nil && !built {
+			err = c.buildIndex(ctx)
+		}
+		if err == nil {
+			err = read()
+		}
+		if !errors.Is(err, runindex.ErrMissing) || attempt == 2 {
+			return err
+		}
 	}
-	if err := c.assets.EnsureIndexStream(ctx); err != nil {
-		return err
+}
+
+// buildIndex builds the run index from the run records (runs.Store's
+// EnsureIndex) or, when this client's user may not write the index, waits
+// until a worker's build has completed, within ctx.
+func (c *Client) buildIndex(ctx context.Context) error {
+	if !c.noIndexRepair.Load() {
+		wctx, stop := c.denials.watch(ctx, c.nc, indexWrites...)
+		_, err := c.runs.EnsureIndex(wctx)
+		stop()
+		if !errors.Is(context.Cause(wctx), ErrPermissionDenied) {
+			return err
+		}
+		c.noIndexRepair.Store(true)
 	}
-	if _, err := c.runs.EnsureIndex(ctx); err != nil {
-		return err
+	wait := 20 * time.Millisecond
+	for {
+		built, err := c.runs.Index().Built(ctx)
+		if err != nil || built {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: the run index is being built by the workers: %w", ErrUnavailable, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
-	return read()
 }
 
 // RunCounts is how many kept runs are in each state.

@@ -35,9 +35,20 @@ func (x *Index) Built(ctx context.Context) (bool, error) {
 	return len(msgs) > 0, nil
 }
 
-// Current reads the record of a run ID as it stands now (nil: none): the
-// rebuild checks its running entries against it (runs.Store).
-type Current func(ctx context.Context, runID string) (*state.Run, error)
+// builtAt is the stream sequence of the marker of the last completed
+// build (0: none).
+func (x *Index) builtAt(ctx context.Context) (uint64, error) {
+	msgs, _, err := x.direct(ctx, directRequest{LastFor: builtSubject})
+	if err != nil || len(msgs) == 0 {
+		return 0, err
+	}
+	return seqOf(msgs[0])
+}
+
+// Current reads the record of a run ID as it stands now, with what is left
+// of its expiry (nil: none): the rebuild checks its running entries
+// against it (runs.Store).
+type Current func(ctx context.Context, runID string) (*Record, error)
 
 // Ensure makes sure the index is complete: when no build has completed
 // (a new deployment, a stream deleted and provisioned again, a build cut
@@ -124,14 +135,40 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 }
 
 // dropIfStale removes entry e when the run's record, read now, is not the
-// one e stands for.
+// one e stands for. The record's own entries are written first
+// (create-if-absent): the run moved on while src read it, and its writer's
+// entry may be missing (it wrote while the index stream was gone), so
+// removing e alone could leave the run out of the index.
 func (x *Index) dropIfStale(ctx context.Context, e Entry, cur Current) error {
-	run, err := cur(ctx, e.RunID)
+	r, err := cur(ctx, e.RunID)
 	if err != nil {
 		return err
 	}
-	if run != nil && e.Matches(*run) && e.StandsFor(*run) {
+	if r != nil && e.Matches(r.Run) && e.StandsFor(r.Run) {
 		return nil
+	}
+	if r != nil && (!r.Run.Status.Terminal() || r.TTL > time.Second) {
+		var acks []natsjs.PubAckFuture
+		if e.AttrName == "" {
+			f, err := x.putIfAbsent(r.Run, r.TTL)
+			if err != nil {
+				return err
+			}
+			acks = append(acks, f)
+		} else if acks, _, err = x.putAttributesIfAbsent(r.Run, r.TTL); err != nil {
+			return err
+		}
+		for _, f := range acks {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				if !jetstream.IsWrongLastSequence(err) { // written already
+					return err
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 	}
 	return x.RemoveEntry(ctx, e)
 }

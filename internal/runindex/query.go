@@ -90,6 +90,17 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		hi = min(hi, q.Before)
 	}
 	lo := first
+	// Entries are in time order after the marker of the last build: a
+	// build writes the runs' entries in the order of their records' writes,
+	// beside live writes of runs that change meanwhile, so before the
+	// marker an entry's place says nothing of its time. A time bound that
+	// falls there is applied to the entries' times alone (admits).
+	var ordered uint64
+	if !q.Since.IsZero() || !q.Until.IsZero() {
+		if ordered, err = x.builtAt(ctx); err != nil {
+			return Page{}, err
+		}
+	}
 	// An attribute entry is written just after its run's entry, so it may
 	// follow the first entry at Until: a page by attribute is bounded by
 	// the entries' times alone at that end.
@@ -98,14 +109,16 @@ func (x *Index) Page(ctx context.Context, q Query) (Page, error) {
 		if err != nil {
 			return Page{}, err
 		}
-		hi = min(hi, s)
+		hi = min(hi, max(s, ordered))
 	}
 	if !q.Since.IsZero() {
 		s, err := x.seqAt(ctx, q.Since, first, last)
 		if err != nil {
 			return Page{}, err
 		}
-		lo = max(lo, s)
+		if s > ordered {
+			lo = max(lo, s)
+		}
 	}
 	filter := q.filter()
 	// got holds the newest entry of each run found, newest first: a run

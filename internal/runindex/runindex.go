@@ -97,12 +97,20 @@ func New(assets *jetstream.Assets) *Index {
 // RemoveOlder). An entry already on the same subject (a repeat call, or
 // the entry a rebuild of the index wrote from the record while this
 // write was retried) is replaced, so a subject holds one entry and
-// counts stay right. The usual write, onto an empty subject, is one
-// request; a replacement costs a second one.
+// counts stay right — unless it is this very entry (same run, state and
+// time), which stays where it is: moving it to the top of the index would
+// hide it from a walk in progress. The usual write, onto an empty subject,
+// is one request; an entry already there costs a read, and a replacement
+// a write more.
 func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
 	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequencePerSubject(0))
 	if !jetstream.IsWrongLastSequence(err) {
 		return seq, err
+	}
+	if e, ok, err := x.last(ctx, run); err != nil {
+		return 0, err
+	} else if ok && e.Written(run) && e.UpdatedAt.Equal(run.UpdatedAt) {
+		return e.Seq, nil
 	}
 	if seq, err = x.put(ctx, run, ttl); err != nil {
 		return 0, err

@@ -465,7 +465,7 @@ func (s *Store) repairTTL(run state.Run) time.Duration {
 
 // current reads the record of runID for the run index's rebuild: nil when
 // there is none.
-func (s *Store) current(ctx context.Context, runID string) (*state.Run, error) {
+func (s *Store) current(ctx context.Context, runID string) (*runindex.Record, error) {
 	run, _, err := s.Get(ctx, runID)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil
@@ -473,7 +473,7 @@ func (s *Store) current(ctx context.Context, runID string) (*state.Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &run, nil
+	return &runindex.Record{Run: run, TTL: s.entryTTL(run)}, nil
 }
 
 // entryTTL is what is left of run's record's expiry: none while it runs,

@@ -373,10 +373,19 @@ func TestRepairStaleIndexEntry(t *testing.T) {
 	require.NoError(t, err)
 	old := runindex.EntryOf(ghost)
 	old.Seq = seq
-	_, err = s.Index().Put(ctx(t), ghost, jetstream.TTLNever) // a new run under the ID, written since
+	_, err = s.Index().Put(ctx(t), running("r-ghost", "g2"), jetstream.TTLNever) // a new run under the ID, written since
 	require.NoError(t, err)
 	require.NoError(t, s.Repair(ctx(t), old, nil))
 	require.Contains(t, indexed(t, s, state.StatusRunning), "r-ghost")
+
+	// The same entry put again (a retried write, or a rebuild's) stays
+	// where it is: moving it would hide it from a walk in progress.
+	same := running("r-same", "s") // with its token: its writer's entry
+	first, err := s.Index().Put(ctx(t), same, jetstream.TTLNever)
+	require.NoError(t, err)
+	again, err := s.Index().Put(ctx(t), same, jetstream.TTLNever)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
 
 	// An entry written late for a running run never expires.
 	late := running("r-late", "l")
