@@ -199,6 +199,8 @@ type Assets struct {
 	// AfterCreate, when set, runs after a run record's create-if-absent
 	// write succeeded and before anything else: a crash point for tests.
 	AfterCreate func(runID string)
+
+	attempt time.Duration // bounds one try of a consumer request (apiAttempt)
 }
 
 // Mode says whether Provision may change existing resources.
@@ -226,7 +228,7 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 	if err != nil {
 		return nil, fmt.Errorf("jetflow: jetstream context: %w", err)
 	}
-	p := provisioner{js: js, mode: mode}
+	p := provisioner{js: js, mode: mode, attempt: apiAttempt}
 	for _, o := range opts {
 		o(&p)
 	}
@@ -287,7 +289,8 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		return nil, fmt.Errorf("jetflow: provision stream %s: %w", IndexStream, err)
 	}
 	direct := newDirectMux(nc)
-	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, Index: index, TaskKeys: newTaskKeys(p, topo, storage)}
+	a := &Assets{Topology: topo, JS: js, Tasks: tasks, Starts: starts, Timers: timers, Index: index,
+		TaskKeys: newTaskKeys(p, topo, storage), attempt: p.attempt}
 	for _, b := range []struct {
 		name    string
 		desc    string
@@ -362,7 +365,7 @@ func (a *Assets) EnsureIndexStream(ctx context.Context) error {
 	if a.Topology.MemoryStorage {
 		storage = natsjs.MemoryStorage
 	}
-	p := provisioner{js: a.JS, mode: Ensure}
+	p := provisioner{js: a.JS, mode: Ensure, attempt: a.attempt}
 	if _, err := p.ensureStream(ctx, indexStreamConfig(a.Topology, storage)); err != nil {
 		return fmt.Errorf("jetflow: provision stream %s: %w", IndexStream, err)
 	}
@@ -385,9 +388,49 @@ func LogChanges(log func(msg string, kv ...any)) ProvisionOption {
 
 // provisioner creates and binds streams and buckets in one Mode.
 type provisioner struct {
-	js   natsjs.JetStream
-	mode Mode
-	log  func(msg string, kv ...any) // nil: no log
+	js      natsjs.JetStream
+	mode    Mode
+	log     func(msg string, kv ...any) // nil: no log
+	attempt time.Duration               // bounds one try of a request (apiAttempt)
+}
+
+// apiAttempt bounds one try of a JetStream API request made to create or
+// bind a stream, bucket or consumer. A clustered JetStream without a meta
+// leader (electing one, or with too few nodes up yet) does not answer
+// such a request at all: the request is lost, not queued, and a caller
+// that waited for its answer until its own deadline would wait in vain
+// after the leader is back. nats.go's own default for an API request.
+const apiAttempt = 5 * time.Second
+
+// retried calls f until f succeeds, fails with an error that is not
+// transient (IsTransient), or ctx ends, and returns f's last result.
+// Each call gets a context that ends after attempt (apiAttempt when not
+// positive) or with ctx; between two calls it pauses, from 100ms
+// doubling to 1s. f must be idempotent: a try that timed out may have
+// taken effect (its answer was lost), and the next one must find what it
+// did — ensureStream, ensureBucket and ensureConsumer read before they
+// create, and treat "already exists" as found.
+func retried[T any](ctx context.Context, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
+	if attempt <= 0 {
+		attempt = apiAttempt
+	}
+	pause := 100 * time.Millisecond
+	for {
+		try, cancel := context.WithTimeout(ctx, attempt)
+		v, err := f(try)
+		cancel()
+		if err == nil || !IsTransient(err) || ctx.Err() != nil {
+			return v, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+		pause = min(2*pause, time.Second)
+	}
 }
 
 // ensureStream creates the stream cfg describes, or binds to it; in
@@ -396,7 +439,13 @@ type provisioner struct {
 // updated: every worker start would otherwise send an update to the
 // stream (a replicated proposal in a cluster) while other workers create
 // consumers on it.
+// Each try is bounded by p.attempt and retried while it fails transiently
+// (retried).
 func (p provisioner) ensureStream(ctx context.Context, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
+	return retried(ctx, p.attempt, func(ctx context.Context) (natsjs.Stream, error) { return p.ensureStreamOnce(ctx, cfg) })
+}
+
+func (p provisioner) ensureStreamOnce(ctx context.Context, cfg natsjs.StreamConfig) (natsjs.Stream, error) {
 	s, err := p.js.Stream(ctx, cfg.Name)
 	if err == nil && p.mode == CreateOrUpdate {
 		if changes := diff(cfg, s.CachedInfo().Config); len(changes) > 0 {
@@ -418,6 +467,10 @@ func (p provisioner) ensureStream(ctx context.Context, cfg natsjs.StreamConfig) 
 
 // ensureBucket is ensureStream for a KV bucket.
 func (p provisioner) ensureBucket(ctx context.Context, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
+	return retried(ctx, p.attempt, func(ctx context.Context) (natsjs.KeyValue, error) { return p.ensureBucketOnce(ctx, cfg) })
+}
+
+func (p provisioner) ensureBucketOnce(ctx context.Context, cfg natsjs.KeyValueConfig) (natsjs.KeyValue, error) {
 	kv, err := p.js.KeyValue(ctx, cfg.Bucket)
 	if err == nil && p.mode == CreateOrUpdate {
 		st, err := kv.Status(ctx)
@@ -530,8 +583,15 @@ func (a *Assets) EnsureConsumer(ctx context.Context, workflow string, kind TaskK
 // binds to the existing one; deliveries are not limited (the engine counts
 // attempts). The consumer's AckWait and MaxAckPending are the deployment's:
 // the first process creates them, later ones follow them, and only
-// ApplyAckWait changes AckWait.
+// ApplyAckWait changes AckWait. Each try is bounded and retried as
+// ensureStream's.
 func (a *Assets) ensureConsumer(ctx context.Context, stream, durable, filter, desc string, cc ConsumerConfig) (natsjs.Consumer, error) {
+	return retried(ctx, a.attempt, func(ctx context.Context) (natsjs.Consumer, error) {
+		return a.ensureConsumerOnce(ctx, stream, durable, filter, desc, cc)
+	})
+}
+
+func (a *Assets) ensureConsumerOnce(ctx context.Context, stream, durable, filter, desc string, cc ConsumerConfig) (natsjs.Consumer, error) {
 	cfg := natsjs.ConsumerConfig{
 		Durable:       durable,
 		Description:   desc,
