@@ -46,8 +46,8 @@
 //     first delivery of a wake, finding the lease parked or released by
 //     another message's holder, holds it at that revision without a write;
 //     so does the delivery right after one that handed its task back
-//     unstarted (no later one: two holders must never share a revision,
-//     since a commit does not move the lease).
+//     unstarted or parked the run (no later one: two holders must never
+//     share a revision, since a commit does not move the lease).
 //     A redelivery, or a delivery that finds the lease held by another,
 //     waits until that holder parks, releases, or stops renewing for a whole
 //     AckWait, then takes the lease over with compare-and-set: from then
@@ -62,11 +62,11 @@
 //     await on the records, or parks.
 //  4. Settle (runsettle.go): finish (record the run's end with
 //     compare-and-set, tell the parent, ack), park (write the lease parked
-//     at the await's epoch, ack and confirm, then read what it waits for
-//     once more and wake the run if it is committed: a commit whose wake
-//     this task absorbed is not lost), release (write the lease released,
-//     nak after ReleaseDelay) or lost (the lease was taken over: leave the
-//     message to its new holder).
+//     at the await's epoch, read what it waits for once more, then ack and
+//     confirm, or nak at once if it is committed now: a commit whose wake
+//     this task absorbed is not lost, even if the holder dies in between),
+//     release (write the lease released, nak after ReleaseDelay) or lost
+//     (the lease was taken over: leave the message to its new holder).
 //
 // A holder proves its lease by its delivery and by every fenced write the
 // broker accepts; a proof is good for two thirds of an AckWait. It renews

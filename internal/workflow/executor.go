@@ -69,8 +69,8 @@ type Hooks struct {
 	// its parent), before it acknowledges the run's task.
 	AfterFinish func(runID string)
 	// AfterPark runs once a holder has parked a run (its lease written
-	// parked, its task acknowledged), with the run ID and the steps the
-	// body waits for.
+	// parked, nothing it waits for committed, its task acknowledged),
+	// with the run ID and the steps the body waits for.
 	AfterPark func(runID string, waits []string)
 }
 

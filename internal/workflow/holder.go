@@ -148,6 +148,10 @@ type held struct {
 //   - follows the delivery that handed its message back unstarted: holds
 //     the lease at that revision without writing, as that delivery
 //     would have;
+//   - follows the delivery that parked the run (and then handed the
+//     message back, its last look having found the await decided, or
+//     died or failed to acknowledge): holds the parked lease without
+//     writing, as a wake's first delivery would;
 //   - otherwise (a redelivery, or a lease held by another delivery): takes
 //     the lease over with compare-and-set, after waiting out a lease
 //     still renewed by a live holder (wait), and reads the history again,
@@ -188,6 +192,14 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 			// over with a write below, which fences that one.
 			found.State = ""
 			h := &holder{e: e, d: d, clean: found.Clean, inherited: found.Inherited, lease: lease(hist.leaseRev, found, d.msg.Received)}
+			return held{holder: h, history: hist}, nil
+		case found.State == state.LeaseParked && found.Seq == d.seq && found.Delivered == d.delivered-1:
+			// The delivery just before this one parked the run: it
+			// started nothing after, so this one takes the run as a
+			// clean holder, without a write. Only the next delivery may,
+			// as for a hand-back above: a later one's predecessor may
+			// hold the run at this very revision.
+			h := &holder{e: e, d: d, clean: true, lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil
 		case d.delivered == 1 && (hist.lease == nil || found.Seq != d.seq && found.State != state.LeaseHeld):
 			parked := found.State == state.LeaseParked

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -74,10 +73,18 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 
 // park leaves the run waiting for what s's await waits for: the lease is
 // written parked (the holder's last write: nothing it does after commits),
-// then the task is acknowledged and its acknowledgement confirmed. From
-// then on a wake is stored rather than absorbed by this task, so the
-// holder looks at what it waits for once more: a commit that came after
-// the await read it, and whose wake this task absorbed, wakes the run now.
+// its heartbeats stop, and the holder looks at what it waits for once
+// more, before it acknowledges the task. A commit that came after the
+// await read the history found the lease not parked, so its committer
+// left the wake to this holder (or its wake was absorbed by this task):
+// the look sees it, and the task is handed back at once (nak) instead of
+// acknowledged; its redelivery takes the parked run over and replays.
+// Only when the look finds nothing is the task acknowledged, and its
+// acknowledgement confirmed. A commit after the look finds the lease
+// parked and wakes the run itself (Wake waits out this task while it is
+// still stored). So a holder that dies anywhere in park loses nothing: up
+// to the acknowledgement its task is redelivered, and after it nothing is
+// left for it to do.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	waits := stepIDs(s.waits)
 	parked, err := h.lease.park(s.epoch, waits, !s.first)
@@ -90,60 +97,59 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 		return
 	}
 	d.msg.Stop()
-	actx, cancel := context.WithTimeout(d.nctx, 10*time.Second)
-	err = d.msg.Msg.DoubleAck(actx)
-	cancel()
-	if err != nil {
-		// Redelivered after AckWait: its holder takes the parked run over
-		// and looks again.
-		d.log.Warn().Err(err).Msg("cannot confirm the parked run's acknowledgement")
+	msg := d.msg.Msg
+	decided, err := e.lookAgain(d, s, parked)
+	switch {
+	case err != nil:
+		d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for; task handed back")
+		settleErr(d.log, msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		return
+	case decided:
+		settleErr(d.log, msg.Nak(), "nak")
 		return
 	}
-	if err := e.lookAgain(d, s, parked); err != nil {
-		// The wait's recheck timer, or the sweeper, wakes it.
-		d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for")
+	actx, cancel := context.WithTimeout(d.nctx, 10*time.Second)
+	err = msg.DoubleAck(actx)
+	cancel()
+	if err != nil {
+		// Redelivered after AckWait: its holder takes the parked run over.
+		d.log.Warn().Err(err).Msg("cannot confirm the parked run's acknowledgement")
+		return
 	}
 	if hook := e.cfg.Hooks.AfterPark; hook != nil {
 		hook(d.run.RunID, waits)
 	}
 }
 
-// lookAgain reads what the run parked at lease revision parked waits for
-// (s), and wakes the run when it is committed now. It runs after the
-// task's acknowledgement was confirmed: a branch or an event whose wake
-// was absorbed by this task committed before that, so the read must see
-// every write stored before it began. On a single server the batch read
-// does; a replicated bucket's may come from a lagging replica, so there
+// lookAgain reports whether the await that parked the run at lease
+// revision parked (s) can be decided now: its first wait committed (s.first),
+// or all of them. The read sees every write stored before it began: on a
+// single server one batch read fenced at the park's revision; a
+// replicated bucket's batch read may come from a lagging replica, so there
 // the waits are read from the leader, one by one, until the answer is
 // known.
-func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) error {
+func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) (bool, error) {
 	if len(s.waits) == 0 {
-		return nil
+		return false, nil
 	}
 	committed := func(p *Pending) (bool, error) { rec, err := e.lookup(d, p.id); return rec != nil, err }
 	if !e.cfg.Assets.Steps.Replicated() {
 		hist, err := e.readFenced(d.nctx, d.identity(), parked)
 		if err != nil {
-			return err
+			return false, err
 		}
 		committed = func(p *Pending) (bool, error) { return hist.get(p.id) != nil, nil }
 	}
-	wake := !s.first
 	for _, p := range s.waits {
 		ok, err := committed(p)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if ok == s.first {
-			wake = s.first // the first one committed, or one of all missing
-			break
+			return s.first, nil // the first one committed, or one of all missing
 		}
 	}
-	if !wake {
-		return nil
-	}
-	_, err := Wake(d.nctx, e.cfg.Assets, d.run, d.rev, s.waits[0].id, d.identity()+".look."+strconv.FormatUint(parked, 10))
-	return err
+	return !s.first, nil
 }
 
 // finish records the run's end with compare-and-set on the revision the

@@ -15,7 +15,8 @@ const (
 	// settleFinish: the body returned; record the run's end, then ack.
 	settleFinish settleKind = iota + 1
 	// settlePark: the body waits for what epoch's await awaits (waits);
-	// write the lease parked, ack, then look once more (holder.go).
+	// write the lease parked, look once more, then ack, or nak when the
+	// await can be decided now (runsettle.go).
 	settlePark
 	// settleRetry: a step failed and runs again after delay: the holder
 	// waits in place or parks on a timer, a branch naks or stores a timer.

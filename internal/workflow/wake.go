@@ -14,16 +14,17 @@ import (
 // under msgID, about stepID, the step whose commit woke it ("" for none).
 //
 // It is the one way anything but the run's holder makes the run go on: a
-// branch's commit, an event, a hook's resume, a child's end, the look a
-// holder takes after it parked, and the sweeper (a due timer is a wake
-// stored ahead of time). Whatever woke it, the holder that takes the
+// branch's commit, an event, a hook's resume, a child's end, and the
+// sweeper (a due timer is a wake stored ahead of time). Whatever woke it, the holder that takes the
 // wake replays the body and decides: nothing but a holder starts a step.
 //
 // A wake published while a run task is pending (a holder at work, or a
 // wake not delivered yet) is absorbed by it: that task's holder sees the
 // commit, or parks and then looks again. The one pending task that cannot
-// absorb it, the parked holder's own after its acknowledgement and
-// before the stream removed it, is waited out (acknowledgedLeftover). A
+// absorb it, the parked holder's own from its look onwards (it is
+// acknowledged, or handed back because the look found a commit, and the
+// stream may not have removed it yet), is waited out
+// (acknowledgedLeftover). A
 // repeat within the broker's window under the same msgID is absorbed too;
 // one stored after all only replays.
 //
@@ -69,19 +70,21 @@ func Wake(ctx context.Context, assets *jetstream.Assets, run state.Run, rev uint
 	}
 }
 
-// absorbLag bounds how long Wake waits for a parked holder's acknowledged
-// task to leave the stream (see acknowledgedLeftover). Past it the task is
-// taken for one whose acknowledgement failed: its redelivery takes the run
-// over and sees the commit; the sweeper is the last resort.
+// absorbLag bounds how long Wake waits for a parked holder's task to leave
+// the stream (see acknowledgedLeftover). Past it the task is taken for one
+// whose holder died before its acknowledgement, or whose acknowledgement
+// failed: its redelivery takes the run over and sees the commit; the
+// sweeper is the last resort.
 const absorbLag = 5 * time.Second
 
 // acknowledgedLeftover reports whether the run task pending on subject is
-// the one the run's parked holder acknowledged: its removal from the
-// stream can lag behind the acknowledgement's confirmation (on a cluster,
-// the removal is replicated after it), and a wake refused because of it
-// would be absorbed by a task nobody executes any more. Any other pending
-// task absorbs the wake: its holder sees the commit, or parks and looks
-// again.
+// the run's parked holder's: that holder has made its last look at what
+// it waits for, or is making it, and then acknowledges the task, whose
+// removal from the stream can lag behind the acknowledgement's
+// confirmation (on a cluster, the removal is replicated after it). A wake
+// refused because of it would be absorbed by a task nobody executes any
+// more. Any other pending task absorbs the wake: its holder sees the
+// commit, or parks and looks again.
 func acknowledgedLeftover(ctx context.Context, assets *jetstream.Assets, identity, subject string) (bool, error) {
 	v, _, err := assets.Steps.Get(ctx, state.LeaseKey(identity))
 	if errors.Is(err, jetstream.ErrNotFound) {
