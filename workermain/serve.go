@@ -7,12 +7,15 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/server/lifecycle"
@@ -21,13 +24,23 @@ import (
 	"github.com/jetflow/jetflow/internal/tracing/otlp"
 )
 
-// startTimeout bounds the worker's Start: provisioning of its streams,
-// buckets and consumers.
+// startTimeout bounds one attempt of the worker's Start: provisioning of
+// its streams, buckets and consumers. An attempt that fails transiently
+// (NATS or JetStream not serving yet) is followed by another.
 const startTimeout = 30 * time.Second
 
 // serve wires the worker over ws and runs it until ctx ends (or the
 // operations server fails), then drains. p.ready, if not nil, is called
 // once the worker is serving.
+//
+// The operations server comes first: /healthz answers from the start, and
+// /readyz says what the worker waits for until it serves. An external NATS
+// that is not reachable yet, or whose JetStream does not answer yet, is
+// waited for (natsconn.Wait: each attempt logged at warn), so that an
+// orchestrator that starts NATS and the workers at once sees a live
+// worker that is not ready, instead of one that exits. Credentials the
+// server refuses, TLS that cannot be agreed on, and errors that trying
+// again does not fix stop the command.
 func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, log zerolog.Logger) error {
 	natsOpts := cfg.NATS
 	if cfg.embedded() {
@@ -50,18 +63,11 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 			Msg("embedded NATS server started")
 	}
 
-	nc, err := natsOpts.Connect("jetflow-"+p.name, natsconn.LogEvents(log)...)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Int("replicas", cfg.Replicas).
-		Msg("connected to NATS")
-
 	var (
 		ops     net.Listener
 		reg     *prometheus.Registry
 		metrics *jetflow.Metrics
+		err     error
 	)
 	if cfg.OpsAddr != "" {
 		reg = opshttp.NewRegistry()
@@ -74,10 +80,59 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		defer ops.Close() // Serve closes it too; this covers a failure before Serve
 	}
 
+	// The operations server runs from here (live, not ready) until after
+	// the drain (not ready while stopping); if it fails, the worker drains
+	// and stops with its error.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	var (
+		worker  atomic.Pointer[jetflow.Worker]
+		waiting natsconn.Waiting
+		h       http.Handler
+		opsURL  string
+	)
+	if ops != nil {
+		h = opshttp.Handler(reg, opshttp.Check{Name: "worker", Fn: func(ctx context.Context) error {
+			if w := worker.Load(); w != nil {
+				return w.Ready(ctx)
+			}
+			if w := waiting.String(); w != "" {
+				return errors.New(w)
+			}
+			return errors.New("starting")
+		}})
+	}
+	srv := lifecycle.ServeOps(ctx, ops, h, func(err error) { fail(fmt.Errorf("operations server: %w", err)) })
+	defer srv.Stop()
+	if ops != nil {
+		opsURL = "http://" + ops.Addr().String()
+		log.Info().Str("url", opsURL).Msg("operations server started: /metrics /healthz /readyz")
+	}
+	// stopped is what serve returns when the worker did not get to serve:
+	// err, or, when ctx ended first, nothing (a signal) or the operations
+	// server's failure, which Stop returns.
+	stopped := func(err error) error {
+		if ctx.Err() != nil {
+			err = nil
+		}
+		return errors.Join(err, srv.Stop())
+	}
+
+	url := natsconn.Redact(natsOpts.URL)
+	nc, err := natsconn.Wait(ctx, url, log, &waiting, func(context.Context) (*nats.Conn, error) {
+		return natsOpts.Connect("jetflow-"+p.name, append(natsconn.LogEvents(log), nats.Timeout(5*time.Second))...)
+	})
+	if err != nil {
+		return stopped(err)
+	}
+	defer nc.Close()
+	log.Info().Str("url", nc.ConnectedUrlRedacted()).Bool("tls", nc.TLSRequired()).Int("replicas", cfg.Replicas).
+		Msg("connected to NATS")
+
 	if p.setup != nil {
 		closeSetup, err := p.setup(ctx, Setup{Logger: log, Conn: nc})
 		if err != nil {
-			return err
+			return errors.Join(err, srv.Stop())
 		}
 		if closeSetup != nil {
 			defer closeSetup()
@@ -86,7 +141,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 
 	tp, stopTracing, err := otlp.Setup(ctx, p.getenv, "jetflow-"+p.name, log)
 	if err != nil {
-		return err
+		return errors.Join(err, srv.Stop())
 	}
 	defer stopTracing() // after the drain: the last steps' and runs' spans are flushed
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
@@ -96,34 +151,24 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
 	})
 	if err != nil {
-		return err
-	}
-
-	// The operations server runs from before Start (live, not ready) until
-	// after the drain (not ready while stopping); if it fails, the worker
-	// drains and stops with its error.
-	ctx, fail := context.WithCancelCause(ctx)
-	defer fail(nil)
-	var (
-		h      http.Handler
-		opsURL string
-	)
-	if ops != nil {
-		h = opshttp.Handler(reg, opshttp.Check{Name: "worker", Fn: w.Ready})
-	}
-	srv := lifecycle.ServeOps(ctx, ops, h, func(err error) { fail(fmt.Errorf("operations server: %w", err)) })
-	defer srv.Stop()
-	if ops != nil {
-		opsURL = "http://" + ops.Addr().String()
-		log.Info().Str("url", opsURL).Msg("operations server started: /metrics /healthz /readyz")
-	}
-
-	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
-	err = w.Start(startCtx)
-	cancel()
-	if err != nil {
 		return errors.Join(err, srv.Stop())
 	}
+	// Each attempt is bounded; one that fails because NATS or JetStream
+	// cannot serve it now (jetflow.ErrUnavailable, or a request nobody
+	// answered) is followed by another.
+	_, err = natsconn.Wait(ctx, url, log, &waiting, func(ctx context.Context) (struct{}, error) {
+		startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+		defer cancel()
+		err := w.Start(startCtx)
+		if err != nil && !jetstream.IsTransient(err) {
+			err = natsconn.Permanent(err)
+		}
+		return struct{}{}, err
+	})
+	if err != nil {
+		return stopped(natsconn.Cause(err))
+	}
+	worker.Store(w)
 
 	if p.ready != nil {
 		p.ready(Endpoints{NatsURL: natsOpts.URL, OpsURL: opsURL})

@@ -2,29 +2,15 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/logging"
 	"github.com/jetflow/jetflow/internal/server/natsconn"
-)
-
-// The backoff of producer serve's attempts to reach NATS at start-up: the
-// first retry after connectRetryFirst, each later one after twice the
-// wait before, at most connectRetryMax. Once connected, the connection
-// reconnects by itself (jetstream.ConnOptions).
-const (
-	connectRetryFirst = 250 * time.Millisecond
-	connectRetryMax   = 2 * time.Second
 )
 
 // errNotConnected answers every API call that producer serve receives
@@ -39,10 +25,8 @@ var errNotConnected = fmt.Errorf("%w: producer serve has not reached NATS yet", 
 // live process that is not ready yet, instead of one that exits.
 type pendingClient struct {
 	client atomic.Pointer[jetflow.Client]
-
-	mu sync.Mutex
 	// waiting describes the last failed attempt, for /readyz.
-	waiting string
+	waiting natsconn.Waiting
 }
 
 // Ready is the readiness check "jetflow": not ready until connected, then
@@ -50,86 +34,34 @@ type pendingClient struct {
 func (p *pendingClient) Ready(ctx context.Context) error {
 	c := p.client.Load()
 	if c == nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.waiting != "" {
-			return fmt.Errorf("%w: %s", errNotConnected, p.waiting)
+		if w := p.waiting.String(); w != "" {
+			return fmt.Errorf("%w: %s", errNotConnected, w)
 		}
 		return errNotConnected
 	}
 	return c.Ready(ctx)
 }
 
-// connect calls dial until it returns a connection and a client, which it
-// then serves, and returns the connection. Each failed attempt is logged
-// at warn ("waiting for NATS at <url>", with the attempt's number, the
-// time waited so far and the error) and shown by Ready; the next one
-// follows after a backoff (connectRetryFirst doubling to connectRetryMax).
+// connect calls dial until it returns a connection and a client
+// (natsconn.Wait: each failure logged and shown by Ready, the next attempt
+// after a backoff), then serves that client and returns the connection.
 // It gives up only on an error that trying again cannot fix
-// (isPermanent), returned as it is, or when ctx ends (ctx's error).
+// (natsconn.IsPermanent), returned as it is, or when ctx ends (ctx's
+// error).
 func (p *pendingClient) connect(ctx context.Context, url string, log zerolog.Logger, dial func(context.Context) (*nats.Conn, *jetflow.Client, error)) (*nats.Conn, error) {
-	begin := time.Now()
-	delay := connectRetryFirst
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for attempt := 1; ; attempt++ {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-timer.C:
-		}
+	type bound struct {
+		nc     *nats.Conn
+		client *jetflow.Client
+	}
+	b, err := natsconn.Wait(ctx, url, log, &p.waiting, func(ctx context.Context) (bound, error) {
 		nc, client, err := dial(ctx)
-		if err == nil {
-			p.client.Store(client)
-			if attempt > 1 {
-				log.Info().Str("url", url).Int("attempts", attempt).Str("waited", logging.Duration(time.Since(begin))).
-					Msg("reached NATS after waiting for it")
-			}
-			return nc, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if isPermanent(err) {
-			return nil, err
-		}
-		waited := time.Since(begin)
-		p.mu.Lock()
-		p.waiting = fmt.Sprintf("waiting for NATS at %s for %s, attempt %d: %v", url, logging.Duration(waited), attempt, err)
-		p.mu.Unlock()
-		log.Warn().Err(err).Str("url", url).Int("attempt", attempt).Str("waited", logging.Duration(waited)).
-			Str("next_attempt_in", logging.Duration(delay)).Msg("waiting for NATS at " + url)
-		timer.Reset(delay)
-		delay = min(2*delay, connectRetryMax)
+		return bound{nc, client}, err
+	})
+	if err != nil {
+		return nil, err
 	}
-}
-
-// isPermanent reports whether err, from connecting to NATS and binding the
-// client, is one that waiting does not fix, so that producer serve exits
-// with it: a connection setting that cannot be used (natsconn's checks:
-// a malformed URL, a file that cannot be read), credentials the server
-// refuses, or TLS that cannot be agreed on (a server certificate that is
-// not trusted, TLS wanted on one side only). A refused credential does
-// not become valid by itself: exiting shows the misconfiguration where an
-// orchestrator shows failures (a crash loop with the reason in the log),
-// and a restart after the fix retries anyway; a process that stayed
-// unready would hide it. Everything else is waited out: a server not
-// listening yet, a name that does not resolve yet (a Service being
-// created), a timeout, JetStream not up yet, and a provisioning error
-// (the buckets a worker creates, which a producer user may not, before
-// the first worker has run).
-func isPermanent(err error) bool {
-	var setting *natsconn.SettingError
-	var verify *tls.CertificateVerificationError
-	for _, e := range []error{
-		nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
-		nats.ErrSecureConnRequired, nats.ErrSecureConnWanted,
-	} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return errors.As(err, &setting) || errors.As(err, &verify)
+	p.client.Store(b.client)
+	return b.nc, nil
 }
 
 func (p *pendingClient) get() (*jetflow.Client, error) {

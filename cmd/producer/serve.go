@@ -39,14 +39,14 @@ type serveHooks struct {
 //
 // It serves before NATS is reachable: the listeners are bound first, and
 // NATS is dialled in the background until it answers (pendingClient.connect:
-// a backoff up to connectRetryMax, each attempt logged "waiting for NATS
+// a backoff up to natsconn.RetryMax, each attempt logged "waiting for NATS
 // at <url>"), so that a producer started before NATS, or while it
 // restarts, waits for it instead of exiting. Until connected, /healthz
 // answers 200 (alive), /readyz 503 (its check "jetflow" says what it waits
 // for) and the API 503 with Retry-After; readiness afterwards is the
 // client's (Client.Ready: connected, the engine's buckets answer). serve
 // gives up only on a setting that cannot be used, credentials the server
-// refuses or TLS that cannot be agreed on (isPermanent), or when ctx ends.
+// refuses or TLS that cannot be agreed on (natsconn.IsPermanent), or when ctx ends.
 func serve(ctx context.Context, c cli, getenv func(string) string, log zerolog.Logger, hooks serveHooks) error {
 	var sources []webhook.Source
 	if c.serve.webhooks != "" {

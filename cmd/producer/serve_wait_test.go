@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/natsserver"
+	"github.com/jetflow/jetflow/internal/server/natsconn"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
@@ -110,7 +111,7 @@ func TestServeWaitsForNATS(t *testing.T) {
 
 	// serve retries, logging each attempt, until NATS has been away for
 	// natsAbsentFor: the first attempt logged after that.
-	awaitLog(t, s, began.Add(natsAbsentFor+connectRetryMax+20*time.Second), "attempt after 10s", func() bool {
+	awaitLog(t, s, began.Add(natsAbsentFor+natsconn.RetryMax+20*time.Second), "attempt after 10s", func() bool {
 		lines := waitingLines(t, s, url)
 		if len(lines) == 0 {
 			return false
@@ -125,10 +126,10 @@ func TestServeWaitsForNATS(t *testing.T) {
 	require.Equal(t, "warn", last["level"])
 	require.Equal(t, url, last["url"])
 	require.Contains(t, last["error"], "connect to "+url)
-	// The backoff grows to connectRetryMax: about natsAbsentFor /
-	// connectRetryMax attempts at the cap, a few before it.
-	require.GreaterOrEqual(t, len(waiting), int(natsAbsentFor/connectRetryMax), "attempts in %s", natsAbsentFor)
-	require.LessOrEqual(t, len(waiting), int(natsAbsentFor/connectRetryMax)+8, "attempts in %s", natsAbsentFor)
+	// The backoff grows to natsconn.RetryMax: about natsAbsentFor /
+	// natsconn.RetryMax attempts at the cap, a few before it.
+	require.GreaterOrEqual(t, len(waiting), int(natsAbsentFor/natsconn.RetryMax), "attempts in %s", natsAbsentFor)
+	require.LessOrEqual(t, len(waiting), int(natsAbsentFor/natsconn.RetryMax)+8, "attempts in %s", natsAbsentFor)
 	res = do(t, http.MethodGet, base+"/readyz", nil, nil)
 	require.Equal(t, http.StatusServiceUnavailable, res.code, res.body)
 	require.Contains(t, res.body, "waiting for NATS at "+url, "/readyz says what serve waits for")
@@ -143,8 +144,8 @@ func TestServeWaitsForNATS(t *testing.T) {
 	case <-s.ready:
 	case err := <-s.served:
 		t.Fatalf("serve returned instead of connecting: %v\n%s", err, s.logs)
-	case <-time.After(connectRetryMax + opTimeout + 10*time.Second):
-		t.Fatalf("serve not ready %s after NATS came up:\n%s", connectRetryMax+opTimeout+10*time.Second, s.logs)
+	case <-time.After(natsconn.RetryMax + opTimeout + 10*time.Second):
+		t.Fatalf("serve not ready %s after NATS came up:\n%s", natsconn.RetryMax+opTimeout+10*time.Second, s.logs)
 	}
 	readyAfter := time.Since(natsUp)
 	res = do(t, http.MethodGet, base+"/readyz", nil, nil)
