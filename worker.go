@@ -191,9 +191,16 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	return &Worker{nc: nc, ws: ws, cfg: cfg, log: cfg.Logger.With().Str("worker", cfg.Name).Logger()}, nil
 }
 
+// failedStartUnwind bounds the undoing of what a failed Start had set
+// up: nothing runs a step yet, so stopping is quick.
+const failedStartUnwind = 10 * time.Second
+
 // Start provisions the engine's streams and buckets and each workflow's
 // consumers (idempotently), then starts executing tasks, answering start
-// requests and admitting durable starts. A second call fails.
+// requests and admitting durable starts. A second call fails. A call that
+// failed has undone what it set up (within failedStartUnwind), and may be
+// made again: the worker command does so while NATS or JetStream cannot
+// serve a start yet.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -232,9 +239,15 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	pool := consume.New(w.nc, w.cfg.Concurrency, w.cfg.hooks.NoHeartbeat || w.cfg.hooks.NoAckExtension, w.log)
 	// stops undoes what Start sets up beyond the pool (which Stop drains
-	// apart), last first: on a failure here, and in Stop.
+	// apart), last first: on a failure here, and in Stop. A failure undoes
+	// it within failedStartUnwind of its own, since Start's context may be
+	// the cause (it ended).
 	var stops stopStack
-	fail := func(err error) error { return errors.Join(err, stops.unwind(ctx), pool.Stop(ctx)) }
+	fail := func(err error) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedStartUnwind)
+		defer cancel()
+		return errors.Join(err, stops.unwind(ctx), pool.Stop(ctx))
+	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
