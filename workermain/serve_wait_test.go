@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,21 +17,13 @@ import (
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
-
 // waitingServe runs serve against a NATS URL where nothing listens yet,
 // with an operations server, and returns the NATS port, the operations
 // server's base URL, and channels for ready and for serve's result. It
 // waits until /readyz says what the worker waits for.
 func waitingServe(t *testing.T, ctx context.Context) (port int, ops string, ready chan Endpoints, served chan error) {
-	port, opsPort := freePort(t), freePort(t)
+	ports := testenv.FreePorts(t, 2)
+	port, opsPort := ports[0], ports[1]
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	ops = "http://127.0.0.1:" + strconv.Itoa(opsPort)
 	cfg, err := parseConfig([]string{"--nats-url", url, "--ops-addr", "127.0.0.1:" + strconv.Itoa(opsPort)},

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -22,17 +21,6 @@ import (
 // natsAbsentFor is how long TestServeWaitsForNATS keeps NATS away: the
 // start order of the issue, producer serve up 10 s before NATS.
 const natsAbsentFor = 10 * time.Second
-
-// freePort is a TCP port on 127.0.0.1 that nothing listened on a moment
-// ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
 
 // waitingLines are serve's "waiting for NATS at <url>" log lines so far.
 func waitingLines(t *testing.T, s *launchedServe, url string) []map[string]any {
@@ -69,7 +57,7 @@ func awaitLog(t *testing.T, s *launchedServe, deadline time.Time, what string, c
 // has joined (503 "no worker" until then, which is retryable too).
 func TestServeWaitsForNATS(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePorts(t, 1)[0]
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	tb := &testbed{url: url} // no server yet: the worker joins later
 	began := time.Now()
@@ -176,7 +164,7 @@ func TestServeWaitsForNATS(t *testing.T) {
 // Stopped (SIGTERM) while it waits for NATS, serve exits cleanly.
 func TestServeStopsWhileWaitingForNATS(t *testing.T) {
 	t.Parallel()
-	url := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testenv.FreePorts(t, 1)[0])
 	s := launchServe(t, &testbed{url: url}, nil)
 	awaitLog(t, s, time.Now().Add(20*time.Second), "first attempt", func() bool { return len(waitingLines(t, s, url)) > 0 })
 	require.NoError(t, s.stop())

@@ -55,7 +55,7 @@ type clusterNode struct {
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, name: "jf-" + strconv.Itoa(rand.IntN(1_000_000))}
-	ports := freePorts(t, 2*ClusterSize)
+	ports := FreePorts(t, 2*ClusterSize)
 	dir := t.TempDir()
 	for i := range c.nodes {
 		c.nodes[i] = &clusterNode{
@@ -364,12 +364,14 @@ var (
 	portsTaken = map[int]bool{}
 )
 
-// freePorts picks n free TCP ports on 127.0.0.1. They are drawn below the
+// FreePorts picks n free TCP ports on 127.0.0.1. They are drawn below the
 // kernel's ephemeral range (32768 and up on Linux), where port -1 would land:
 // a node's ports must stay free while it is stopped, and a port in the
 // ephemeral range can meanwhile become the local port of some outgoing
-// connection (a client reconnecting to that very node, for one).
-func freePorts(t testing.TB, n int) []int {
+// connection (a client reconnecting to that very node, for one). Use them
+// for a server that must be reachable at a port known before it starts.
+// No two calls in one process return the same port.
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
