@@ -402,8 +402,14 @@ type provisioner struct {
 // after the leader is back. nats.go's own default for an API request.
 const apiAttempt = 5 * time.Second
 
+// apiPatience bounds retried when its context has no deadline: a caller
+// that set none (context.Background) gets an answer in bounded time, as
+// it did from a single request with nats.go's default timeout.
+const apiPatience = 30 * time.Second
+
 // retried calls f until f succeeds, fails with an error that is not
-// transient (IsTransient), or ctx ends, and returns f's last result.
+// transient (IsTransient) or on a closed connection, or ctx ends (apiPatience after the first call
+// when ctx has no deadline), and returns f's last result.
 // Each call gets a context that ends after attempt (apiAttempt when not
 // positive) or with ctx; between two calls it pauses, from 100ms
 // doubling to 1s. f must be idempotent: a try that timed out may have
@@ -414,13 +420,18 @@ func retried[T any](ctx context.Context, attempt time.Duration, f func(context.C
 	if attempt <= 0 {
 		attempt = apiAttempt
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, apiPatience)
+		defer cancel()
+	}
 	pause := 100 * time.Millisecond
 	for {
 		try, cancel := context.WithTimeout(ctx, attempt)
 		v, err := f(try)
 		cancel()
-		if err == nil || !IsTransient(err) || ctx.Err() != nil {
-			return v, err
+		if err == nil || !IsTransient(err) || ctx.Err() != nil || errors.Is(err, nats.ErrConnectionClosed) {
+			return v, err // a closed connection does not come back
 		}
 		t := time.NewTimer(pause)
 		select {
