@@ -256,6 +256,9 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 			retried += len(s.Attempts)
 		}
 		require.Equal(t, 1, retried, "the failed attempt is in the committed step's record")
+		roster, err := pc.Roster(ctx)
+		require.NoError(t, err, "a producer reads who serves what (producer workers)")
+		require.NotEmpty(t, roster.Workers)
 
 		// What producer serve's /readyz asks.
 		require.NoError(t, pc.Ready(ctx))

@@ -192,7 +192,9 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 }
 
 // failedStartUnwind bounds the undoing of what a failed Start had set
-// up: nothing runs a step yet, so stopping is quick.
+// up. Consumers started before the failure may be running tasks: those
+// still running then are cancelled (a step's commit is fenced by its
+// run's lease, and its task is redelivered).
 const failedStartUnwind = 10 * time.Second
 
 // Start provisions the engine's streams and buckets and each workflow's
@@ -241,12 +243,17 @@ func (w *Worker) Start(ctx context.Context) error {
 	// stops undoes what Start sets up beyond the pool (which Stop drains
 	// apart), last first: on a failure here, and in Stop. A failure undoes
 	// it within failedStartUnwind of its own, since Start's context may be
-	// the cause (it ended).
+	// the cause (it ended). Start returns the failure's own error, which
+	// says whether trying again may help (a caller tells transient from
+	// permanent by it); what the undoing reports is logged.
 	var stops stopStack
 	fail := func(err error) error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedStartUnwind)
 		defer cancel()
-		return errors.Join(err, stops.unwind(ctx), pool.Stop(ctx))
+		if uerr := errors.Join(stops.unwind(ctx), pool.Stop(ctx)); uerr != nil {
+			w.log.Warn().Err(uerr).Msg("undoing a failed start")
+		}
+		return err
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,

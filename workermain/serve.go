@@ -26,7 +26,10 @@ import (
 
 // startTimeout bounds one attempt of the worker's Start: provisioning of
 // its streams, buckets and consumers. An attempt that fails transiently
-// (NATS or JetStream not serving yet) is followed by another.
+// (NATS or JetStream not serving yet) is followed by another. With
+// --apply-ack-wait an attempt is not bounded: lowering the deployment's
+// AckWait waits out a grace that grows with the AckWait it lowers from
+// (each request of the start is bounded by itself).
 const startTimeout = 30 * time.Second
 
 // serve wires the worker over ws and runs it until ctx ends (or the
@@ -153,15 +156,23 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 	if err != nil {
 		return errors.Join(err, srv.Stop())
 	}
-	// Each attempt is bounded; one that fails because NATS or JetStream
-	// cannot serve it now (jetflow.ErrUnavailable, or a request nobody
-	// answered) is followed by another.
+	// Each attempt is bounded (startTimeout); one that fails because NATS
+	// or JetStream cannot serve it now (jetflow.ErrUnavailable, or a
+	// request nobody answered) is followed by another.
 	_, err = natsconn.Wait(ctx, url, log, &waiting, func(ctx context.Context) (struct{}, error) {
-		startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+		var (
+			startCtx context.Context
+			cancel   context.CancelFunc
+		)
+		if cfg.ApplyAckWait {
+			startCtx, cancel = context.WithCancel(ctx)
+		} else {
+			startCtx, cancel = context.WithTimeout(ctx, startTimeout)
+		}
 		defer cancel()
 		err := w.Start(startCtx)
-		if err != nil && !jetstream.IsTransient(err) {
-			err = natsconn.Permanent(err)
+		if err != nil && (!jetstream.IsTransient(err) || nc.IsClosed()) {
+			err = natsconn.Permanent(err) // a closed connection does not come back
 		}
 		return struct{}{}, err
 	})

@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -197,6 +198,18 @@ func reset(ctx context.Context, c *jetflow.Client, out *printer, key string, sco
 	return out.reset(r)
 }
 
+// workers prints who serves what now (Client.Roster): GET /v1/workers's
+// body as JSON.
+func workers(ctx context.Context, c *jetflow.Client, out *printer) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	r, err := c.Roster(ctx)
+	if err != nil {
+		return err
+	}
+	return out.roster(r, time.Now())
+}
+
 // printer writes results as text or JSON.
 type printer struct {
 	w    io.Writer
@@ -336,6 +349,33 @@ func (p *printer) cancelled(c httpapi.Cancelled) error {
 		_, err = fmt.Fprintf(p.w, "cancelled child run %s\n", child)
 	}
 	return err
+}
+
+// roster prints a Roster: as text, a table of the workers running now
+// (times in UTC, the last heartbeat as an age at now), then one line per
+// known workflow with the workers serving it, or "no worker running".
+func (p *printer) roster(r jetflow.Roster, now time.Time) error {
+	if p.json {
+		return p.encode(r)
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tID\tWORKFLOWS\tSINCE\tLAST BEAT")
+	for _, w := range r.Workers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\n", timeline.Clean(w.Name), w.ID, strings.Join(w.Workflows, ","),
+			w.Since.UTC().Format(time.DateTime), now.Sub(w.Beat).Round(time.Second))
+	}
+	if len(r.Workers) == 0 {
+		fmt.Fprintln(tw, "(no worker running)")
+	}
+	fmt.Fprintln(tw, "\nWORKFLOW\tSERVED BY")
+	for _, wf := range r.Workflows {
+		by := "no worker running"
+		if len(wf.Workers) > 0 {
+			by = timeline.Clean(strings.Join(wf.Workers, ","))
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", wf.Workflow, by)
+	}
+	return tw.Flush()
 }
 
 // reset prints a key reset: the HTTP API's body as JSON.

@@ -75,16 +75,17 @@ var arity = map[string]struct {
 	n        int
 	synopsis string
 }{
-	"start":  {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id [--attr NAME=VALUE]..."},
-	"get":    {1, "get takes one run ID: producer get <run-id>"},
-	"wait":   {1, "wait takes one run ID: producer wait <run-id>"},
-	"watch":  {1, "watch takes one run ID: producer watch <run-id> [--interval 1s] [--timeout 60s]"},
-	"cancel": {1, "cancel takes one run ID: producer cancel <run-id>"},
-	"list":   {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
-	"reset":  {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
-	"send":   {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
-	"resume": {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
-	"serve":  {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
+	"start":   {2, "start takes a workflow name and a JSON input: producer start <workflow> <json-input> --id RUNID|--generate-id [--attr NAME=VALUE]..."},
+	"get":     {1, "get takes one run ID: producer get <run-id>"},
+	"wait":    {1, "wait takes one run ID: producer wait <run-id>"},
+	"watch":   {1, "watch takes one run ID: producer watch <run-id> [--interval 1s] [--timeout 60s]"},
+	"cancel":  {1, "cancel takes one run ID: producer cancel <run-id>"},
+	"list":    {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
+	"reset":   {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
+	"send":    {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
+	"resume":  {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
+	"workers": {0, "workers takes no arguments: producer workers"},
+	"serve":   {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
 }
 
 // commandFlags are the flags only some commands take. Given on the command

@@ -11,6 +11,7 @@
 //	producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C]
 //	producer list --counts [--workflow W]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
+//	producer workers
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
 //
 // Flags may come anywhere on the line; --output json prints the JSON shapes of
@@ -37,7 +38,10 @@
 // --since and --until (RFC 3339) bound that time, --prefix the run ID,
 // --attr NAME=VALUE (repeatable) the run's attributes, which start's
 // --attr gives a run (jetflow.WithAttributes); list --counts prints how
-// many runs are in each state.
+// many runs are in each state. workers prints the workers running now
+// (name, ID, the workflows each serves, since when, its last heartbeat)
+// and every workflow the deployment knows with the workers serving it:
+// "no worker running" marks one whose starts wait.
 //
 // # NATS unavailable
 //
@@ -179,6 +183,8 @@ Commands:
         how many runs are in each state
   reset <key> --scope global|workflow|run [--workflow W | --run-id R]
         forget a task idempotency key; prints how many entries were deleted
+  workers
+        the workers running now, and each known workflow with the workers serving it
   serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]
         serve the HTTP API on /v1/, plus /metrics, /healthz and /readyz
 
@@ -325,6 +331,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	case "reset":
 		err = reset(ctx, client, out, c.args[0], c.scope, c.scopeID())
+	case "workers":
+		err = workers(ctx, client, out)
 	}
 	if err != nil {
 		// A run's error holds what its workflow wrote (inputs and all):

@@ -46,8 +46,10 @@
 //     first delivery of a wake, finding the lease parked or released by
 //     another message's holder, holds it at that revision without a write;
 //     so does the delivery right after one that handed its task back
-//     unstarted or parked the run (no later one: two holders must never
-//     share a revision, since a commit does not move the lease).
+//     unstarted (no later one: two holders must never share a revision,
+//     since a commit does not move the lease). The delivery right after
+//     one that parked the run takes it over with a write, but as a clean
+//     holder: nothing was started past the await.
 //     A redelivery, or a delivery that finds the lease held by another,
 //     waits until that holder parks, releases, or stops renewing for a whole
 //     AckWait, then takes the lease over with compare-and-set: from then

@@ -150,8 +150,12 @@ type held struct {
 //     would have;
 //   - follows the delivery that parked the run (and then handed the
 //     message back, its last look having found the await decided, or
-//     died or failed to acknowledge): holds the parked lease without
-//     writing, as a wake's first delivery would;
+//     died or failed to acknowledge): takes the lease over with a write
+//     (below), as a clean holder that inherited nothing: that delivery
+//     started nothing after its park. The write is needed: that delivery
+//     may yet acknowledge the message late, and a wake's first delivery
+//     must then find the lease held, not parked at a revision this one
+//     executes at;
 //   - otherwise (a redelivery, or a lease held by another delivery): takes
 //     the lease over with compare-and-set, after waiting out a lease
 //     still renewed by a live holder (wait), and reads the history again,
@@ -193,14 +197,6 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 			found.State = ""
 			h := &holder{e: e, d: d, clean: found.Clean, inherited: found.Inherited, lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil
-		case found.State == state.LeaseParked && found.Seq == d.seq && found.Delivered == d.delivered-1:
-			// The delivery just before this one parked the run: it
-			// started nothing after, so this one takes the run as a
-			// clean holder, without a write. Only the next delivery may,
-			// as for a hand-back above: a later one's predecessor may
-			// hold the run at this very revision.
-			h := &holder{e: e, d: d, clean: true, lease: lease(hist.leaseRev, found, d.msg.Received)}
-			return held{holder: h, history: hist}, nil
 		case d.delivered == 1 && (hist.lease == nil || found.Seq != d.seq && found.State != state.LeaseHeld):
 			parked := found.State == state.LeaseParked
 			h := &holder{e: e, d: d, clean: parked, inherited: !parked, rebegin: d.task.Wake && d.task.StepID == "",
@@ -233,7 +229,13 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 			return held{}, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
 		}
 		d.log.Debug().Str("previous", string(found.State)).Msg("run's lease taken over")
-		return held{holder: &holder{e: e, d: d, lease: l, inherited: true}, history: hist}, nil
+		// After the park of the delivery just before this one, nothing
+		// was started past the await: a clean holder, inheriting no
+		// attempt (the step after the await counts attempt 1). Only the
+		// very next delivery knows that: a later one's predecessor may
+		// have taken the run and started a step.
+		afterPark := found.State == state.LeaseParked && found.Seq == d.seq && found.Delivered == d.delivered-1
+		return held{holder: &holder{e: e, d: d, lease: l, clean: afterPark, inherited: !afterPark}, history: hist}, nil
 	}
 }
 

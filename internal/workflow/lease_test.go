@@ -209,17 +209,18 @@ func TestHoldDecisions(t *testing.T) {
 			require.Less(t, o.took, ackWait, "a lease without a record is taken without waiting")
 		},
 	}, {
-		name: "redelivery finding the lease parked by the delivery just before (its look found the await decided, or a crash before the ack): clean, no write",
+		name: "redelivery finding the lease parked by the delivery just before (its look found the await decided, or a crash before the ack): taken over as a clean holder",
 		setup: func(r *rig) func(int) bool {
 			r.start("r", `{}`)
 			_, seq, _ := r.pending(jetstream.RunSubject(wf, "r"))
 			r.putLease("r", state.Lease{State: state.LeaseParked, Seq: seq, Delivered: 1, Epoch: 1, Waits: []string{"r.x.0"}})
 			return second
 		},
-		want: "clean",
+		want: "clean", write: true,
 		check: func(t *testing.T, r *rig, o holdOutcome) {
 			require.Less(t, o.took, ackWait, "a parked lease is no live holder's")
 			require.False(t, o.h.inherited, "the parked delivery started nothing after its park")
+			require.True(t, o.h.lease.written, "taken with a write: the parked delivery may still acknowledge the message")
 		},
 	}, {
 		name: "later redelivery finding the lease parked by a delivery before the one just before: taken over at once",

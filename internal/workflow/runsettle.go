@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -72,9 +73,9 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 }
 
 // park leaves the run waiting for what s's await waits for: the lease is
-// written parked (the holder's last write: nothing it does after commits),
-// its heartbeats stop, and the holder looks at what it waits for once
-// more, before it acknowledges the task. A commit that came after the
+// written parked (the holder's last write: nothing it does after commits;
+// heartbeats keep the message, no longer the lease), and the holder looks
+// at what it waits for once more, before it acknowledges the task. A commit that came after the
 // await read the history found the lease not parked, so its committer
 // left the wake to this holder (or its wake was absorbed by this task):
 // the look sees it, and the task is handed back at once (nak) instead of
@@ -82,9 +83,12 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // Only when the look finds nothing is the task acknowledged, and its
 // acknowledgement confirmed. A commit after the look finds the lease
 // parked and wakes the run itself (Wake waits out this task while it is
-// still stored). So a holder that dies anywhere in park loses nothing: up
-// to the acknowledgement its task is redelivered, and after it nothing is
-// left for it to do.
+// still stored, for up to absorbLag). So a holder that dies anywhere in
+// park loses nothing: up to the acknowledgement its task is redelivered,
+// and after it nothing is left for it to do — unless the look and the
+// acknowledgement took so long (half of absorbLag or more) that a
+// committer may have stopped waiting: then the holder looks once more
+// after the acknowledgement and wakes the run if the await is decided.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	waits := stepIDs(s.waits)
 	parked, err := h.lease.park(s.epoch, waits, !s.first)
@@ -96,9 +100,10 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 		e.settleRun(d, h, &settlement{kind: settleRelease, err: fmt.Errorf("cannot park the run: %w", err)})
 		return
 	}
-	d.msg.Stop()
 	msg := d.msg.Msg
+	looked := time.Now()
 	decided, err := e.lookAgain(d, s, parked)
+	d.msg.Stop()
 	switch {
 	case err != nil:
 		d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for; task handed back")
@@ -115,6 +120,15 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 		// Redelivered after AckWait: its holder takes the parked run over.
 		d.log.Warn().Err(err).Msg("cannot confirm the parked run's acknowledgement")
 		return
+	}
+	if time.Since(looked) >= absorbLag/2 {
+		decided, err := e.lookAgain(d, s, parked)
+		if err == nil && decided {
+			_, err = Wake(d.nctx, e.cfg.Assets, d.run, d.rev, s.waits[0].id, d.identity()+".look."+strconv.FormatUint(parked, 10))
+		}
+		if err != nil {
+			d.log.Warn().Err(err).Msg("cannot look again at what the parked run waits for after a slow park; the sweeper wakes it")
+		}
 	}
 	if hook := e.cfg.Hooks.AfterPark; hook != nil {
 		hook(d.run.RunID, waits)
