@@ -68,6 +68,9 @@ type Hooks struct {
 	// AfterFinish runs once a holder has written its run's end (and told
 	// its parent), before it acknowledges the run's task.
 	AfterFinish func(runID string)
+	// BeforeParkAck runs when a parking holder's look found nothing to
+	// decide, before it acknowledges the task: a stall point for tests.
+	BeforeParkAck func(runID string)
 	// AfterPark runs once a holder has parked a run (its lease written
 	// parked, nothing it waits for committed, its task acknowledged),
 	// with the run ID and the steps the body waits for.

@@ -75,11 +75,12 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // park leaves the run waiting for what s's await waits for: the lease is
 // written parked (the holder's last write: nothing it does after commits;
 // heartbeats keep the message, no longer the lease), and the holder looks
-// at what it waits for once more, before it acknowledges the task. A commit that came after the
-// await read the history found the lease not parked, so its committer
-// left the wake to this holder (or its wake was absorbed by this task):
-// the look sees it, and the task is handed back at once (nak) instead of
-// acknowledged; its redelivery takes the parked run over and replays.
+// at what it waits for once more, before it acknowledges the task. A
+// commit that came after the await read the history found the lease not
+// parked, so its committer left the wake to this holder (or its wake was
+// absorbed by this task): the look sees it, and the task is handed back
+// at once (nak) instead of acknowledged; its redelivery takes the parked
+// run over and replays.
 // Only when the look finds nothing is the task acknowledged, and its
 // acknowledgement confirmed. A commit after the look finds the lease
 // parked and wakes the run itself (Wake waits out this task while it is
@@ -112,6 +113,9 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	case decided:
 		settleErr(d.log, msg.Nak(), "nak")
 		return
+	}
+	if hook := e.cfg.Hooks.BeforeParkAck; hook != nil {
+		hook(d.run.RunID)
 	}
 	actx, cancel := context.WithTimeout(d.nctx, 10*time.Second)
 	err = msg.DoubleAck(actx)

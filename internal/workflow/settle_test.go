@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -415,4 +416,32 @@ func TestSettleParkOfACancelledRun(t *testing.T) {
 	require.Len(t, r.tap.published("jetflow.run."), 1, "a cancelled run was woken")
 	end, _ := r.runRecord("r")
 	require.Equal(t, state.StatusCancelled, end.Status)
+}
+
+// A park whose look found nothing and whose acknowledgement then took
+// half of absorbLag or more (a stall here) looks once more after the
+// acknowledgement: a wait committed meanwhile, whose committer may have
+// stopped waiting for the parked task to go, wakes the run under
+// <identity>.look.<park's revision>, delivered as a new task.
+func TestSettleSlowParkLooksAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, time.Second)
+	hk := newHooked()
+	e := r.executor("w1", noBody, func(c *Config) {
+		hk.install(c)
+		c.Hooks.BeforeParkAck = func(string) {
+			r.commitStep("r", "r.a.0", `1`) // no wake: the committer gave up
+			time.Sleep(absorbLag / 2)       // the stall this test is about
+		}
+	})
+	later := settleFresh(t, r, e, nil, func(holdOutcome) *settlement {
+		return &settlement{kind: settlePark, epoch: 2, waits: []*Pending{{id: "r.a.0"}}}
+	})
+	require.Equal(t, []string{"r.a.0"}, await(r, hk.parks, "Hooks.AfterPark"))
+	_, rev := r.lease("r")
+	wakes := r.tap.published("jetflow.run.")[1:]
+	require.Len(t, wakes, 1, "the second look woke the run")
+	require.Equal(t, "r.look."+strconv.FormatUint(rev, 10), wakes[0].Header.Get("Nats-Msg-Id"))
+	d := await(r, later, "the wake's delivery")
+	require.Equal(t, 1, d.delivered, "a new task, not the parked one again")
 }
