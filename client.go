@@ -47,9 +47,13 @@ const (
 // final.
 type RunStatus = jetflowtype.RunStatus
 
-// Run states; all but running are final.
+// Run states; all but running and blocked are final. A blocked run has
+// not ended: its body diverged from its history after a change of code,
+// and it runs no step until compatible code takes it or an operator
+// unblocks it (Run.Block, Client.UnblockRun).
 const (
 	StatusRunning   = jetflowtype.StatusRunning
+	StatusBlocked   = jetflowtype.StatusBlocked
 	StatusCompleted = jetflowtype.StatusCompleted
 	StatusFailed    = jetflowtype.StatusFailed
 	StatusCancelled = jetflowtype.StatusCancelled
@@ -340,7 +344,7 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 		Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: res.Run.Generation, client: c,
 		memo: &handleMemo[R]{},
 	}
-	if res.Stored && res.Run.Status == state.StatusRunning {
+	if res.Stored && res.Run.Status.Active() {
 		h.since = res.Revision
 	}
 	return h, nil

@@ -248,6 +248,7 @@ func (c *Client) buildIndex(ctx context.Context) error {
 // RunCounts is how many kept runs are in each state.
 type RunCounts struct {
 	Running   int64 `json:"running"`
+	Blocked   int64 `json:"blocked"`
 	Completed int64 `json:"completed"`
 	Failed    int64 `json:"failed"`
 	Cancelled int64 `json:"cancelled"`
@@ -274,7 +275,7 @@ func (c *Client) CountRuns(ctx context.Context, workflow string) (_ RunCounts, e
 	if err != nil {
 		return RunCounts{}, err
 	}
-	return RunCounts{Running: n[state.StatusRunning], Completed: n[state.StatusCompleted], Failed: n[state.StatusFailed], Cancelled: n[state.StatusCancelled]}, nil
+	return RunCounts{Running: n[state.StatusRunning], Blocked: n[state.StatusBlocked], Completed: n[state.StatusCompleted], Failed: n[state.StatusFailed], Cancelled: n[state.StatusCancelled]}, nil
 }
 
 // query checks o and turns it into an index query.

@@ -317,9 +317,9 @@ func (c *cli) invocation(scope string) error {
 		// with, and a --limit 0 from a script is a mistake to report.
 		return fmt.Errorf("invalid value %d for --limit: want 1..%d", c.limit, jetflow.MaxListLimit)
 	case c.status != "" && !slices.Contains([]jetflow.RunStatus{
-		jetflow.StatusRunning, jetflow.StatusCompleted, jetflow.StatusFailed, jetflow.StatusCancelled,
+		jetflow.StatusRunning, jetflow.StatusBlocked, jetflow.StatusCompleted, jetflow.StatusFailed, jetflow.StatusCancelled,
 	}, jetflow.RunStatus(c.status)):
-		return fmt.Errorf("invalid value %q for --status: want running, completed, failed or cancelled", c.status)
+		return fmt.Errorf("invalid value %q for --status: want running, blocked, completed, failed or cancelled", c.status)
 	}
 	switch c.command {
 	case "start":

@@ -64,7 +64,7 @@ const (
 func decide(p jetflowtype.ConflictPolicy, run state.Run) action {
 	var e jetflowtype.AfterEnded
 	switch run.Status {
-	case state.StatusRunning:
+	case state.StatusRunning, state.StatusBlocked:
 		switch p.WhileRunning {
 		case jetflowtype.RejectWhileRunning:
 			return actReject

@@ -81,7 +81,7 @@ func (x *Index) Ensure(ctx context.Context, src Source, cur Current) (rebuilt bo
 		for _, w := range pending {
 			select {
 			case ack := <-w.ack.Ok():
-				if w.run.Status == state.StatusRunning {
+				if w.run.Status.Active() {
 					e := EntryOf(w.run)
 					e.Seq = ack.Sequence
 					if w.attr != "" {

@@ -358,7 +358,7 @@ type Counts map[state.Status]int64
 // costs one request per status, answered from the server's subject index.
 func (x *Index) Count(ctx context.Context, workflow string) (Counts, error) {
 	out := Counts{}
-	for _, s := range []state.Status{state.StatusRunning, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
+	for _, s := range []state.Status{state.StatusRunning, state.StatusBlocked, state.StatusCompleted, state.StatusFailed, state.StatusCancelled} {
 		n, err := x.count(ctx, Query{Status: s, Workflow: workflow}.filter())
 		if err != nil {
 			return nil, err

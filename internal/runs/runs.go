@@ -329,7 +329,7 @@ func (s *Store) indexRun(ctx context.Context, run state.Run, left state.Status, 
 // do the run's running attribute entries just written (at seqs), and the
 // run's entry itself unless seq is 0.
 func (s *Store) dropIfOvertaken(ctx context.Context, run state.Run, seq uint64, seqs runindex.AttrSeqs) error {
-	if run.Status != state.StatusRunning {
+	if !run.Status.Active() {
 		return nil
 	}
 	now, _, err := s.GetExisting(ctx, run.RunID)
@@ -597,7 +597,7 @@ func (s *Store) revoke(ctx context.Context, run state.Run) error {
 // when it changed since rev (the caller reads it again and decides on what
 // it holds); an error is a write that failed or got no answer.
 func (s *Store) Supersede(ctx context.Context, run state.Run, rev uint64, cause *state.ErrorInfo) (_ state.Run, written bool, _ error) {
-	if run.Status != state.StatusRunning {
+	if !run.Status.Active() {
 		return run, false, nil
 	}
 	if err := s.revoke(ctx, run); err != nil {

@@ -35,6 +35,11 @@ type Lease struct {
 	// when All (an AwaitAll), else any of them.
 	Waits []string `json:"waits,omitempty"`
 	All   bool     `json:"all,omitempty"`
+	// Began: the steps in Waits are what the await began (branches,
+	// waits, children), not a sequential step whose retry waits for its
+	// timer. Records written before it existed leave it false, and then
+	// say nothing of the steps' kind.
+	Began bool `json:"began,omitempty"`
 	// Passed is the number of awaits of the body that holders of the run
 	// have passed (returned from), as far as the writers of the lease
 	// knew: a holder that passes a later await is the first to, which is

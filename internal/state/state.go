@@ -21,9 +21,12 @@ import (
 type Status = jetflowtype.RunStatus
 
 // Run states. A run is created running; completed, failed and cancelled are
-// terminal and never change again.
+// terminal and never change again. A blocked run is running, but its body
+// diverged from its history and no step runs until compatible code or an
+// operator resumes it (Run.Block).
 const (
 	StatusRunning   = jetflowtype.StatusRunning
+	StatusBlocked   = jetflowtype.StatusBlocked
 	StatusCompleted = jetflowtype.StatusCompleted
 	StatusFailed    = jetflowtype.StatusFailed
 	StatusCancelled = jetflowtype.StatusCancelled
@@ -31,7 +34,7 @@ const (
 
 // ValidStatus reports whether s is one of the known states.
 func ValidStatus(s Status) bool {
-	return s == StatusRunning || s.Terminal()
+	return s.Active() || s.Terminal()
 }
 
 // Version is the schema version written into every record.
@@ -108,6 +111,15 @@ type Run struct {
 	// version's workers leave such a run to them (see docs/operations.md,
 	// "Upgrading").
 	Exec int `json:"exec,omitempty"`
+	// Block says why the run is blocked (Status blocked): the divergence
+	// report of the replay that found its code departing from its
+	// history. Nil otherwise.
+	Block *jetflowtype.RunBlock `json:"block,omitempty"`
+	// Waived are the steps of the run's history that an operator told the
+	// run to go on without (ResumeRun accepting a divergence): a replay
+	// neither compares the code with them nor returns their results, so
+	// the code's step at such a place runs (again).
+	Waived []string `json:"waived,omitempty"`
 }
 
 // ExecLease is Run.Exec of a run whose body one lease holder executes at a

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
-	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -98,7 +97,7 @@ func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (di
 	if err != nil {
 		return dispatchChanged, err
 	}
-	if run.Status != state.StatusRunning || !s.served[run.Workflow] {
+	if !run.Status.Active() || !s.served[run.Workflow] {
 		delete(s.runs, t.RunID) // ended meanwhile (or another run now)
 		return dispatchChanged, nil
 	}

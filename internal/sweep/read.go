@@ -93,7 +93,7 @@ func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
 	run, err := state.DecodeRun(e.Value())
 	// A run of an earlier version's executor (no Exec) is its workers'
 	// to look after: this version's wakes would not move it.
-	if err != nil || run.Status != state.StatusRunning || !s.served[run.Workflow] || run.Exec != state.ExecLease {
+	if err != nil || !run.Status.Active() || !s.served[run.Workflow] || run.Exec != state.ExecLease {
 		if err != nil {
 			s.log.Debug().Err(err).Str("run_id", id).Msg("undecodable run record ignored")
 		}

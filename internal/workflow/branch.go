@@ -95,7 +95,7 @@ func (e *Executor) branchHistory(d *delivery) (*history, *settlement) {
 		return nil, &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run: %w", err)}
 	case run.Token != d.run.Token || run.Generation != d.run.Generation:
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: the run ID holds another run now", errRunNotRunning)}
-	case run.Status != state.StatusRunning || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
+	case !run.Status.Active() || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, run.Status)}
 	}
 	if rec := hist.get(d.task.StepID); rec != nil {
