@@ -47,6 +47,15 @@ const (
 // final.
 type RunStatus = jetflowtype.RunStatus
 
+// RunBlock says why a run is blocked, where and since when; Divergence is
+// its report (jetflowtype documents the kinds).
+type (
+	RunBlock       = jetflowtype.RunBlock
+	Divergence     = jetflowtype.Divergence
+	DivergenceKind = jetflowtype.DivergenceKind
+	DivergedStep   = jetflowtype.DivergedStep
+)
+
 // Run states; all but running and blocked are final. A blocked run has
 // not ended: its body diverged from its history after a change of code,
 // and it runs no step until compatible code takes it or an operator
@@ -687,6 +696,14 @@ type Run struct {
 	// Attributes are the business attributes the run was started with
 	// (WithAttributes).
 	Attributes map[string]string `json:"attributes,omitempty"`
+	// Block says why a blocked run (Status StatusBlocked) is blocked: the
+	// divergence of its code from its history, where, and which build's
+	// code it was. Nil for a run that is not blocked.
+	Block *RunBlock `json:"block,omitempty"`
+	// Waived are the steps of the run's history that an operator told the
+	// run to go on without (UnblockRun with AcceptDivergence): their
+	// records are kept, and the code's steps at their places ran again.
+	Waived []string `json:"waived,omitempty"`
 }
 
 // RunLink links a parent run and a child run: the other run, and the
@@ -750,6 +767,7 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
 		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		Generation: r.Generation, Duplicates: audit.Duplicates, Attributes: r.Attributes,
+		Block: r.Block, Waived: r.Waived,
 	}
 	if audit.First != nil {
 		first := toAttempt(*audit.First)

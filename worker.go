@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/jetflow/jetflow/internal/roster"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/startproto"
+	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/sweep"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -34,6 +36,14 @@ type WorkerConfig struct {
 	// Name identifies the worker in logs and step records (default
 	// hostname-pid-random).
 	Name string
+	// Build identifies this worker's code: 1..64 characters of
+	// [A-Za-z0-9._+-] (a VCS revision, a version, a release name). It is
+	// recorded where the code decided something (the block of a run whose
+	// code diverged from its history) and shown with the worker (Roster).
+	// Empty: the binary's VCS revision (its first 12 characters, "+dirty"
+	// when the tree was modified), when the Go toolchain stamped one (go
+	// build or go install of a main package in a checkout), else none.
+	Build string
 	// Concurrency is how many tasks (steps) run at once (default 64).
 	Concurrency int
 	// AckWait is how long the broker waits for a task's acknowledgement
@@ -103,6 +113,9 @@ type WorkerConfig struct {
 	schedule workflow.ScheduleFunc
 	// sweepHook sees the report of every sweep pass (tests).
 	sweepHook func(sweep.Pass)
+	// blockRecheck is how long after a run is blocked its first recheck
+	// comes (0: workflow.DefaultBlockRecheck; tests shorten it).
+	blockRecheck time.Duration
 }
 
 // WithDefaults fills unset fields.
@@ -113,6 +126,9 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 	if c.Name == "" {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomSuffix())
+	}
+	if c.Build == "" {
+		c.Build = vcsBuild()
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 64
@@ -130,6 +146,11 @@ func (c WorkerConfig) WithDefaults() WorkerConfig {
 }
 
 func (c WorkerConfig) validate() error {
+	if c.Build != "" {
+		if err := state.ValidateBuild(c.Build); err != nil {
+			return fmt.Errorf("jetflow: worker config: Build: %w", err)
+		}
+	}
 	switch {
 	case c.Concurrency < 1:
 		return fmt.Errorf("jetflow: worker config: Concurrency must be at least 1, got %d", c.Concurrency)
@@ -257,7 +278,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	exec := workflow.NewExecutor(workflow.Config{
 		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,
-		WorkerID: w.cfg.Name, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
+		WorkerID: w.cfg.Name, Build: w.cfg.Build, BlockRecheck: w.cfg.blockRecheck, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
 		Canceller: eng.cancels, Stopping: w.draining.Load,
 	})
@@ -534,4 +555,29 @@ func (s *stopStack) unwind(ctx context.Context) error {
 	}
 	*s = nil
 	return errors.Join(errs...)
+}
+
+// vcsBuild is the build identity the Go toolchain stamped into the binary:
+// the first 12 characters of its VCS revision, "+dirty" when the tree had
+// changes; "" when it stamped none (go run, go test, -buildvcs=false).
+func vcsBuild() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev[:min(12, len(rev))] + dirty
 }

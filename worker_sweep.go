@@ -37,7 +37,7 @@ func (w *Worker) newSweeper(assets *jetstream.Assets) (*sweep.Sweeper, error) {
 	}
 	sc := w.cfg.sweepConfig()
 	sc.Assets, sc.Workflows, sc.Logger = assets, w.ws.Names(), w.log
-	sc.Metrics, sc.AfterPass = w.cfg.Metrics.internal(), w.cfg.sweepHook
+	sc.Metrics, sc.AfterPass, sc.Build = w.cfg.Metrics.internal(), w.cfg.sweepHook, w.cfg.Build
 	return sweep.New(sc)
 }
 

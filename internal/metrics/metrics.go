@@ -65,6 +65,8 @@ const (
 	NameUnservedStarts      = "jetflow_unserved_start_envelopes"
 	NameRunsRunning         = "jetflow_runs_running"
 	NameEvents              = "jetflow_events_total"
+	NameRunsBlocked         = "jetflow_runs_blocked_total"
+	NameRunsBlockedNow      = "jetflow_runs_blocked"
 	NameBuildInfo           = "jetflow_build_info"
 	NameNATSConnected       = "jetflow_nats_connected"
 	NameNATSReconnects      = "jetflow_nats_reconnects_total"
@@ -96,7 +98,7 @@ var families = []struct {
 	{NameMaxDeliveries, true}, {NameStepsInFlight, true}, {NameConsumerPending, true},
 	{NameConsumerAckPending, true}, {NameBacklogSampleErrors, true}, {NameHTTPRequests, false},
 	{NameHTTPDuration, false}, {NameRunsStuck, true}, {NameUnservedStarts, true},
-	{NameRunsRunning, true}, {NameEvents, true}, {NameBuildInfo, false}, {NameNATSConnected, false},
+	{NameRunsRunning, true}, {NameEvents, true}, {NameRunsBlocked, true}, {NameRunsBlockedNow, true}, {NameBuildInfo, false}, {NameNATSConnected, false},
 	{NameNATSReconnects, false},
 }
 
@@ -147,6 +149,8 @@ type Metrics struct {
 	unserved      prometheus.Gauge
 	runsRunning   *prometheus.GaugeVec
 	events        *prometheus.CounterVec
+	runsBlocked   *prometheus.CounterVec
+	blockedNow    *prometheus.GaugeVec
 	buildInfo     *prometheus.GaugeVec
 	conns         *connCollector
 
@@ -242,6 +246,14 @@ func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 			Name: NameEvents,
 			Help: "Event deliveries answered by this worker, by the run's workflow and outcome (delivered, duplicate, refused: a final error such as not found or conflict; error: a retryable failure).",
 		}, []string{"workflow", "outcome"}),
+		runsBlocked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: NameRunsBlocked,
+			Help: "Runs a worker blocked because their code diverged from their history (a renamed, removed, reordered or retyped step), by workflow and kind of divergence: no step ran at the diverging place.",
+		}, []string{"workflow", "divergence"}),
+		blockedNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: NameRunsBlockedNow,
+			Help: "Blocked runs of the workflow (counted among jetflow_runs_running too), as the worker's sweeper last read them from the runs bucket (every worker reports the same number: aggregate with max).",
+		}, []string{"workflow"}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: NameBuildInfo,
 			Help: "Always 1: the jetflow version, the Go version and the process's role (worker or client).",
@@ -254,7 +266,7 @@ func NewFor(reg prometheus.Registerer, role Role) (*Metrics, error) {
 		m.starts, m.suppressed, m.steps, m.stepDuration, m.runsFinished,
 		m.runDuration, m.redeliveries, m.maxDeliveries, m.inFlight,
 		m.pending, m.ackPending, m.sampleErrors, m.httpRequests, m.httpDuration,
-		m.runsStuck, m.unserved, m.runsRunning, m.events, m.buildInfo, m.conns,
+		m.runsStuck, m.unserved, m.runsRunning, m.events, m.runsBlocked, m.blockedNow, m.buildInfo, m.conns,
 	}
 	var registered []prometheus.Collector
 	for i, c := range collectors {
@@ -300,6 +312,7 @@ func (m *Metrics) Serve(workflows ...string) {
 		m.maxDeliveries.WithLabelValues(wf)
 		m.redeliveries.WithLabelValues(wf)
 		m.runsStuck.WithLabelValues(wf)
+		m.blockedNow.WithLabelValues(wf)
 		for st := range finalStates {
 			m.runsFinished.WithLabelValues(wf, st)
 		}
@@ -335,6 +348,22 @@ func (m *Metrics) StepBegins(workflow, step string) {
 // zeroKey names a label set initialised at zero: a family and two label
 // values.
 type zeroKey struct{ family, a, b string }
+
+// RunBlocked counts a run of workflow blocked by a divergence of kind.
+func (m *Metrics) RunBlocked(workflow, kind string) {
+	if m == nil {
+		return
+	}
+	m.runsBlocked.WithLabelValues(workflow, kind).Inc()
+}
+
+// RunsBlockedNow sets how many runs of workflow are blocked, as last read.
+func (m *Metrics) RunsBlockedNow(workflow string, n int) {
+	if m == nil {
+		return
+	}
+	m.blockedNow.WithLabelValues(workflow).Set(float64(n))
+}
 
 // RunsRunning sets how many runs of workflow are running, as last read.
 func (m *Metrics) RunsRunning(workflow string, n int) {

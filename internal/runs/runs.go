@@ -42,6 +42,7 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runindex"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // ErrNotFound: the run ID holds no record (never written, or expired). It
@@ -505,25 +506,32 @@ func (s *Store) Update(ctx context.Context, runID string, change Change) (state.
 // update is the compare-and-set loop: it starts from run at rev (read with
 // read first when rev is 0), and reads with read after every conflict.
 func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func(context.Context, string) (state.Run, uint64, error), change Change) (state.Run, bool, error) {
+	run, _, written, err := s.updateRev(ctx, run, rev, read, change)
+	return run, written, err
+}
+
+// updateRev is update, which also returns the revision of the record it
+// wrote (0 when it wrote none).
+func (s *Store) updateRev(ctx context.Context, run state.Run, rev uint64, read func(context.Context, string) (state.Run, uint64, error), change Change) (state.Run, uint64, bool, error) {
 	for {
 		if rev == 0 {
 			var err error
 			if run, rev, err = read(ctx, run.RunID); err != nil {
-				return state.Run{}, false, err
+				return state.Run{}, 0, false, err
 			}
 		}
 		before, workflow := run.Status, run.Workflow
 		write, err := change(&run)
 		if err != nil || !write {
-			return run, false, err
+			return run, 0, false, err
 		}
-		_, err = s.replace(ctx, run, rev)
+		rev, err = s.replace(ctx, run, rev)
 		if errors.Is(err, jetstream.ErrRevisionMismatch) {
 			rev = 0
 			continue
 		}
 		if err != nil {
-			return run, false, err
+			return run, 0, false, err
 		}
 		if run.Status != before {
 			if s.beforeIndex != nil {
@@ -531,7 +539,7 @@ func (s *Store) update(ctx context.Context, run state.Run, rev uint64, read func
 			}
 			s.indexRun(ctx, run, before, workflow)
 		}
-		return run, true, nil
+		return run, rev, true, nil
 	}
 }
 
@@ -550,6 +558,57 @@ func (s *Store) Finish(ctx context.Context, run state.Run, rev uint64, end func(
 			return false, nil
 		}
 		end(r)
+		return true, nil
+	})
+}
+
+// Block makes the running run (read at revision rev, 0: not read) blocked
+// with block: its body diverged from its history, and it runs nothing
+// until compatible code takes it or an operator unblocks it. A run that
+// ended, or whose record holds another run under its ID now (another token
+// or generation), is left as it is, and so is a run already blocked at the
+// same place (Block.Checks counts the replays that found it so, and is
+// not written for each). It returns the record as it ended up and whether
+// this call wrote it.
+func (s *Store) Block(ctx context.Context, run state.Run, rev uint64, block jetflowtype.RunBlock) (_ state.Run, written bool, _ error) {
+	token, gen := run.Token, run.Generation
+	return s.update(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
+		if !r.Status.Active() || r.Token != token || r.Generation != gen {
+			return false, nil
+		}
+		if r.Status == state.StatusBlocked && r.Block != nil && sameDivergence(r.Block.Divergence, block.Divergence) {
+			return false, nil
+		}
+		r.Status, r.UpdatedAt, r.Block = state.StatusBlocked, s.now().UTC(), &block
+		return true, nil
+	})
+}
+
+// sameDivergence reports whether a and b are the same report: kind, place
+// and steps.
+func sameDivergence(a, b *jetflowtype.Divergence) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Kind == b.Kind && a.Position == b.Position && a.History.String() == b.History.String() && a.Code.String() == b.Code.String()
+}
+
+// Unblock makes the blocked run (read at revision rev, 0: not read)
+// running again, with change applied to it (nil: none): a replay went past
+// the place it was blocked at, or an operator unblocked it. A run that is
+// not blocked, or whose record holds another run now, is left as it is
+// (written false). It returns the record as it ended up and, when it
+// wrote it, its new revision.
+func (s *Store) Unblock(ctx context.Context, run state.Run, rev uint64, change func(r *state.Run)) (_ state.Run, newRev uint64, written bool, _ error) {
+	token, gen := run.Token, run.Generation
+	return s.updateRev(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
+		if r.Status != state.StatusBlocked || r.Token != token || r.Generation != gen {
+			return false, nil
+		}
+		r.Status, r.UpdatedAt, r.Block = state.StatusRunning, s.now().UTC(), nil
+		if change != nil {
+			change(r)
+		}
 		return true, nil
 	})
 }

@@ -90,6 +90,29 @@ func ValidateName(name string) error {
 	return nil
 }
 
+// MaxBuildLen bounds a build identity (ValidateBuild).
+const MaxBuildLen = 64
+
+// ErrInvalidBuild: a build identity that is empty, too long or holds a
+// character other than [A-Za-z0-9._+-].
+var ErrInvalidBuild = errors.New("jetflow: invalid build identity")
+
+// ValidateBuild checks a worker's build identity: 1..MaxBuildLen
+// characters of [A-Za-z0-9._+-] (a VCS revision, a version, a release
+// name), so that it can be shown, compared and logged as it is.
+func ValidateBuild(build string) error {
+	if build == "" || len(build) > MaxBuildLen {
+		return fmt.Errorf("%w %q: want 1..%d characters", ErrInvalidBuild, clip(build), MaxBuildLen)
+	}
+	for i := range len(build) {
+		c := build[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '+' || c == '-') {
+			return fmt.Errorf("%w %q: character %q not in [A-Za-z0-9._+-]", ErrInvalidBuild, clip(build), c)
+		}
+	}
+	return nil
+}
+
 // Step names of waits for events. The step that waits for the event
 // called name is named EventStepName(name) ("event=<name>") when senders
 // address it by run ID and event name, HookStepName(name) ("hook=<name>")

@@ -35,11 +35,14 @@ type Lease struct {
 	// when All (an AwaitAll), else any of them.
 	Waits []string `json:"waits,omitempty"`
 	All   bool     `json:"all,omitempty"`
+	// Places are the places of Waits in the order the body started
+	// steps (state.Step.Seq), one per wait: a later holder compares its
+	// body's calls at those places with them, as with committed records.
 	// Began: the steps in Waits are what the await began (branches,
 	// waits, children), not a sequential step whose retry waits for its
-	// timer. Records written before it existed leave it false, and then
-	// say nothing of the steps' kind.
-	Began bool `json:"began,omitempty"`
+	// timer. Records written before they existed have neither.
+	Places []int `json:"places,omitempty"`
+	Began  bool  `json:"began,omitempty"`
 	// Passed is the number of awaits of the body that holders of the run
 	// have passed (returned from), as far as the writers of the lease
 	// knew: a holder that passes a later await is the first to, which is

@@ -441,8 +441,8 @@ type Task struct {
 // run with either carries no revision, so that its final write reads the
 // record first.
 func StepTask(r Run, rev uint64, stepID string) Task {
-	if len(r.Children) > 0 || len(r.Predecessors) > 0 {
-		rev = 0
+	if len(r.Children) > 0 || len(r.Predecessors) > 0 || r.Block != nil || len(r.Waived) > 0 {
+		rev = 0 // not carried: the run's writers read the record first
 	}
 	return Task{
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
 
@@ -88,6 +89,34 @@ const (
 
 // redispatch reads t's record again and, if it is still the same running
 // revision, wakes the run (workflow.Wake).
+// offerBlocked wakes t, a run that another build's code blocked, once for
+// this worker's build: the holder that takes the wake replays the run with
+// whatever code it has, and the run goes on if that code replays its
+// history (or blocks again, at no cost but the replay). The message ID
+// names the build and the record's revision, so the sweepers of several
+// workers of one build store one wake.
+func (s *Sweeper) offerBlocked(ctx context.Context, t *tracked) error {
+	run, rev, err := s.store.Get(ctx, t.RunID)
+	if err != nil {
+		return err
+	}
+	t.offered = t.Revision
+	if run.Status != state.StatusBlocked {
+		return nil
+	}
+	build := s.cfg.Build
+	if build == "" {
+		build = "none"
+	}
+	msgID := t.Identity() + ".unblock." + build + "." + strconv.FormatUint(rev, 10)
+	if _, err := workflow.Wake(ctx, s.cfg.Assets, run, rev, "", msgID); err != nil {
+		return fmt.Errorf("sweep: wake blocked run %s: %w", run.RunID, err)
+	}
+	s.log.Info().Str("run_id", run.RunID).Str("workflow", run.Workflow).Str("blocked_by", t.BlockedBy).
+		Msg("blocked run offered to this worker's build")
+	return nil
+}
+
 func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (dispatch, error) {
 	run, rev, err := s.store.Get(ctx, t.RunID)
 	if errors.Is(err, runs.ErrNotFound) {

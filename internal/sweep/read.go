@@ -103,12 +103,28 @@ func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
 	if t, ok := s.runs[id]; ok && t.Revision == e.Revision() {
 		return
 	}
+	if t, ok := s.runs[id]; ok && t.Blocked && run.Status == state.StatusBlocked {
+		// Blocked again (another replay, maybe another build's): its
+		// checks go on as they were; it is offered to this worker's build
+		// once per revision.
+		t.Revision, t.BlockedBy = e.Revision(), blockedBy(run)
+		return
+	}
 	since := run.UpdatedAt
 	if run.CreatedAt.After(since) {
 		since = run.CreatedAt
 	}
 	s.runs[id] = &tracked{
-		Run:  Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Revision: e.Revision()},
+		Run: Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Revision: e.Revision(),
+			Blocked: run.Status == state.StatusBlocked, BlockedBy: blockedBy(run)},
 		next: since.Add(s.cfg.StuckAfter),
 	}
+}
+
+// blockedBy is the build whose code blocked run ("" for none).
+func blockedBy(run state.Run) string {
+	if run.Block == nil {
+		return ""
+	}
+	return run.Block.Build
 }

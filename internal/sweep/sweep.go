@@ -90,6 +90,11 @@ type Run struct {
 	Generation int
 	// Revision of the run record the sweeper read.
 	Revision uint64
+	// Blocked: the record says blocked (its code diverged from its
+	// history); it holds its recheck timer like a waiting run. BlockedBy
+	// is the build whose code diverged.
+	Blocked   bool
+	BlockedBy string
 }
 
 // Identity is the run generation's identity (state.RunIdentity): the token
@@ -115,6 +120,9 @@ type Pass struct {
 	// Absorbed lists stuck runs whose start task was not stored: another
 	// sweeper's was (same message ID), or a start task is pending after all.
 	Absorbed []string
+	// Offered lists the blocked runs that another build's code blocked,
+	// which the pass woke for this worker's code to try.
+	Offered []string
 	// Indexed lists the runs whose missing run index entry the pass wrote.
 	Indexed []string
 	// IndexRebuilt: the pass found the run index incomplete (its build
@@ -145,6 +153,10 @@ type Config struct {
 	// Interval after its creation or its last healthy check.
 	StuckAfter time.Duration
 	Logger     zerolog.Logger
+	// Build is the build identity of the worker's code: a blocked run that
+	// another build's code blocked is woken once, so that this code may
+	// take it (a rollback, a fixed deploy) without waiting for its recheck.
+	Build string
 	// Metrics counts stuck runs (nil: none).
 	Metrics *metrics.Metrics
 	// Now is the clock (default time.Now).
@@ -202,6 +214,9 @@ type tracked struct {
 	timerChecks int
 	// indexed: the run index was found to list the run (or was made to).
 	indexed bool
+	// offered is the revision of the blocked run's record at which this
+	// sweeper woke it for its own build's code (offerBlocked).
+	offered uint64
 }
 
 // Sweeper finds stuck runs. Its passes run one at a time (Start's loop, or
@@ -297,6 +312,13 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 		if ctx.Err() != nil {
 			break
 		}
+		if t.Blocked && t.BlockedBy != s.cfg.Build && t.offered != t.Revision {
+			if err := s.offerBlocked(ctx, t); err != nil {
+				p.Err = firstErr(p.Err, err)
+			} else {
+				p.Offered = append(p.Offered, id)
+			}
+		}
 		if now.Before(t.next) {
 			continue
 		}
@@ -382,15 +404,21 @@ func (s *Sweeper) timerBackoff(n int) time.Duration {
 	return min(d, max(s.cfg.StuckAfter, MaxTimerBackoff))
 }
 
-// countRunning sets the running-runs gauge of every served workflow from
-// the runs kept in memory (complete only after a successful read).
+// countRunning sets the running-runs and blocked-runs gauges of every
+// served workflow from the runs kept in memory (complete only after a
+// successful read). A blocked run counts in both: it has not ended.
 func (s *Sweeper) countRunning() {
 	n := make(map[string]int, len(s.served))
+	blocked := make(map[string]int, len(s.served))
 	for _, t := range s.runs {
 		n[t.Workflow]++
+		if t.Blocked {
+			blocked[t.Workflow]++
+		}
 	}
 	for wf := range s.served {
 		s.cfg.Metrics.RunsRunning(wf, n[wf])
+		s.cfg.Metrics.RunsBlockedNow(wf, blocked[wf])
 	}
 }
 

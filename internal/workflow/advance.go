@@ -25,6 +25,12 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 	opened := c.open
 	c.open = nil
 	classify(opened, ps)
+	if d := c.divergent(opened, true); d != nil {
+		return -1, c.blocked(d)
+	}
+	if s := h.unblock(c); s != nil {
+		return -1, s
+	}
 	begin := !h.clean || h.rebegin || c.epoch > h.lease.found.Epoch
 	if begin {
 		if s := h.dispatch(c, opened); s != nil {
@@ -74,7 +80,7 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 		h.passed(c, ps, first, won)
 		return won, nil
 	}
-	return -1, &settlement{kind: settlePark, epoch: c.epoch, waits: unresolved(ps), first: first}
+	return -1, &settlement{kind: settlePark, epoch: c.epoch, waits: unresolved(ps), first: first, began: true}
 }
 
 // classify decides what each step opened since the last await is: the one

@@ -52,6 +52,9 @@ func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
 // replayBranch replays def's body against hist as far as d's step, and
 // runs it.
 func (e *Executor) replayBranch(d *delivery, def Definition, hist *history) *settlement {
+	if hist.lease != nil {
+		hist.awaiting(*hist.lease)
+	}
 	c := e.newContext(d, modeBranch, hist)
 	c.branch = d.task.StepID
 	return c.replay(def)
@@ -98,9 +101,10 @@ func (e *Executor) branchHistory(d *delivery) (*history, *settlement) {
 	case !run.Status.Active() || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, run.Status)}
 	}
-	if rec := hist.get(d.task.StepID); rec != nil {
+	if rec := hist.get(d.task.StepID); rec != nil && !slices.Contains(run.Waived, rec.StepID) {
 		return nil, &settlement{kind: settleDone, rec: rec}
 	}
+	d.run.Waived = run.Waived
 	return hist, nil
 }
 
@@ -215,6 +219,8 @@ func (e *Executor) settleBranch(d *delivery, s *settlement) {
 		settleErr(d.log, msg.Ack(), "ack")
 	case settleRetry:
 		e.retryBranch(d, s)
+	case settleBlock:
+		e.settleBlocked(d.nctx, d, nil, s)
 	case settleDrop, settleLost:
 		d.log.Info().Err(s.err).Msg("branch task dropped")
 		settleErr(d.log, msg.Ack(), "ack")

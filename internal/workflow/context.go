@@ -76,7 +76,13 @@ func (c *Context) RunID() string { return c.run.RunID }
 func (c *Context) Workflow() string { return c.run.Workflow }
 
 // newContext is the replay state of d in mode m over history h.
+//
+// The records of steps the run's record says to go on without
+// (state.Run.Waived) are left out of h.
 func (e *Executor) newContext(d *delivery, m mode, h *history) *Context {
+	if h != nil && len(d.run.Waived) > 0 {
+		h.waive(d.run.Waived)
+	}
 	return &Context{delivery: d, exec: e, mode: m, hist: h, occ: make(map[string]int), done: make(chan *settlement, 1)}
 }
 
@@ -99,6 +105,10 @@ func (c *Context) spawn(def Definition) {
 			}
 		}()
 		out, err := def.Run(c, c.run.Input)
+		if d := c.returnDivergent(); d != nil {
+			c.done <- c.blocked(d)
+			return
+		}
 		c.done <- &settlement{kind: settleFinish, output: out, err: err}
 	}()
 }

@@ -85,6 +85,12 @@ type Config struct {
 	Logger      zerolog.Logger
 	// WorkerID is written into step records and leases for diagnosis.
 	WorkerID string
+	// Build is the build identity of the worker's code, written where the
+	// code decided something: a run's block.
+	Build string
+	// BlockRecheck is how long after a run is blocked its first recheck
+	// comes (0: DefaultBlockRecheck); see block.go.
+	BlockRecheck time.Duration
 	// ReleaseDelay is how long a released task waits before redelivery.
 	ReleaseDelay time.Duration
 	Now          func() time.Time
@@ -130,6 +136,9 @@ func NewExecutor(cfg Config) *Executor {
 	}
 	if cfg.ReleaseDelay == 0 {
 		cfg.ReleaseDelay = time.Second
+	}
+	if cfg.BlockRecheck == 0 {
+		cfg.BlockRecheck = DefaultBlockRecheck
 	}
 	e := &Executor{cfg: cfg, inflight: newInflight(), runs: runs.New(cfg.Assets), cancels: cfg.Canceller, log: cfg.Logger}
 	if e.cancels == nil {

@@ -237,7 +237,11 @@ func (c *Context) begin(p *Pending) {
 	case modeCheck:
 		c.check.begin(c, p)
 	case modeBranch:
+		c.open = append(c.open, p)
 		if p.id == c.branch {
+			if d := c.divergent(c.open, false); d != nil {
+				c.park(c.blocked(d))
+			}
 			c.park(c.exec.runBranch(c, p))
 		}
 	default:
@@ -271,7 +275,12 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 	default:
 		// A replay check gives every step a record; a branch task passes
 		// only awaits its history satisfies (its step is started before
-		// the await that waits for it).
+		// the await that waits for it), and goes no further than its
+		// history allows.
+		if d := c.divergent(c.open, true); d != nil {
+			c.park(c.blocked(d))
+		}
+		c.open = nil
 		var ok bool
 		if won, ok = decide(ps, first); !ok {
 			s = &settlement{kind: settleRelease, unreached: true, err: fmt.Errorf("the body awaits %v before step %s, not committed: the run's history changed, or the body does not replay the same way", stepIDs(ps), c.branch)}

@@ -1,8 +1,10 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
@@ -16,6 +18,15 @@ import (
 // end), which it looks up one by one.
 type history struct {
 	steps map[string]*state.Step
+	// places are the placed records (placed) by their place (Seq): what
+	// a replay compares the body's calls with (divergence.go).
+	places map[int]*state.Step
+	// awaited are the steps the run's parked lease says its body waits
+	// for and that are not committed, by place; awaitedAt is the place of
+	// each by step ID (awaiting). A replay compares its calls with them as
+	// with the records.
+	awaited   map[int]awaitedStep
+	awaitedAt map[string]int
 	// lease is the lease record and its revision (nil, 0: none).
 	lease    *state.Lease
 	leaseRev uint64
@@ -26,7 +37,9 @@ type history struct {
 	upto uint64
 }
 
-func newHistory() *history { return &history{steps: make(map[string]*state.Step)} }
+func newHistory() *history {
+	return &history{steps: make(map[string]*state.Step), places: make(map[int]*state.Step)}
+}
 
 // readHistory reads every record of the run generation identity, as the
 // records stood at revision upTo of the steps bucket (0: now). It may be a
@@ -51,7 +64,7 @@ func decodeHistory(identity string, entries []jetstream.Entry, err error) (*hist
 	if err != nil {
 		return nil, err
 	}
-	h := &history{steps: make(map[string]*state.Step, len(entries))}
+	h := &history{steps: make(map[string]*state.Step, len(entries)), places: make(map[int]*state.Step, len(entries))}
 	if err := h.add(entries); err != nil {
 		return nil, fmt.Errorf("records of %s: %w", identity, err)
 	}
@@ -82,8 +95,85 @@ func (h *history) add(entries []jetstream.Entry) error {
 // get returns the committed record of stepID, or nil.
 func (h *history) get(stepID string) *state.Step { return h.steps[stepID] }
 
+// at returns the placed record at place seq, or nil.
+func (h *history) at(seq int) *state.Step { return h.places[seq] }
+
 // put records rec, just committed or found.
 func (h *history) put(rec *state.Step) {
+	if old := h.steps[rec.StepID]; old != nil && placed(old) && h.places[old.Seq] == old {
+		delete(h.places, old.Seq)
+	}
 	h.steps[rec.StepID] = rec
+	if placed(rec) {
+		h.places[rec.Seq] = rec
+	}
 	h.upto = max(h.upto, rec.Rev)
+}
+
+// awaitedStep is a step a parked lease says the body waits for.
+type awaitedStep struct {
+	id string
+	// inline: a sequential step whose retry waits for its timer; else a
+	// branch, a wait or a child run the await began.
+	inline bool
+}
+
+// awaiting adds to h what the lease record l (the one the delivery took
+// the run from) says the parked body waits for: the steps of its Waits
+// not committed, at their places. A record without places (written by an
+// earlier version, or not parked) adds nothing.
+func (h *history) awaiting(l state.Lease) {
+	if l.State != state.LeaseParked || len(l.Places) != len(l.Waits) {
+		return
+	}
+	for i, id := range l.Waits {
+		if h.steps[id] != nil {
+			continue
+		}
+		if h.awaited == nil {
+			h.awaited, h.awaitedAt = make(map[int]awaitedStep), make(map[string]int)
+		}
+		h.awaited[l.Places[i]] = awaitedStep{id: id, inline: !l.Began}
+		h.awaitedAt[id] = l.Places[i]
+	}
+}
+
+// waive forgets the records of ids, steps an operator told the run to go
+// on without (state.Run.Waived): a replay neither returns their results
+// nor compares the body with them.
+func (h *history) waive(ids []string) {
+	for _, id := range ids {
+		if seq, ok := h.awaitedAt[id]; ok {
+			delete(h.awaited, seq)
+			delete(h.awaitedAt, id)
+		}
+		if old := h.steps[id]; old != nil {
+			if h.places[old.Seq] == old {
+				delete(h.places, old.Seq)
+			}
+			delete(h.steps, id)
+		}
+	}
+}
+
+// checkRun is the history as a replay check replays it (Check): the
+// records in commit order (their revisions), with the run's workflow,
+// identity and input.
+func (h *history) checkRun(run state.Run) CheckRun {
+	steps := make([]state.Step, 0, len(h.steps))
+	for _, rec := range h.steps {
+		steps = append(steps, *rec)
+	}
+	slices.SortFunc(steps, func(a, b state.Step) int { return cmp.Compare(a.Rev, b.Rev) })
+	return CheckRun{Workflow: run.Workflow, RunID: run.RunID, Generation: run.Generation, Input: run.Input, Steps: steps}
+}
+
+// compared is the history as Compare compares it.
+func (h *history) compared() []HistoryStep {
+	steps := make([]HistoryStep, 0, len(h.steps))
+	for _, rec := range h.steps {
+		steps = append(steps, HistoryStepOf(rec))
+	}
+	slices.SortFunc(steps, func(a, b HistoryStep) int { return cmp.Compare(a.Seq, b.Seq) })
+	return steps
 }

@@ -76,6 +76,7 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 		return
 	}
 	m.OnBeat(h.lease.beat)
+	h.history.awaiting(h.lease.found)
 	c := e.newContext(d, modeHolder, h.history)
 	c.hold = h.holder
 	e.settleRun(d, h.holder, c.replay(def))

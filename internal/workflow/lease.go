@@ -54,8 +54,11 @@ type lease struct {
 	found state.Lease
 	// unstarted, inherited: the hand-over's (handOver).
 	unstarted, inherited bool
-	// all: the park waits for every one of its waits (park).
-	all bool
+	// all: the park waits for every one of its waits (park); began: what
+	// the park waits for was begun by its await (state.Lease.Began);
+	// places: the waits' places (state.Lease.Places).
+	all, began bool
+	places     []int
 	// settled: the holder parked, released or handed the run over; a
 	// heartbeat that comes after (its task is being settled) writes
 	// nothing over that.
@@ -125,14 +128,17 @@ func (l *lease) beat() {
 // waits (every one of them when all, else any), and returns the record's
 // revision once it is written: the holder's last write. A lost lease is
 // its cause.
-func (l *lease) park(epoch int, waits []string, all bool) (uint64, error) {
+func (l *lease) park(epoch int, waits []*Pending, all, began bool) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost != nil {
 		return 0, l.lost
 	}
-	l.all = all
-	err := l.writeLocked(state.LeaseParked, epoch, waits)
+	l.all, l.began, l.places = all, began, make([]int, len(waits))
+	for i, p := range waits {
+		l.places[i] = p.seq
+	}
+	err := l.writeLocked(state.LeaseParked, epoch, stepIDs(waits))
 	l.settled = true
 	return l.rev, err
 }
@@ -149,6 +155,33 @@ func (l *lease) release() {
 	}
 	if err := l.writeLocked(state.LeaseReleased, 0, nil); err != nil {
 		l.d.log.Debug().Err(err).Msg("cannot write the lease released; the redelivery waits for it to run out")
+	}
+}
+
+// leave leaves the run, which this holder blocked, for the next holder to
+// begin every await again: a record this holder wrote is written released,
+// keeping what the record it found said the run waited for (its epoch and
+// waits: a later holder compares its body with them); a record it never
+// wrote (it found the run parked, and replays without writes) stays as it
+// is, and the next holder takes the run as cleanly as this one did. Like
+// release, it reports nothing.
+func (l *lease) leave() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.settled = true
+	if l.lost != nil || !l.written {
+		return
+	}
+	f := l.found
+	rec := state.Lease{V: state.Version, State: state.LeaseReleased, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
+		Epoch: f.Epoch, Waits: f.Waits, Places: f.Places, All: f.All, Began: f.Began, Inherited: true, At: l.e.cfg.Now().UTC(),
+		Passed: max(l.passedBefore(), int(l.passed.Load()))}
+	b, err := state.Encode(rec)
+	if err == nil {
+		_, err = l.e.cfg.Assets.Steps.Update(l.d.nctx, l.key, b, l.rev)
+	}
+	if err != nil {
+		l.d.log.Debug().Err(err).Msg("cannot write the blocked run's lease released; the next holder waits for it to run out")
 	}
 }
 
@@ -176,8 +209,11 @@ func (l *lease) handOver(inherited bool) {
 func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) error {
 	rec := state.Lease{
 		V: state.Version, State: st, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
-		Epoch: epoch, Waits: waits, All: st == state.LeaseParked && l.all, At: l.e.cfg.Now().UTC(),
+		Epoch: epoch, Waits: waits, All: st == state.LeaseParked && l.all, Began: st == state.LeaseParked && l.began, At: l.e.cfg.Now().UTC(),
 		Unstarted: l.unstarted, Inherited: l.inherited, Passed: max(l.passedBefore(), int(l.passed.Load())),
+	}
+	if st == state.LeaseParked {
+		rec.Places = l.places
 	}
 	if st == state.LeaseHeld {
 		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded

@@ -37,6 +37,8 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 		settleErr(d.log, msg.Ack(), "ack")
 	case settlePark:
 		e.park(d, h, s)
+	case settleBlock:
+		e.settleBlocked(d.nctx, d, h, s)
 	case settleRelease:
 		switch {
 		case h != nil && s.handOver:
@@ -92,7 +94,7 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // after the acknowledgement and wakes the run if the await is decided.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	waits := stepIDs(s.waits)
-	parked, err := h.lease.park(s.epoch, waits, !s.first)
+	parked, err := h.lease.park(s.epoch, s.waits, !s.first, s.began)
 	if err != nil {
 		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
 			e.settleRun(d, h, lostOr(err))
@@ -179,7 +181,7 @@ func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) (bool, e
 // It returns the record as it ended up.
 func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) (state.Run, error) {
 	run, written, err := e.runs.Finish(ctx, run, rev, func(run *state.Run) {
-		run.UpdatedAt = e.cfg.Now().UTC()
+		run.UpdatedAt, run.Block = e.cfg.Now().UTC(), nil
 		switch {
 		case s.err == nil && len(s.output) > state.MaxInputBytes:
 			run.Status, run.Error = state.StatusFailed, &state.ErrorInfo{

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // settleKind is how a task message is settled once its replay has ended.
@@ -33,6 +34,9 @@ const (
 	// settleDone: a branch task committed its step (rec): wake the run,
 	// then ack.
 	settleDone
+	// settleBlock: the body diverged from the run's history (divergence):
+	// block the run, then ack (block.go).
+	settleBlock
 )
 
 // errNotThisTask: a task that must not run its step: a redispatched branch
@@ -67,8 +71,13 @@ type settlement struct {
 	epoch int
 	waits []*Pending
 	first bool
+	// park: the await began what it waits for (not a sequential step's
+	// retry): state.Lease.Began.
+	began bool
 	// done: the branch's committed record.
 	rec *state.Step
+	// block: the divergence report.
+	divergence *jetflowtype.Divergence
 }
 
 // lostOr is the settlement of an error from the lease or a step that lost
