@@ -315,3 +315,68 @@ func TestChangeUnderRunsBetweenSequentialSteps(t *testing.T) {
 	t.Parallel()
 	testChangesUnder(t, parkInline)
 }
+
+// A run waits, at one await, for two branches (one of them's retry is due
+// later) and an event. v2 awaits that branch at once (Go, then Get): it
+// would run the step in place, beside the branch's own retry. The event wakes the run
+// under v2: it is blocked (the step is not run in place); v1 takes it back
+// and the branch's retry commits it.
+func TestChangeAwaitMovedAcrossABranch(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	c := env.client()
+	ctx := ctxT(t, 2*time.Minute)
+	charge := func(sctx context.Context) (string, error) {
+		info, _ := StepDetailsFrom(sctx)
+		if effects.inc(info.StepID) == 1 {
+			return "", fmt.Errorf("card network timeout")
+		}
+		return "charged", nil
+	}
+	noop := func(context.Context) (string, error) { return "noted", nil }
+	retry := WithRetry(RetryPolicy{MaxAttempts: 3, InitialInterval: 4 * time.Second, MaxInterval: 4 * time.Second})
+	v1 := NewWorkflow("moved", func(ctx *Context, in string) (string, error) {
+		f := Go(ctx, "charge", charge, retry)
+		n := Go(ctx, "note", noop)
+		w := OnEvent[string](ctx, "go")
+		if err := AwaitAll(ctx, f, n, w); err != nil {
+			return "", err
+		}
+		return f.Get(ctx)
+	}, WithEvent[string]("go"))
+	v2 := NewWorkflow("moved", func(ctx *Context, in string) (string, error) {
+		if _, err := Go(ctx, "charge", charge, retry).Get(ctx); err != nil {
+			return "", err
+		}
+		n := Go(ctx, "note", noop)
+		w := OnEvent[string](ctx, "go")
+		if err := AwaitAll(ctx, n, w); err != nil {
+			return "", err
+		}
+		return "charged", nil
+	}, WithEvent[string]("go"))
+	cfg := func(b string) WorkerConfig {
+		return WorkerConfig{Build: b, AckWait: 2 * time.Second, SweepInterval: 200 * time.Millisecond,
+			StuckAfter: 6 * time.Second, blockRecheck: 500 * time.Millisecond, Topology: env.topo}
+	}
+	w1 := startWorker(t, env.conn(), cfg("v1"), v1)
+	_, err := c.StartByName(ctx, "moved", json.RawMessage(`"in"`), WithRunID("m-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("m-1.charge.0") == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, w1.Stop(ctxT(t, 30*time.Second)))
+	w2 := startWorker(t, env.conn(), cfg("v2"), v2)
+	_, err = c.SendEvent(ctx, "m-1", "go", "go-1", json.RawMessage(`"go"`))
+	require.NoError(t, err)
+	r := &changeRig{t: t, c: c}
+	run := r.waitStatus(ctx, "m-1", StatusBlocked)
+	require.Equal(t, DivergenceKind("kind-changed"), run.Block.Divergence.Kind, "%s", run.Block.Divergence)
+	require.Equal(t, 1, effects.get("m-1.charge.0"), "v2 ran the branch's step in place")
+
+	require.NoError(t, w2.Stop(ctxT(t, 30*time.Second)))
+	stopAtEnd(t, startWorker(t, env.conn(), cfg("v1"), v1), 30*time.Second)
+	run, err = c.WaitRun(ctx, "m-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, run.Status, "%+v", run.Error)
+	require.Equal(t, 2, effects.get("m-1.charge.0"), "the failed attempt and its retry")
+}
