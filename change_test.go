@@ -380,3 +380,77 @@ func TestChangeAwaitMovedAcrossABranch(t *testing.T) {
 	require.Equal(t, StatusCompleted, run.Status, "%+v", run.Error)
 	require.Equal(t, 2, effects.get("m-1.charge.0"), "the failed attempt and its retry")
 }
+
+// An operator moves a blocked run on: a plain unblock replays it with the
+// workers' code, which blocks it again; accepting the divergence waives
+// the history's step, and the renamed step runs (its side effect happens a
+// second time, under its new step ID, as the operator accepted).
+func TestUnblockRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	c := env.client()
+	ctx := ctxT(t, 2*time.Minute)
+	effect := func(sctx context.Context) (string, error) {
+		info, _ := StepDetailsFrom(sctx)
+		effects.inc(info.StepID)
+		return "ok", nil
+	}
+	version := func(welcome string) *Workflow[string, string] {
+		return NewWorkflow("signup", func(ctx *Context, in string) (string, error) {
+			if _, err := Step(ctx, welcome, effect); err != nil {
+				return "", err
+			}
+			if _, err := WaitEvent[string](ctx, "confirmed"); err != nil {
+				return "", err
+			}
+			return Step(ctx, "activate", effect)
+		}, WithEvent[string]("confirmed"))
+	}
+	cfg := func(b string) WorkerConfig {
+		return WorkerConfig{Build: b, AckWait: 2 * time.Second, SweepInterval: time.Minute, blockRecheck: time.Hour, Topology: env.topo}
+	}
+	w1 := startWorker(t, env.conn(), cfg("v1"), version("send-welcome"))
+	_, err := c.StartByName(ctx, "signup", json.RawMessage(`"ann"`), WithRunID("s-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("s-1.send-welcome.0") == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, w1.Stop(ctxT(t, 30*time.Second)))
+	stopAtEnd(t, startWorker(t, env.conn(), cfg("v2"), version("send-welcome-email")), 30*time.Second)
+
+	_, err = c.UnblockRun(ctx, "s-1", UnblockOptions{})
+	require.ErrorIs(t, err, ErrRunNotBlocked, "a running run")
+	_, err = c.SendEvent(ctx, "s-1", "confirmed", "c-1", json.RawMessage(`"yes"`))
+	require.NoError(t, err)
+	r := &changeRig{t: t, c: c}
+	run := r.waitStatus(ctx, "s-1", StatusBlocked)
+	require.Equal(t, DivergenceKind("renamed"), run.Block.Divergence.Kind)
+	require.Equal(t, 0, run.Block.Divergence.Position)
+	require.Equal(t, "s-1.send-welcome.0", run.Block.Divergence.History.StepID)
+	require.Equal(t, "s-1.send-welcome-email.0", run.Block.Divergence.Code.StepID)
+	since := run.Block.Since
+
+	// A plain unblock: the v2 code replays it and blocks it again.
+	out, err := c.UnblockRun(ctx, "s-1", UnblockOptions{})
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, out.Status)
+	require.Empty(t, out.Waived)
+	require.Eventually(t, func() bool {
+		run, err = c.GetRun(ctx, "s-1")
+		return err == nil && run.Status == StatusBlocked && run.Block.Since.After(since)
+	}, 30*time.Second, 10*time.Millisecond, "the unblocked run was not replayed")
+	require.Zero(t, effects.get("s-1.send-welcome-email.0"))
+
+	// Accepted: the renamed step runs.
+	out, err = c.UnblockRun(ctx, "s-1", UnblockOptions{AcceptDivergence: true})
+	require.NoError(t, err)
+	require.Equal(t, "s-1.send-welcome.0", out.Waived)
+	run, err = c.WaitRun(ctx, "s-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, run.Status, "%+v", run.Error)
+	require.Equal(t, []string{"s-1.send-welcome.0"}, run.Waived)
+	require.Equal(t, map[string]int{"s-1.send-welcome.0": 1, "s-1.send-welcome-email.0": 1, "s-1.activate.0": 1}, effects.snapshot())
+	_, err = c.UnblockRun(ctx, "s-1", UnblockOptions{})
+	require.ErrorIs(t, err, ErrRunNotBlocked)
+	_, err = c.UnblockRun(ctx, "nope", UnblockOptions{})
+	require.ErrorIs(t, err, ErrRunNotFound)
+}

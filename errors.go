@@ -101,6 +101,14 @@ var (
 	ErrPermissionDenied = errors.New("jetflow: permission denied")
 	// ErrRunEnded: the run has already completed or failed.
 	ErrRunEnded = workflow.ErrRunEnded
+	// ErrRunNotBlocked: UnblockRun of a run that is not blocked (running,
+	// or ended; a repeat of a successful unblock gets it).
+	ErrRunNotBlocked = workflow.ErrRunNotBlocked
+	// ErrNothingToWaive: UnblockRun accepting a divergence whose report
+	// names no step of the history to go on without (the input no longer
+	// decodes, the body panics or never returns): deploy code that replays
+	// the run, or cancel it.
+	ErrNothingToWaive = workflow.ErrNothingToWaive
 	// ErrRunReplaced: Handle.Result's generation of the run was replaced
 	// by a newer one under the same run ID (a superseding start, or a
 	// start again after it ended) before Result read its outcome, which is

@@ -121,7 +121,13 @@ func ValidateBuild(build string) error {
 const (
 	eventStepPrefix = "event="
 	hookStepPrefix  = "hook="
+	patchStepPrefix = "patch="
 )
+
+// PatchStepName is the step name of the marker of the patch called id
+// (jetflow.Patched): a step that runs no function, whose record says the
+// run took the patched code's way at that point.
+func PatchStepName(id string) string { return patchStepPrefix + id }
 
 // EventStepName is the step name of a wait for the event called name,
 // addressed by run ID and name.
@@ -131,14 +137,18 @@ func EventStepName(name string) string { return eventStepPrefix + name }
 // addressed by a hook token.
 func HookStepName(name string) string { return hookStepPrefix + name }
 
-// validateStepName accepts a name ValidateName accepts, or the step name
-// of a wait for an event (EventStepName, HookStepName).
+// engineStepPrefixes begin the names of the steps the engine names, never
+// the body: a wait for an event (EventStepName, HookStepName), a patch
+// marker (PatchStepName) and a blocked run's recheck (block=divergence).
+var engineStepPrefixes = []string{eventStepPrefix, hookStepPrefix, patchStepPrefix, "block="}
+
+// validateStepName accepts a name ValidateName accepts, or a name the
+// engine gives a step: one of engineStepPrefixes, then such a name.
 func validateStepName(name string) error {
-	if ev, ok := strings.CutPrefix(name, eventStepPrefix); ok {
-		return ValidateName(ev)
-	}
-	if ev, ok := strings.CutPrefix(name, hookStepPrefix); ok {
-		return ValidateName(ev)
+	for _, p := range engineStepPrefixes {
+		if rest, ok := strings.CutPrefix(name, p); ok {
+			return ValidateName(rest)
+		}
 	}
 	return ValidateName(name)
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/jetflowtype"
 )
@@ -141,5 +143,100 @@ func (e *Executor) settleBlocked(ctx context.Context, d *delivery, h *holder, s 
 		return
 	}
 	d.msg.Stop()
+	settleErr(d.log, d.msg.Msg.Ack(), "ack")
+}
+
+// ErrRunNotBlocked: an unblock of a run that is not blocked.
+var ErrRunNotBlocked = errors.New("jetflow: run is not blocked")
+
+// ErrNothingToWaive: an unblock that accepts a divergence whose report
+// names no step of the history to go on without (the input no longer
+// decodes, the body panicked or never returns): only compatible code
+// moves such a run on.
+var ErrNothingToWaive = errors.New("jetflow: the divergence names no step of the history to waive")
+
+// Unblock makes the blocked run runID go on (an operator's call): its
+// record is written running again (compare-and-set) and a worker is asked
+// to wake it (a branch task of its block's pseudo step, which any worker
+// of the workflow turns into a wake: a task the operator's least-privilege
+// user may publish). The holder that takes the wake replays the run with
+// its code: a body that still diverges blocks it again.
+//
+// accept: the operator accepts the divergence the block reports: the
+// history's step at its place (or, for a step the code starts out of
+// place, that step's record) is waived (state.Run.Waived), so the code's
+// step at that place runs, again: its side effect may repeat. A report
+// without such a step is ErrNothingToWaive.
+//
+// It returns the record as it ended up and the step waived (""). A run
+// that is not blocked is ErrRunNotBlocked with its record (a repeat call
+// after a successful one gets it, as the run is running again), an unknown
+// one ErrRunNotFound.
+func Unblock(ctx context.Context, assets *jetstream.Assets, store *runs.Store, runID string, accept bool) (state.Run, string, error) {
+	run, rev, err := store.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return state.Run{}, "", fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
+	if err != nil {
+		return state.Run{}, "", err
+	}
+	waive := ""
+	if accept && run.Block != nil && run.Block.Divergence != nil {
+		waive = waivable(run.Block.Divergence)
+	}
+	if run.Status == state.StatusBlocked && accept && waive == "" {
+		return run, "", fmt.Errorf("%w: %s", ErrNothingToWaive, run.Block.Divergence)
+	}
+	run, rev, written, err := store.Unblock(ctx, run, rev, func(r *state.Run) {
+		if waive != "" && !slices.Contains(r.Waived, waive) {
+			r.Waived = append(r.Waived, waive)
+		}
+	})
+	switch {
+	case err != nil:
+		return run, "", err
+	case !written:
+		return run, "", fmt.Errorf("%w: %s is %s", ErrRunNotBlocked, runID, run.Status)
+	}
+	id := state.StepID(state.RunIdentity(run.RunID, run.Generation), blockStep, 0)
+	b, err := state.Encode(state.StepTask(run, rev, id))
+	if err == nil {
+		_, err = jetstream.PublishTask(ctx, assets.JS, jetstream.BranchSubject(run.Workflow, id), id+".unblock."+strconv.FormatUint(rev, 10), b)
+	}
+	if err != nil {
+		// The run is running again; its recheck timer wakes it.
+		return run, waive, fmt.Errorf("jetflow: unblocked run %s, but could not wake it (its recheck timer will): %w", runID, err)
+	}
+	return run, waive, nil
+}
+
+// waivable is the step of the history that d's report says the code
+// departs from: the history's step at the place, or the code's own step
+// the history holds elsewhere; "" for none.
+func waivable(d *jetflowtype.Divergence) string {
+	switch {
+	case d.History != nil:
+		return d.History.StepID
+	case d.Kind == jetflowtype.DivergenceReordered && d.Code != nil:
+		return d.Code.StepID
+	}
+	return ""
+}
+
+// isBlockPoke reports whether t is the branch task Unblock publishes: a
+// request to wake the run, not a step to run.
+func isBlockPoke(t state.Task) bool { return state.StepName(t.StepID) == blockStep }
+
+// wakeUnblocked turns an unblock's branch task d into a wake of its run.
+func (e *Executor) wakeUnblocked(d *delivery) {
+	run, rev, err := e.runs.Get(d.nctx, d.task.RunID)
+	if err == nil && run.Status.Active() && run.Generation == d.task.Generation {
+		_, err = Wake(d.nctx, e.cfg.Assets, run, rev, "", d.identity()+".unblocked."+strconv.FormatUint(rev, 10))
+	}
+	if err != nil && !errors.Is(err, runs.ErrNotFound) {
+		d.log.Warn().Err(err).Msg("cannot wake the unblocked run; releasing")
+		settleErr(d.log, d.msg.Msg.NakWithDelay(e.cfg.ReleaseDelay), "nak")
+		return
+	}
 	settleErr(d.log, d.msg.Msg.Ack(), "ack")
 }

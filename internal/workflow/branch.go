@@ -31,6 +31,10 @@ func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
 	}
 	defer done()
 	d.run, d.rev = state.RunFromTask(d.task), d.task.Rev
+	if isBlockPoke(d.task) {
+		e.wakeUnblocked(d)
+		return
+	}
 	untrack := e.inflight.track(d, ctx)
 	defer untrack()
 	hist, s := e.branchHistory(d)
