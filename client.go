@@ -696,6 +696,10 @@ type Run struct {
 	// Attributes are the business attributes the run was started with
 	// (WithAttributes).
 	Attributes map[string]string `json:"attributes,omitempty"`
+	// Build is the build identity of the worker that started the run (the
+	// first to park or end it); a pinned workflow's run runs only on
+	// workers of this build (WithVersioning). Empty while not recorded.
+	Build string `json:"build,omitempty"`
 	// Block says why a blocked run (Status StatusBlocked) is blocked: the
 	// divergence of its code from its history, where, and which build's
 	// code it was. Nil for a run that is not blocked.
@@ -767,7 +771,7 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 		RunID: r.RunID, Workflow: r.Workflow, Status: RunStatus(r.Status), Input: r.Input,
 		Output: r.Output, Source: r.Source, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		Generation: r.Generation, Duplicates: audit.Duplicates, Attributes: r.Attributes,
-		Block: r.Block, Waived: r.Waived,
+		Block: r.Block, Waived: r.Waived, Build: r.Build,
 	}
 	if audit.First != nil {
 		first := toAttempt(*audit.First)

@@ -109,6 +109,9 @@ var (
 	// decodes, the body panics or never returns): deploy code that replays
 	// the run, or cancel it.
 	ErrNothingToWaive = workflow.ErrNothingToWaive
+	// ErrUndeclaredPatch: Patched with a patch ID the workflow does not
+	// declare (WithPatch): the run fails with it (a panic of the body).
+	ErrUndeclaredPatch = workflow.ErrUndeclaredPatch
 	// ErrRunReplaced: Handle.Result's generation of the run was replaced
 	// by a newer one under the same run ID (a superseding start, or a
 	// start again after it ended) before Result read its outcome, which is

@@ -66,6 +66,8 @@ type workflowOptions struct {
 	requireRunID bool
 	strictInput  bool
 	events       map[string]eventType
+	versioning   Versioning
+	patches      []string
 }
 
 // WithStrictInput refuses a start whose input JSON has a field the

@@ -34,7 +34,9 @@ type StepRecord struct {
 	// Worker names the worker whose attempt was committed. For a result
 	// served from a task key it goes on with " (served from task key
 	// <key>, result of <step ID>)"; read TaskKey rather than this text.
-	Worker      string    `json:"worker,omitempty"`
+	Worker string `json:"worker,omitempty"`
+	// Build is the build identity of that worker (WorkerConfig.Build).
+	Build       string    `json:"build,omitempty"`
 	CommittedAt time.Time `json:"committed_at"`
 	// StartedAt is when the committed attempt started (zero for a step
 	// that ran no function, and for records written before it was kept).
@@ -49,7 +51,8 @@ type StepRecord struct {
 	// Child is the child run a child step (Child) stands for.
 	Child string `json:"child,omitempty"`
 	// Kind is "sleep" for a sleep, "event" or "hook" for a wait for an
-	// event, empty for a step that ran a function or a child.
+	// event, "patch" for a patch marker (Patched: the run took the
+	// patched way), empty for a step that ran a function or a child.
 	Kind string `json:"kind,omitempty"`
 	// WakeAt is a sleep's deadline, or a wait's timeout.
 	WakeAt time.Time `json:"wake_at,omitzero"`
@@ -298,7 +301,7 @@ func toOpenWait(w state.Wait) OpenWait {
 }
 
 func toStepRecord(s state.KeyedStep) StepRecord {
-	rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, CommittedAt: s.Committed, Child: s.Child,
+	rec := StepRecord{StepID: s.StepID, Name: s.Name, Seq: s.Seq, Attempt: s.Attempt, Output: s.Output, Worker: s.Worker, Build: s.Build, CommittedAt: s.Committed, Child: s.Child,
 		Kind: s.Kind, WakeAt: s.WakeAt, EventID: s.EventID, HookToken: s.HookToken, StartedAt: s.StartedAt, Attempts: toAttempts(s.Failures)}
 	if s.Error != nil {
 		rec.Error, rec.Fatal, rec.Code = s.Error.Message, s.Error.Fatal, s.Error.Code

@@ -206,6 +206,11 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	if err := ws.checkRetention(jetstream.TopologyWithDefaults(cfg.Topology).Retention); err != nil {
 		return nil, err
 	}
+	for name, wf := range ws.defs {
+		if wf.Definition().Pinned && cfg.Build == "" {
+			return nil, fmt.Errorf("jetflow: workflow %s is pinned to the build that starts each run: %w: the worker has none (set WorkerConfig.Build, or build the binary from a VCS checkout)", name, ErrInvalidBuild)
+		}
+	}
 	if cfg.Metrics.internal().Role() == metrics.RoleClient {
 		return nil, ErrClientMetrics
 	}

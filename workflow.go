@@ -25,6 +25,8 @@ type Workflow[P, R any] struct {
 	requireRunID bool
 	strictInput  bool
 	events       map[string]eventType
+	versioning   Versioning
+	patches      []string
 }
 
 // NewWorkflow defines a workflow. name is its identity in stored runs and on
@@ -41,7 +43,7 @@ func NewWorkflow[P, R any](name string, fn func(ctx *Context, input P) (R, error
 		opt(&o)
 	}
 	return &Workflow[P, R]{name: name, fn: fn, policy: o.policy, retention: o.retention, requireRunID: o.requireRunID,
-		strictInput: o.strictInput, events: o.events}
+		strictInput: o.strictInput, events: o.events, versioning: o.versioning, patches: o.patches}
 }
 
 // declaredEvents are the events the workflow declares (WithEvent).
@@ -58,7 +60,7 @@ func (w *Workflow[P, R]) Name() string { return w.name }
 // a program has no use for it.
 func (w *Workflow[P, R]) Definition() workflow.Definition {
 	return workflow.Definition{
-		Name: w.name,
+		Name: w.name, Pinned: w.versioning == Pinned, Patches: w.patches,
 		Run: func(c *workflow.Context, raw json.RawMessage) (json.RawMessage, error) {
 			in, err := decodeInput[P](raw)
 			if err != nil {
@@ -88,6 +90,9 @@ func (w *Workflow[P, R]) served() (startproto.Served, error) {
 	}
 	if w.retention != 0 && w.retention < time.Second {
 		return startproto.Served{}, fmt.Errorf("workflow %s: %w: %s is less than a second", w.name, ErrInvalidRetention, w.retention)
+	}
+	if err := validateVersioning(w.versioning, w.patches); err != nil {
+		return startproto.Served{}, fmt.Errorf("workflow %s: %w", w.name, err)
 	}
 	// The one check of a start's JSON input, at admission (startproto),
 	// whichever way the start came.

@@ -584,6 +584,22 @@ func (s *Store) Block(ctx context.Context, run state.Run, rev uint64, block jetf
 	})
 }
 
+// SetBuild records build as the build that started run (read at revision
+// rev, 0: not read) when its record names none: the first holder to park
+// the run records it (Run.Build). A run that ended, that holds another run
+// now, or whose record names a build already, is left as it is. It returns
+// the record as it ended up and its revision when this call wrote it.
+func (s *Store) SetBuild(ctx context.Context, run state.Run, rev uint64, build string) (state.Run, uint64, bool, error) {
+	token, gen := run.Token, run.Generation
+	return s.updateRev(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
+		if !r.Status.Active() || r.Token != token || r.Generation != gen || r.Build != "" {
+			return false, nil
+		}
+		r.Build = build
+		return true, nil
+	})
+}
+
 // sameDivergence reports whether a and b are the same report: kind, place
 // and steps.
 func sameDivergence(a, b *jetflowtype.Divergence) bool {

@@ -120,6 +120,10 @@ type Run struct {
 	// neither compares the code with them nor returns their results, so
 	// the code's step at such a place runs (again).
 	Waived []string `json:"waived,omitempty"`
+	// Build is the build identity of the worker that started the run: the
+	// first to park it or to end it records it. A workflow registered
+	// pinned runs only on workers of this build.
+	Build string `json:"build,omitempty"`
 }
 
 // ExecLease is Run.Exec of a run whose body one lease holder executes at a
@@ -243,6 +247,9 @@ type Step struct {
 	// an event's record (its jetflow.event.deliver span, or its caller's
 	// span), for the wait's span to link to; empty without one.
 	TraceParent string `json:"traceparent,omitempty"`
+	// Build is the build identity of the worker that committed the step
+	// (empty when it had none, or for an event, which its sender commits).
+	Build string `json:"build,omitempty"`
 	// Rev is the record's revision in the steps bucket (not stored): all
 	// steps share one stream, so it orders commits.
 	Rev uint64 `json:"-"`
@@ -251,6 +258,9 @@ type Step struct {
 // Kinds of steps that run no function (Step.Kind).
 const (
 	StepSleep = "sleep"
+	// StepPatch is a patch marker's (PatchStepName): the run took the
+	// patched code's way at that point. It has no place (Seq).
+	StepPatch = "patch"
 	StepEvent = "event"
 	StepHook  = "hook"
 )
@@ -432,6 +442,10 @@ type Task struct {
 	Attributes map[string]string `json:"attributes,omitempty"`
 	// Exec is the run record's (Run.Exec).
 	Exec int `json:"exec,omitempty"`
+	// Build is the run record's (Run.Build); for a branch task of a
+	// pinned workflow's run, the build of the holder that published it:
+	// only a worker of that build runs it.
+	Build string `json:"build,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -448,7 +462,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
-		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec,
+		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec, Build: r.Build,
 	}
 }
 
@@ -459,7 +473,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec,
+		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec, Build: t.Build,
 	}
 }
 

@@ -80,6 +80,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Exec:         ExecLease,
 		Block:        &jetflowtype.RunBlock{Reason: jetflowtype.BlockDivergence},
 		Waived:       []string{"order-42/7.a.0"},
+		Build:        "0123456789ab",
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children and predecessors are not carried (they can be many): the

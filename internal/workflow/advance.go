@@ -158,6 +158,9 @@ func (h *holder) dispatch(c *Context, opened []*Pending) *settlement {
 		}
 		t := state.StepTask(c.run, c.rev, p.id)
 		t.Redispatched, t.Upto, t.Width = !h.clean || h.rebegin, c.hist.upto, width
+		if c.def.Pinned {
+			t.Build = h.e.cfg.Build // a branch of a pinned run runs on its holder's build
+		}
 		b, err := state.Encode(t)
 		if err == nil {
 			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), p.id, b)

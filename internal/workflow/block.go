@@ -240,3 +240,20 @@ func (e *Executor) wakeUnblocked(d *delivery) {
 	}
 	settleErr(d.log, d.msg.Msg.Ack(), "ack")
 }
+
+// elsewhere hands d's task back, untouched, when it belongs to a run of a
+// pinned workflow (def) that another build than this worker's started
+// (build: the run's, or the branch task's): a worker of that build takes
+// it. The redelivery comes after a delay that grows with the delivery
+// count (100ms doubled, at most 5s), so that a task of a build no worker
+// runs now costs a delivery every 5s, not a loop. It reports whether it
+// handed the task back.
+func (e *Executor) elsewhere(d *delivery, def Definition, build string) bool {
+	if !def.Pinned || build == "" || build == e.cfg.Build {
+		return false
+	}
+	delay := 100 * time.Millisecond << min(max(d.delivered-1, 0), 6)
+	d.log.Debug().Str("build", build).Str("this_build", e.cfg.Build).Msg("task of a run pinned to another build: handed back")
+	settleErr(d.log, d.msg.Msg.NakWithDelay(min(delay, 5*time.Second)), "nak")
+	return true
+}

@@ -35,6 +35,9 @@ func (e *Executor) handleBranch(ctx context.Context, m *consume.Delivery) {
 		e.wakeUnblocked(d)
 		return
 	}
+	if e.elsewhere(d, def, d.task.Build) {
+		return
+	}
 	untrack := e.inflight.track(d, ctx)
 	defer untrack()
 	hist, s := e.branchHistory(d)

@@ -36,8 +36,10 @@ func HistoryStepOf(rec *state.Step) HistoryStep {
 }
 
 // placed reports whether rec's Seq is its place: every record but an
-// event's, whose sender does not know the place of the wait it ends.
-func placed(rec *state.Step) bool { return rec.EventID == "" }
+// event's, whose sender does not know the place of the wait it ends, and a
+// patch marker's, which takes no place (so that code with a patch replays
+// the histories of code without it).
+func placed(rec *state.Step) bool { return rec.EventID == "" && rec.Kind != state.StepPatch }
 
 func (s HistoryStep) diverged() *jetflowtype.DivergedStep {
 	return &jetflowtype.DivergedStep{StepID: s.StepID, Name: s.Name, Kind: s.Kind}
@@ -100,7 +102,7 @@ func Compare(hist []HistoryStep, ranked bool, res CheckResult) *jetflowtype.Dive
 		return c.diverge(jetflowtype.DivergenceTimedOut, 0, nil, nil, "the body did not return within the replay's timeout")
 	}
 	for _, s := range hist {
-		if !c.all[s.StepID] {
+		if !c.all[s.StepID] && s.Kind != state.StepPatch {
 			return c.notStarted(s)
 		}
 	}

@@ -63,6 +63,10 @@ type Context struct {
 	branch string
 	// check is the history of a replay check (modeCheck).
 	check *checker
+	// def is the definition being replayed; patched the answers of its
+	// patch markers in this replay (Patched).
+	def     Definition
+	patched map[string]bool
 }
 
 // Context is the worker's context: cancelled when the worker stops, the
@@ -97,6 +101,7 @@ func (c *Context) replay(def Definition) *settlement {
 // spawn runs def's body on a goroutine of its own, which sends how it
 // ended on c.done: its return, its panic, or the settlement it parked on.
 func (c *Context) spawn(def Definition) {
+	c.def = def
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {

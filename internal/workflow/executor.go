@@ -25,6 +25,12 @@ type Definition struct {
 	// step and returns the JSON output. An input that cannot be decoded is
 	// reported wrapped in ErrInput.
 	Run func(c *Context, input json.RawMessage) (json.RawMessage, error)
+	// Pinned: a run is executed only by workers of the build that started
+	// it (state.Run.Build); a task of it that a worker of another build
+	// receives is handed back untouched.
+	Pinned bool
+	// Patches are the patch IDs the body may ask about (Context.Patched).
+	Patches []string
 }
 
 // Hooks let tests inject faults at exact points. Nil hooks do nothing.

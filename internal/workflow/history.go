@@ -27,6 +27,9 @@ type history struct {
 	// with the records.
 	awaited   map[int]awaitedStep
 	awaitedAt map[string]int
+	// last is the highest place the records and the awaited steps hold
+	// (-1: none).
+	last int
 	// lease is the lease record and its revision (nil, 0: none).
 	lease    *state.Lease
 	leaseRev uint64
@@ -38,7 +41,7 @@ type history struct {
 }
 
 func newHistory() *history {
-	return &history{steps: make(map[string]*state.Step), places: make(map[int]*state.Step)}
+	return &history{steps: make(map[string]*state.Step), places: make(map[int]*state.Step), last: -1}
 }
 
 // readHistory reads every record of the run generation identity, as the
@@ -64,7 +67,7 @@ func decodeHistory(identity string, entries []jetstream.Entry, err error) (*hist
 	if err != nil {
 		return nil, err
 	}
-	h := &history{steps: make(map[string]*state.Step, len(entries)), places: make(map[int]*state.Step, len(entries))}
+	h := &history{steps: make(map[string]*state.Step, len(entries)), places: make(map[int]*state.Step, len(entries)), last: -1}
 	if err := h.add(entries); err != nil {
 		return nil, fmt.Errorf("records of %s: %w", identity, err)
 	}
@@ -106,6 +109,7 @@ func (h *history) put(rec *state.Step) {
 	h.steps[rec.StepID] = rec
 	if placed(rec) {
 		h.places[rec.Seq] = rec
+		h.last = max(h.last, rec.Seq)
 	}
 	h.upto = max(h.upto, rec.Rev)
 }
@@ -135,6 +139,7 @@ func (h *history) awaiting(l state.Lease) {
 		}
 		h.awaited[l.Places[i]] = awaitedStep{id: id, inline: !l.Began}
 		h.awaitedAt[id] = l.Places[i]
+		h.last = max(h.last, l.Places[i])
 	}
 }
 

@@ -68,6 +68,9 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 		e.settleRun(d, nil, s)
 		return
 	}
+	if e.elsewhere(d, def, d.run.Build) {
+		return
+	}
 	untrack := e.inflight.track(d, ctx)
 	defer untrack()
 	h, s := e.hold(d)

@@ -93,6 +93,10 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 // committer may have stopped waiting: then the holder looks once more
 // after the acknowledgement and wakes the run if the await is decided.
 func (e *Executor) park(d *delivery, h *holder, s *settlement) {
+	if err := e.recordBuild(d); err != nil {
+		e.settleRun(d, h, &settlement{kind: settleRelease, err: fmt.Errorf("cannot record the run's build: %w", err)})
+		return
+	}
 	waits := stepIDs(s.waits)
 	parked, err := h.lease.park(s.epoch, s.waits, !s.first, s.began)
 	if err != nil {
@@ -141,6 +145,26 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 	}
 }
 
+// recordBuild records the worker's build as the build that started d's run
+// if its record names none yet: the first holder to park the run (or to end
+// it: finish) records it, before the park, so that every wake of a pinned
+// run finds the build it must go to. A worker with no build records none.
+func (e *Executor) recordBuild(d *delivery) error {
+	if d.run.Build != "" || e.cfg.Build == "" {
+		return nil
+	}
+	run, rev, written, err := e.runs.SetBuild(d.nctx, d.run, d.rev, e.cfg.Build)
+	switch {
+	case err != nil:
+		return err
+	case written:
+		d.run, d.rev = run, rev
+	default:
+		d.run.Build = run.Build
+	}
+	return nil
+}
+
 // lookAgain reports whether the await that parked the run at lease
 // revision parked (s) can be decided now: its first wait committed (s.first),
 // or all of them. The read sees every write stored before it began: on a
@@ -182,6 +206,9 @@ func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) (bool, e
 func (e *Executor) finish(ctx context.Context, log zerolog.Logger, run state.Run, rev uint64, s *settlement) (state.Run, error) {
 	run, written, err := e.runs.Finish(ctx, run, rev, func(run *state.Run) {
 		run.UpdatedAt, run.Block = e.cfg.Now().UTC(), nil
+		if run.Build == "" {
+			run.Build = e.cfg.Build
+		}
 		switch {
 		case s.err == nil && len(s.output) > state.MaxInputBytes:
 			run.Status, run.Error = state.StatusFailed, &state.ErrorInfo{

@@ -77,7 +77,7 @@ func (e *Executor) runAttempt(d *delivery, a *stepAttempt, commit commitFunc) (r
 func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.StepResult, *settlement) {
 	sc, attempt, key := a.stepCall, a.attempt, a.key
 	info := jetflowtype.StepDetails{StepID: sc.id, StepName: sc.name, Attempt: attempt, RunID: d.run.RunID, Workflow: d.run.Workflow}
-	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID, StartedAt: a.start.UTC()}
+	rec := &state.Step{V: state.Version, StepID: sc.id, RunID: d.run.RunID, Name: sc.name, Seq: sc.seq, Attempt: attempt, Worker: e.cfg.WorkerID, Build: e.cfg.Build, StartedAt: a.start.UTC()}
 	cached, err := key.acquire(d.ctx, d.nctx)
 	if err != nil {
 		return rec, "", stopped(d, err)
@@ -236,7 +236,7 @@ func (e *Executor) create(ctx context.Context, id string, b []byte) (rev uint64,
 // wait's end, a child's result), and returns the committed record:
 // another writer's when it came first.
 func (e *Executor) commitRecord(d *delivery, rec *state.Step) (*state.Step, *settlement) {
-	rec.Committed = e.cfg.Now().UTC()
+	rec.Committed, rec.Build = e.cfg.Now().UTC(), e.cfg.Build
 	b, err := state.Encode(*rec)
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
