@@ -96,4 +96,3 @@ func validateVersioning(v Versioning, patches []string) error {
 	}
 	return nil
 }
-

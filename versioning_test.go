@@ -50,7 +50,9 @@ func TestPatchedOldRunsKeepTheirWay(t *testing.T) {
 	effects := newCounter()
 	c := env.client()
 	ctx := ctxT(t, 2*time.Minute)
-	cfg := func(b string) WorkerConfig { return WorkerConfig{Build: b, AckWait: 2 * time.Second, Topology: env.topo} }
+	cfg := func(b string) WorkerConfig {
+		return WorkerConfig{Build: b, AckWait: 2 * time.Second, Topology: env.topo}
+	}
 
 	w1 := startWorker(t, env.conn(), cfg("v1"), signupVersion(effects, false))
 	_, err := c.StartByName(ctx, "signup", json.RawMessage(`"old"`), WithRunID("old"))
