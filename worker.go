@@ -182,6 +182,9 @@ type Worker struct {
 	// draining is set when Stop begins: holders start no further
 	// sequential step and hand their runs over (workflow.Config.Stopping).
 	draining atomic.Bool
+	// gate keeps the worker from executing beside workers of another
+	// engine protocol (enginegate.go).
+	gate engineGate
 }
 
 // serving is a started worker's resources, for Ready.
@@ -214,7 +217,9 @@ func NewWorker(nc *nats.Conn, ws *Registry, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Metrics.internal().Role() == metrics.RoleClient {
 		return nil, ErrClientMetrics
 	}
-	return &Worker{nc: nc, ws: ws, cfg: cfg, log: cfg.Logger.With().Str("worker", cfg.Name).Logger()}, nil
+	w := &Worker{nc: nc, ws: ws, cfg: cfg, log: cfg.Logger.With().Str("worker", cfg.Name).Logger()}
+	w.gate.log = w.log
+	return w, nil
 }
 
 // failedStartUnwind bounds the undoing of what a failed Start had set
@@ -236,6 +241,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("jetflow: worker already started")
 	}
 	w.draining.Store(false)
+	// Nothing is provisioned or executed beside a worker of another engine
+	// protocol (an earlier version's, during an upgrade).
+	if err := w.gate.check(ctx, w); err != nil {
+		return err
+	}
 	assets, err := jetstream.Provision(ctx, w.nc, w.cfg.Topology, jetstream.CreateOrUpdate, jetstream.LogChanges(w.logConsumer))
 	if err != nil {
 		return err
@@ -285,7 +295,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		Assets: assets, Admitter: eng.admit, Definitions: defs, Logger: w.log,
 		WorkerID: w.cfg.Name, Build: w.cfg.Build, BlockRecheck: w.cfg.blockRecheck, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
-		Canceller: eng.cancels, Stopping: w.draining.Load,
+		Canceller: eng.cancels, Stopping: func() bool { return w.draining.Load() || w.gate.paused.Load() },
 	})
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
@@ -358,7 +368,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// Announced once start requests are answered: a workflow recorded as
 	// known has been served, and a live record means a worker answers.
-	presence, err := roster.Announce(ctx, assets.Workflows, w.ws.Names(), w.cfg.Name, w.cfg.LivenessTTL, w.log)
+	presence, err := roster.Announce(ctx, assets.Workflows, w.ws.Names(), w.cfg.Name, w.cfg.Build, w.cfg.LivenessTTL, w.log)
 	if err != nil {
 		return fail(err)
 	}
@@ -366,6 +376,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	// which waits for it last.
 	var withdrawn <-chan struct{}
 	stops.push(func(ctx context.Context) error { withdrawn = w.withdraw(ctx, presence); return nil })
+	// A worker of another engine protocol that joins later pauses this one.
+	gateCtx, stopGate := context.WithCancel(context.Background())
+	gateDone := make(chan struct{})
+	go func() {
+		defer close(gateDone)
+		w.gate.watch(gateCtx, w, max(w.cfg.LivenessTTL/3, time.Second))
+	}()
+	stops.do(func() { stopGate(); <-gateDone; w.gate.paused.Store(false) })
 	sampling, stopSampling := context.WithCancel(context.Background())
 	stops.do(stopSampling)
 	w.cfg.Metrics.internal().WatchBacklog(sampling, w.cfg.BacklogInterval, func(ctx context.Context) ([]metrics.Backlog, error) {
@@ -477,6 +495,9 @@ func (w *Worker) Ready(ctx context.Context) error {
 	s := w.serving.Load()
 	if s == nil {
 		return errors.New("jetflow: worker not started, or stopping")
+	}
+	if err := w.gate.err(); err != nil {
+		return err
 	}
 	return ready(ctx, w.nc, s.assets, s.consumers)
 }

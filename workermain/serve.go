@@ -171,7 +171,9 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		}
 		defer cancel()
 		err := w.Start(startCtx)
-		if err != nil && (!jetstream.IsTransient(err) || nc.IsClosed()) {
+		// Workers of an earlier engine version are running: wait (unready)
+		// until they are stopped, as for NATS itself.
+		if err != nil && !errors.Is(err, jetflow.ErrEngineMismatch) && (!jetstream.IsTransient(err) || nc.IsClosed()) {
 			err = natsconn.Permanent(err) // a closed connection does not come back
 		}
 		return struct{}{}, err

@@ -780,3 +780,23 @@ func (a *Assets) RestoreSubjects(ctx context.Context) ([]string, error) {
 	}
 	return added, nil
 }
+
+// LookupWorkflows binds the deployment's workflows bucket (WorkflowsBucket)
+// without creating or changing anything: nil when the deployment has none
+// yet (no worker of it ever started). A worker reads the roster through it
+// before it provisions anything (the engine protocol's gate).
+func LookupWorkflows(ctx context.Context, nc *nats.Conn, topo Topology) (*KV, error) {
+	topo = TopologyWithDefaults(topo)
+	js, err := natsjs.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, WorkflowsBucket)
+	if errors.Is(err, natsjs.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, Unavailable(err)
+	}
+	return newKV(js, kv, topo.Replicas, newDirectMux(nc)), nil
+}

@@ -24,7 +24,7 @@ func TestReadTellsNoWorkerYetFromUnknown(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Status{}, s, "a fresh deployment: nothing known, no worker live")
 
-	p, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", ttl, testenv.Logger(t))
+	p, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
 	s, err = Read(ctx, kv, "ordr")
 	require.NoError(t, err)
@@ -84,9 +84,9 @@ func TestListKnownAndLive(t *testing.T) {
 	require.Empty(t, known)
 	require.Empty(t, live)
 
-	p1, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", ttl, testenv.Logger(t))
+	p1, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	p2, err := Announce(ctx, kv, []string{"order"}, "w-2", ttl, testenv.Logger(t))
+	p2, err := Announce(ctx, kv, []string{"order"}, "w-2", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
 	known, live, err = List(ctx, kv)
 	require.NoError(t, err)

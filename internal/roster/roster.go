@@ -39,6 +39,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/logging"
+	"github.com/jetflow/jetflow/internal/state"
 )
 
 // Known is the permanent record of a workflow the deployment has served.
@@ -58,6 +59,32 @@ type Live struct {
 	// latest heartbeat.
 	Since time.Time `json:"since"`
 	Beat  time.Time `json:"beat"`
+	// Protocol is the engine protocol the worker speaks
+	// (state.EngineProtocol; 0 in records of workers before protocol 3),
+	// Build its code's build identity, TTL its liveness TTL (0 in records
+	// that predate them).
+	Protocol int           `json:"protocol,omitempty"`
+	Build    string        `json:"build,omitempty"`
+	TTL      time.Duration `json:"ttl,omitempty"`
+}
+
+// legacyTTL is how long after its last heartbeat a liveness record without
+// a TTL (a worker before protocol 3) is taken for a live worker's, whatever
+// the bucket holds: such workers rewrite it every LivenessTTL/3 (15s by
+// default).
+const legacyTTL = 2 * time.Minute
+
+// Alive reports whether l, a record the bucket holds, is a live worker's at
+// now: its last heartbeat is within two of its TTLs (legacyTTL for a record
+// without one). The bucket expires a record one TTL after its heartbeat,
+// but a removal can be undone by an unclean stop of the server: the time
+// in the record decides.
+func (l Live) Alive(now time.Time) bool {
+	ttl := legacyTTL
+	if l.TTL > 0 {
+		ttl = 2 * l.TTL
+	}
+	return now.Sub(l.Beat) < ttl
 }
 
 // KnownKey is the key of workflow's permanent record.
@@ -187,6 +214,28 @@ func List(ctx context.Context, kv *jetstream.KV) ([]Known, []Presented, error) {
 	return ks, ps, nil
 }
 
+// Foreign lists the live workers of the deployment (Alive at now) that
+// speak another engine protocol than this version's: workers of an earlier
+// version (protocol 0 in their records) or a later one. One read of every
+// liveness record; an error says the bucket could not be read.
+func Foreign(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Presented, error) {
+	live, err := kv.Prefix(ctx, "live", 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []Presented
+	for _, e := range live {
+		var l Live
+		if err := json.Unmarshal(e.Value, &l); err != nil {
+			return nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+		}
+		if l.Protocol != state.EngineProtocol && l.Alive(now) {
+			out = append(out, Presented{Live: l, ID: e.Key[strings.LastIndexByte(e.Key, '.')+1:]})
+		}
+	}
+	return out, nil
+}
+
 // MinTTL is the shortest liveness TTL: JetStream keeps per-message TTLs in
 // whole seconds.
 const MinTTL = time.Second
@@ -196,6 +245,7 @@ const MinTTL = time.Second
 type Presence struct {
 	kv     *jetstream.KV
 	worker string
+	build  string
 	ttl    time.Duration
 	log    zerolog.Logger
 	since  time.Time
@@ -208,19 +258,20 @@ type Presence struct {
 	done chan struct{}
 }
 
-// Announce records that the worker called worker serves workflows: a
-// permanent known record for each workflow that has none, and a liveness
-// record of this worker for each, with TTL ttl (whole seconds, at least
-// MinTTL). A goroutine rewrites the liveness records every ttl/3 until
-// Stop; a failed heartbeat is logged and tried again at the next tick. The
-// records are written before Announce returns; an error means some were
-// not, and nothing keeps running.
-func Announce(ctx context.Context, kv *jetstream.KV, workflows []string, worker string, ttl time.Duration, log zerolog.Logger) (*Presence, error) {
+// Announce records that the worker called worker, of build build, serves
+// workflows: a permanent known record for each workflow that has none, and
+// a liveness record of this worker for each (with its engine protocol,
+// state.EngineProtocol), with TTL ttl (whole seconds, at least MinTTL). A
+// goroutine rewrites the liveness records every ttl/3 until Stop; a failed
+// heartbeat is logged and tried again at the next tick. The records are
+// written before Announce returns; an error means some were not, and
+// nothing keeps running.
+func Announce(ctx context.Context, kv *jetstream.KV, workflows []string, worker, build string, ttl time.Duration, log zerolog.Logger) (*Presence, error) {
 	if ttl < MinTTL {
 		return nil, fmt.Errorf("jetflow: liveness TTL must be at least %s, got %s", MinTTL, ttl)
 	}
 	p := &Presence{
-		kv: kv, worker: worker, ttl: jetstream.WholeSeconds(ttl), log: log, since: time.Now().UTC(),
+		kv: kv, worker: worker, build: build, ttl: jetstream.WholeSeconds(ttl), log: log, since: time.Now().UTC(),
 		revs: make(map[string]uint64, len(workflows)), id: nuid.Next(),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -258,7 +309,8 @@ func (p *Presence) beat(ctx context.Context) error {
 	now := time.Now().UTC()
 	var errs []error
 	for wf, rev := range p.revs {
-		v, err := json.Marshal(Live{Workflow: wf, Worker: p.worker, Since: p.since, Beat: now})
+		v, err := json.Marshal(Live{Workflow: wf, Worker: p.worker, Since: p.since, Beat: now,
+			Protocol: state.EngineProtocol, Build: p.build, TTL: p.ttl})
 		if err != nil {
 			return err
 		}

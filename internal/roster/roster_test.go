@@ -45,9 +45,9 @@ func TestKnownRecordNamesTheFirstWorkerOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, found, "never served: unknown")
 
-	first, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", ttl, testenv.Logger(t))
+	first, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	second, err := Announce(ctx, kv, []string{"order"}, "w-2", ttl, testenv.Logger(t))
+	second, err := Announce(ctx, kv, []string{"order"}, "w-2", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err, "a second worker finds the workflow known")
 	require.NoError(t, second.Stop(ctx))
 	require.NoError(t, first.Stop(ctx))
@@ -116,7 +116,7 @@ func followHeartbeats(t *testing.T, w natsjs.KeyWatcher, worker string) {
 func TestHeartbeatKeepsLivenessWhileRunning(t *testing.T) {
 	t.Parallel()
 	kv := bucket(t, testenv.Server(t))
-	p, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", ttl, testenv.Logger(t))
+	p, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
 	w := watchLive(t, kv, LiveKey("order", p.id))
 
@@ -135,7 +135,7 @@ func TestLivenessExpiresWhenTheWorkerDies(t *testing.T) {
 	workerNC := testenv.Conn(t, srv)
 	a, err := jetstream.Provision(ctxT(t, 10*time.Second), workerNC, jetstream.Topology{}, jetstream.Ensure)
 	require.NoError(t, err)
-	p, err := Announce(ctxT(t, 10*time.Second), a.Workflows, []string{"order"}, "w-doomed", ttl, testenv.Logger(t))
+	p, err := Announce(ctxT(t, 10*time.Second), a.Workflows, []string{"order"}, "w-doomed", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
 	w := watchLive(t, kv, LiveKey("order", p.id))
 	require.Equal(t, natsjs.KeyValuePut, next(t, w, time.After(10*ttl)).Operation())
@@ -163,7 +163,7 @@ func TestLivenessExpiresWhenTheWorkerDies(t *testing.T) {
 func TestAnnounceRefusesATTLUnderASecond(t *testing.T) {
 	t.Parallel()
 	kv := bucket(t, testenv.Server(t))
-	_, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", 500*time.Millisecond, testenv.Logger(t))
+	_, err := Announce(ctxT(t, 10*time.Second), kv, []string{"order"}, "w-1", "b1", 500*time.Millisecond, testenv.Logger(t))
 	require.ErrorContains(t, err, "at least 1s")
 	_, found, err := Lookup(ctxT(t, 10*time.Second), kv, "order")
 	require.NoError(t, err)
@@ -180,7 +180,7 @@ func TestRosterOnAThreeNodeCluster(t *testing.T) {
 	a, err := jetstream.Provision(ctx, c.Conn(t, -1), jetstream.Topology{Replicas: 3}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	kv := a.Workflows
-	p, err := Announce(ctx, kv, []string{"order"}, "w-r3", ttl, testenv.Logger(t))
+	p, err := Announce(ctx, kv, []string{"order"}, "w-r3", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
 	k, found, err := Lookup(ctx, kv, "order")
 	require.NoError(t, err)

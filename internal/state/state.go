@@ -40,6 +40,16 @@ func ValidStatus(s Status) bool {
 // Version is the schema version written into every record.
 const Version = 1
 
+// EngineProtocol is the engine protocol this version speaks: what its
+// workers put on the wire and in records, and expect of the other workers
+// of the deployment. 1 was the executor that ran a run step task by step
+// task (runs without Exec), 2 the lease executor before runs could be
+// blocked, pinned or patched; this version is 3. A worker records it in
+// its liveness records (roster.Live.Protocol: none before 3), and executes
+// nothing while a worker of another protocol is live (docs/operations.md,
+// "Upgrading").
+const EngineProtocol = 3
+
 // ErrorInfo is an error as it is stored: its message and whether it was
 // fatal (not retried).
 type ErrorInfo struct {
