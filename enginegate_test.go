@@ -75,3 +75,40 @@ func mustRegistry(t *testing.T, wfs ...Registrable) *Registry {
 	require.NoError(t, r.Register(wfs...))
 	return r
 }
+
+// EngineStatus counts the live workers by protocol, names the foreign
+// ones, and counts what the executor before the lease still has to do:
+// its running runs (records without exec) and its stored tasks.
+func TestEngineStatus(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	wf := threeSteps("st", newCounter())
+	env.worker(WorkerConfig{Topology: env.topo}, wf)
+	c := env.client()
+	ctx := ctxT(t, time.Minute)
+	s, err := c.EngineStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{"3": 1}, Foreign: []ForeignWorker{}}, s)
+	require.True(t, s.Ready())
+	require.True(t, s.OldWorkDone())
+
+	// An earlier version's worker, one of its running runs and a task.
+	beat := time.Now()
+	b, err := json.Marshal(roster.Live{Workflow: "st", Worker: "old", Since: beat, Beat: beat})
+	require.NoError(t, err)
+	_, err = c.assets.Workflows.CreateTTL(ctx, roster.LiveKey("st", "oldid"), b, 10*time.Second)
+	require.NoError(t, err)
+	_, err = c.assets.Runs.Create(ctx, "legacy-1", []byte(`{"v":1,"run_id":"legacy-1","workflow":"st","input":1,"status":"running","token":"t"}`))
+	require.NoError(t, err)
+	_, err = c.assets.JS.Publish(ctx, "jetflow.task.st.legacy-1", []byte(`{}`))
+	require.NoError(t, err)
+	s, err = c.EngineStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"3": 1, "0": 1}, s.Workers)
+	require.Len(t, s.Foreign, 1)
+	require.Equal(t, "old", s.Foreign[0].Name)
+	require.Equal(t, 1, s.LegacyRuns)
+	require.Equal(t, uint64(1), s.LegacyMessages)
+	require.False(t, s.Ready())
+	require.False(t, s.OldWorkDone())
+}

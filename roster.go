@@ -37,6 +37,12 @@ type LiveWorker struct {
 	// Since is when it started serving them; Beat its latest heartbeat.
 	Since time.Time `json:"since"`
 	Beat  time.Time `json:"beat"`
+	// Protocol is the engine protocol it speaks (EngineProtocol; 0 for a
+	// worker of a version before protocol 3: a worker of this version
+	// executes nothing while one is live), Build its build identity
+	// (WorkerConfig.Build).
+	Protocol int    `json:"protocol"`
+	Build    string `json:"build,omitempty"`
 }
 
 // KnownWorkflow is a workflow a worker of the deployment has served.
@@ -75,7 +81,8 @@ func buildRoster(known []roster.Known, live []roster.Presented) Roster {
 		if !ok {
 			i = len(out.Workers)
 			byID[l.ID] = i
-			out.Workers = append(out.Workers, LiveWorker{ID: l.ID, Name: l.Worker, Workflows: []string{}, Since: l.Since, Beat: l.Beat})
+			out.Workers = append(out.Workers, LiveWorker{ID: l.ID, Name: l.Worker, Workflows: []string{}, Since: l.Since, Beat: l.Beat,
+				Protocol: l.Protocol, Build: l.Build})
 		}
 		w := &out.Workers[i]
 		w.Workflows = append(w.Workflows, l.Workflow)

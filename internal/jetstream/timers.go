@@ -320,3 +320,25 @@ func fireIfDue(ctx context.Context, js natsjs.JetStream, timers natsjs.Stream, s
 		}
 	}
 }
+
+// CountMessages is how many messages st holds on subjects matching each of
+// filters, summed: one stream-info request a filter, answered from the
+// server's subject index.
+func CountMessages(ctx context.Context, st natsjs.Stream, filters ...string) (uint64, error) {
+	var n uint64
+	for _, f := range filters {
+		info, err := st.Info(ctx, natsjs.WithSubjectFilter(f))
+		if err != nil {
+			return 0, fmt.Errorf("jetflow: stream info %s: %w", f, err)
+		}
+		for _, k := range info.State.Subjects {
+			n += k
+		}
+	}
+	return n, nil
+}
+
+// LegacyTimerSubjects are the timer subjects of the executor before the
+// lease (engine protocol 1), which this version neither publishes on nor
+// consumes (its tasks: LegacyTaskSubjects).
+var LegacyTimerSubjects = []string{legacyTimerSubjects, legacyDueSubjects}

@@ -793,6 +793,39 @@ func (s *Store) EnsureIndex(ctx context.Context) (bool, error) {
 // Index is the run index the store writes.
 func (s *Store) Index() *runindex.Index { return s.index }
 
+// Legacy counts the runs that have not ended and were admitted by the
+// executor before the lease (engine protocol 1: records without Exec),
+// which only that version's workers run; and the records it could not
+// decode. It reads every kept record once (one ordered consumer).
+func (s *Store) Legacy(ctx context.Context) (running, undecodable int, err error) {
+	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes())
+	if err != nil {
+		return 0, 0, fmt.Errorf("jetflow: list runs: %w", err)
+	}
+	defer func() {
+		if serr := w.Stop(); serr != nil && err == nil {
+			err = fmt.Errorf("jetflow: list runs: %w", serr)
+		}
+	}()
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return running, undecodable, nil
+			}
+			run, err := state.DecodeRun(e.Value())
+			switch {
+			case err != nil:
+				undecodable++
+			case !run.Status.Terminal() && run.Exec != state.ExecLease:
+				running++
+			}
+		case <-ctx.Done():
+			return 0, 0, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
+		}
+	}
+}
+
 // each calls yield with every kept run record and what is left of its
 // expiry, skipping records about to expire.
 func (s *Store) each(ctx context.Context, yield func(runindex.Record) error) (err error) {

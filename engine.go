@@ -1,0 +1,75 @@
+package jetflow
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/roster"
+)
+
+// EngineStatus is what an upgrade of the engine waits for
+// (docs/operations.md, "Upgrading"): the engine protocols of the workers
+// running now, and what the executor before the lease (protocol 1) still
+// has to do, which workers of this version never run.
+type EngineStatus struct {
+	// Protocol is this version's engine protocol (EngineProtocol).
+	Protocol int `json:"protocol"`
+	// Workers counts the live workers by engine protocol ("0": a version
+	// before protocols were recorded).
+	Workers map[string]int `json:"workers"`
+	// Foreign are the live workers of another protocol than this
+	// version's: while one is, no worker of this version executes anything.
+	Foreign []ForeignWorker `json:"foreign"`
+	// LegacyRuns counts the runs admitted by protocol 1 that have not
+	// ended, LegacyMessages the tasks and timers of protocol 1 still
+	// stored; Undecodable the run records this version could not read.
+	LegacyRuns     int    `json:"legacy_runs"`
+	LegacyMessages uint64 `json:"legacy_messages"`
+	Undecodable    int    `json:"undecodable_records"`
+}
+
+// OldWorkDone reports whether nothing is left for workers of an earlier
+// version to do: no runs or messages of protocol 1. (Runs of protocol 2
+// need no worker of theirs: this version runs them.)
+func (s EngineStatus) OldWorkDone() bool { return s.LegacyRuns == 0 && s.LegacyMessages == 0 }
+
+// Ready reports whether workers of this version may execute: no live worker
+// of another protocol.
+func (s EngineStatus) Ready() bool { return len(s.Foreign) == 0 }
+
+// EngineStatus reads the deployment's engine status: the roster's
+// liveness records, the protocol-1 subjects of the task and timer streams,
+// and every kept run record (one pass; seconds for a million runs).
+func (c *Client) EngineStatus(ctx context.Context) (_ EngineStatus, err error) {
+	defer func() { err = jetstream.Unavailable(err) }()
+	out := EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{}, Foreign: []ForeignWorker{}}
+	_, live, err := roster.List(ctx, c.assets.Workflows)
+	if err != nil {
+		return out, err
+	}
+	now := time.Now()
+	seen := map[string]bool{}
+	for _, l := range live {
+		if !l.Alive(now) || seen[l.ID] {
+			continue
+		}
+		seen[l.ID] = true
+		out.Workers[fmt.Sprint(l.Protocol)]++
+		if l.Protocol != EngineProtocol {
+			out.Foreign = append(out.Foreign, ForeignWorker{Name: l.Worker, Protocol: l.Protocol, Build: l.Build, Beat: l.Beat})
+		}
+	}
+	tasks, err := jetstream.CountMessages(ctx, c.assets.Tasks, jetstream.LegacyTaskSubjects)
+	if err != nil {
+		return out, err
+	}
+	timers, err := jetstream.CountMessages(ctx, c.assets.Timers, jetstream.LegacyTimerSubjects...)
+	if err != nil {
+		return out, err
+	}
+	out.LegacyMessages = tasks + timers
+	out.LegacyRuns, out.Undecodable, err = c.runs.Legacy(ctx)
+	return out, err
+}
