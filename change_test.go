@@ -200,7 +200,8 @@ func (r *changeRig) parked(ctx context.Context) {
 		}
 		for _, ch := range changes {
 			waits, err := r.c.OpenWaits(ctx, runIDOf(ch))
-			if err != nil || len(waits) == 0 || waits[len(waits)-1].Kind != string(r.where) {
+			if err != nil || len(waits) == 0 || waits[len(waits)-1].Kind != string(r.where) ||
+				r.where == parkSleep && waits[len(waits)-1].Name != "nap" {
 				return false
 			}
 		}

@@ -123,11 +123,12 @@ type awaitedStep struct {
 }
 
 // awaiting adds to h what the lease record l (the one the delivery took
-// the run from) says the parked body waits for: the steps of its Waits
-// not committed, at their places. A record without places (written by an
-// earlier version, or not parked) adds nothing.
+// the run from) says the body waited for at its last park: the steps of
+// its Waits not committed, at their places (a record written after the
+// park, by a holder or a delivery handed back, keeps them). A record
+// without places (written by an earlier version) adds nothing.
 func (h *history) awaiting(l state.Lease) {
-	if l.State != state.LeaseParked || len(l.Places) != len(l.Waits) {
+	if len(l.Places) != len(l.Waits) {
 		return
 	}
 	for i, id := range l.Waits {

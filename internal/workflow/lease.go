@@ -212,11 +212,18 @@ func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) erro
 		Epoch: epoch, Waits: waits, All: st == state.LeaseParked && l.all, Began: st == state.LeaseParked && l.began, At: l.e.cfg.Now().UTC(),
 		Unstarted: l.unstarted, Inherited: l.inherited, Passed: max(l.passedBefore(), int(l.passed.Load())),
 	}
-	if st == state.LeaseParked {
+	switch st {
+	case state.LeaseParked:
 		rec.Places = l.places
-	}
-	if st == state.LeaseHeld {
+	case state.LeaseHeld:
 		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded
+	}
+	if st != state.LeaseParked {
+		// What the last park waited for stays on record until the next
+		// park: steps begun and not committed, which every later holder's
+		// body must start again where they were (history.awaiting).
+		f := l.found
+		rec.Waits, rec.Places, rec.All, rec.Began = f.Waits, f.Places, f.All, f.Began
 	}
 	b, err := state.Encode(rec)
 	if err != nil {
