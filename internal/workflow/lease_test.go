@@ -816,3 +816,25 @@ func TestStalledHoldersCommitIsRefused(t *testing.T) {
 	l, _ := r.lease("r")
 	require.Equal(t, "live", l.Worker)
 }
+
+// A delivery handed back unstarted (a worker stopping) keeps on the lease
+// what the run's last park waited for, and where: the next holder compares
+// its body with those steps (history.awaiting), which a record without
+// them would lose.
+func TestHandBackKeepsWhatTheParkWaitedFor(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, time.Second)
+	e := r.executor("w1", noBody, nil)
+	parked := state.Lease{State: state.LeaseParked, Seq: 1, Delivered: 1, Epoch: 2, Waits: []string{"r.nap.0"}, Places: []int{3}, Began: true}
+	r.putLease("r", parked)
+	task := state.Task{V: state.Version, RunID: "r", Workflow: "w", Wake: true, Token: "t"}
+	require.NoError(t, e.handBack(r.ctx(), task, 2, 1))
+	l, _ := r.lease("r")
+	require.Equal(t, state.LeaseReleased, l.State)
+	require.Equal(t, parked.Waits, l.Waits)
+	require.Equal(t, parked.Places, l.Places)
+	require.True(t, l.Began)
+	h := newHistory()
+	h.awaiting(*l)
+	require.Equal(t, awaitedStep{id: "r.nap.0"}, h.awaited[3])
+}
