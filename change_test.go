@@ -455,3 +455,62 @@ func TestUnblockRun(t *testing.T) {
 	_, err = c.UnblockRun(ctx, "nope", UnblockOptions{})
 	require.ErrorIs(t, err, ErrRunNotFound)
 }
+
+// Before a build takes work: its code is replayed against the runs in
+// flight, running nothing, and the runs it would block are reported; a
+// worker that checks before serving does not start while there are some,
+// and starts once they have ended.
+func TestCheckCodeBeforeServing(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	c := env.client()
+	ctx := ctxT(t, 2*time.Minute)
+	v1 := signupVersion(effects, false)
+	w1 := startWorker(t, env.conn(), WorkerConfig{Build: "v1", Topology: env.topo}, v1)
+	for _, id := range []string{"s-1", "s-2"} {
+		_, err := c.StartByName(ctx, "signup", json.RawMessage(`"x"`), WithRunID(id))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return effects.get(id+".send-welcome.0") == 1 }, 30*time.Second, 10*time.Millisecond)
+	}
+	r := &changeRig{t: t, c: c}
+	require.Eventually(t, func() bool { w, err := c.OpenWaits(ctx, "s-2"); return err == nil && len(w) == 1 }, 30*time.Second, 10*time.Millisecond)
+
+	renamed := NewWorkflow("signup", func(ctx *Context, in string) (string, error) {
+		if _, err := Step(ctx, "send-welcome-email", func(context.Context) (string, error) { return "", nil }); err != nil {
+			return "", err
+		}
+		return WaitEvent[string](ctx, "confirmed")
+	}, WithEvent[string]("confirmed"))
+	check, err := c.CheckCode(ctx, mustRegistry(t, renamed))
+	require.NoError(t, err)
+	require.Equal(t, 2, check.Checked)
+	require.Len(t, check.Blocked, 2)
+	for _, b := range check.Blocked {
+		require.Equal(t, DivergenceKind("renamed"), b.Divergence.Kind, b.RunID)
+		require.Equal(t, 0, b.Divergence.Position)
+	}
+	same, err := c.CheckCode(ctx, mustRegistry(t, signupVersion(newCounter(), true)))
+	require.NoError(t, err)
+	require.True(t, same.Clean(), "the patched code replays both: %+v", same.Blocked)
+	require.Zero(t, effects.get("s-1.send-welcome-email.0"), "the check runs no step")
+
+	w2, err := NewWorker(env.conn(), mustRegistry(t, renamed), WorkerConfig{Build: "v2", CheckBeforeServing: true, Topology: env.topo})
+	require.NoError(t, err)
+	err = w2.Start(ctx)
+	var ce *CodeCheckError
+	require.ErrorAs(t, err, &ce)
+	require.ErrorIs(t, err, ErrWouldBlock)
+	require.Len(t, ce.Check.Blocked, 2)
+
+	// Once the runs in flight have ended, the worker starts.
+	for _, id := range []string{"s-1", "s-2"} {
+		_, err := c.SendEvent(ctx, id, "confirmed", "c", json.RawMessage(`"yes"`))
+		require.NoError(t, err)
+		run := r.waitStatus(ctx, id, StatusCompleted)
+		require.Equal(t, StatusCompleted, run.Status)
+	}
+	require.NoError(t, w1.Stop(ctxT(t, 30*time.Second)))
+	require.NoError(t, w2.Start(ctx))
+	stopAtEnd(t, w2, 30*time.Second)
+}

@@ -44,6 +44,13 @@ type WorkerConfig struct {
 	// when the tree was modified), when the Go toolchain stamped one (go
 	// build or go install of a main package in a checkout), else none.
 	Build string
+	// CheckBeforeServing makes Start replay the worker's code against the
+	// history of every run in flight of its workflows (Client.CheckCode)
+	// before it takes any work, and fail with a *CodeCheckError when the
+	// code would block some: a deploy whose code diverges from runs under
+	// way then waits (the worker command stays unready and tries again)
+	// instead of blocking them.
+	CheckBeforeServing bool
 	// Concurrency is how many tasks (steps) run at once (default 64).
 	Concurrency int
 	// AckWait is how long the broker waits for a task's acknowledgement
@@ -265,6 +272,11 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
+	if w.cfg.CheckBeforeServing {
+		if err := w.checkCode(ctx, assets, eng); err != nil {
+			return err
+		}
+	}
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
@@ -401,6 +413,22 @@ func (w *Worker) Start(ctx context.Context) error {
 		return err
 	}
 	w.log.Info().Strs("workflows", w.ws.Names()).Int("concurrency", w.cfg.Concurrency).Msg("worker started")
+	return nil
+}
+
+// checkCode replays the worker's code against the runs in flight of its
+// workflows (CheckBeforeServing): a *CodeCheckError when it would block
+// some.
+func (w *Worker) checkCode(ctx context.Context, assets *jetstream.Assets, eng engine) error {
+	c := &Client{nc: w.nc, cfg: ClientConfig{Topology: w.cfg.Topology}.WithDefaults(), assets: assets, engine: eng}
+	check, err := c.CheckCode(ctx, w.ws)
+	if err != nil {
+		return fmt.Errorf("jetflow: check the code against the runs in flight: %w", err)
+	}
+	if !check.Clean() {
+		return &CodeCheckError{Check: check}
+	}
+	w.log.Info().Int("runs", check.Checked).Str("build", w.cfg.Build).Msg("the worker's code replays every run in flight")
 	return nil
 }
 

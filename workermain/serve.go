@@ -171,9 +171,12 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		}
 		defer cancel()
 		err := w.Start(startCtx)
-		// Workers of an earlier engine version are running: wait (unready)
-		// until they are stopped, as for NATS itself.
-		if err != nil && !errors.Is(err, jetflow.ErrEngineMismatch) && (!jetstream.IsTransient(err) || nc.IsClosed()) {
+		// Workers of an earlier engine version are running, or this code
+		// would block runs in flight (--check-before-serving): wait
+		// (unready) until they are stopped, or the runs have ended, as
+		// for NATS itself.
+		if err != nil && !errors.Is(err, jetflow.ErrEngineMismatch) && !errors.Is(err, jetflow.ErrWouldBlock) &&
+			(!jetstream.IsTransient(err) || nc.IsClosed()) {
 			err = natsconn.Permanent(err) // a closed connection does not come back
 		}
 		return struct{}{}, err

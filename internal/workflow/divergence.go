@@ -1,10 +1,12 @@
 package workflow
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/jetflowtype"
 )
@@ -158,13 +160,37 @@ func (c *Context) report(inc *jetflowtype.Divergence) *jetflowtype.Divergence {
 	if !ok {
 		return inc
 	}
-	steps := c.hist.compared()
+	if d := checkHistory(def, c.hist, c.run); d != nil {
+		return d
+	}
+	return inc
+}
+
+// checkHistory replays def's body against hist, the records of run, in a
+// replay check (Check: no step runs) and compares what it starts with them
+// (Compare).
+func checkHistory(def Definition, hist *history, run state.Run) *jetflowtype.Divergence {
+	steps := hist.compared()
 	limit := len(steps)*3 + 16
 	if n := len(steps); n > 0 && steps[n-1].Seq >= 0 {
 		limit += steps[n-1].Seq
 	}
-	if d := Compare(steps, false, Check(def, c.hist.checkRun(c.run), limit, reportTimeout)); d != nil {
-		return d
+	return Compare(steps, false, Check(def, hist.checkRun(run), limit, reportTimeout))
+}
+
+// CheckStored replays def's code against the committed history of run as
+// it is stored now (the steps an operator waived left out), running
+// nothing, and returns how the code departs from it: what a worker of this
+// code would block the run for. Nil: the code replays the run. What the
+// run's parked lease says it waits for is not compared here (a worker's
+// replay compares it too).
+func CheckStored(ctx context.Context, assets *jetstream.Assets, def Definition, run state.Run) (*jetflowtype.Divergence, error) {
+	identity := state.RunIdentity(run.RunID, run.Generation)
+	entries, err := assets.Steps.Prefix(ctx, identity, 0)
+	hist, err := decodeHistory(identity, entries, err)
+	if err != nil {
+		return nil, err
 	}
-	return inc
+	hist.waive(run.Waived)
+	return checkHistory(def, hist, run), nil
 }
