@@ -112,6 +112,15 @@ var (
 	// ErrUndeclaredPatch: Patched with a patch ID the workflow does not
 	// declare (WithPatch): the run fails with it (a panic of the body).
 	ErrUndeclaredPatch = workflow.ErrUndeclaredPatch
+	// ErrWrongGoroutine: Step, Go, Child, a wait or an await called from a
+	// goroutine the workflow body started: the body's calls are its
+	// history, so they must come from the body itself (start steps side
+	// by side with Go). The call fails with it.
+	ErrWrongGoroutine = workflow.ErrWrongGoroutine
+	// ErrUnawaited: the body returned while steps it started (Go) were
+	// never awaited; they were not run, and the run fails with it (code
+	// "unawaited_steps"). Await them before returning.
+	ErrUnawaited = workflow.ErrUnawaited
 	// ErrRunReplaced: Handle.Result's generation of the run was replaced
 	// by a newer one under the same run ID (a superseding start, or a
 	// start again after it ended) before Result read its outcome, which is

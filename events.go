@@ -137,7 +137,7 @@ func OnEvent[T any](ctx *Context, name string, opts ...WaitOption) *Future[T] {
 		opt(&o)
 	}
 	if err := ctx.declared(name, reflect.TypeFor[T]()); err != nil {
-		return &Future[T]{err: err}
+		return &Future[T]{err: ctx.c.Misuse(err)}
 	}
 	spec := workflow.WaitSpec{Kind: state.StepEvent, Event: name, Timeout: o.timeout, Token: o.token}
 	if o.token != "" {

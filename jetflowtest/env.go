@@ -89,10 +89,18 @@ func New(t T, wfs ...jetflow.Registrable) *Env {
 
 // NewWithConfig starts an embedded NATS server in t.TempDir(), a worker
 // serving wfs and a client, and registers their shutdown with t.Cleanup.
-// It fails the test at once when any of them cannot start.
+// It fails the test at once when any of them cannot start, and before that
+// when a workflow's body misuses jetflow on its way through a run that
+// commits nothing (DryRun: a wait for an undeclared event, a step from a
+// goroutine of its own, steps never awaited).
 func NewWithConfig(t T, cfg Config, wfs ...jetflow.Registrable) *Env {
 	t.Helper()
 	cfg = cfg.withDefaults()
+	for _, wf := range wfs {
+		if err := DryRun(wf); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
 	srv, err := natsserver.Start(natsserver.Config{DataDir: t.TempDir(), Port: -1})
 	if err != nil {
 		t.Fatalf("jetflowtest: start embedded NATS: %v", err)

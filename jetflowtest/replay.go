@@ -1,6 +1,8 @@
 package jetflowtest
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -33,6 +35,30 @@ const (
 // ReplayStep is a step as the replay check compares it: step ID, name and
 // kind ("step", "child", "sleep", "event" or "hook").
 type ReplayStep = jetflowtype.DivergedStep
+
+// ErrMisuse: the body makes calls the engine refuses whatever the history:
+// a wait for an event the workflow does not declare (WithEvent), a step
+// started from a goroutine of its own, steps started and never awaited
+// before it returns. Replay and New report it, joined with each refusal.
+var ErrMisuse = errors.New("jetflowtest: the workflow body misuses jetflow")
+
+// misuse is ErrMisuse with the refusals of res, or nil.
+func misuse(name string, res workflow.CheckResult) error {
+	if len(res.Misused) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: workflow %s: %w", ErrMisuse, name, errors.Join(res.Misused...))
+}
+
+// DryRun replays wf's body as a run that has committed nothing (its input
+// JSON null, every step's result its type's zero value), running no step,
+// and returns ErrMisuse when the body makes a call the engine refuses on
+// the way: the mistakes a run would meet only when it reaches them. New
+// runs it for every workflow it serves.
+func DryRun(wf jetflow.Registrable) error {
+	run := workflow.CheckRun{Workflow: wf.Name(), RunID: "dry-run", Input: json.RawMessage("null")}
+	return misuse(wf.Name(), workflow.Check(wf.Definition(), run, 10_000, 10*time.Second))
+}
 
 // DivergenceError is Replay's report of changed code that would not
 // replay a run's history: where (Position, the step's place in the
@@ -109,7 +135,10 @@ func Replay(wf jetflow.Registrable, h History, opts ...ReplayOption) error {
 	// Room for every step of the history after as many inserted ones.
 	limit := maxSeq + 1 + 2*len(h.Steps) + 16
 	res := workflow.Check(wf.Definition(), run, limit, o.timeout)
-	return compare(h, res)
+	if err := compare(h, res); err != nil {
+		return err
+	}
+	return misuse(wf.Name(), res)
 }
 
 // commitOrder is h's steps in the order they were committed.

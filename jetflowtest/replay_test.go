@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/jetflowtest"
@@ -452,4 +456,59 @@ func TestReplayCallsNoStepFunction(t *testing.T) {
 	if n := calls.Load(); n != 0 || !slices.Equal(got, []string{"reserve", "charge", ""}) {
 		t.Fatalf("step functions called %d times, results %q; want none, the committed results and a zero value", n, got)
 	}
+}
+
+// fakeT records what the kit reports through it.
+type fakeT struct {
+	*testing.T
+	fatal string
+}
+
+func (f *fakeT) Fatalf(format string, args ...any) {
+	f.fatal = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// New dry-runs each workflow before it starts anything and fails the test
+// with every misuse of the body on the way: a step from a goroutine of its
+// own, a wait for an undeclared event, steps never awaited; a correct
+// workflow passes.
+func TestNewReportsMisuse(t *testing.T) {
+	t.Parallel()
+	fn := func(context.Context) (string, error) { return "", nil }
+	for _, tc := range []struct {
+		name string
+		wf   *jetflow.Workflow[int, string]
+		want string
+	}{
+		{"goroutine", jetflow.NewWorkflow("g", func(ctx *jetflow.Context, in int) (string, error) {
+			done := make(chan error)
+			go func() { _, err := jetflow.Step(ctx, "s", fn); done <- err }()
+			return "", <-done
+		}), "goroutine other than the workflow body's"},
+		{"undeclared event", jetflow.NewWorkflow("e", func(ctx *jetflow.Context, in int) (string, error) {
+			return jetflow.WaitEvent[string](ctx, "paid")
+		}), `does not declare event "paid"`},
+		{"never awaited", jetflow.NewWorkflow("u", func(ctx *jetflow.Context, in int) (string, error) {
+			jetflow.Go(ctx, "lost", fn)
+			return "", nil
+		}), "dry-run.lost.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := jetflowtest.DryRun(tc.wf)
+			require.ErrorIs(t, err, jetflowtest.ErrMisuse)
+			require.ErrorContains(t, err, tc.want)
+			ft := &fakeT{T: t}
+			done := make(chan struct{})
+			go func() { defer close(done); jetflowtest.New(ft, tc.wf) }()
+			<-done
+			require.Contains(t, ft.fatal, tc.want)
+		})
+	}
+	ok := jetflow.NewWorkflow("ok", func(ctx *jetflow.Context, in int) (string, error) {
+		f := jetflow.Go(ctx, "a", fn)
+		return f.Get(ctx)
+	})
+	require.NoError(t, jetflowtest.DryRun(ok))
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/state"
@@ -63,6 +64,10 @@ type CheckResult struct {
 	Err      error
 	// Panicked: the body panicked, with Err saying what.
 	Panicked bool
+	// Misused are the body's calls that were refused: a wait for an
+	// undeclared event, a call from another goroutine, steps never
+	// awaited.
+	Misused []error
 	// Bounded: the body started more than the check's limit of steps and
 	// was stopped; TimedOut: it did not return or start a step within the
 	// timeout (its context was cancelled, the goroutine left running
@@ -80,6 +85,10 @@ type checker struct {
 	steps   map[string]*state.Step
 	limit   int
 	started []CheckStart
+	// misused are the body's calls that were refused (Context.Misuse),
+	// from any of its goroutines.
+	mu      sync.Mutex
+	misused []error
 }
 
 // Check replays def's body against run's history and returns the steps it
@@ -119,6 +128,9 @@ func Check(def Definition, run CheckRun, limit int, timeout time.Duration) Check
 	if !res.TimedOut {
 		res.Started = ck.started
 	}
+	ck.mu.Lock()
+	res.Misused = append([]error(nil), ck.misused...)
+	ck.mu.Unlock()
 	return res
 }
 

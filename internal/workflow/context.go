@@ -67,6 +67,8 @@ type Context struct {
 	// patch markers in this replay (Patched).
 	def     Definition
 	patched map[string]bool
+	// goid is the body's goroutine (onBody).
+	goid uint64
 }
 
 // Context is the worker's context: cancelled when the worker stops, the
@@ -103,6 +105,7 @@ func (c *Context) replay(def Definition) *settlement {
 func (c *Context) spawn(def Definition) {
 	c.def = def
 	go func() {
+		c.goid = goid()
 		defer func() {
 			if r := recover(); r != nil {
 				c.done <- &settlement{kind: settleFinish, panic: true,
@@ -113,6 +116,9 @@ func (c *Context) spawn(def Definition) {
 		if d := c.returnDivergent(); d != nil {
 			c.done <- c.blocked(d)
 			return
+		}
+		if u := c.unawaited(); u != nil && c.mode != modeBranch {
+			out, err = nil, &CodedError{Code: CodeUnawaited, Err: c.Misuse(u)}
 		}
 		c.done <- &settlement{kind: settleFinish, output: out, err: err}
 	}()

@@ -136,6 +136,9 @@ func childStatus(kind string) state.Status {
 // decided at the next await (see Pending). Invalid arguments are returned
 // as errors.
 func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (*Pending, error) {
+	if err := c.onBody(); err != nil {
+		return nil, err
+	}
 	if c.parked {
 		// A Step the body deferred, running while the body unwinds: unwind
 		// on, without touching NATS or settling again.
@@ -164,6 +167,9 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 // spec.RunID, or derived from the parent's run and the step's name and
 // occurrence. An invalid name, run ID or input is returned as an error.
 func (c *Context) StartChild(name string, spec ChildSpec) (*Pending, error) {
+	if err := c.onBody(); err != nil {
+		return nil, err
+	}
 	if c.parked {
 		c.park(nil)
 	}
@@ -200,6 +206,9 @@ func (c *Context) StartChild(name string, spec ChildSpec) (*Pending, error) {
 // handle at once; Await or Result waits. Invalid arguments are returned as
 // errors.
 func (c *Context) StartWait(name string, spec WaitSpec) (*Pending, error) {
+	if err := c.onBody(); err != nil {
+		return nil, err
+	}
 	if c.parked {
 		c.park(nil)
 	}
@@ -235,6 +244,7 @@ func (c *Context) next(name string) *Pending {
 func (c *Context) begin(p *Pending) {
 	switch c.mode {
 	case modeCheck:
+		c.open = append(c.open, p)
 		c.check.begin(c, p)
 	case modeBranch:
 		c.open = append(c.open, p)
@@ -256,6 +266,9 @@ func (c *Context) begin(p *Pending) {
 // and the task is settled. Each future's result is then read with Outcome
 // or Result.
 func (c *Context) Await(ps []*Pending, first bool) (int, error) {
+	if err := c.onBody(); err != nil {
+		return -1, err
+	}
 	if c.parked {
 		c.park(nil)
 	}

@@ -29,6 +29,9 @@ var ErrUndeclaredPatch = errors.New("jetflow: patch not declared by the workflow
 // passed the point without it is in flight: its markers take no place,
 // and a replay that does not ask about them ignores them.
 func (c *Context) Patched(id string) bool {
+	if c.onBody() != nil {
+		return false // a goroutine of the body's own: refused (recorded for a replay check)
+	}
 	if c.parked {
 		c.park(nil)
 	}
