@@ -75,10 +75,15 @@ type engineGate struct {
 	// paused: a foreign worker is live; the executor hands tasks back.
 	paused  atomic.Bool
 	foreign atomic.Pointer[EngineMismatchError]
+	// newer: per workflow, a worker of another build started serving it
+	// after this one (superseded).
+	newer atomic.Pointer[map[string]bool]
 }
 
 // foreignWorkers reads the roster and returns the live workers of another
-// protocol; none when the deployment has no roster yet.
+// protocol; none when the deployment has no roster yet. It also notes, for
+// each workflow, whether a worker of another build started serving it
+// after w did (newer).
 func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWorker, error) {
 	g.mu.Lock()
 	kv := g.kv
@@ -92,18 +97,36 @@ func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWo
 		g.kv = kv
 		g.mu.Unlock()
 	}
-	live, err := roster.Foreign(ctx, kv, time.Now())
+	live, err := roster.Current(ctx, kv, time.Now())
 	if err != nil {
 		return nil, err
 	}
+	newer := map[string]bool{}
 	var out []ForeignWorker
 	for _, l := range live {
+		if l.Protocol == EngineProtocol {
+			if l.Build != w.cfg.Build && l.Since.After(w.since) {
+				newer[l.Workflow] = true
+			}
+			continue
+		}
 		fw := ForeignWorker{Name: l.Worker, Protocol: l.Protocol, Build: l.Build, Beat: l.Beat}
 		if !slices.ContainsFunc(out, func(o ForeignWorker) bool { return o.Name == fw.Name }) {
 			out = append(out, fw)
 		}
 	}
+	g.newer.Store(&newer)
 	return out, nil
+}
+
+// superseded reports whether a worker of another build started serving
+// workflow after this one, as the roster said at its last read: this
+// worker then starts no new run of a pinned workflow (a run pinned to the
+// newest build is taken by its workers) and serves the runs pinned to its
+// own build until they end.
+func (g *engineGate) superseded(workflow string) bool {
+	m := g.newer.Load()
+	return m != nil && (*m)[workflow]
 }
 
 // check fails with an *EngineMismatchError when a worker of another

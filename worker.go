@@ -192,6 +192,8 @@ type Worker struct {
 	// gate keeps the worker from executing beside workers of another
 	// engine protocol (enginegate.go).
 	gate engineGate
+	// since is when the worker announced itself (roster.Presence.Since).
+	since time.Time
 }
 
 // serving is a started worker's resources, for Ready.
@@ -308,6 +310,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		WorkerID: w.cfg.Name, Build: w.cfg.Build, BlockRecheck: w.cfg.blockRecheck, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
 		Canceller: eng.cancels, Stopping: func() bool { return w.draining.Load() || w.gate.paused.Load() },
+		NewRuns: func(wf string) bool { return !w.gate.superseded(wf) },
 	})
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}
@@ -384,6 +387,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fail(err)
 	}
+	w.since = presence.Since()
+	w.gate.newer.Store(nil)
 	// The liveness records are withdrawn beside the rest of the stop,
 	// which waits for it last.
 	var withdrawn <-chan struct{}

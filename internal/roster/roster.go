@@ -214,11 +214,10 @@ func List(ctx context.Context, kv *jetstream.KV) ([]Known, []Presented, error) {
 	return ks, ps, nil
 }
 
-// Foreign lists the live workers of the deployment (Alive at now) that
-// speak another engine protocol than this version's: workers of an earlier
-// version (protocol 0 in their records) or a later one. One read of every
-// liveness record; an error says the bucket could not be read.
-func Foreign(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Presented, error) {
+// Current lists the liveness records of the live workers of the
+// deployment (Alive at now): one read of every liveness record; an error
+// says the bucket could not be read.
+func Current(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Presented, error) {
 	live, err := kv.Prefix(ctx, "live", 0)
 	if err != nil {
 		return nil, err
@@ -229,7 +228,7 @@ func Foreign(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Presented,
 		if err := json.Unmarshal(e.Value, &l); err != nil {
 			return nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
 		}
-		if l.Protocol != state.EngineProtocol && l.Alive(now) {
+		if l.Alive(now) {
 			out = append(out, Presented{Live: l, ID: e.Key[strings.LastIndexByte(e.Key, '.')+1:]})
 		}
 	}
@@ -287,6 +286,10 @@ func Announce(ctx context.Context, kv *jetstream.KV, workflows []string, worker,
 	go p.run()
 	return p, nil
 }
+
+// Since is when the worker started serving its workflows: its liveness
+// records' Since.
+func (p *Presence) Since() time.Time { return p.since }
 
 // markKnown creates workflow's permanent record unless it exists: the
 // first worker to serve a workflow names it; later ones find it.

@@ -241,6 +241,17 @@ func (e *Executor) wakeUnblocked(d *delivery) {
 	settleErr(d.log, d.msg.Msg.Ack(), "ack")
 }
 
+// notNewHere hands back d's task when it would start a new run (one whose
+// record names no build yet) of a pinned workflow on a worker whose build a
+// newer one superseded (Config.NewRuns): the run is pinned to the build of
+// whoever takes it first, which must be the newest.
+func (e *Executor) notNewHere(d *delivery, def Definition) bool {
+	if !def.Pinned || d.run.Build != "" || e.cfg.NewRuns == nil || e.cfg.NewRuns(def.Name) {
+		return false
+	}
+	return e.elsewhere(d, def, "(a newer build)")
+}
+
 // elsewhere hands d's task back, untouched, when it belongs to a run of a
 // pinned workflow (def) that another build than this worker's started
 // (build: the run's, or the branch task's): a worker of that build takes

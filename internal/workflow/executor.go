@@ -120,6 +120,11 @@ type Config struct {
 	// holder then starts no further sequential step, and hands its run to
 	// another worker at the step boundary instead.
 	Stopping func() bool
+	// NewRuns reports whether the worker starts new runs of the pinned
+	// workflow wf (nil: always): a worker of a build that a newer build
+	// superseded serves only the runs pinned to its own, and hands the
+	// start of a new one back for a worker of the newer build.
+	NewRuns func(wf string) bool
 }
 
 // Executor executes runs: it is the handler of the run tasks and of the

@@ -68,7 +68,7 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 		e.settleRun(d, nil, s)
 		return
 	}
-	if e.elsewhere(d, def, d.run.Build) {
+	if e.elsewhere(d, def, d.run.Build) || e.notNewHere(d, def) {
 		return
 	}
 	untrack := e.inflight.track(d, ctx)
