@@ -101,6 +101,10 @@ var errorStatuses = []struct {
 	{jetflow.ErrHookNotFound, http.StatusNotFound},
 	{jetflow.ErrEventConflict, http.StatusConflict},
 	{jetflow.ErrRunEnded, http.StatusConflict},
+	// An unblock of a run that is not blocked (its handler adds the run's
+	// status), or that accepts a divergence naming no step to waive.
+	{jetflow.ErrRunNotBlocked, http.StatusConflict},
+	{jetflow.ErrNothingToWaive, http.StatusUnprocessableEntity},
 	{jetflow.ErrUnknownEvent, http.StatusUnprocessableEntity},
 	{jetflow.ErrEventPayload, http.StatusBadRequest},
 	{jetflow.ErrInvalidEventID, http.StatusBadRequest},
@@ -163,6 +167,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 		var ce *jetflow.ConflictError
 		if errors.As(err, &ce) {
 			p.Fields, p.MoreFields = ce.Fields, ce.MoreFields
+		}
+		if errors.Is(err, jetflow.ErrNothingToWaive) {
+			p.Type, p.Title = NothingToWaiveType, "Nothing to waive"
 		}
 	case http.StatusConflict:
 		if errors.Is(err, jetflow.ErrEventConflict) {
