@@ -55,6 +55,24 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	writeJSON(w, p.Status, "application/problem+json", p)
 }
 
+// runStatusProblem is a problem about the state a run is in (an event
+// after it ended, an unblock of a run not blocked): the problem, and the
+// run's status as the extension member run_status, absent when the server
+// could not read it.
+type runStatusProblem struct {
+	Problem
+	RunStatus jetflow.RunStatus `json:"run_status,omitempty"`
+}
+
+// writeRunStatusProblem sends p with the run's status, in run_status and
+// in Jetflow-Run-Status (neither when status is "").
+func writeRunStatusProblem(w http.ResponseWriter, p Problem, status jetflow.RunStatus) {
+	if status != "" {
+		w.Header().Set(HeaderRunStatus, string(status))
+	}
+	writeJSON(w, p.Status, "application/problem+json", runStatusProblem{Problem: p, RunStatus: status})
+}
+
 // writeJSON sends v as JSON with code. Payloads (inputs, outputs) are
 // written as stored: no HTML escaping.
 func writeJSON(w http.ResponseWriter, code int, contentType string, v any) {

@@ -44,14 +44,6 @@ func NewUnblocked(out jetflow.UnblockOutcome) Unblocked {
 	return Unblocked{RunID: out.RunID, Status: out.Status, Waived: out.Waived}
 }
 
-// runNotBlockedProblem is the 409 problem of an unblock of a run that is
-// not blocked: the problem, and the run's status (an RFC 9457 extension
-// member).
-type runNotBlockedProblem struct {
-	Problem
-	RunStatus jetflow.RunStatus `json:"run_status,omitempty"`
-}
-
 // unblockRun is POST /v1/runs/{id}/unblock: it makes a blocked run go on
 // (Client.UnblockRun), replayed with the workers' code, or with
 // accept_divergence past the history's step its block names. A run that
@@ -78,11 +70,8 @@ func (s *Server) unblockRun(w http.ResponseWriter, r *http.Request) {
 	out, err := s.cfg.Backend.UnblockRun(ctx, id, jetflow.UnblockOptions{AcceptDivergence: req.AcceptDivergence})
 	switch {
 	case errors.Is(err, jetflow.ErrRunNotBlocked):
-		if out.Status != "" {
-			w.Header().Set(HeaderRunStatus, string(out.Status))
-		}
-		p := Problem{Type: RunNotBlockedType, Title: "Run not blocked", Status: http.StatusConflict, Detail: err.Error(), RunID: id}
-		writeJSON(w, p.Status, "application/problem+json", runNotBlockedProblem{Problem: p, RunStatus: out.Status})
+		writeRunStatusProblem(w, Problem{Type: RunNotBlockedType, Title: "Run not blocked",
+			Status: http.StatusConflict, Detail: err.Error(), RunID: id}, out.Status)
 		return
 	case err != nil:
 		s.fail(w, r, id, err)

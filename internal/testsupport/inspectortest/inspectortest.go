@@ -53,10 +53,10 @@ type Env struct {
 	// Signup is the code of blocktest's workflow, which the worker serves
 	// (Block blocks a run of it).
 	Signup *blocktest.Code
-	ns         *natsserver.Server
-	mu         sync.Mutex
-	tries      map[string]int   // charge attempts by run ID
-	holds      map[string]*hold // requests held, by method and path ("POST /v1/...")
+	ns     *natsserver.Server
+	mu     sync.Mutex
+	tries  map[string]int   // charge attempts by run ID
+	holds  map[string]*hold // requests held, by method and path ("POST /v1/...")
 }
 
 // hold is what happens to the requests of one method and path that the
