@@ -48,6 +48,8 @@ var metricLabels = map[string][]string{
 	"jetflow_runs_stuck_total":              {"workflow"},
 	"jetflow_unserved_start_envelopes":      {},
 	"jetflow_runs_running":                  {"workflow"},
+	"jetflow_runs_blocked_total":            {"workflow", "divergence"},
+	"jetflow_runs_blocked":                  {"workflow"},
 	"jetflow_events_total":                  {"workflow", "outcome"},
 	"jetflow_build_info":                    {"version", "goversion", "role"},
 	"jetflow_nats_connected":                {},
@@ -284,7 +286,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		"jetflow_steps_in_flight", "jetflow_runs_finished_total", "jetflow_run_duration_seconds_bucket",
 		"jetflow_redeliveries_total", "jetflow_max_deliveries_total",
 		"jetflow_http_requests_total", "jetflow_http_request_duration_seconds_bucket",
-		"jetflow_runs_running", "jetflow_nats_connected", "jetflow_nats_reconnects_total", "jetflow_build_info",
+		"jetflow_runs_running", "jetflow_runs_blocked", "jetflow_nats_connected", "jetflow_nats_reconnects_total", "jetflow_build_info",
 	} {
 		require.True(t, used[want], "no panel shows %s", want)
 	}
@@ -330,7 +332,7 @@ func TestAlertRules(t *testing.T) {
 	for _, want := range []string{
 		"JetflowBacklogGrowing", "JetflowStepsFailing", "JetflowMaxDeliveriesHit",
 		"JetflowNoWorkerUp", "JetflowIdempotencyConflictsSpike", "JetflowHTTP5xx",
-		"JetflowUnservedStarts",
+		"JetflowUnservedStarts", "JetflowRunsBlocked",
 	} {
 		require.True(t, names[want], "alert %s missing", want)
 	}

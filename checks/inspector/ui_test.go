@@ -55,7 +55,7 @@ func TestBrowserListFilterSearchAndRunPage(t *testing.T) {
 	b.waitFor("the counts", `document.querySelector('#counts [data-count="completed"] .n')?.textContent === "4"`)
 	var shown map[string]string
 	b.eval(`Object.fromEntries([...document.querySelectorAll("#counts [data-count]")].map(a => [a.dataset.count, a.querySelector(".n").textContent]))`, &shown)
-	require.Equal(t, map[string]string{"running": "1", "completed": "4", "failed": "1", "cancelled": "0"}, shown)
+	require.Equal(t, map[string]string{"running": "1", "blocked": "0", "completed": "4", "failed": "1", "cancelled": "0"}, shown)
 	b.screenshot("inspector-runs")
 
 	// The live refresh updates the rows in place: the same elements, one

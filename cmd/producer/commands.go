@@ -155,6 +155,35 @@ func cancelRun(ctx context.Context, c *jetflow.Client, out *printer, runID strin
 	return out.cancelled(httpapi.NewCancelled(res))
 }
 
+// unblock makes a blocked run go on (Client.UnblockRun) and prints what it
+// did: replayed with the workers' code, or, with accept, the history's step
+// it waived and the code's step that runs again in its place, which the
+// run's block (read first) names. A run that is not blocked is an error
+// matching jetflow.ErrRunNotBlocked, a block with nothing to waive one
+// matching jetflow.ErrNothingToWaive.
+func unblock(ctx context.Context, c *jetflow.Client, out *printer, runID string, accept bool) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	var div *jetflow.Divergence
+	if accept {
+		run, err := c.GetRun(ctx, runID)
+		if err != nil {
+			return err
+		}
+		if run.Block != nil {
+			div = run.Block.Divergence
+		}
+	}
+	res, err := c.UnblockRun(ctx, runID, jetflow.UnblockOptions{AcceptDivergence: accept})
+	if errors.Is(err, jetflow.ErrRunNotBlocked) || errors.Is(err, jetflow.ErrNothingToWaive) {
+		return fmt.Errorf("cannot unblock: %w", err)
+	}
+	if err != nil {
+		return err
+	}
+	return out.unblocked(httpapi.NewUnblocked(res), div)
+}
+
 // list prints one page of runs, newest first, and the cursor of the next.
 func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.ListOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -326,7 +355,34 @@ func (p *printer) counts(n jetflow.RunCounts) error {
 	if p.json {
 		return p.encode(n)
 	}
-	_, err := fmt.Fprintf(p.w, "running    %d\ncompleted  %d\nfailed     %d\ncancelled  %d\n", n.Running, n.Completed, n.Failed, n.Cancelled)
+	_, err := fmt.Fprintf(p.w, "running    %d\nblocked    %d\ncompleted  %d\nfailed     %d\ncancelled  %d\n",
+		n.Running, n.Blocked, n.Completed, n.Failed, n.Cancelled)
+	return err
+}
+
+// unblocked prints an unblock's outcome: the HTTP API's body as JSON; as
+// text, what it did, and for a waived step (div: the block it lifted) the
+// step of the code that runs again in its place.
+func (p *printer) unblocked(u httpapi.Unblocked, div *jetflow.Divergence) error {
+	if p.json {
+		return p.encode(u)
+	}
+	if u.Waived == "" {
+		_, err := fmt.Fprintf(p.w, "unblocked %s: %s, replayed with the workers' code (blocked again if it still diverges)\n", u.RunID, u.Status)
+		return err
+	}
+	if _, err := fmt.Fprintf(p.w, "unblocked %s: %s, without step %s of its history (waived)\n", u.RunID, u.Status, timeline.Clean(u.Waived)); err != nil {
+		return err
+	}
+	var err error
+	switch {
+	case div == nil:
+		_, err = fmt.Fprintf(p.w, "runs again: the code's step at the waived step's place: its side effects repeat\n")
+	case div.Code == nil:
+		_, err = fmt.Fprintf(p.w, "the code starts no step at place %d: the run goes on without the waived step\n", div.Position)
+	default:
+		_, err = fmt.Fprintf(p.w, "runs again: %s, the code's step at place %d: its side effects repeat\n", timeline.Clean(div.Code.String()), div.Position)
+	}
 	return err
 }
 

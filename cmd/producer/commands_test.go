@@ -107,10 +107,10 @@ func TestList(t *testing.T) {
 
 	code, out, errOut = producer("list", "--counts")
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "running    1\ncompleted  5\nfailed     0\ncancelled  0\n", out)
+	require.Equal(t, "running    1\nblocked    0\ncompleted  5\nfailed     0\ncancelled  0\n", out)
 	code, out, errOut = producer("list", "--counts", "--workflow", "hold", "--output", "json")
 	require.Equal(t, 0, code, errOut)
-	require.JSONEq(t, `{"running":1,"completed":0,"failed":0,"cancelled":0}`, out)
+	require.JSONEq(t, `{"running":1,"blocked":0,"completed":0,"failed":0,"cancelled":0}`, out)
 }
 
 func TestReset(t *testing.T) {

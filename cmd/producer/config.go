@@ -56,6 +56,8 @@ type cli struct {
 	// send and resume (events.go): the event ID and the JSON payload.
 	eventID string
 	data    string
+	// unblock: waive the history's step the block names.
+	acceptDivergence bool
 }
 
 // serveConfig holds the settings of producer serve.
@@ -80,6 +82,7 @@ var arity = map[string]struct {
 	"wait":    {1, "wait takes one run ID: producer wait <run-id>"},
 	"watch":   {1, "watch takes one run ID: producer watch <run-id> [--interval 1s] [--timeout 60s]"},
 	"cancel":  {1, "cancel takes one run ID: producer cancel <run-id>"},
+	"unblock": {1, "unblock takes one run ID: producer unblock <run-id> [--accept-divergence]"},
 	"list":    {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
 	"reset":   {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
 	"send":    {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
@@ -92,36 +95,37 @@ var arity = map[string]struct {
 // line to another command they are an error; settings among them read from
 // the environment or a config file are ignored by the other commands.
 var commandFlags = map[string][]string{
-	"id":              {"start"},
-	"generate-id":     {"start"},
-	"timeout":         {"wait", "watch"},
-	"workflow":        {"list", "reset"},
-	"status":          {"list"},
-	"limit":           {"list"},
-	"cursor":          {"list"},
-	"prefix":          {"list"},
-	"attr":            {"start", "list"},
-	"since":           {"list"},
-	"until":           {"list"},
-	"counts":          {"list"},
-	"interval":        {"watch"},
-	"scope":           {"reset"},
-	"run-id":          {"reset"},
-	"event-id":        {"send", "resume"},
-	"data":            {"send", "resume"},
-	"http-addr":       {"serve"},
-	"ops-addr":        {"serve"},
-	"api-token":       {"serve"},
-	"webhooks":        {"serve"},
-	"request-timeout": {"serve"},
-	"log-format":      {"serve"},
-	"log-level":       {"serve"},
+	"id":                {"start"},
+	"generate-id":       {"start"},
+	"timeout":           {"wait", "watch"},
+	"workflow":          {"list", "reset"},
+	"status":            {"list"},
+	"limit":             {"list"},
+	"cursor":            {"list"},
+	"prefix":            {"list"},
+	"attr":              {"start", "list"},
+	"since":             {"list"},
+	"until":             {"list"},
+	"counts":            {"list"},
+	"interval":          {"watch"},
+	"scope":             {"reset"},
+	"run-id":            {"reset"},
+	"event-id":          {"send", "resume"},
+	"data":              {"send", "resume"},
+	"accept-divergence": {"unblock"},
+	"http-addr":         {"serve"},
+	"ops-addr":          {"serve"},
+	"api-token":         {"serve"},
+	"webhooks":          {"serve"},
+	"request-timeout":   {"serve"},
+	"log-format":        {"serve"},
+	"log-level":         {"serve"},
 }
 
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
 var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor",
-	"prefix", "attr", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "print-config"}
+	"prefix", "attr", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "accept-divergence", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -162,6 +166,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.StringVar(&c.runID, "run-id", "", "")
 	fs.StringVar(&c.eventID, "event-id", "", "")
 	fs.StringVar(&c.data, "data", "", "")
+	fs.BoolVar(&c.acceptDivergence, "accept-divergence", false, "")
 	fs.StringVar(&c.serve.httpAddr, "http-addr", "127.0.0.1:8080", "")
 	fs.StringVar(&c.serve.opsAddr, "ops-addr", "", "")
 	fs.StringVar(&tokens, "api-token", "", "")
@@ -194,7 +199,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	a, ok := arity[c.command]
 	switch {
 	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get, watch, wait, cancel, send, resume, list, reset or serve", c.command)
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers or serve", c.command)
 	case len(c.args) != a.n:
 		return cli{}, errors.New(a.synopsis)
 	}

@@ -1,4 +1,4 @@
-// Command producer starts, reads, cancels, lists and resets jetflow runs
+// Command producer starts, reads, cancels, unblocks, lists and resets jetflow runs
 // and sends them events from the command line, and serves them over HTTP.
 //
 //	producer start <workflow> <json-input> --id RUNID | --generate-id [--attr NAME=VALUE]...
@@ -6,6 +6,7 @@
 //	producer watch <run-id> [--interval 1s] [--timeout 60s]
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
+//	producer unblock <run-id> [--accept-divergence]
 //	producer send <run-id> <event-name> --event-id ID [--data JSON]
 //	producer resume <token> --event-id ID [--data JSON]
 //	producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C]
@@ -68,7 +69,13 @@
 // idempotent too: it cancels a running run and the child runs it started
 // attached, and a repeat says the run "was already cancelled" (exit code 0
 // both times); a run that had already completed or failed is an error
-// (exit code 1) that names the state it ended in. send and resume deliver
+// (exit code 1) that names the state it ended in. unblock makes a blocked
+// run (its code diverges from its history: get shows its block) go on,
+// replayed with the workers' code; with --accept-divergence the history's
+// step at the place the block names is waived and the code's step there
+// runs again, its side effects repeated: unblock prints which. A run that
+// is not blocked, or a block with no step to waive, is an error (exit code
+// 1). send and resume deliver
 // an event (jetflow.Client.SendEvent, Resume) under --event-id, which is
 // required: the same event ID and payload again is a duplicate ("duplicate
 // ...", exit code 0) and changes nothing; the same ID with another payload,
@@ -83,8 +90,8 @@
 // --config or JETFLOW_CONFIG (keys are flag names), else its default. The
 // flags of one invocation (--id, --generate-id, --timeout, --workflow,
 // --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
-// --interval, --scope, --run-id, --event-id, --data, --print-config) are read
-// from the command line only. --print-config prints the effective
+// --interval, --scope, --run-id, --event-id, --data, --accept-divergence,
+// --print-config) are read from the command line only. --print-config prints the effective
 // settings, secrets redacted, and exits.
 //
 // # Serving
@@ -112,7 +119,8 @@
 // # Exit codes
 //
 //	0  success (start: the run was created or already existed)
-//	1  usage or other error; cancel, send, resume: the run had already ended
+//	1  usage or other error; cancel, send, resume: the run had already ended;
+//	   unblock: the run is not blocked, or its block has no step to waive
 //	2  wait, watch: the run failed or was cancelled
 //	3  not found: no run has that ID, or (start) workers of the deployment
 //	   run and none has ever served a workflow of that name, or (resume) no
@@ -172,7 +180,10 @@ Commands:
   wait <run-id> [--timeout 60s]
         wait until a run ends and show its result
   cancel <run-id>
-        cancel a running run and its child runs; a repeat says it was already cancelled
+        cancel a running or blocked run and its child runs; a repeat says it was already cancelled
+  unblock <run-id> [--accept-divergence]
+        make a blocked run (its code diverges from its history) go on, replayed with the
+        workers' code
   send <run-id> <event-name> --event-id ID [--data JSON]
         deliver an event to a run's wait for it; a repeat says "duplicate"
   resume <token> --event-id ID [--data JSON]
@@ -214,7 +225,8 @@ Flags (anywhere on the line):
   watch:  --interval D           the longest time between two readings of the run (default 1s)
           --timeout D            how long one NATS outage is retried before exit 5 (default 60s)
   list:   --workflow W           only runs of workflow W
-          --status S             only runs in state S: running, completed, failed, cancelled
+          --status S             only runs in state S: running, blocked, completed, failed,
+                                 cancelled
           --prefix P             only run IDs starting with P
           --attr NAME=VALUE      only runs with this attribute, repeatable (all must match)
           --since T, --until T   only runs whose last status change is at or after --since
@@ -224,6 +236,9 @@ Flags (anywhere on the line):
           --counts               instead, the number of runs in each state (with --workflow)
   reset:  --scope S              global, workflow (with --workflow) or run (with --run-id)
           --workflow W, --run-id R
+  unblock: --accept-divergence  waive the history's step at the place the block names:
+                                 the code's step there runs AGAIN, its side effects
+                                 repeat (a second email, a second charge)
   send, resume:
           --event-id ID          the event's ID, the same on every retry (required)
           --data JSON            the event's payload (default null)
@@ -240,12 +255,13 @@ Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
 (or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
 --workflow, --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
---interval, --scope, --run-id, --event-id, --data and --print-config are read
-from the command line only. Colour: only on a terminal, never with NO_COLOR set.
+--interval, --scope, --run-id, --event-id, --data, --accept-divergence and
+--print-config are read from the command line only. Colour: only on a terminal, never with NO_COLOR set.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
-  1  usage or other error; cancel, send, resume: the run had already ended
+  1  usage or other error; cancel, send, resume: the run had already ended; unblock:
+     the run is not blocked, or its block has no step to waive
   2  wait, watch: the run failed or was cancelled
   3  not found: no run has that ID, no worker ever served that workflow (while workers
      of the deployment run), or no run waits on the hook token
@@ -319,6 +335,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = wait(ctx, client, out, c.args[0], c.timeout, p)
 	case "cancel":
 		err = cancelRun(ctx, client, out, c.args[0])
+	case "unblock":
+		err = unblock(ctx, client, out, c.args[0], c.acceptDivergence)
 	case "send":
 		err = sendEvent(ctx, client, out, c.args[0], c.args[1], c.eventID, c.data)
 	case "resume":

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/natsserver"
+	"github.com/jetflow/jetflow/internal/testsupport/blocktest"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
@@ -86,8 +87,9 @@ type cliFunc func(args ...string) (code int, stdout, stderr string)
 // testbed is one test's embedded server and a worker serving the test
 // workflows: greet, hold, exclusive (hold that rejects duplicates while
 // running), lookup (a step cached under lookupKey in the workflow scope),
-// inbox (waits for an event) and flaky (its step "charge" fails its first
-// two attempts with "declined: " and the name, then returns the name).
+// inbox (waits for an event), flaky (its step "charge" fails its first
+// two attempts with "declined: " and the name, then returns the name) and
+// blocktest's signup (the worker's build is blocktest.Build).
 type testbed struct {
 	url string
 	// srv is the embedded server, for tests that stop and restart it.
@@ -95,6 +97,8 @@ type testbed struct {
 	// lookups counts the runs of lookup's step that were not served from
 	// the task key's cache.
 	lookups atomic.Int64
+	// signup is the code of blocktest's workflow (block blocks a run).
+	signup *blocktest.Code
 }
 
 func newTestbed(t *testing.T) *testbed {
@@ -105,7 +109,7 @@ func newTestbed(t *testing.T) *testbed {
 // newTestbedOn is newTestbed on srv, a server the test started.
 func newTestbedOn(t *testing.T, srv *natsserver.Server) *testbed {
 	t.Helper()
-	tb := &testbed{}
+	tb := &testbed{signup: blocktest.New()}
 	nc := testenv.Conn(t, srv)
 	ws := jetflow.NewRegistry()
 	release := make(chan struct{})
@@ -132,9 +136,10 @@ func newTestbedOn(t *testing.T, srv *natsserver.Server) *testbed {
 			return in.Name, nil
 		}, jetflow.WithBackoff(10*time.Millisecond, 10*time.Millisecond))
 	})
-	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup, inbox(), flaky))
+	require.NoError(t, ws.Register(greet(), hold(release), exclusive, lookup, inbox(), flaky, tb.signup.Workflow()))
 	w, err := jetflow.NewWorker(nc, ws, jetflow.WorkerConfig{
 		Logger: testenv.Logger(t),
+		Build:  blocktest.Build,
 	})
 	require.NoError(t, err)
 	startCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -148,6 +153,17 @@ func newTestbedOn(t *testing.T, srv *natsserver.Server) *testbed {
 	t.Cleanup(func() { close(release) }) // before Stop: cleanups run last-in first-out
 	tb.url, tb.srv = srv.ClientURL(), srv
 	return tb
+}
+
+// block blocks a run of signup under runID (blocktest.Code.Block), through
+// a client of the test's own, and returns it.
+func (tb *testbed) block(t *testing.T, runID string) jetflow.Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := jetflow.NewClient(ctx, testenv.Conn(t, tb.srv), jetflow.ClientConfig{})
+	require.NoError(t, err)
+	return tb.signup.Block(t, c, runID)
 }
 
 // env is the environment the producer sees: JETFLOW_NATS_URL pointing at
@@ -318,8 +334,13 @@ func TestErrors(t *testing.T) {
 		{"CancelNoRunID", []string{"cancel"}, 1, "error: cancel takes one run ID: producer cancel <run-id>"},
 		{"CancelTwoRunIDs", []string{"cancel", "evt_1", "evt_2"}, 1, "error: cancel takes one run ID"},
 		{"TimeoutOnCancel", []string{"cancel", "evt_1", "--timeout", "1s"}, 1, "error: --timeout is a flag of wait and watch, not cancel"},
+		{"UnblockNotFound", []string{"unblock", "evt_missing"}, 3, "error: jetflow: run not found: evt_missing"},
+		{"AcceptNotFound", []string{"unblock", "evt_missing", "--accept-divergence"}, 3, "error: jetflow: run not found: evt_missing"},
+		{"UnblockInvalidRunID", []string{"unblock", "a.b"}, 1, "error: jetflow: invalid run ID"},
+		{"UnblockNoRunID", []string{"unblock"}, 1, "error: unblock takes one run ID: producer unblock <run-id> [--accept-divergence]"},
+		{"AcceptOnCancel", []string{"cancel", "evt_1", "--accept-divergence"}, 1, "error: --accept-divergence is a flag of unblock, not cancel"},
 		{"NoCommand", nil, 1, "error: no command given"},
-		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, send, resume, list, reset or serve`},
+		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},

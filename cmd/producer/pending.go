@@ -143,6 +143,14 @@ func (p *pendingClient) CancelRun(ctx context.Context, runID string) (jetflow.Ca
 	return c.CancelRun(ctx, runID)
 }
 
+func (p *pendingClient) UnblockRun(ctx context.Context, runID string, opts jetflow.UnblockOptions) (jetflow.UnblockOutcome, error) {
+	c, err := p.get()
+	if err != nil {
+		return jetflow.UnblockOutcome{}, err
+	}
+	return c.UnblockRun(ctx, runID, opts)
+}
+
 func (p *pendingClient) SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
 	c, err := p.get()
 	if err != nil {

@@ -31,6 +31,8 @@ func TestNATSDownExitsUnavailable(t *testing.T) {
 		{"wait", "down-1", "--timeout", "1s"},
 		{"watch", "down-1", "--timeout", "1s"},
 		{"cancel", "down-1"},
+		{"unblock", "down-1"},
+		{"unblock", "down-1", "--accept-divergence"},
 		{"send", "down-1", "paid", "--event-id", "e-1"},
 		{"resume", "tok-1", "--event-id", "e-1"},
 		{"list"},

@@ -17,7 +17,7 @@ import (
 func TestWorkers(t *testing.T) {
 	t.Parallel()
 	producer := setup(t)
-	served := []string{"exclusive", "flaky", "greet", "hold", "inbox", "lookup"}
+	served := []string{"exclusive", "flaky", "greet", "hold", "inbox", "lookup", "signup"}
 
 	code, out, errOut := producer("workers", "--output", "json")
 	require.Equal(t, exitOK, code, errOut)

@@ -40,13 +40,6 @@ func NewEventDelivery(res jetflow.EventResult) EventDelivery {
 	return EventDelivery{Outcome: res.Outcome, RunID: res.RunID, Workflow: res.Workflow, StepID: res.StepID, EventID: res.EventID}
 }
 
-// eventRunEndedProblem is the 409 problem of an event for a run that has
-// ended, with the state it ended in when the server could read it.
-type eventRunEndedProblem struct {
-	Problem
-	RunStatus jetflow.RunStatus `json:"run_status,omitempty"`
-}
-
 // sendFunc delivers one event: the event ID and payload of the request.
 type sendFunc func(ctx context.Context, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 
@@ -127,12 +120,8 @@ func (s *Server) deliverEvent(w http.ResponseWriter, r *http.Request, runID stri
 // eventRunEnded answers 409 to an event for a run that has ended, with the
 // state it ended in.
 func eventRunEnded(w http.ResponseWriter, runID string, status jetflow.RunStatus, err error) {
-	p := eventRunEndedProblem{Problem: Problem{Type: EventRunEndedType, Title: "Run already ended",
-		Status: http.StatusConflict, Detail: err.Error(), RunID: runID}, RunStatus: status}
-	if status != "" {
-		w.Header().Set(HeaderRunStatus, string(status))
-	}
-	writeJSON(w, p.Status, "application/problem+json", p)
+	writeRunStatusProblem(w, Problem{Type: EventRunEndedType, Title: "Run already ended",
+		Status: http.StatusConflict, Detail: err.Error(), RunID: runID}, status)
 }
 
 // parseEventID returns the event ID the request's Idempotency-Key names:

@@ -78,6 +78,10 @@ func (f *fakeBackend) CancelRun(context.Context, string) (jetflow.CancelOutcome,
 	return jetflow.CancelOutcome{}, f.errOr(jetflow.ErrRunNotFound)
 }
 
+func (f *fakeBackend) UnblockRun(context.Context, string, jetflow.UnblockOptions) (jetflow.UnblockOutcome, error) {
+	return jetflow.UnblockOutcome{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
 func (f *fakeBackend) SendEvent(_ context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
 	return f.event(fakeEvent{runID: runID, name: name, eventID: eventID, payload: payload})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/server/webhook"
+	"github.com/jetflow/jetflow/internal/testsupport/blocktest"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
@@ -77,6 +78,9 @@ type bundle struct {
 	observed []observation
 	// observedCh receives each observation as it is made.
 	observedCh chan observation
+	// signup is the code of blocktest's workflow, which Block changes
+	// under a run to block it.
+	signup *blocktest.Code
 }
 
 type observation struct {
@@ -101,11 +105,12 @@ type observation struct {
 // step "charge" fails its first two attempts with "declined: " and the
 // input string, then returns the input; retried after 10ms; with the
 // input "hold" a step "prepare" comes first, so that "charge" runs as a
-// task of its own, and its third attempt blocks until release).
+// task of its own, and its third attempt blocks until release), and
+// blocktest's "signup" (b.signup; the worker's build is blocktest.Build).
 func setup(t *testing.T, edit ...func(*Config)) *bundle {
 	t.Helper()
 	requireContract(t) // loaded here, on the test's goroutine: observe reads it
-	b := &bundle{t: t, observedCh: make(chan observation, 256)}
+	b := &bundle{t: t, observedCh: make(chan observation, 256), signup: blocktest.New()}
 	ns := testenv.Server(t)
 	b.ns = ns
 	gate := make(chan struct{})
@@ -192,8 +197,9 @@ func setup(t *testing.T, edit ...func(*Config)) *bundle {
 			}
 			return jetflow.Step(ctx, "after", func(context.Context) (string, error) { b.afters.Add(1); return p.Ref, nil })
 		}, jetflow.WithEvent[payment]("paid")),
+		b.signup.Workflow(),
 	))
-	runWorker(t, ns, ws, jetflow.WorkerConfig{})
+	runWorker(t, ns, ws, jetflow.WorkerConfig{Build: blocktest.Build})
 	t.Cleanup(b.release) // runs before the worker stops: blocked steps finish
 
 	var err error

@@ -37,7 +37,7 @@ func (l *listBackend) CountRuns(_ context.Context, workflow string) (jetflow.Run
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.workflows = append(l.workflows, workflow)
-	return jetflow.RunCounts{Running: 1, Completed: 2, Failed: 3, Cancelled: 4}, nil
+	return jetflow.RunCounts{Running: 1, Blocked: 5, Completed: 2, Failed: 3, Cancelled: 4}, nil
 }
 
 // Each bad list parameter gets a 400 problem that names it, and nothing
@@ -95,7 +95,7 @@ func TestCountsRoute(t *testing.T) {
 	srv := newTestServer(t, s)
 	res := doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodGet, "/v1/runs/counts?workflow=order", nil, "")
 	require.Equal(t, http.StatusOK, res.code, "%s", res.body)
-	require.JSONEq(t, `{"running":1,"completed":2,"failed":3,"cancelled":4}`, string(res.body))
+	require.JSONEq(t, `{"running":1,"blocked":5,"completed":2,"failed":3,"cancelled":4}`, string(res.body))
 	res = doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodGet, "/v1/runs/counts", nil, "")
 	require.Equal(t, http.StatusOK, res.code)
 	res = doCtx(t, ctxT(t, 10*time.Second), srv, http.MethodGet, "/v1/runs/countsx", nil, "")
@@ -209,9 +209,9 @@ func TestListRunsFiltersAndPages(t *testing.T) {
 
 	res := b.do(http.MethodGet, "/v1/runs/counts", nil, "")
 	require.Equal(t, http.StatusOK, res.code, "%s", res.body)
-	require.JSONEq(t, `{"running":0,"completed":5,"failed":1,"cancelled":0}`, string(res.body))
+	require.JSONEq(t, `{"running":0,"blocked":0,"completed":5,"failed":1,"cancelled":0}`, string(res.body))
 	res = b.do(http.MethodGet, "/v1/runs/counts?workflow=fails", nil, "")
-	require.JSONEq(t, `{"running":0,"completed":0,"failed":1,"cancelled":0}`, string(res.body))
+	require.JSONEq(t, `{"running":0,"blocked":0,"completed":0,"failed":1,"cancelled":0}`, string(res.body))
 
 	res = b.do(http.MethodGet, "/v1/runs?cursor="+url.QueryEscape("not a cursor!"), nil, "")
 	require.Equal(t, http.StatusBadRequest, res.code, "%s", res.body)

@@ -55,6 +55,24 @@ func writeProblem(w http.ResponseWriter, p Problem) {
 	writeJSON(w, p.Status, "application/problem+json", p)
 }
 
+// runStatusProblem is a problem about the state a run is in (an event
+// after it ended, an unblock of a run not blocked): the problem, and the
+// run's status as the extension member run_status, absent when the server
+// could not read it.
+type runStatusProblem struct {
+	Problem
+	RunStatus jetflow.RunStatus `json:"run_status,omitempty"`
+}
+
+// writeRunStatusProblem sends p with the run's status, in run_status and
+// in Jetflow-Run-Status (neither when status is "").
+func writeRunStatusProblem(w http.ResponseWriter, p Problem, status jetflow.RunStatus) {
+	if status != "" {
+		w.Header().Set(HeaderRunStatus, string(status))
+	}
+	writeJSON(w, p.Status, "application/problem+json", runStatusProblem{Problem: p, RunStatus: status})
+}
+
 // writeJSON sends v as JSON with code. Payloads (inputs, outputs) are
 // written as stored: no HTML escaping.
 func writeJSON(w http.ResponseWriter, code int, contentType string, v any) {
@@ -101,6 +119,10 @@ var errorStatuses = []struct {
 	{jetflow.ErrHookNotFound, http.StatusNotFound},
 	{jetflow.ErrEventConflict, http.StatusConflict},
 	{jetflow.ErrRunEnded, http.StatusConflict},
+	// An unblock of a run that is not blocked (its handler adds the run's
+	// status), or that accepts a divergence naming no step to waive.
+	{jetflow.ErrRunNotBlocked, http.StatusConflict},
+	{jetflow.ErrNothingToWaive, http.StatusUnprocessableEntity},
 	{jetflow.ErrUnknownEvent, http.StatusUnprocessableEntity},
 	{jetflow.ErrEventPayload, http.StatusBadRequest},
 	{jetflow.ErrInvalidEventID, http.StatusBadRequest},
@@ -163,6 +185,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 		var ce *jetflow.ConflictError
 		if errors.As(err, &ce) {
 			p.Fields, p.MoreFields = ce.Fields, ce.MoreFields
+		}
+		if errors.Is(err, jetflow.ErrNothingToWaive) {
+			p.Type, p.Title = NothingToWaiveType, "Nothing to waive"
 		}
 	case http.StatusConflict:
 		if errors.Is(err, jetflow.ErrEventConflict) {

@@ -157,7 +157,7 @@ func ParseListQuery(q url.Values) (jetflow.ListOptions, error) {
 		}
 	}
 	if opts.Status != "" && !state.ValidStatus(state.Status(opts.Status)) {
-		return opts, fmt.Errorf("%w: status %q: want running, completed, failed or cancelled", errBadRequest, clip(string(opts.Status)))
+		return opts, fmt.Errorf("%w: status %q: want running, blocked, completed, failed or cancelled", errBadRequest, clip(string(opts.Status)))
 	}
 	if opts.RunIDPrefix != "" {
 		if err := state.ValidateRunID(opts.RunIDPrefix); err != nil {

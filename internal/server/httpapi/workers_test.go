@@ -27,7 +27,7 @@ func TestWorkersRoute(t *testing.T) {
 	w := r.Workers[0]
 	require.Equal(t, want.Workers[0].ID, w.ID)
 	require.Equal(t, want.Workers[0].Name, w.Name)
-	require.Equal(t, []string{"echo", "fails", "flaky", "hook", "keyed", "mailer", "reject", "strict", "waiter"}, w.Workflows)
+	require.Equal(t, []string{"echo", "fails", "flaky", "hook", "keyed", "mailer", "reject", "signup", "strict", "waiter"}, w.Workflows)
 	require.False(t, w.Since.IsZero())
 	require.Len(t, r.Workflows, len(w.Workflows))
 	for _, kw := range r.Workflows {

@@ -1,6 +1,6 @@
 // Package timeline formats a run as the producer's get and watch print it:
-// a header (the run's identity, status, times, input and result, the
-// duplicate starts it absorbed) and then one aligned line per step in call
+// a header (the run's identity, status, times, input and result, why a
+// blocked run is blocked, the duplicate starts it absorbed) and then one aligned line per step in call
 // order, with the failed earlier attempts of a step indented under it and
 // the steps still open (running or retrying) and what the run waits for
 // (a sleep, an event, a hook, a child run, with its deadline) at the end.
@@ -130,9 +130,27 @@ func (f *Follower) line(b *strings.Builder, cells [len(columns)]string) {
 	b.WriteByte('\n')
 }
 
-// writeHeader writes the run's fields, aligned, and its duplicate starts.
+// field is a label and its value, as writeFields aligns them.
+type field struct{ label, value string }
+
+// writeFields writes fields one a line after indent, the values aligned;
+// an empty value is written "-".
+func writeFields(b *strings.Builder, indent string, fields []field) {
+	width := 0
+	for _, f := range fields {
+		width = max(width, len(f.label))
+	}
+	for _, f := range fields {
+		if f.value == "" {
+			f.value = "-"
+		}
+		fmt.Fprintf(b, "%s%-*s  %s\n", indent, width+1, f.label+":", f.value)
+	}
+}
+
+// writeHeader writes the run's fields, aligned, why it is blocked, and its
+// duplicate starts.
 func writeHeader(b *strings.Builder, run jetflow.Run, opts Options) {
-	type field struct{ label, value string }
 	fields := []field{
 		{"run", Clean(run.RunID)},
 		{"workflow", Clean(run.Workflow)},
@@ -156,18 +174,45 @@ func writeHeader(b *strings.Builder, run jetflow.Run, opts Options) {
 	for _, c := range run.Children {
 		fields = append(fields, field{"child", Clean(c.RunID + " (" + c.Workflow + ", step " + c.StepID + ")")})
 	}
+	for _, w := range run.Waived {
+		fields = append(fields, field{"waived", Clean(w)})
+	}
 	fields = append(fields, field{"duplicates", strconv.FormatInt(run.Duplicates, 10)})
-	width := 0
-	for _, f := range fields {
-		width = max(width, len(f.label))
-	}
-	for _, f := range fields {
-		if f.value == "" {
-			f.value = "-"
-		}
-		fmt.Fprintf(b, "%-*s  %s\n", width+1, f.label+":", f.value)
-	}
+	writeFields(b, "", fields)
+	writeBlock(b, run)
 	writeDuplicates(b, run)
+}
+
+// writeBlock writes why a blocked run is blocked: how its code diverges
+// from its history, at which place, the history's step and the code's
+// there, the build whose code it was, since when.
+func writeBlock(b *strings.Builder, run jetflow.Run) {
+	blk := run.Block
+	if blk == nil {
+		return
+	}
+	fmt.Fprintf(b, "blocked: %s: no step runs until code that replays its history takes it, or producer unblock %s\n", Clean(blk.Reason), Clean(run.RunID))
+	var fields []field
+	if d := blk.Divergence; d != nil {
+		fields = append(fields, field{"kind", Clean(string(d.Kind))}, field{"place", strconv.Itoa(d.Position)},
+			field{"history step", divergedStep(d.History)}, field{"code step", divergedStep(d.Code)}, field{"detail", Clean(d.Detail)})
+	}
+	checks := ""
+	if blk.Checks > 0 {
+		checks = strconv.Itoa(blk.Checks)
+	}
+	fields = append(fields, field{"build", Clean(blk.Build)}, field{"worker", Clean(blk.Worker)},
+		field{"since", stamp(blk.Since)}, field{"checks", checks})
+	writeFields(b, "  ", fields)
+}
+
+// divergedStep names a step of a divergence report: its kind, name and
+// step ID, or "none".
+func divergedStep(s *jetflow.DivergedStep) string {
+	if s == nil {
+		return "none"
+	}
+	return Clean(s.String())
 }
 
 // writeDuplicates writes the first duplicate start and the recent ones:
@@ -376,14 +421,18 @@ func round(d time.Duration) string {
 // runDuration is how long an ended run ran.
 func runDuration(run jetflow.Run) string {
 	if !run.Status.Terminal() {
-		return "- (running)"
+		return "- (" + Clean(string(run.Status)) + ")"
 	}
 	return span(run.CreatedAt, run.UpdatedAt)
 }
 
-// runResult is an ended run's output or error, for a status line.
+// runResult is an ended run's output or error, or how a blocked run
+// diverges, for a status line.
 func runResult(run jetflow.Run) string {
 	switch {
+	case run.Block != nil && run.Block.Divergence != nil:
+		d := run.Block.Divergence
+		return fmt.Sprintf(": %s at place %d", Clean(string(d.Kind)), d.Position)
 	case run.Error != nil:
 		return ": " + Clean(string(run.Error.Kind)+": "+run.Error.Message)
 	case len(run.Output) > 0:
@@ -401,11 +450,12 @@ func stamp(t time.Time) string {
 
 // ANSI colours of the statuses.
 const (
-	green  = "\x1b[32m"
-	red    = "\x1b[31m"
-	yellow = "\x1b[33m"
-	blue   = "\x1b[34m"
-	reset  = "\x1b[0m"
+	green   = "\x1b[32m"
+	red     = "\x1b[31m"
+	yellow  = "\x1b[33m"
+	blue    = "\x1b[34m"
+	magenta = "\x1b[35m"
+	reset   = "\x1b[0m"
 )
 
 func (f *Follower) paint(s jetflow.RunStatus) string { return paint(s, f.opts) }
@@ -424,6 +474,8 @@ func paint(s jetflow.RunStatus, opts Options) string {
 		color = red
 	case jetflow.StatusCancelled:
 		color = yellow
+	case jetflow.StatusBlocked:
+		color = magenta
 	}
 	return color + text + reset
 }

@@ -81,6 +81,23 @@ func hostile() jetflow.RunDescription {
 	}
 }
 
+// blocked is a run blocked by a renamed step, after an earlier block an
+// operator accepted (a waived step).
+func blocked() jetflow.RunDescription {
+	return jetflow.RunDescription{
+		Run: jetflow.Run{RunID: "s-7", Workflow: "signup", Status: jetflow.StatusBlocked, CreatedAt: t0, UpdatedAt: at(2 * time.Second),
+			Input: json.RawMessage(`"ann"`), Waived: []string{"s-7.send-sms.0"},
+			Block: &jetflow.RunBlock{Reason: "divergence", Build: "4be1c2a9d0f3", Worker: "w-2", Since: at(2 * time.Second), Checks: 3,
+				Divergence: &jetflow.Divergence{Kind: "renamed", Position: 1,
+					History: &jetflow.DivergedStep{StepID: "s-7.send-welcome.0", Name: "send-welcome", Kind: "step"},
+					Code:    &jetflow.DivergedStep{StepID: "s-7.send-welcome-email.0", Name: "send-welcome-email", Kind: "step"},
+					Detail:  "a step the history does not hold in place of one the code never starts: it would run again"}}},
+		Steps: []jetflow.StepRecord{
+			{StepID: "s-7.send-welcome.0", Name: "send-welcome", Attempt: 1, Worker: "w-1", StartedAt: at(time.Millisecond), CommittedAt: at(3 * time.Millisecond)},
+		},
+	}
+}
+
 func golden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", name+".golden")
@@ -99,11 +116,11 @@ func render(t *testing.T, tl jetflow.RunDescription, opts Options) string {
 	return b.String()
 }
 
-// The whole timeline of an ended run, a running one and one full of
-// control characters, as golden text.
+// The whole timeline of an ended run, a running one, a blocked one and
+// one full of control characters, as golden text.
 func TestWriteGolden(t *testing.T) {
 	t.Parallel()
-	for name, tl := range map[string]jetflow.RunDescription{"completed": completed(), "running": running(), "hostile": hostile()} {
+	for name, tl := range map[string]jetflow.RunDescription{"completed": completed(), "running": running(), "hostile": hostile(), "blocked": blocked()} {
 		golden(t, name, render(t, tl, Options{}))
 	}
 }
@@ -273,4 +290,38 @@ func squeeze(lines []string) []string {
 		out[i] = strings.Join(strings.Fields(l), " ")
 	}
 	return out
+}
+
+// A run that becomes blocked is followed with a status line that says how
+// it diverges and where; the block's report follows the header, its
+// reason first; a blocked status is coloured apart from running.
+func TestBlockedRun(t *testing.T) {
+	t.Parallel()
+	tl := running()
+	f := NewFollower(Options{})
+	var b strings.Builder
+	require.NoError(t, f.Update(&b, tl))
+	b.Reset()
+	bl := blocked()
+	tl.Run.Status, tl.Run.UpdatedAt, tl.Run.Block = bl.Run.Status, at(time.Second), bl.Run.Block
+	require.NoError(t, f.Update(&b, tl))
+	require.Contains(t, b.String(), "status: running -> blocked at "+stamp(at(time.Second))+": renamed at place 1\n")
+
+	out := render(t, blocked(), Options{})
+	require.Contains(t, out, "duration:    - (blocked)\n")
+	require.Contains(t, out, "blocked: divergence: no step runs until code that replays its history takes it, or producer unblock s-7\n")
+	for _, line := range []string{"history step:  step send-welcome (s-7.send-welcome.0)", "code step:     step send-welcome-email (s-7.send-welcome-email.0)",
+		"build:         4be1c2a9d0f3", "since:         " + stamp(at(2*time.Second))} {
+		require.Contains(t, out, "\n  "+line+"\n")
+	}
+	require.Contains(t, render(t, blocked(), Options{Color: true}), "status:      \x1b[35mblocked\x1b[0m\n")
+
+	// A block without a report, or whose report names no step.
+	bare := blocked()
+	bare.Run.Block.Divergence.History, bare.Run.Block.Divergence.Code, bare.Run.Block.Build = nil, nil, ""
+	out = render(t, bare, Options{})
+	require.Contains(t, out, "\n  history step:  none\n")
+	require.Contains(t, out, "\n  build:         -\n")
+	bare.Run.Block.Divergence = nil
+	require.NotContains(t, render(t, bare, Options{}), "place:")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/jetflow/jetflow/internal/natsserver"
 	"github.com/jetflow/jetflow/internal/server/httpapi"
 	"github.com/jetflow/jetflow/internal/server/inspector"
+	"github.com/jetflow/jetflow/internal/testsupport/blocktest"
 	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
@@ -49,10 +50,13 @@ type Env struct {
 	Srv    *httptest.Server // the API on /v1/, the inspector on /ui/
 	// WorkerName is the name of the worker New starts.
 	WorkerName string
-	ns         *natsserver.Server
-	mu         sync.Mutex
-	tries      map[string]int   // charge attempts by run ID
-	holds      map[string]*hold // requests held, by method and path ("POST /v1/...")
+	// Signup is the code of blocktest's workflow, which the worker serves
+	// (Block blocks a run of it).
+	Signup *blocktest.Code
+	ns     *natsserver.Server
+	mu     sync.Mutex
+	tries  map[string]int   // charge attempts by run ID
+	holds  map[string]*hold // requests held, by method and path ("POST /v1/...")
 }
 
 // hold is what happens to the requests of one method and path that the
@@ -76,11 +80,12 @@ type EchoIn map[string]any
 // succeeds (then a receipt step with a run-scoped task key, and a short
 // sleep); "stuck" runs a step that fails and waits an hour for its
 // retry; "waiter" waits for the event "go" (an hour); "verify" waits
-// 50ms for the event "verified", then sends a reminder; and the
-// waitWorkflows.
+// 50ms for the event "verified", then sends a reminder; the
+// waitWorkflows; and blocktest's "signup" (Env.Signup, Env.Block). Its
+// workers' build is blocktest.Build.
 func New(t *testing.T, tokens ...string) *Env {
 	t.Helper()
-	e := &Env{T: t, tries: map[string]int{}, holds: map[string]*hold{}}
+	e := &Env{T: t, tries: map[string]int{}, holds: map[string]*hold{}, Signup: blocktest.New()}
 	ns := testenv.Server(t)
 	e.ns = ns
 	ws := jetflow.NewRegistry()
@@ -129,6 +134,7 @@ func New(t *testing.T, tokens ...string) *Env {
 		}, jetflow.WithEvent[string]("verified")),
 	))
 	require.NoError(t, ws.Register(waitWorkflows()...))
+	require.NoError(t, ws.Register(e.Signup.Workflow()))
 	e.WorkerName = "inspector-test-worker"
 	e.Worker(e.WorkerName, ws)
 	var err error
@@ -206,7 +212,7 @@ func waitWorkflows() []jetflow.Registrable {
 // it is stopped when the test ends (a Stop before that is the test's).
 func (e *Env) Worker(name string, ws *jetflow.Registry) *jetflow.Worker {
 	e.T.Helper()
-	w, err := jetflow.NewWorker(testenv.Conn(e.T, e.ns), ws, jetflow.WorkerConfig{Name: name, Logger: testenv.Logger(e.T)})
+	w, err := jetflow.NewWorker(testenv.Conn(e.T, e.ns), ws, jetflow.WorkerConfig{Name: name, Build: blocktest.Build, Logger: testenv.Logger(e.T)})
 	require.NoError(e.T, err)
 	require.NoError(e.T, w.Start(ctxT(e.T, 30*time.Second)))
 	e.T.Cleanup(func() {
@@ -302,6 +308,13 @@ func (e *Env) Start(workflow, runID string, input any, opts ...jetflow.StartOpti
 	res, err := e.Client.StartByName(ctxT(e.T, 20*time.Second), workflow, b, opts...)
 	require.NoError(e.T, err)
 	return res
+}
+
+// Block blocks a run of "signup" under runID (blocktest.Code.Block) and
+// returns it.
+func (e *Env) Block(runID string) jetflow.Run {
+	e.T.Helper()
+	return e.Signup.Block(e.T, e.Client, runID)
 }
 
 // Wait waits for runID to end and returns it.

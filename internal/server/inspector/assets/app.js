@@ -5,7 +5,7 @@
 "use strict";
 
 const REFRESH_MS = 3000;
-const STATUSES = ["running", "completed", "failed", "cancelled"];
+const STATUSES = ["running", "blocked", "completed", "failed", "cancelled"];
 const UI_HEADERS = { "X-Jetflow-UI": "1", Accept: "application/json" };
 
 // ---- DOM helpers -------------------------------------------------------
@@ -34,6 +34,13 @@ function append(node, children) {
 }
 
 const $ = (sel) => document.querySelector(sel);
+
+// active reports whether a run of status has not ended: it runs, or it is
+// blocked (its code diverges from its history) and waits for code that
+// replays it, or for an operator.
+function active(status) {
+  return status === "running" || status === "blocked";
+}
 
 function statusLabel(status) {
   return el("span", { class: "status status-" + status, "data-status": status, text: status || "unknown" });
@@ -368,7 +375,7 @@ function listView(params) {
     c[3].title = attrText(run.attributes);
     c[4].replaceChildren(timeEl(run.created_at));
     c[5].textContent = runDuration(run);
-    c[5].title = run.status === "running" ? "running for " + runDuration(run) : "ended " + fmtTime(run.updated_at);
+    c[5].title = active(run.status) ? run.status + " for " + runDuration(run) : "ended " + fmtTime(run.updated_at);
     c[6].textContent = run.error ? run.error.message || run.error.kind : "";
     c[6].title = run.error ? `${run.error.kind}: ${run.error.message}` : "";
     c[7].textContent = String(run.generation || 0);
@@ -472,6 +479,18 @@ function runView(id) {
     (d) => d.already_cancelled ? `Run ${d.run_id} was already cancelled.` :
       `Run ${d.run_id} cancelled` + (d.children && d.children.length ? ` with ${d.children.length} child run(s): ${d.children.join(", ")}` : "") + ".");
 
+  // unblock and accept both go through POST /v1/runs/{id}/unblock: a
+  // replay with the workers' code, or past the step the block names, whose
+  // dialog says which step runs again.
+  const unblockCall = (accept) => () => api("POST", `/v1/runs/${encodeURIComponent(id)}/unblock`, { accept_divergence: accept });
+  const unblocked = (d) => `Run ${d.run_id} unblocked: ${d.status}` + (d.waived ? `, without step ${d.waived} of its history (waived).` : ", replayed with the workers' code.");
+  const unblock = () => act(
+    { title: "Unblock this run?", text: unblockText(id, run.block), ok: "Unblock" },
+    `Unblocking run ${id}…`, unblockCall(false), unblocked);
+  const accept = () => act(
+    { title: "Accept the divergence?", text: acceptText(run.block), ok: "Accept and run again" },
+    `Unblocking run ${id} past its history's step…`, unblockCall(true), unblocked);
+
   const startAgain = () => act(
     { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Its steps get new step IDs.`, ok: "Start again" },
     `Starting run ${id} again…`,
@@ -493,7 +512,7 @@ function runView(id) {
   // expanded holds the values (step outputs, event payloads) shown in
   // full, by their element's ID: a drawing keeps them open.
   const expanded = new Set();
-  const actions = { cancel, startAgain, resetKey, button, expanded };
+  const actions = { cancel, unblock, accept, startAgain, resetKey, button, expanded };
 
   // load reads the run and draws it (force: even when unchanged). A read
   // answered after a later one was drawn is dropped: the periodic refresh
@@ -513,7 +532,7 @@ function runView(id) {
     if (!force && key === last) {
       // Unchanged: only what moves with the clock is drawn again, so the
       // action buttons stay in place between changes.
-      if (run.status === "running") {
+      if (active(run.status)) {
         redraw(() => {
           $("#run-duration").textContent = runDuration(run);
           $("#waits")?.replaceWith(renderWaits(run));
@@ -539,9 +558,62 @@ function runView(id) {
 
   return {
     refresh: () => load(false),
-    live: () => !run || run.status === "running" || (run.open_steps && run.open_steps.length > 0),
+    live: () => !run || active(run.status) || (run.open_steps && run.open_steps.length > 0),
     stop: () => { stopped = true; },
   };
+}
+
+// stepText names a step of a divergence report: its kind, name and step ID.
+function stepText(s) {
+  return s ? `${s.kind} ${s.name} (${s.step_id})` : "none";
+}
+
+// waivable reports whether a run's block names a step of its history that
+// an unblock accepting the divergence can waive (as the server decides:
+// the history's step at the place, or the code's own step out of place).
+function waivable(block) {
+  const d = block && block.divergence;
+  return !!d && (!!d.history || (d.kind === "reordered" && !!d.code));
+}
+
+function unblockText(id, block) {
+  const d = block && block.divergence;
+  const where = d ? ` at place ${d.position}` : "";
+  return `Run ${id} is replayed with the code the workers run now. If that code still diverges from the run's history${where}, the run is blocked again and nothing runs: deploy code that replays the history first (roll back, or fix the change).`;
+}
+
+// acceptText says plainly what accepting the divergence does: which step of
+// the history is waived, and which step of the code runs again in its
+// place, its side effects repeated.
+function acceptText(block) {
+  const d = block.divergence;
+  const waived = d.history || d.code;
+  const head = `The history's ${stepText(waived)} is waived: the run goes on without it. `;
+  if (!d.code) return head + `The code starts no step at place ${d.position}: what came after it in the history comes earlier now.`;
+  return head + `The step at place ${d.position}, ${d.code.name} (${d.code.step_id}), runs again: its side effects repeat (an email sent again, a charge made again). This cannot be undone.`;
+}
+
+// renderBlock shows why a blocked run is blocked: how its code diverges
+// from its history, at which place, the history's step and the code's
+// there, the build whose code it was, and since when.
+function renderBlock(run) {
+  const b = run.block;
+  const d = b.divergence || {};
+  return el("section", { class: "section" }, el("h2", { text: "Blocked" }),
+    el("div", { class: "block panel", id: "block", role: "note", "data-since": b.since || "" },
+      el("p", { class: "block-why" }, "The run's code diverges from its history (",
+        el("span", { class: "mono", text: b.reason || "" }), "): no step runs until code that replays its history takes it, or it is unblocked."),
+      el("dl", { class: "facts block-facts" },
+        fact("Kind", d.kind || "—", "block-kind"),
+        fact("Place", d.position === undefined ? "—" : String(d.position), "block-place"),
+        fact("History's step", stepText(d.history), "block-history"),
+        fact("Code's step", stepText(d.code), "block-code"),
+        fact("Build", b.build || "—", "block-build"),
+        fact("Worker", b.worker || "—", "block-worker"),
+        fact("Since", timeEl(b.since), "block-since"),
+        fact("Checks", String(b.checks || 0), "block-checks")),
+      d.detail ? el("p", { class: "block-detail", id: "block-detail", text: d.detail }) : null,
+      waivable(b) ? null : el("p", { class: "muted", id: "block-nothing", text: "Nothing to waive: only code that replays the run moves it on, or cancel it." })));
 }
 
 // keyScope reads the scope of a stored task key: r.<run-id>..., w.<workflow>... or g....
@@ -575,17 +647,19 @@ function fact(label, value, id) {
 
 // runDuration is how long run ran (ended), or has run until now.
 function runDuration(run) {
-  const end = run.status === "running" ? Date.now() : parseTime(run.updated_at);
+  const end = active(run.status) ? Date.now() : parseTime(run.updated_at);
   return fmtDur(end - parseTime(run.created_at));
 }
 
 function renderRun(run, actions) {
-  const ended = run.status !== "running";
+  const ended = !active(run.status);
   const head = el("div", { class: "run-head" },
     el("h1", { id: "run-id", text: run.run_id }),
     el("span", { id: "run-status" }, statusLabel(run.status)),
     el("div", { class: "actions" },
-      run.status === "running" ? actions.button("cancel", { id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
+      run.status === "blocked" ? actions.button("unblock", { id: "unblock-run", class: "primary", text: "Unblock…", onclick: actions.unblock }) : null,
+      run.status === "blocked" && waivable(run.block) ? actions.button("accept", { id: "accept-divergence", class: "danger", text: "Accept divergence…", onclick: actions.accept }) : null,
+      active(run.status) ? actions.button("cancel", { id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
       run.status === "failed" || run.status === "cancelled" ? actions.button("start-again", { id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
 
   const facts = el("dl", { class: "facts panel" },
@@ -593,13 +667,15 @@ function renderRun(run, actions) {
     fact("Generation", String(run.generation || 0), "run-generation"),
     fact("Source", run.source || "—", "run-source"),
     fact("Attributes", attrLinks(run.attributes), "run-attributes"),
-    fact(ended ? "Duration" : "Running for", runDuration(run), "run-duration"),
+    fact(ended ? "Duration" : run.status === "running" ? "Running for" : "Age", runDuration(run), "run-duration"),
     fact("Started", timeEl(run.created_at, "run-started")),
     fact(ended ? "Ended" : "Last status change", timeEl(run.updated_at, "run-updated")),
     fact("Parent", run.parent ? runLink(run.parent.run_id) : "—", "run-parent"),
     fact("Children", run.children && run.children.length ? run.children.map((c, i) => [i ? ", " : "", runLink(c.run_id)]) : "—", "run-children"));
 
+  if (run.waived && run.waived.length) facts.append(fact("Waived", run.waived.join(", "), "run-waived"));
   const out = [head, facts];
+  if (run.block) out.push(renderBlock(run));
   if (run.error) {
     out.push(el("div", { class: "run-error", id: "run-error", role: "note" },
       el("span", { class: "kind", text: run.error.kind || "error" }), el("pre", { text: run.error.message || "" })));
@@ -646,12 +722,12 @@ function renderTimeline(run, actions) {
   // step running for the first time has nothing to show.
   if (!steps.length && !open.length && !waits.length) {
     return el("div", { class: "panel empty", id: "timeline",
-      text: run.status === "running" ? "No step has committed or failed yet (a step running or waiting for the first time shows once it does)." : "No step committed or failed." });
+      text: active(run.status) ? "No step has committed or failed yet (a step running or waiting for the first time shows once it does)." : "No step committed or failed." });
   }
   const t0 = parseTime(run.created_at);
   const now = Date.now();
   const items = [];
-  let tEnd = run.status === "running" ? now : parseTime(run.updated_at) || now;
+  let tEnd = active(run.status) ? now : parseTime(run.updated_at) || now;
   let tStart = t0;
   const span = (a, b) => { if (a !== null) tStart = Math.min(tStart, a); if (b !== null) tEnd = Math.max(tEnd, b); };
 
