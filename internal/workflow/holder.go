@@ -128,7 +128,9 @@ func (e *Executor) loadRun(d *delivery) *settlement {
 		}
 		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s (generation %d)", errRunNotRunning, d.run.Status, d.run.Generation)}
 	case d.run.Exec != state.ExecLease:
-		return &settlement{kind: settleDrop, err: errors.New("a run of an earlier version's executor: left to its workers")}
+		// Work this worker does not do: said at warn, with what to do.
+		return &settlement{kind: settleDrop, warn: true,
+			err: errors.New("a run of the executor before the lease (engine protocol 1): left to workers of that version, none of which may run beside this one (docs/operations.md, Upgrading)")}
 	}
 	return nil
 }

@@ -61,7 +61,11 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 		}
 		settleErr(d.log, msg.NakWithDelay(delay), "nak")
 	case settleDrop:
-		d.log.Info().Err(s.err).Msg("task dropped")
+		if s.warn {
+			d.log.Warn().Err(s.err).Msg("task dropped")
+		} else {
+			d.log.Info().Err(s.err).Msg("task dropped")
+		}
 		settleErr(d.log, msg.Ack(), "ack")
 	case settleLost:
 		// The message is another delivery's now: no ack, no nak, no more

@@ -59,6 +59,9 @@ type settlement struct {
 	// release: a branch task's replay reached an await its history does
 	// not satisfy before the branch's step.
 	unreached bool
+	// drop: the task is work this worker leaves undone (not a task with
+	// nothing left to do): logged at warn.
+	warn bool
 	// release: a draining holder hands the run over before the step it
 	// reached starts (lease.handOver).
 	handOver bool
