@@ -67,10 +67,10 @@ func TestRosterJSON(t *testing.T) {
 	t.Parallel()
 	r := buildRoster([]roster.Known{{Workflow: "ship", FirstWorker: "w1", FirstServed: jsonAt}},
 		[]roster.Presented{
-			{Live: roster.Live{Workflow: "ship", Worker: "w1", Since: jsonAt, Beat: jsonAt.Add(time.Second)}, ID: "A"},
-			{Live: roster.Live{Workflow: "bill", Worker: "w1", Since: jsonAt, Beat: jsonAt.Add(2 * time.Second)}, ID: "A"},
+			{Live: roster.Live{Workflow: "ship", Worker: "w1", Since: jsonAt, Beat: jsonAt.Add(time.Second), Protocol: 3, Build: "b7"}, ID: "A"},
+			{Live: roster.Live{Workflow: "bill", Worker: "w1", Since: jsonAt, Beat: jsonAt.Add(2 * time.Second), Protocol: 3, Build: "b7"}, ID: "A"},
 		})
-	require.Equal(t, `{"workers":[{"id":"A","name":"w1","workflows":["bill","ship"],"since":"2025-01-02T03:04:05Z","beat":"2025-01-02T03:04:07Z"}],`+
+	require.Equal(t, `{"workers":[{"id":"A","name":"w1","workflows":["bill","ship"],"since":"2025-01-02T03:04:05Z","beat":"2025-01-02T03:04:07Z","protocol":3,"build":"b7"}],`+
 		`"workflows":[{"workflow":"bill","workers":["w1"]},`+
 		`{"workflow":"ship","first_worker":"w1","first_served":"2025-01-02T03:04:05Z","workers":["w1"]}]}`+"\n", encodeJSON(t, r))
 	require.Equal(t, `{"workers":[],"workflows":[{"workflow":"ship","first_worker":"w1","first_served":"2025-01-02T03:04:05Z","workers":[]}]}`+"\n",
