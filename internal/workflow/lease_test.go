@@ -65,6 +65,8 @@ func settleName(k settleKind) string {
 		return "lost"
 	case settleDone:
 		return "done"
+	case settleStray:
+		return "stray"
 	}
 	return fmt.Sprintf("settlement %d", k)
 }
@@ -327,6 +329,41 @@ func TestHoldDecisions(t *testing.T) {
 			return first
 		},
 		want: "drop",
+	}, {
+		name: "start task of another token finding the lease parked by another task: a stray, dropped unreplayed",
+		setup: func(r *rig) func(int) bool {
+			run, _ := r.createRun("r", nil)
+			r.putLease("r", state.Lease{State: state.LeaseParked, Seq: 999, Delivered: 1, Epoch: 1, Waits: []string{"r.a.0"}})
+			r.publish(jetstream.RunSubject(wf, "r"), "r", state.Task{RunID: "r", Workflow: wf, Input: run.Input, Token: "dup"})
+			return first
+		},
+		want: "stray",
+	}, {
+		name: "the run's own start task, published late, finding the lease parked by a wake's holder: a stray",
+		setup: func(r *rig) func(int) bool {
+			run, _ := r.createRun("r", nil)
+			r.putLease("r", state.Lease{State: state.LeaseParked, Seq: 999, Delivered: 1, Epoch: 1, Waits: []string{"r.a.0"}})
+			r.publish(jetstream.RunSubject(wf, "r"), "r", state.Task{RunID: "r", Workflow: wf, Input: run.Input, Token: run.Token})
+			return first
+		},
+		want: "stray",
+	}, {
+		name: "the run's own start task finding a lease it did not write: not fresh, inherited (a wake held the run first)",
+		setup: func(r *rig) func(int) bool {
+			run, _ := r.createRun("r", nil)
+			r.putLease("r", state.Lease{State: state.LeaseReleased, Seq: 999, Delivered: 1})
+			r.publish(jetstream.RunSubject(wf, "r"), "r", state.Task{RunID: "r", Workflow: wf, Input: run.Input, Token: run.Token})
+			return first
+		},
+		want: "inherited",
+	}, {
+		name: "start task of another token, run never held: the run's only task, inherited (its publisher died before the record)",
+		setup: func(r *rig) func(int) bool {
+			run, _ := r.createRun("r", nil)
+			r.publish(jetstream.RunSubject(wf, "r"), "r", state.Task{RunID: "r", Workflow: wf, Input: run.Input, Token: "died"})
+			return first
+		},
+		want: "inherited",
 	}, {
 		name: "wake of another generation: dropped",
 		setup: func(r *rig) func(int) bool {

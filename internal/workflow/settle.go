@@ -33,6 +33,10 @@ const (
 	// settleDone: a branch task committed its step (rec): wake the run,
 	// then ack.
 	settleDone
+	// settleStray: a start task stored after the run was parked
+	// (roleStray): ack it without a replay, then look at what the run
+	// awaits (strayLook).
+	settleStray
 )
 
 // errNotThisTask: a task that must not run its step: a redispatched branch
