@@ -228,7 +228,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
+	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), w.log, false)
 	w.cfg.Metrics.internal().Serve(w.ws.Names()...) // alerts must see each first event
 	w.cfg.Metrics.watch(w.nc)
 	defs := make(map[string]workflow.Definition, len(w.ws.defs))
