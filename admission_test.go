@@ -189,6 +189,38 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 	require.Equal(t, map[string]int{"evt-1.a.0": 1, "evt-1.b.0": 1, "evt-1.c.0": 1}, effects.snapshot())
 }
 
+// G1: a duplicate start after the NATS server restarted (its duplicate
+// window, kept in memory, is gone) is still absorbed.
+func TestDuplicateAfterServerRestart(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	wf := threeSteps("restart", effects)
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+
+	h, err := Start(ctxT(t, 10*time.Second), c, wf, 1, WithRunID("evt-7"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCreated, h.Outcome)
+	_, err = h.Result(ctxT(t, 20*time.Second))
+	require.NoError(t, err)
+
+	require.NoError(t, env.srv.Restart())
+	c2 := env.client() // a fresh process's client
+	h2, err := Start(ctxT(t, 20*time.Second), c2, wf, 1, WithRunID("evt-7"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeExisting, h2.Outcome)
+	require.Equal(t, StatusCompleted, h2.Status)
+	require.Equal(t, int64(1), h2.Duplicates)
+	out, err := h2.Result(ctxT(t, 10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 4, out)
+
+	waitTasksDrained(t, c2)
+	require.Equal(t, map[string]int{"evt-7.a.0": 1, "evt-7.b.0": 1, "evt-7.c.0": 1}, effects.snapshot())
+}
+
+// waitTasksDrained waits until every task in the stream was acknowledged.
 func waitTasksDrained(t *testing.T, c *Client) {
 	t.Helper()
 	require.Eventually(t, func() bool {
