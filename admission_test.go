@@ -185,7 +185,7 @@ func TestDuplicateAfterBrokerWindow(t *testing.T) {
 	require.Equal(t, OutcomeExisting, h2.Outcome)
 	require.Equal(t, StatusCompleted, h2.Status)
 
-	require.Empty(t, subjects(tap.seen(c.nc)), "a duplicate published a start task")
+	require.Empty(t, subjects(tap.Seen(c.nc)), "a duplicate published a start task")
 	require.Equal(t, map[string]int{"evt-1.a.0": 1, "evt-1.b.0": 1, "evt-1.c.0": 1}, effects.snapshot())
 }
 

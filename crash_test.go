@@ -83,16 +83,8 @@ func TestAdmitterKilledBetweenRecordAndStartTask(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
 	effects, effectsURL := newEffectServer(t)
-	child := startChild(t, env, "after-create", effectsURL)
-	require.NoError(t, waitReady(child, 30*time.Second))
 	ctx := ctxT(t, 60*time.Second)
-	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
-	require.NoError(t, err)
-	sctx, cancel := context.WithTimeout(ctx, 2*childAckWait)
-	defer cancel()
-	_, err = pc.StartByName(sctx, "crashy", json.RawMessage(`0`), WithRunID("crash-1"))
-	require.Error(t, err, "the admitting worker died before it answered")
-	waitKilled(t, child, 30*time.Second)
+	pc := admitterKilledAfterCreate(t, env, effectsURL)
 	run, err := pc.GetRun(ctx, "crash-1")
 	require.NoError(t, err)
 	require.Equal(t, StatusRunning, run.Status)
@@ -112,4 +104,23 @@ func TestAdmitterKilledBetweenRecordAndStartTask(t *testing.T) {
 	again, err := Start(ctx, env.client(), crashWorkflow(effectsURL, nil), 0, WithRunID("crash-1"))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeExisting, again.Outcome)
+}
+
+// admitterKilledAfterCreate starts a worker process that admits starts
+// by request and is SIGKILLed once it created a run's record (its
+// after-create crash point), sends it the start of crash-1 (workflow
+// crashy) and waits for its death. It returns the producer's client.
+func admitterKilledAfterCreate(t *testing.T, env *testEnv, effectsURL string) *Client {
+	t.Helper()
+	child := startChild(t, env, "after-create", effectsURL)
+	require.NoError(t, waitReady(child, 30*time.Second))
+	ctx := ctxT(t, 30*time.Second)
+	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 2*childAckWait)
+	defer cancel()
+	_, err = pc.StartByName(sctx, "crashy", json.RawMessage(`0`), WithRunID("crash-1"))
+	require.Error(t, err, "the admitting worker died before it answered")
+	waitKilled(t, child, 30*time.Second)
+	return pc
 }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,58 +25,14 @@ import (
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/testsupport/testenv"
 )
 
-// taskTap records every publish on the run and branch task subjects.
-type taskTap struct {
-	t    *testing.T
-	sub  *nats.Conn
-	mu   sync.Mutex
-	msgs []*nats.Msg
-	sync chan string
-}
-
-// newTaskTap subscribes to the task subjects on a connection of its own.
-func newTaskTap(t *testing.T, env *testEnv) *taskTap {
+// newTaskTap records every publish on the run and branch task subjects,
+// on a connection of its own.
+func newTaskTap(t *testing.T, env *testEnv) *testenv.Tap {
 	t.Helper()
-	tp := &taskTap{t: t, sub: env.conn(), sync: make(chan string, 16)}
-	for _, subject := range []string{jetstream.RunSubjects, jetstream.BranchSubjects, "tap.sync.*"} {
-		_, err := tp.sub.Subscribe(subject, func(m *nats.Msg) {
-			if strings.HasPrefix(m.Subject, "tap.sync.") {
-				tp.sync <- m.Subject
-				return
-			}
-			tp.mu.Lock()
-			tp.msgs = append(tp.msgs, m)
-			tp.mu.Unlock()
-		})
-		require.NoError(t, err)
-	}
-	require.NoError(t, tp.sub.Flush())
-	return tp
-}
-
-// seen returns the publishes the tap has seen: every one made on the
-// connections pubs before the call is among them (the server keeps each
-// connection's publishes in order, and the tap waits for a message each
-// of them publishes last).
-func (tp *taskTap) seen(pubs ...*nats.Conn) []*nats.Msg {
-	tp.t.Helper()
-	for _, pub := range pubs {
-		want := "tap.sync." + nuid.Next()
-		require.NoError(tp.t, pub.Publish(want, nil))
-		require.NoError(tp.t, pub.Flush())
-		for got := ""; got != want; {
-			select {
-			case got = <-tp.sync:
-			case <-time.After(10 * time.Second):
-				tp.t.Fatal("the tap did not see its sync message")
-			}
-		}
-	}
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return slices.Clone(tp.msgs)
+	return testenv.NewTap(t, env.conn(), jetstream.RunSubjects, jetstream.BranchSubjects)
 }
 
 // subjects are the subjects and message IDs of msgs.
@@ -233,7 +188,7 @@ func TestRefusedDuplicateStartsWakeNothing(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	require.Empty(t, subjects(tap.seen(c.nc, wnc)), "a duplicate start published a task")
+	require.Empty(t, subjects(tap.Seen(c.nc, wnc)), "a duplicate start published a task")
 	for _, id := range ids {
 		require.Zero(t, runTasks(t, c, "parked", id), "a task of %s is stored", id)
 		require.Equal(t, leases[id], leaseRev(t, c, id), "the lease of %s was written", id)
@@ -305,7 +260,7 @@ func TestRepeatedEventsWakeTheRunOnce(t *testing.T) {
 	require.Equal(t, []string{
 		"jetflow.run.repeated.rep-1 rep-1.event=go.0.wake",
 		"jetflow.run.repeated.rep-1 rep-1.hook=approval.0.wake",
-	}, subjects(tap.seen(c.nc, wnc)), "one wake per event")
+	}, subjects(tap.Seen(c.nc, wnc)), "one wake per event")
 	require.Equal(t, 3, replays.get("rep-1"), "the start and one replay per wake")
 	require.Equal(t, 1, effects.get("rep-1.after.0"))
 }

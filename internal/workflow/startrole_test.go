@@ -178,13 +178,7 @@ func TestRepeatedEventWakesOnlyARunStillWaitingForIt(t *testing.T) {
 // provider's redelivery) is a duplicate and wakes it, and the run goes on.
 func TestRepeatedEventRepairsASenderThatDiedBeforeItsWake(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, time.Second)
-	hk := newHooked()
-	e := r.executor("w1", waitsFor("paid"), hk.install)
-	r.serve(e, 1, false)
-	r.start("r", `{}`)
-	first := state.StepID("r", state.EventStepName("paid"), 0)
-	require.Equal(t, []string{first}, await(r, hk.parks, "the first wait's park"))
+	r, hk, first := waitingForPaid(t)
 	r.commitEvent("r", first, "e1", `1`) // the sender died here
 
 	s := Sender{Assets: r.a, Runs: r.store, Now: time.Now}
