@@ -274,7 +274,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	// Before anything is published: a record that expired after this is
+	// Before anything is written: a record that expired after this is
 	// one this call may have created or been a duplicate of. The wall
 	// clock, whatever a.now is, as the expiry marker is stamped by the
 	// server's.
@@ -718,8 +718,8 @@ const createAttempts = 5
 // the record may be created over the marker an expired record left (see
 // readExisting).
 type starter struct {
-	// began is when the Admit call began (before it published its start
-	// task). It may create over a marker written before that.
+	// began is when the Admit call began (before it wrote anything). It
+	// may create over a marker written before that.
 	began time.Time
 	// task is the start task a worker materialises (Materialize). It may
 	// create over a marker only as the after-expiry run it stands for.
@@ -831,9 +831,10 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	// over its marker, and says so. The new run gets an identity of its own
 	// (the marker's revision as its generation), so it never meets the
 	// expired run's step results, which may outlive its record; and a start
-	// task of its own, stored first like every start task (the one this
-	// start published, if any, names the expired run's identity and is
-	// dropped).
+	// task of its own, stored before the marker is replaced, as a new
+	// generation's is (restart), so that a worker finishes the replacement
+	// if this process dies in between (Materialize). A duplicate that finds
+	// the new generation publishes nothing (Admit).
 	rec.Generation, rec.AfterExpiry = int(latest.Rev), true
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
