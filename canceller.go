@@ -3,6 +3,8 @@ package jetflow
 import (
 	"context"
 
+	"github.com/rs/zerolog"
+
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
@@ -22,11 +24,12 @@ type engine struct {
 }
 
 // newEngine assembles the engine over provisioned assets; a client's
-// (viaWorkers) wakes a cancelled child's parent through a worker.
-func newEngine(assets *jetstream.Assets, m *metrics.Metrics, t *tracing.Tracer, viaWorkers bool) engine {
+// (viaWorkers) wakes a cancelled child's parent through a worker. The
+// admitter logs to log.
+func newEngine(assets *jetstream.Assets, m *metrics.Metrics, t *tracing.Tracer, log zerolog.Logger, viaWorkers bool) engine {
 	store := runs.New(assets)
 	cancels := workflow.NewCanceller(assets, store, m, t, viaWorkers)
-	admit := dedupe.New(assets, dedupe.Config{Metrics: m, Tracer: t,
+	admit := dedupe.New(assets, dedupe.Config{Metrics: m, Tracer: t, Logger: log,
 		Cancelled: func(ctx context.Context, run state.Run, first bool) error {
 			_, err := cancels.Ended(ctx, run, first)
 			return err

@@ -143,7 +143,7 @@ func NewClient(ctx context.Context, nc *nats.Conn, cfg ClientConfig) (_ *Client,
 		return nil, err
 	}
 	cfg.Metrics.watch(nc)
-	eng := newEngine(assets, cfg.Metrics.internal(), cfg.Tracing.internal(), true)
+	eng := newEngine(assets, cfg.Metrics.internal(), cfg.Tracing.internal(), defaultLogger(), true)
 	return &Client{nc: nc, cfg: cfg, assets: assets, engine: eng}, nil
 }
 

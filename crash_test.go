@@ -1,6 +1,8 @@
 package jetflow
 
 import (
+	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -69,4 +71,56 @@ func TestWorkerKilledMidStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, steps, 3)
 	require.Equal(t, 2, steps[1].Attempt)
+}
+
+// G8, G25: a worker that admits a start (ClientConfig.StartByRequest) is
+// SIGKILLed once it created the run's record, before it published the
+// run's start task. The run is running with no task; another worker's
+// sweeper finds it (StuckAfter after its creation) and wakes it, and the
+// run completes with each step run once. The start's caller got no
+// answer; its retry is answered existing.
+func TestAdmitterKilledBetweenRecordAndStartTask(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects, effectsURL := newEffectServer(t)
+	ctx := ctxT(t, 60*time.Second)
+	pc := admitterKilledAfterCreate(t, env, effectsURL)
+	run, err := pc.GetRun(ctx, "crash-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusRunning, run.Status)
+	info, err := pc.assets.Tasks.Info(ctx)
+	require.NoError(t, err)
+	require.Zero(t, info.State.Msgs, "the killed admission published a start task")
+
+	// StuckAfter is the least allowed (3 × AckWait).
+	env.worker(WorkerConfig{AckWait: childAckWait, SweepInterval: 20 * time.Millisecond, StuckAfter: 3 * childAckWait},
+		crashWorkflow(effectsURL, nil))
+	out, err := pc.WaitRun(ctx, "crash-1")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, out.Status)
+	for _, step := range []string{"crash-1.a.0", "crash-1.b.0", "crash-1.c.0"} {
+		require.Len(t, effects.get(step), 1, "step %s ran %v", step, effects.get(step))
+	}
+	again, err := Start(ctx, env.client(), crashWorkflow(effectsURL, nil), 0, WithRunID("crash-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeExisting, again.Outcome)
+}
+
+// admitterKilledAfterCreate starts a worker process that admits starts
+// by request and is SIGKILLed once it created a run's record (its
+// after-create crash point), sends it the start of crash-1 (workflow
+// crashy) and waits for its death. It returns the producer's client.
+func admitterKilledAfterCreate(t *testing.T, env *testEnv, effectsURL string) *Client {
+	t.Helper()
+	child := startChild(t, env, "after-create", effectsURL)
+	require.NoError(t, waitReady(child, 30*time.Second))
+	ctx := ctxT(t, 30*time.Second)
+	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 2*childAckWait)
+	defer cancel()
+	_, err = pc.StartByName(sctx, "crashy", json.RawMessage(`0`), WithRunID("crash-1"))
+	require.Error(t, err, "the admitting worker died before it answered")
+	waitKilled(t, child, 30*time.Second)
+	return pc
 }

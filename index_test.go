@@ -1,7 +1,6 @@
 package jetflow
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,16 +184,8 @@ func TestRunListedWhenItsAdmitterDiesAfterTheRecord(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
 	_, effectsURL := newEffectServer(t)
-	child := startChild(t, env, "after-create", effectsURL)
-	require.NoError(t, waitReady(child, 30*time.Second))
 	ctx := ctxT(t, 30*time.Second)
-	pc, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
-	require.NoError(t, err)
-	sctx, cancel := context.WithTimeout(ctx, 2*childAckWait)
-	defer cancel()
-	_, err = pc.StartByName(sctx, "crashy", json.RawMessage(`0`), WithRunID("crash-1"))
-	require.Error(t, err, "the admitting worker died before it answered")
-	waitKilled(t, child, 30*time.Second)
+	pc := admitterKilledAfterCreate(t, env, effectsURL)
 
 	run, err := pc.GetRun(ctx, "crash-1")
 	require.NoError(t, err)

@@ -118,8 +118,8 @@ func TestMetricsClientRole(t *testing.T) {
 // TestMetricsCountOneRun runs one workflow of three steps, started once
 // and then twice more with the same run ID, and reads /metrics over HTTP:
 // the counters moved by exactly one created start, two duplicates stopped
-// by the broker's message-ID window, three committed steps and one
-// completed run.
+// by the run record (a duplicate publishes nothing the broker could
+// stop), three committed steps and one completed run.
 func TestMetricsCountOneRun(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -168,7 +168,7 @@ func TestMetricsCountOneRun(t *testing.T) {
 		{"jetflow_starts_total", map[string]string{"workflow": "metered", "entry": "sdk", "outcome": "created"}, 1},
 		{"jetflow_starts_total", map[string]string{"entry": "sdk", "outcome": "existing"}, 2},
 		{"jetflow_starts_total", nil, 3},
-		{"jetflow_duplicates_suppressed_total", map[string]string{"layer": "broker"}, 2},
+		{"jetflow_duplicates_suppressed_total", map[string]string{"layer": "kv"}, 2},
 		{"jetflow_duplicates_suppressed_total", nil, 2},
 		{"jetflow_steps_total", map[string]string{"workflow": "metered", "result": "committed"}, 3},
 		{"jetflow_steps_total", nil, 3},

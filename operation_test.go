@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 )
 
@@ -270,9 +269,9 @@ func TestRetryTimerRunsTheNextAttemptAfterItsBackoff(t *testing.T) {
 }
 
 // While a step waits for its retry timer, a task published for it by
-// anyone else — here the start task of a duplicate start after the broker's
-// window, which replays the run and finds the step at the frontier — must
-// not run it early: the timer owns the next attempt.
+// anyone else — here the start task a producer of the previous version
+// published for a duplicate start after the broker's window, which finds
+// the run parked — must not run it early: the timer owns the next attempt.
 func TestRetryTimerIsNotOvertakenByARedispatch(t *testing.T) {
 	t.Parallel()
 	for _, failing := range []string{"first", "second"} {
@@ -316,12 +315,9 @@ func TestRetryTimerIsNotOvertakenByARedispatch(t *testing.T) {
 			h, err := Start(ctxT(t, 10*time.Second), c, wf, 0, WithRunID("ot-1"))
 			require.NoError(t, err)
 			<-failed
-			// A duplicate start past the broker's window stores a start task
-			// of its own.
-			require.Eventually(t, func() bool {
-				res, err := c.admit.Admit(context.Background(), dedupe.Request{RunID: "ot-1", Workflow: "overtake", Input: json.RawMessage(`0`)})
-				return err == nil && res.Broker == jetstream.Stored
-			}, 10*time.Second, 20*time.Millisecond)
+			// A duplicate start past the broker's window, as a producer of
+			// the previous version made it: its start task stored.
+			publishEarlierStart(t, c, "overtake", "ot-1", json.RawMessage(`0`))
 			out, err := h.Result(ctxT(t, 10*backoff+30*time.Second))
 			require.NoError(t, err)
 			require.Equal(t, 2, out)

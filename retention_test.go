@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
-	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
 
@@ -234,9 +233,10 @@ func onceStep(name string, effects *counter, retention time.Duration) *Workflow[
 }
 
 // G1, G9: a duplicate start answered "existing" after the broker's window
-// leaves its start task in the stream. Consumed only after the run's
-// retention passed (no worker was running), that task creates nothing: no
-// new run, no step runs again.
+// leaves nothing in the stream; a producer of the previous version left
+// its start task there. Consumed only after the run's retention passed (no
+// worker was running), that task creates nothing: no new run, no step runs
+// again.
 func TestStaleStartTaskAfterRetentionCreatesNothing(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{DuplicateWindow: 100 * time.Millisecond})
@@ -254,24 +254,19 @@ func TestStaleStartTaskAfterRetentionCreatesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Stop(ctx))
 
-	// A duplicate past the broker's window: answered existing, its start
-	// task stored.
-	var outcomes []string
-	require.Eventually(t, func() bool {
-		res, err := c.admit.Admit(context.Background(), dedupe.Request{RunID: "res-1", Workflow: "res", Input: json.RawMessage(`1`)})
-		if err != nil {
-			outcomes = append(outcomes, err.Error())
-			return false
-		}
-		outcomes = append(outcomes, res.Outcome.String())
-		return res.Broker == jetstream.Stored
-	}, 10*time.Second, 20*time.Millisecond, "the broker's window never passed")
-	for _, o := range outcomes {
-		require.Equal(t, "existing", o)
-	}
+	// A duplicate past the broker's window: answered existing, nothing
+	// stored; the previous version's producer stored its start task.
+	awaitWindowPassed(t, c)
+	res, err := c.admit.Admit(ctx, dedupe.Request{RunID: "res-1", Workflow: "res", Input: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.Equal(t, dedupe.Existing, res.Outcome)
 	info, err := c.assets.Tasks.Info(ctx)
 	require.NoError(t, err)
-	require.Equal(t, uint64(1), info.State.Msgs, "the duplicate's start task is pending")
+	require.Zero(t, info.State.Msgs, "the duplicate stored a start task")
+	publishEarlierStart(t, c, "res", "res-1", json.RawMessage(`1`))
+	info, err = c.assets.Tasks.Info(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), info.State.Msgs, "the earlier producer's start task is pending")
 
 	waitExpired(t, c, "res-1")
 	marker, err := c.assets.Runs.Latest(ctx, "res-1")
@@ -287,10 +282,11 @@ func TestStaleStartTaskAfterRetentionCreatesNothing(t *testing.T) {
 	require.Equal(t, map[string]int{"res-1.charge.0": 1}, effects.snapshot(), "a step ran again")
 }
 
-// G1: a start that stalls after publishing its start task, for longer than
-// its run lives and is kept (a worker creates the run from the task, runs
-// it, and its record expires), creates nothing when it resumes: it gets
-// ErrRetryStart. A start made after that creates a new run and says so.
+// G1: a start that stalls before it writes anything, for longer than the
+// run another start created lives and is kept (the run runs, and its
+// record expires), creates nothing when it resumes: it gets ErrRetryStart,
+// since it overlapped the whole life of the run it duplicated. A start
+// made after that creates a new run and says so.
 func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
@@ -301,9 +297,9 @@ func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 
 	admit := dedupe.New(c.assets, dedupe.Config{})
-	published, resume := make(chan struct{}), make(chan struct{})
-	admit.SetHooks(dedupe.Hooks{AfterStartPublished: func(string) {
-		close(published)
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	admit.SetHooks(dedupe.Hooks{BeforeCreate: func(string) {
+		close(stalled)
 		<-resume
 	}})
 	type result struct {
@@ -315,11 +311,12 @@ func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 		res, err := admit.Admit(ctx, dedupe.Request{RunID: "stall-1", Workflow: "stall", Input: json.RawMessage(`1`), Retention: time.Second})
 		done <- result{res, err}
 	}()
-	<-published
-	require.Eventually(t, func() bool { // created by the worker from the start task, and run
-		run, err := c.GetRun(context.Background(), "stall-1")
-		return err == nil && run.Status == StatusCompleted
-	}, 20*time.Second, 20*time.Millisecond)
+	<-stalled
+	h, err := Start(ctx, c, wf, 1, WithRunID("stall-1"))
+	require.NoError(t, err)
+	require.Equal(t, OutcomeCreated, h.Outcome)
+	_, err = h.Result(ctx)
+	require.NoError(t, err)
 	waitExpired(t, c, "stall-1")
 	marker, err := c.assets.Runs.Latest(ctx, "stall-1")
 	require.NoError(t, err)
@@ -334,7 +331,7 @@ func TestStalledStartCreatesNothingAfterItsRunExpired(t *testing.T) {
 	require.Equal(t, map[string]int{"stall-1.charge.0": 1}, effects.snapshot())
 
 	// Starting again now is a new run, after expiry.
-	h, err := Start(ctx, c, wf, 5, WithRunID("stall-1"))
+	h, err = Start(ctx, c, wf, 5, WithRunID("stall-1"))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeCreated, h.Outcome)
 	require.True(t, h.AfterExpiry)

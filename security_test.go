@@ -350,10 +350,10 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	pjs, err := natsjs.New(pnc)
 	require.NoError(t, err)
 
-	// Direct admission publishes the start task first; the producer may not,
-	// so the publish is dropped and its acknowledgement never comes. Start
-	// bounds that wait itself (10s) when ctx has no deadline. It runs
-	// alongside the checks below.
+	// Direct admission writes first the run's index entry, then its
+	// record; the producer may not, so the write is dropped and its
+	// acknowledgement never comes. Start bounds that wait itself (10s)
+	// when ctx has no deadline. It runs alongside the checks below.
 	type result struct {
 		err     error
 		elapsed time.Duration
@@ -656,7 +656,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		require.Error(t, r.err)
 		require.ErrorIs(t, r.err, context.DeadlineExceeded)
 		require.Less(t, r.elapsed, 15*time.Second)
-		producerPerms.requireDenied(t, "jetflow.run.secure.sec-direct")
+		producerPerms.requireDenied(t, "jetflow.runindex.e.running.secure.s.e.c.-.d.i.r.e.c.t.~")
 		_, err := pc.GetRun(ctx, "sec-direct")
 		require.ErrorIs(t, err, ErrRunNotFound)
 	})

@@ -273,7 +273,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), false)
+	eng := newEngine(assets, w.cfg.Metrics.internal(), w.cfg.Tracing.internal(), w.log, false)
 	if w.cfg.CheckBeforeServing {
 		if err := w.checkCode(ctx, assets, eng); err != nil {
 			return err

@@ -2,12 +2,12 @@
 // ever created (G1), and every later start gets that run back with its state
 // and the number of duplicates it has absorbed (G2).
 //
-// Two layers stand in front of a run. The broker's Nats-Msg-Id window on the
-// task stream absorbs most duplicates cheaply, but it is memory-only and
-// bounded in time. The authority is the runs bucket: the record is written
-// with create-if-absent, and a start learns whether it created the run by
+// The authority is the runs bucket: the record is written with
+// create-if-absent, and a start learns whether it created the run by
 // comparing the writer token in the stored record with its own, which also
-// makes a create retried after a lost reply come back as "created".
+// makes a create retried after a lost reply come back as "created". Only
+// the start that created the record publishes the run's start task: a
+// duplicate publishes nothing, so it can never wake the run (G25).
 package dedupe
 
 import (
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nuid"
+	"github.com/rs/zerolog"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
@@ -104,9 +105,6 @@ type Result struct {
 	// Duplicates is how many duplicate starts the run has absorbed,
 	// counting this one if it was a duplicate.
 	Duplicates int64
-	// Broker says whether the task stream already absorbed the start task
-	// (by message ID or because the start task is still pending).
-	Broker jetstream.Dedup
 	// AfterExpiry: Created over the marker of a run with the same ID whose
 	// retention passed. The old run is forgotten; this is a new run, not a
 	// duplicate.
@@ -121,6 +119,7 @@ type Admitter struct {
 	metrics *metrics.Metrics
 	hooks   Hooks
 	tracer  *tracing.Tracer
+	log     zerolog.Logger
 	// cancelled finishes the cancel of a superseded generation
 	// (Config.Cancelled).
 	cancelled func(ctx context.Context, run state.Run, first bool) error
@@ -128,9 +127,13 @@ type Admitter struct {
 
 // Hooks let tests stop an admission at exact points. Nil hooks do nothing.
 type Hooks struct {
-	// AfterStartPublished runs in Admit once the start task is published,
-	// before the run record is written or read: a start that stalls there.
-	AfterStartPublished func(runID string)
+	// BeforeCreate runs in Admit before the run record is written or read:
+	// a start that stalls before it has done anything.
+	BeforeCreate func(runID string)
+	// BeforeStartPublished runs in Admit once this call created the run
+	// record, before it publishes the run's start task: a start that dies
+	// or stalls between its two writes.
+	BeforeStartPublished func(runID string)
 	// AfterRestartPublished runs once a start that replaces an ended
 	// generation has published the new generation's start task, before it
 	// replaces the record: a start that stalls there while the task's
@@ -174,6 +177,10 @@ type Config struct {
 	// cancelled generation without its successor, so it must be safe to
 	// repeat.
 	Cancelled func(ctx context.Context, run state.Run, first bool) error
+	// Logger receives what an admission has to tell besides its answer (a
+	// start task published again under another message ID, see
+	// publishStart). The zero Logger logs nothing.
+	Logger zerolog.Logger
 }
 
 // New returns an Admitter over provisioned assets.
@@ -181,7 +188,8 @@ func New(assets *jetstream.Assets, cfg Config) *Admitter {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Admitter{assets: assets, runs: runs.New(assets), now: cfg.Now, metrics: cfg.Metrics, tracer: cfg.Tracer, cancelled: cfg.Cancelled}
+	return &Admitter{assets: assets, runs: runs.New(assets), now: cfg.Now, metrics: cfg.Metrics, tracer: cfg.Tracer,
+		cancelled: cfg.Cancelled, log: cfg.Logger}
 }
 
 // Validate checks a request without touching NATS.
@@ -229,10 +237,16 @@ func Validate(req Request) error {
 // less than the retention are enough; a start refused because of skew
 // succeeds when retried after it.
 //
-// The start task is published first, with Nats-Msg-Id = run ID, and carries
-// the whole request: if this process dies before the record is written, the
-// worker that receives the task writes it with the same token, so an
-// accepted start is never lost.
+// The run record is written first (create-if-absent). Only the call that
+// created it publishes the run's start task (Nats-Msg-Id = run ID, so that
+// the call's own retries of the publish store one task): a duplicate reads
+// the record and records itself on the run's audit, and publishes nothing,
+// so that no duplicate ever hands the run to a holder (G25). If this
+// process dies between the record and the start task, the run is running
+// with no task: the sweeper finds it and wakes it (internal/sweep), and a
+// start task published late by a stalled call is dropped without a replay
+// by the worker that receives it, the run having been held meanwhile
+// (internal/workflow, startRole).
 //
 // The trace context in ctx (a span, or a remote parent extracted from a
 // request) is the parent of the start's jetflow.start span, and the run
@@ -260,7 +274,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	// Before anything is published: a record that expired after this is
+	// Before anything is written: a record that expired after this is
 	// one this call may have created or been a duplicate of. The wall
 	// clock, whatever a.now is, as the expiry marker is stamped by the
 	// server's.
@@ -275,11 +289,7 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	if err != nil {
 		return Result{}, err
 	}
-	broker, err := a.publishStart(ctx, req.Workflow, req.RunID, task)
-	if err != nil {
-		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
-	}
-	if h := a.hooks.AfterStartPublished; h != nil {
+	if h := a.hooks.BeforeCreate; h != nil {
 		h(req.RunID)
 	}
 	rec, err := a.newRecord(req, token)
@@ -287,22 +297,27 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		return Result{}, err
 	}
 	rec.TraceParent = traceParent
-	var st admitted
-	if broker != jetstream.Stored {
-		// Most likely a duplicate: read first, create only if absent.
-		st, err = a.readOrCreate(ctx, rec, by)
-	} else {
-		st, err = a.createOrRead(ctx, rec, by)
-	}
+	st, err := a.createOrRead(ctx, rec, by)
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 	}
-	res = Result{Run: st.run, Revision: st.rev, Stored: true, Broker: broker, AfterExpiry: st.afterExpiry}
-	if st.created {
-		res.Outcome, res.Run, res.Stored = Created, st.mine, st.mine.Token == st.run.Token && st.mine.Generation == st.run.Generation
-		return res, nil
+	res = Result{Run: st.run, Revision: st.rev, Stored: true, AfterExpiry: st.afterExpiry}
+	if !st.created {
+		return a.duplicate(ctx, req, rec, res)
 	}
-	return a.duplicate(ctx, req, rec, res)
+	// This call made the run: its start task now. (A run made over an
+	// expired record's marker has had its own start task published before
+	// its record, by readExisting.)
+	if !st.afterExpiry {
+		if h := a.hooks.BeforeStartPublished; h != nil {
+			h(req.RunID)
+		}
+		if err := a.publishStart(ctx, req.Workflow, req.RunID, task); err != nil {
+			return Result{}, fmt.Errorf("jetflow: start %s: its run record is written, its start task is not (the sweeper starts the run): %w", req.RunID, err)
+		}
+	}
+	res.Outcome, res.Run, res.Stored = Created, st.mine, st.mine.Token == st.run.Token && st.mine.Generation == st.run.Generation
+	return res, nil
 }
 
 // duplicate decides what a start gets for a run that already exists
@@ -491,7 +506,7 @@ func (a *Admitter) restart(ctx context.Context, req Request, token string, old s
 	if err != nil {
 		return admitted{}, err
 	}
-	if _, err := a.publishStart(ctx, req.Workflow, state.RunIdentity(req.RunID, gen), task); err != nil {
+	if err := a.publishStart(ctx, req.Workflow, state.RunIdentity(req.RunID, gen), task); err != nil {
 		return admitted{}, err
 	}
 	if h := a.hooks.AfterRestartPublished; h != nil {
@@ -572,19 +587,48 @@ func short(fp string) string {
 // sent again, the same bytes under the same message ID, so a stored first
 // copy absorbs it and the start keeps its token: the caller still learns
 // that it created the run.
-func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, task []byte) (jetstream.Dedup, error) {
+//
+// The task stream also holds the tasks of an earlier engine
+// (jetstream.LegacyTaskSubjects), whose start tasks carry the run ID as
+// their message ID too: a publish answered "duplicate" may have met such a
+// task, on another subject, and then this run would have none. So a
+// duplicate answer is checked: when the message that holds the ID is on
+// another subject, or no longer stored to tell, the task is published
+// again under the message ID <identity>.start (logged at warn). A copy
+// stored twice so costs nothing: the worker that receives the second finds
+// the run held by the first's and drops it without a replay, or finds the
+// run ended.
+func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, task []byte) error {
 	subject := jetstream.RunSubject(workflow, identity)
+	d, seq, err := a.publishRetried(ctx, subject, identity, task)
+	if err != nil || d != jetstream.DuplicateMsgID {
+		return err
+	}
+	held, err := jetstream.TaskAt(ctx, a.assets.JS, seq)
+	if err != nil || held == subject {
+		return err
+	}
+	alt := identity + ".start"
+	a.log.Warn().Str("run_identity", identity).Str("subject", subject).Str("msg_id_held_by", held).Uint64("stream_seq", seq).
+		Str("msg_id", alt).Msg("the start task's message ID is held by another task (an earlier engine's?): start task published again under another message ID")
+	_, _, err = a.publishRetried(ctx, subject, alt, task)
+	return err
+}
+
+// publishRetried publishes task on subject under msgID, sending it again
+// when its answer was lost (see publishStart).
+func (a *Admitter) publishRetried(ctx context.Context, subject, msgID string, task []byte) (jetstream.Dedup, uint64, error) {
 	wait := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
-		d, err := jetstream.PublishTask(actx, a.assets.JS, subject, identity, task)
+		d, seq, err := jetstream.PublishTaskSeq(actx, a.assets.JS, subject, msgID, task)
 		cancel()
 		if err == nil || attempt == createAttempts || ctx.Err() != nil || jetstream.IsAPIError(err) {
-			return d, err
+			return d, seq, err
 		}
 		select {
 		case <-ctx.Done():
-			return d, err
+			return d, seq, err
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
@@ -674,8 +718,8 @@ const createAttempts = 5
 // the record may be created over the marker an expired record left (see
 // readExisting).
 type starter struct {
-	// began is when the Admit call began (before it published its start
-	// task). It may create over a marker written before that.
+	// began is when the Admit call began (before it wrote anything). It
+	// may create over a marker written before that.
 	began time.Time
 	// task is the start task a worker materialises (Materialize). It may
 	// create over a marker only as the after-expiry run it stands for.
@@ -787,9 +831,10 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	// over its marker, and says so. The new run gets an identity of its own
 	// (the marker's revision as its generation), so it never meets the
 	// expired run's step results, which may outlive its record; and a start
-	// task of its own, stored first like every start task (the one this
-	// start published, if any, names the expired run's identity and is
-	// dropped).
+	// task of its own, stored before the marker is replaced, as a new
+	// generation's is (restart), so that a worker finishes the replacement
+	// if this process dies in between (Materialize). A duplicate that finds
+	// the new generation publishes nothing (Admit).
 	rec.Generation, rec.AfterExpiry = int(latest.Rev), true
 	task, err := state.Encode(state.Task{
 		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
@@ -799,7 +844,7 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	if err != nil {
 		return admitted{}, false, err
 	}
-	if _, err := a.publishStart(ctx, rec.Workflow, state.RunIdentity(rec.RunID, rec.Generation), task); err != nil {
+	if err := a.publishStart(ctx, rec.Workflow, state.RunIdentity(rec.RunID, rec.Generation), task); err != nil {
 		return admitted{}, false, err
 	}
 	// Compare-and-set on the marker; a lost answer is resolved by the token.

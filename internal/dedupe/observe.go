@@ -3,14 +3,14 @@ package dedupe
 import (
 	"errors"
 
-	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/metrics"
 	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // observe counts one start decision: its outcome (outcomeName) by entry
-// point and, for a duplicate, the layer that stopped it first (the
-// broker's message-ID window or pending task, else the runs bucket).
+// point and, for a duplicate, the layer that stopped it: the runs bucket
+// (a duplicate publishes nothing, so the broker's message-ID window never
+// stops one).
 func (a *Admitter) observe(entry, workflow, outcome string, res Result) {
 	if a.metrics == nil {
 		return
@@ -25,11 +25,7 @@ func (a *Admitter) observe(entry, workflow, outcome string, res Result) {
 	a.metrics.Start(metrics.Entry(entry), workflow, outcome, st)
 	switch outcome {
 	case metrics.OutcomeExisting, metrics.OutcomeConflict, metrics.OutcomeRejected:
-		if res.Broker != jetstream.Stored {
-			a.metrics.Suppressed(metrics.LayerBroker)
-		} else {
-			a.metrics.Suppressed(metrics.LayerKV)
-		}
+		a.metrics.Suppressed(metrics.LayerKV)
 	}
 }
 

@@ -255,51 +255,69 @@ func (k *KV) leaderGet(ctx context.Context, key string) (KeyState, error) {
 // leader ($JS.API.STREAM.MSG.GET, which only the leader answers), markers
 // included; a subject without one is the zero KeyState.
 func leaderLast(ctx context.Context, nc *nats.Conn, stream, subject string) (KeyState, error) {
+	m, err := leaderMsg(ctx, nc, stream, struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	return m.KeyState, err
+}
+
+// storedMsg is a message of a stream as its leader returned it.
+type storedMsg struct {
+	KeyState
+	Subject string
+}
+
+// leaderMsg asks stream's leader for the message req names (by sequence,
+// or the last of a subject); a message that is not there is the zero
+// storedMsg.
+func leaderMsg(ctx context.Context, nc *nats.Conn, stream string, req any) (storedMsg, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
-	req, err := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subject})
+	b, err := json.Marshal(req)
 	if err != nil {
-		return KeyState{}, err
+		return storedMsg{}, err
 	}
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, b)
 	if err != nil {
-		return KeyState{}, err
+		return storedMsg{}, err
 	}
 	var resp struct {
 		Error   *natsjs.APIError `json:"error,omitempty"`
 		Message *struct {
-			Seq    uint64    `json:"seq"`
-			Header []byte    `json:"hdrs,omitempty"`
-			Data   []byte    `json:"data,omitempty"`
-			Time   time.Time `json:"time"`
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs,omitempty"`
+			Data    []byte    `json:"data,omitempty"`
+			Time    time.Time `json:"time"`
 		} `json:"message,omitempty"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return KeyState{}, err
+		return storedMsg{}, err
 	}
 	if resp.Error != nil {
 		if resp.Error.ErrorCode == natsjs.JSErrCodeMessageNotFound {
-			return KeyState{}, nil
+			return storedMsg{}, nil
 		}
-		return KeyState{}, resp.Error
+		return storedMsg{}, resp.Error
 	}
 	if resp.Message == nil {
-		return KeyState{}, errors.New("empty answer")
+		return storedMsg{}, errors.New("empty answer")
 	}
 	live := true
 	if len(resp.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
 		if err != nil {
-			return KeyState{}, err
+			return storedMsg{}, err
 		}
 		live = h.Get("KV-Operation") == "" && h.Get(natsjs.MarkerReasonHeader) == ""
 	}
-	return KeyState{Value: resp.Message.Data, Rev: resp.Message.Seq, Live: live, Time: resp.Message.Time}, nil
+	return storedMsg{
+		KeyState: KeyState{Value: resp.Message.Data, Rev: resp.Message.Seq, Live: live, Time: resp.Message.Time},
+		Subject:  resp.Message.Subject,
+	}, nil
 }
 
 // GetExisting reads a key that a compare-and-set has just reported as

@@ -28,7 +28,7 @@ type Layer string
 
 // Deduplication layers, from the outermost.
 const (
-	LayerBroker  Layer = "broker"   // JetStream's Nats-Msg-Id window
+	LayerBroker  Layer = "broker"   // JetStream's Nats-Msg-Id window (no longer counted: a duplicate start publishes nothing)
 	LayerKV      Layer = "kv"       // the run record's create-once key
 	LayerTaskKey Layer = "task_key" // a task key already claimed
 	LayerEvent   Layer = "event"    // an event ID already delivered

@@ -181,28 +181,19 @@ func (e *Executor) wakes(d *delivery) bool {
 	if steps.Replicated() || d.run.Exec != state.ExecLease {
 		return true
 	}
-	v, _, err := steps.Get(d.nctx, state.LeaseKey(d.identity()))
-	if errors.Is(err, jetstream.ErrNotFound) {
-		return false // the first holder, which has not parked yet
-	}
-	if err != nil {
-		return true
-	}
-	l, err := state.DecodeLease(v)
+	l, _, err := readLease(d.nctx, steps, d.identity())
 	switch {
 	case err != nil:
 		return true
+	case l == nil:
+		return false // the first holder, which has not parked yet
 	case l.State != state.LeaseParked:
 		return false // held, handed back or cancelled
-	case !l.All || d.task.Width > maxWaitsChecked || len(l.Waits) > maxWaitsChecked || !slices.Contains(l.Waits, d.task.StepID):
+	case d.task.Width > maxWaitsChecked || !slices.Contains(l.Waits, d.task.StepID):
 		return true
 	}
-	others := slices.DeleteFunc(slices.Clone(l.Waits), func(id string) bool { return id == d.task.StepID })
-	if len(others) == 0 {
-		return true
-	}
-	committed, err := steps.Last(d.nctx, others...)
-	return err != nil || len(committed) == len(others)
+	decided, err := awaitDecided(d.nctx, steps, *l, d.task.StepID)
+	return err != nil || decided
 }
 
 // maxWaitsChecked bounds the steps wakes reads in one batch.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
@@ -100,7 +101,9 @@ type Delivery struct {
 
 // Sender delivers events into runs. A delivery commits the event as the
 // record of a wait step (create-if-absent) and wakes the run (Wake); the
-// commit is the delivery, so a repeat finds it and changes nothing.
+// commit is the delivery, so a repeat finds it and changes nothing: it
+// wakes the run only when the first delivery's wake may be missing (see
+// Deliver).
 //
 // An event by run ID and name goes to the first wait for that name (in
 // the order the body starts them) whose step holds no record: an event
@@ -149,12 +152,15 @@ func (s Sender) Resolve(ctx context.Context, ev Event) (Target, error) {
 // Deliver commits ev, whose target Resolve found and whose payload the
 // caller has checked against the event's declared type, and wakes the
 // run. A repeat of a delivered event (same ID and payload) is a Duplicate
-// and changes nothing but waking the run again (absorbed by the broker, or
-// a replay that finds nothing to do), which covers a sender that died
-// between the commit and the wake; it is a Duplicate after the run has
-// ended too. The same ID with another
-// payload, or a hook whose wait already ended, is ErrEventConflict; any
-// other event for a run that has ended is ErrRunEnded.
+// and changes nothing: it does not wake the run (G25), unless the run
+// still needs the first delivery's wake — it is parked on an await the
+// event decides, and no run task that would replay the body is stored:
+// then the sender before died between its commit and its wake, and this
+// one wakes the run (repairs). Only a repeat pays for that look (a read of
+// the run's lease, and of its run task when the lease says so). A repeat
+// is a Duplicate after the run has ended too. The same ID with another
+// payload, or a hook whose wait already ended, is ErrEventConflict, and
+// wakes nothing; any other event for a run that has ended is ErrRunEnded.
 func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, error) {
 	payload, err := dedupe.Canonical(ev.Payload)
 	if err != nil {
@@ -190,6 +196,10 @@ func (s Sender) Deliver(ctx context.Context, t Target, ev Event) (Delivery, erro
 			d.StepID, d.Duplicate = id, true
 			if ended {
 				return d, nil
+			}
+			need, err := s.wakeMissing(ctx, t, id)
+			if err != nil || !need {
+				return d, err
 			}
 			return d, s.resume(ctx, t, id)
 		case stored.EventID == ev.ID:
@@ -239,6 +249,32 @@ func (s Sender) commit(ctx context.Context, rec state.Step, create bool) (*state
 		stored.Error = &state.ErrorInfo{Message: "it holds no event"}
 	}
 	return &stored, nil
+}
+
+// wakeMissing reports whether t's run may still need the wake of the
+// first delivery of its step id, committed: the run is parked on an await
+// that id's commit decides, and no run task stored on its subject will
+// replay the body (none, or one that absorbs nothing: storedTaskReplays).
+// Any other run needs no wake: a run not parked is held, or not yet held,
+// and its holder reads the step when the body reaches it (a holder looks
+// again once it has parked); a run parked elsewhere reads it when it gets
+// there; a stored wake replays it. A run of an earlier version's executor
+// is resumed as before (its workers keep no lease).
+func (s Sender) wakeMissing(ctx context.Context, t Target, id string) (bool, error) {
+	if t.Run.Exec != state.ExecLease {
+		return true, nil
+	}
+	identity := state.RunIdentity(t.Run.RunID, t.Run.Generation)
+	l, _, err := readLease(ctx, s.Assets.Steps, identity)
+	if err != nil || l == nil || l.State != state.LeaseParked || !slices.Contains(l.Waits, id) {
+		return false, err
+	}
+	decided, err := awaitDecided(ctx, s.Assets.Steps, *l, id)
+	if err != nil || !decided {
+		return false, err
+	}
+	replays, err := storedTaskReplays(ctx, s.Assets, *l, jetstream.RunSubject(t.Run.Workflow, identity))
+	return !replays, err
 }
 
 // resume wakes t's run for its step id, now holding the event.

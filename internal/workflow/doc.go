@@ -35,14 +35,18 @@
 // Executor.Runs (executor.go) hands each run task to handleRun (holder.go):
 //
 //  1. Load the run (loadRun). A start task materialises the record if its
-//     publisher died before writing it. A task that must not touch the run
-//     (a stale start, a run ended, another generation, a run an earlier
-//     version's workers execute) is acknowledged.
+//     publisher died before writing it (a producer of the previous version
+//     published first), and reads the run's lease key beside it. A task
+//     that must not touch the run (a stale start, a run ended, another
+//     generation, a run an earlier version's workers execute) is
+//     acknowledged; so is a stray start task, stored after the run was
+//     parked, without a replay (startrole.go, startRole).
 //  2. Take the lease (hold). The lease is the record <identity>.lease in
 //     the steps bucket (state.Lease); every commit of a holder is fenced by
 //     it: a write that expects the lease key still at the revision the
 //     holder took it at (lease.go, KV.PutFenced). The first delivery of the
-//     start task holds the lease without reading or writing anything. The
+//     run's own start task, no lease record written, holds the lease
+//     without reading or writing anything more. The
 //     first delivery of a wake, finding the lease parked or released by
 //     another message's holder, holds it at that revision without a write;
 //     so does the delivery right after one that handed its task back

@@ -36,12 +36,11 @@ func waitsFor(name string) func(c *Context, _ json.RawMessage) (json.RawMessage,
 	}
 }
 
-// An event goes to the first wait for its name without a record, in the
-// order the body starts them; a repeat of an event ID with the same
-// payload is a duplicate, with another payload a conflict; each delivery
-// wakes the parked run, which goes on with the payloads.
-func TestSenderCommitsEventsIntoWaitsInOrder(t *testing.T) {
-	t.Parallel()
+// waitingForPaid is a rig serving waitsFor("paid"), its run "r" started
+// and parked on its first wait, whose step ID it returns with the
+// executor's hooks.
+func waitingForPaid(t *testing.T) (*rig, *hooked, string) {
+	t.Helper()
 	r := newRig(t, time.Second)
 	hk := newHooked()
 	e := r.executor("w1", waitsFor("paid"), hk.install)
@@ -49,6 +48,16 @@ func TestSenderCommitsEventsIntoWaitsInOrder(t *testing.T) {
 	r.start("r", `{}`)
 	first := state.StepID("r", state.EventStepName("paid"), 0)
 	require.Equal(t, []string{first}, await(r, hk.parks, "the first wait's park"))
+	return r, hk, first
+}
+
+// An event goes to the first wait for its name without a record, in the
+// order the body starts them; a repeat of an event ID with the same
+// payload is a duplicate, with another payload a conflict; each delivery
+// wakes the parked run, which goes on with the payloads.
+func TestSenderCommitsEventsIntoWaitsInOrder(t *testing.T) {
+	t.Parallel()
+	r, _, first := waitingForPaid(t)
 
 	s := Sender{Assets: r.a, Runs: r.store, Now: time.Now}
 	send := func(id, payload string) (Delivery, error) {

@@ -220,6 +220,11 @@ type delivery struct {
 	seq  uint64 // the task message's stream sequence
 	// delivered is the task message's delivery count.
 	delivered int
+	// role is what a run task is to its run (startRole), and startLease
+	// the run's lease record as a start task's delivery read it beside
+	// the run's record (nil: never written, or a wake's).
+	role       taskRole
+	startLease *state.Lease
 	// log carries the run's workflow and run_id (RunLogger), and the
 	// task's step ID and delivery count.
 	log zerolog.Logger
@@ -329,6 +334,8 @@ func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, deliv
 				// redelivery takes the run as one that may have.
 				rec.Clean, rec.Inherited = false, true
 			}
+		case found.State == state.LeaseParked && found.Seq != seq && !t.Wake:
+			return nil // a stray start task (startRole): its redelivery is dropped as this one would have been
 		case found.State == state.LeaseParked && found.Seq != seq:
 			rec.Clean, rec.Epoch = true, found.Epoch
 		default:

@@ -13,10 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -393,53 +391,21 @@ func never[T any](r *rig, ch <-chan T, span time.Duration, what string) {
 
 // tap records every task and timer publish seen on the server, in order.
 type tap struct {
-	t    *testing.T
-	pub  *nats.Conn // the connection whose publishes sync orders
-	mu   sync.Mutex
-	msgs []*nats.Msg
-	sync chan string
-	n    atomic.Int64
+	*testenv.Tap
+	t   *testing.T
+	pub *nats.Conn // the connection whose publishes published orders
 }
 
 func newTap(t *testing.T, pub, sub *nats.Conn) *tap {
-	tp := &tap{t: t, pub: pub, sync: make(chan string, 16)}
-	for _, subject := range []string{"jetflow.run.>", "jetflow.branch.>", "jetflow.sched.>", "tap.sync.*"} {
-		_, err := sub.Subscribe(subject, func(m *nats.Msg) {
-			if strings.HasPrefix(m.Subject, "tap.sync.") {
-				tp.sync <- m.Subject
-				return
-			}
-			tp.mu.Lock()
-			tp.msgs = append(tp.msgs, m)
-			tp.mu.Unlock()
-		})
-		require.NoError(t, err)
-	}
-	require.NoError(t, sub.Flush())
-	return tp
+	return &tap{Tap: testenv.NewTap(t, sub, "jetflow.run.>", "jetflow.branch.>", "jetflow.sched.>"), t: t, pub: pub}
 }
 
 // published returns the publishes seen so far on subjects with prefix:
 // every publish made on the rig's connection before the call is in it.
 func (tp *tap) published(prefix string) []*nats.Msg {
 	tp.t.Helper()
-	want := "tap.sync." + strconv.FormatInt(tp.n.Add(1), 10)
-	require.NoError(tp.t, tp.pub.Publish(want, nil))
-	for {
-		select {
-		case got := <-tp.sync:
-			if got != want {
-				continue
-			}
-		case <-time.After(10 * time.Second):
-			tp.t.Fatal("the tap did not see its sync message")
-		}
-		break
-	}
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
 	var out []*nats.Msg
-	for _, m := range tp.msgs {
+	for _, m := range tp.Seen(tp.pub) {
 		if strings.HasPrefix(m.Subject, prefix) {
 			out = append(out, m)
 		}

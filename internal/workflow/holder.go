@@ -89,7 +89,9 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 // the task must not touch it: a start whose run expired (dedupe's
 // ErrStaleStart: it must never create a run), a task of another workflow's
 // run, of a run that ended, of another generation, or of a run an earlier
-// version's workers run.
+// version's workers run. A start task's delivery reads the run's lease
+// beside its record, and d.role says what the task is to the run
+// (startRole).
 func (e *Executor) loadRun(d *delivery) *settlement {
 	var err error
 	if d.task.Wake {
@@ -99,12 +101,23 @@ func (e *Executor) loadRun(d *delivery) *settlement {
 		}
 	} else {
 		// A start task materialises the record if its publisher died
-		// before writing it.
+		// before writing it (a producer of an earlier version, which
+		// publishes the start task first).
+		leased := make(chan error, 1)
+		go func() {
+			var err error
+			d.startLease, _, err = readLease(d.nctx, e.cfg.Assets.Steps, state.RunIdentity(d.task.RunID, d.task.Generation))
+			leased <- err
+		}()
 		d.run, d.rev, err = e.cfg.Admitter.Materialize(d.nctx, d.task)
+		if lerr := <-leased; err == nil && lerr != nil {
+			err = fmt.Errorf("read the run's lease: %w", lerr)
+		}
 		if errors.Is(err, dedupe.ErrStaleStart) {
 			return &settlement{kind: settleDrop, err: fmt.Errorf("stale start task, its run expired; no run created: %w", err)}
 		}
 	}
+	d.role = startRole(d.task, d.run, d.seq, d.delivered, d.startLease)
 	switch {
 	case err != nil:
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot load run: %w", err)}
@@ -141,9 +154,11 @@ type held struct {
 	history *history
 }
 
-// hold takes the lease of d's run. The first delivery of the run's start
-// task holds it at once, reading nothing. Any other delivery reads the
-// run's records in one batch (its history, with the lease record) and:
+// hold takes the lease of d's run. The first delivery of the run's fresh
+// start task (roleFresh) holds it at once, reading nothing more; a stray
+// start task (roleStray) takes nothing and is dropped without a replay.
+// Any other delivery reads the run's records in one batch (its history,
+// with the lease record) and:
 //
 //   - finds the run cancelled: drops the task;
 //   - is the first delivery of its message and finds no lease record, or
@@ -171,8 +186,10 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 	lease := func(rev uint64, found state.Lease, proved time.Time) *lease {
 		return e.newLease(d, rev, found, proved, func(cause error) { e.inflight.cancelOne(d, cause) })
 	}
-	fresh := !d.task.Wake && d.delivered == 1 && d.task.Token == d.run.Token && d.task.Generation == d.run.Generation
-	if fresh {
+	switch d.role {
+	case roleStray:
+		return held{}, &settlement{kind: settleStray, err: errors.New("a start task stored after the run was parked: no replay")}
+	case roleFresh:
 		h := &holder{e: e, d: d, fresh: true, clean: true, lease: lease(0, state.Lease{}, d.msg.Received)}
 		return held{holder: h, history: newHistory()}, nil
 	}

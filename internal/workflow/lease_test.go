@@ -65,6 +65,8 @@ func settleName(k settleKind) string {
 		return "lost"
 	case settleDone:
 		return "done"
+	case settleStray:
+		return "stray"
 	}
 	return fmt.Sprintf("settlement %d", k)
 }
@@ -132,6 +134,23 @@ func (r *rig) createRun(runID string, tweak func(*state.Run)) (state.Run, uint64
 	rev, err := r.store.Create(r.ctx(), run)
 	require.NoError(r.t, err)
 	return run, rev
+}
+
+// startTaskFinding is a setup of TestHoldDecisions: the running run "r",
+// its lease record l (nil: none), and a start task of it with token (""
+// the run's own), whose first delivery is judged.
+func startTaskFinding(l *state.Lease, token string) func(r *rig) func(int) bool {
+	return func(r *rig) func(int) bool {
+		run, _ := r.createRun("r", nil)
+		if l != nil {
+			r.putLease("r", *l)
+		}
+		if token == "" {
+			token = run.Token
+		}
+		r.publish(jetstream.RunSubject(wf, "r"), "r", state.Task{RunID: "r", Workflow: wf, Input: run.Input, Token: token})
+		return first
+	}
 }
 
 func noBody(*Context, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(`null`), nil }
@@ -327,6 +346,22 @@ func TestHoldDecisions(t *testing.T) {
 			return first
 		},
 		want: "drop",
+	}, {
+		name:  "start task of another token finding the lease parked by another task: a stray, dropped unreplayed",
+		setup: startTaskFinding(&state.Lease{State: state.LeaseParked, Seq: 999, Delivered: 1, Epoch: 1, Waits: []string{"r.a.0"}}, "dup"),
+		want:  "stray",
+	}, {
+		name:  "the run's own start task, published late, finding the lease parked by a wake's holder: a stray",
+		setup: startTaskFinding(&state.Lease{State: state.LeaseParked, Seq: 999, Delivered: 1, Epoch: 1, Waits: []string{"r.a.0"}}, ""),
+		want:  "stray",
+	}, {
+		name:  "the run's own start task finding a lease it did not write: not fresh, inherited (a wake held the run first)",
+		setup: startTaskFinding(&state.Lease{State: state.LeaseReleased, Seq: 999, Delivered: 1}, ""),
+		want:  "inherited",
+	}, {
+		name:  "start task of another token, run never held: the run's only task, inherited (its publisher died before the record)",
+		setup: startTaskFinding(nil, "died"),
+		want:  "inherited",
 	}, {
 		name: "wake of another generation: dropped",
 		setup: func(r *rig) func(int) bool {

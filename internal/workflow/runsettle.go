@@ -67,6 +67,9 @@ func (e *Executor) settleRun(d *delivery, h *holder, s *settlement) {
 			d.log.Info().Err(s.err).Msg("task dropped")
 		}
 		settleErr(d.log, msg.Ack(), "ack")
+	case settleStray:
+		d.log.Info().Err(s.err).Msg("stray start task dropped")
+		e.strayLook(d)
 	case settleLost:
 		// The message is another delivery's now: no ack, no nak, no more
 		// heartbeats from here.

@@ -37,6 +37,10 @@ const (
 	// settleBlock: the body diverged from the run's history (divergence):
 	// block the run, then ack (block.go).
 	settleBlock
+	// settleStray: a start task stored after the run was parked
+	// (roleStray): ack it without a replay, then look at what the run
+	// awaits (strayLook).
+	settleStray
 )
 
 // errNotThisTask: a task that must not run its step: a redispatched branch

@@ -2,7 +2,6 @@ package workflow
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -77,26 +76,20 @@ func Wake(ctx context.Context, assets *jetstream.Assets, run state.Run, rev uint
 // sweeper is the last resort.
 const absorbLag = 5 * time.Second
 
-// acknowledgedLeftover reports whether the run task pending on subject is
-// the run's parked holder's: that holder has made its last look at what
-// it waits for, or is making it, and then acknowledges the task, whose
-// removal from the stream can lag behind the acknowledgement's
-// confirmation (on a cluster, the removal is replicated after it). A wake
-// refused because of it would be absorbed by a task nobody executes any
-// more. Any other pending task absorbs the wake: its holder sees the
-// commit, or parks and looks again.
+// acknowledgedLeftover reports whether the run task pending on subject
+// absorbs nothing while the run is parked: the parked holder's own (that
+// holder has made its last look at what it waits for, or is making it,
+// and then acknowledges the task, whose removal from the stream can lag
+// behind the acknowledgement's confirmation — on a cluster, the removal
+// is replicated after it), or a stray start task, which its worker drops
+// without a replay (startRole). A wake refused because of it would be
+// absorbed by a task nobody replays. Any other pending task absorbs the
+// wake: its holder sees the commit, or parks and looks again.
 func acknowledgedLeftover(ctx context.Context, assets *jetstream.Assets, identity, subject string) (bool, error) {
-	v, _, err := assets.Steps.Get(ctx, state.LeaseKey(identity))
-	if errors.Is(err, jetstream.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
+	l, _, err := readLease(ctx, assets.Steps, identity)
+	if err != nil || l == nil || l.State != state.LeaseParked {
 		return false, err
 	}
-	l, err := state.DecodeLease(v)
-	if err != nil || l.State != state.LeaseParked {
-		return false, err
-	}
-	seq, err := jetstream.PendingTask(ctx, assets.JS, subject)
-	return seq == 0 || seq == l.Seq, err
+	replays, err := storedTaskReplays(ctx, assets, *l, subject)
+	return !replays, err
 }

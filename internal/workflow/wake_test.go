@@ -15,7 +15,7 @@ import (
 
 // wakeSetup provisions a server of the test's own and returns its assets
 // and a running run of workflow "w" whose run subject holds one pending
-// task, at stream sequence seq.
+// task, a wake, at stream sequence seq.
 func wakeSetup(t *testing.T) (a *jetstream.Assets, run state.Run, seq uint64) {
 	t.Helper()
 	srv := testenv.Server(t)
@@ -25,7 +25,11 @@ func wakeSetup(t *testing.T) (a *jetstream.Assets, run state.Run, seq uint64) {
 	a, err := jetstream.Provision(ctx, nc, jetstream.Topology{}, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
 	run = state.Run{V: state.Version, RunID: "r", Workflow: "w", Status: state.StatusRunning, Token: "tok", Exec: state.ExecLease}
-	ack, err := a.JS.Publish(ctx, jetstream.RunSubject("w", "r"), []byte(`{}`))
+	wake := state.StepTask(run, 1, "r.s.0")
+	wake.Wake = true
+	b, err := state.Encode(wake)
+	require.NoError(t, err)
+	ack, err := a.JS.Publish(ctx, jetstream.RunSubject("w", "r"), b)
 	require.NoError(t, err)
 	return a, run, ack.Sequence
 }
