@@ -1,0 +1,90 @@
+package jetstream
+
+import (
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// Purge removes the keys of one run generation (<identity>.>) and no
+// other's — not a later generation's (<identity>/<n>.>), not a run ID
+// that starts the same — and leaves no marker: a create-if-absent of a
+// removed key succeeds. With a revision it removes a key only as written
+// up to that revision.
+func TestPurgeRemovesOneGenerationsKeys(t *testing.T) {
+	t.Parallel()
+	a := setup(t, Topology{})
+	for _, k := range []string{"r.a.0", "r.lease", "r.b.0", "r/7.a.0", "rx.a.0"} {
+		_, err := a.Steps.Create(ctx(t), k, []byte(k))
+		require.NoError(t, err)
+	}
+	n, err := a.Steps.Purge(ctx(t), "r.>", 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	left, err := a.Steps.Matching(ctx(t), ">")
+	require.NoError(t, err)
+	require.Equal(t, []Entry{{"r/7.a.0", []byte("r/7.a.0"), 4}, {"rx.a.0", []byte("rx.a.0"), 5}}, left)
+	_, err = a.Steps.Create(ctx(t), "r.a.0", []byte("again"))
+	require.NoError(t, err, "a purge leaves a marker")
+	n, err = a.Steps.Purge(ctx(t), "nothing.>", 0)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	rev, err := a.Hooks.Create(ctx(t), "tok", []byte("first"))
+	require.NoError(t, err)
+	rev2, err := a.Hooks.Update(ctx(t), "tok", []byte("taken over"), rev)
+	require.NoError(t, err)
+	n, err = a.Hooks.Purge(ctx(t), "tok", rev)
+	require.NoError(t, err)
+	require.Zero(t, n, "the key was written again after the revision")
+	v, _, err := a.Hooks.Get(ctx(t), "tok")
+	require.NoError(t, err)
+	require.Equal(t, "taken over", string(v))
+	n, err = a.Hooks.Purge(ctx(t), "tok", rev2)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, _, err = a.Hooks.Get(ctx(t), "tok")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+// An expiry stored with a due time in the past fires at once, one due
+// later not before its (whole) second; both keep their body and due time.
+// An expiry is not a run's timer: no run's timer filters match it.
+func TestScheduleExpiryFiresWhenDue(t *testing.T) {
+	t.Parallel()
+	a := setup(t, Topology{})
+	cons, err := a.Timers.CreateOrUpdateConsumer(ctx(t), natsjs.ConsumerConfig{
+		Durable: "expiries", FilterSubject: firePrefix + expirePrefix + ">", AckPolicy: natsjs.AckExplicitPolicy})
+	require.NoError(t, err)
+
+	past := time.Now().Add(-time.Hour)
+	require.NoError(t, ScheduleExpiry(ctx(t), a.JS, "a", []byte("past"), past))
+	later := time.Now().Add(1500 * time.Millisecond)
+	require.NoError(t, ScheduleExpiry(ctx(t), a.JS, "b", []byte("later"), later))
+	has, err := HasMessages(ctx(t), a.Timers, RunTimersFilters("*", "*")...)
+	require.NoError(t, err)
+	require.False(t, has, "an expiry matches a run's timer filters")
+
+	for _, want := range []struct {
+		body string
+		due  time.Time
+	}{{"past", past}, {"later", later}} {
+		msgs, err := cons.Fetch(1, natsjs.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		var got []natsjs.Msg
+		for m := range msgs.Messages() {
+			got = append(got, m)
+		}
+		require.Len(t, got, 1, "%s never fired", want.body)
+		m := got[0]
+		require.True(t, IsDueExpiry(m.Subject()), m.Subject())
+		require.Equal(t, want.body, string(m.Data()))
+		due, err := time.Parse(time.RFC3339Nano, m.Headers().Get(DueHeader))
+		require.NoError(t, err)
+		require.True(t, want.due.Equal(due))
+		require.False(t, time.Now().Before(want.due), "%s fired before it was due", want.body)
+		require.NoError(t, m.Ack())
+	}
+}
