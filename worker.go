@@ -286,7 +286,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	stops.push(duePool.Stop)
 	dueCons, err := assets.EnsureDueConsumer(ctx, cc)
 	if err == nil {
-		err = duePool.Consume(dueCons, dueSlots, &workflow.DueForwarder{JS: assets.JS, Log: w.log})
+		err = duePool.Consume(dueCons, dueSlots, &workflow.DueForwarder{JS: assets.JS, Log: w.log, Assets: assets})
 	}
 	if err != nil {
 		return fail(fmt.Errorf("jetflow: consume due timers: %w", err))

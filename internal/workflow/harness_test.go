@@ -189,7 +189,7 @@ func (r *rig) serveTimers() {
 	pool := r.newPool(2, false)
 	c, err := r.a.EnsureDueConsumer(r.ctx(), jetstream.ConsumerConfig{AckWait: r.ackWait})
 	require.NoError(r.t, err)
-	require.NoError(r.t, pool.Consume(c, 2, &DueForwarder{JS: r.a.JS, Log: testenv.Logger(r.t)}))
+	require.NoError(r.t, pool.Consume(c, 2, &DueForwarder{JS: r.a.JS, Log: testenv.Logger(r.t), Assets: r.a}))
 }
 
 // fireDue advances the timer clock by d and makes every timer due by it
