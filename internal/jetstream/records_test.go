@@ -8,6 +8,77 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// A deployment provisioned by the version before keeps its run records'
+// buckets with the retention as their age limit; this version's
+// provisioning takes the limit off in place (the records stay) and says
+// so. A worker of the version before that starts later puts the limit
+// back — its update is accepted, nothing on these buckets depends on a
+// setting it cannot change — and RestoreBuckets takes it off again.
+func TestRunRecordBucketsLoseTheirAgeLimitInPlace(t *testing.T) {
+	t.Parallel()
+	nc := embeddedConn(t)
+	js, err := natsjs.New(nc)
+	require.NoError(t, err)
+	earlier := func(name string) natsjs.KeyValueConfig {
+		return natsjs.KeyValueConfig{Bucket: name, Description: "as the version before made it", History: 1, TTL: time.Hour}
+	}
+	for _, name := range RunRecordBuckets {
+		kv, err := js.CreateKeyValue(ctx(t), earlier(name))
+		require.NoError(t, err)
+		_, err = kv.Create(ctx(t), "run-1.a.0", []byte("kept"))
+		require.NoError(t, err)
+	}
+
+	var changes changeLog
+	a, err := Provision(ctx(t), nc, Topology{Retention: time.Hour}, CreateOrUpdate, LogChanges(changes.log))
+	require.NoError(t, err)
+	changed := map[string][]string{}
+	for _, l := range changes.take() {
+		changed[l.kv[1].(string)] = l.kv[3].([]string)
+	}
+	for _, name := range RunRecordBuckets {
+		require.Contains(t, changed[name], "TTL: 1h0m0s → none", name)
+		s, err := js.Stream(ctx(t), "KV_"+name)
+		require.NoError(t, err)
+		require.Zero(t, s.CachedInfo().Config.MaxAge, name)
+		require.EqualValues(t, 1, s.CachedInfo().State.Msgs, "%s lost its records", name)
+	}
+	v, _, err := a.Steps.Get(ctx(t), "run-1.a.0")
+	require.NoError(t, err)
+	require.Equal(t, "kept", string(v))
+
+	// A worker of the version before starts.
+	for _, name := range RunRecordBuckets {
+		_, err := js.UpdateKeyValue(ctx(t), earlier(name))
+		require.NoError(t, err, "the version before cannot provision %s", name)
+	}
+	restored, err := a.RestoreBuckets(ctx(t))
+	require.NoError(t, err)
+	require.ElementsMatch(t, RunRecordBuckets, restored)
+	for _, name := range RunRecordBuckets {
+		s, err := js.Stream(ctx(t), "KV_"+name)
+		require.NoError(t, err)
+		require.Zero(t, s.CachedInfo().Config.MaxAge, name)
+	}
+	restored, err = a.RestoreBuckets(ctx(t))
+	require.NoError(t, err)
+	require.Empty(t, restored)
+	_, err = Provision(ctx(t), nc, Topology{Retention: time.Hour}, CreateOrUpdate, LogChanges(changes.log))
+	require.NoError(t, err)
+	for _, l := range changes.take() {
+		require.NotContains(t, l.kv[3], "TTL: 1h0m0s → none", "a restored bucket's age limit is changed again")
+	}
+
+	// Why these buckets carry no per-message TTL ("Nats-TTL: never",
+	// which would need AllowMsgTTL): once a stream allows message TTLs,
+	// the server refuses any update that does not, such as the version
+	// before's provisioning of its bucket.
+	_, err = js.CreateKeyValue(ctx(t), natsjs.KeyValueConfig{Bucket: "ttl_allowed", History: 1, TTL: time.Hour, LimitMarkerTTL: time.Second})
+	require.NoError(t, err)
+	_, err = js.UpdateKeyValue(ctx(t), natsjs.KeyValueConfig{Bucket: "ttl_allowed", History: 1, TTL: 2 * time.Hour})
+	require.ErrorContains(t, err, "message TTL status can not be disabled")
+}
+
 // Purge removes the keys of one run generation (<identity>.>) and no
 // other's — not a later generation's (<identity>/<n>.>), not a run ID
 // that starts the same — and leaves no marker: a create-if-absent of a
