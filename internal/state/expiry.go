@@ -21,7 +21,9 @@ type Expiry struct {
 // EndedRun names one ended run generation: its run ID and generation
 // (RunIdentity) and the token of the start that created it, which tells
 // it from a later run of the same identity (a first generation started
-// again once its run ID's expiry marker expired too).
+// again once its run ID's expiry marker expired too). An empty token is
+// not known (the run's record had expired when its end was read): any
+// token's run of the identity is that run, unless its record is there.
 type EndedRun struct {
 	RunID      string `json:"run_id"`
 	Generation int    `json:"generation,omitempty"`

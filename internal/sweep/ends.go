@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -86,13 +87,29 @@ func expiryGrain(r time.Duration) time.Duration {
 	return max(time.Second, (r / 1000).Truncate(time.Second))
 }
 
-// noteEnds records the ends that the record run, read at revision rev and
-// stored at stored, stands for: its own when it ended, and those of the
-// generations it replaced. Revisions the cursor has passed are left out.
-func (s *Sweeper) noteEnds(run *state.Run, rev uint64, stored time.Time) {
-	if run == nil || rev <= s.endsAfter {
+// noteEnds records the ends that e, decoded as run, stands for: a
+// record's own end when it ended, and those of the generations it
+// replaced. Revisions the cursor has passed are left out.
+//
+// Before the deployment has a cursor (its first worker of this version,
+// over the buckets of the version before, whose run records expired with
+// their age limit) an expiry marker stands for the end of a run whose
+// records may have outlived it: the version before let a run's records
+// expire the deployment's retention after their write, and a workflow's
+// retention can be shorter. Its first generation's records are due at
+// once.
+func (s *Sweeper) noteEnds(e natsjs.KeyValueEntry, run *state.Run) {
+	rev := e.Revision()
+	if rev <= s.endsAfter {
 		return
 	}
+	if run == nil {
+		if s.endsRev == 0 && e.Operation() != natsjs.KeyValuePut && state.ValidateRunID(e.Key()) == nil {
+			s.ends = append(s.ends, ending{state.EndedRun{RunID: e.Key()}, e.Created(), rev})
+		}
+		return
+	}
+	stored := e.Created()
 	retention := s.store.Retention(*run)
 	add := func(generation int, token string, ended time.Time) {
 		grain := expiryGrain(retention)

@@ -64,7 +64,7 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 			s.seen = max(s.seen, e.Revision())
 			run := s.decodeRun(e)
 			s.apply(e, run)
-			s.noteEnds(run, e.Revision(), e.Created())
+			s.noteEnds(e, run)
 			if len(s.ends) >= maxPendingEnds {
 				s.endsPass.add(s.scheduleEnds(ctx))
 			}

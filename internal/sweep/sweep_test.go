@@ -480,7 +480,8 @@ func (b *bundle) expiries() []string {
 // moves the shared cursor past them. A sweeper that starts later reads
 // every record again and schedules nothing the cursor has passed. An
 // expiry that cannot be stored is kept, the cursor stays below it, and
-// the next pass stores it.
+// the next pass stores it. Before the deployment has a cursor, an expiry
+// marker is an end too.
 func TestEndsAreScheduledOnceAcrossSweepers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -499,27 +500,34 @@ func TestEndsAreScheduledOnceAcrossSweepers(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.assets.Runs.Create(ctx(t), "again", rec)
 	require.NoError(t, err)
+	// A run whose record expired under the version before (a marker):
+	// its records are due at once, on the deployment's first pass.
+	b.run("gone", "w", 0, state.StatusCompleted, old)
+	require.NoError(t, b.assets.Runs.Raw().Delete(ctx(t), "gone"))
 
 	s1, s2 := b.sweeper(), b.sweeper()
 	p := s1.Pass(ctx(t))
 	require.NoError(t, p.Err)
-	require.Equal(t, 4, p.Expiring)
-	require.Equal(t, []string{"again", "again/1", "done-1", "done-2"}, b.expiries())
+	require.Equal(t, 5, p.Expiring)
+	require.Equal(t, []string{"again", "again/1", "done-1", "done-2", "gone"}, b.expiries())
 	p = s2.Pass(ctx(t))
 	require.NoError(t, p.Err)
 	require.Zero(t, p.Expiring, "the cursor had passed every end")
 
 	b.run("done-3", "w", 0, state.StatusCancelled, old)
+	b.run("gone-2", "w", 0, state.StatusCompleted, old)
 	p = s2.Pass(ctx(t))
 	require.NoError(t, p.Err)
-	require.Equal(t, 1, p.Expiring)
+	require.Equal(t, 2, p.Expiring)
+	// Once there is a cursor, a marker's end was read before it.
+	require.NoError(t, b.assets.Runs.Raw().Delete(ctx(t), "gone-2"))
 	p = s1.Pass(ctx(t))
 	require.NoError(t, p.Err)
 	require.Zero(t, p.Expiring)
 	p = b.sweeper().Pass(ctx(t)) // a worker that starts now
 	require.NoError(t, p.Err)
 	require.Zero(t, p.Expiring)
-	require.Len(t, b.expiries(), 5)
+	require.Len(t, b.expiries(), 7) // gone-2's record, ended, too
 
 	// The timers stream is gone for a while (deleted by hand): the expiry
 	// waits in the sweeper that read the end, and the cursor for it.

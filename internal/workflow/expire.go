@@ -157,7 +157,7 @@ func expireHooks(ctx context.Context, assets *jetstream.Assets, runs []state.End
 		for _, e := range hooks {
 			h, err := state.DecodeHook(e.Value)
 			r := owner[e.Key]
-			if err != nil || h.RunID != r.RunID || h.Generation != r.Generation || h.RunToken != r.Token {
+			if err != nil || h.RunID != r.RunID || h.Generation != r.Generation || r.Token != "" && h.RunToken != r.Token {
 				continue // another run's now
 			}
 			if _, err := assets.Hooks.Purge(ctx, e.Key, e.Rev); err != nil {

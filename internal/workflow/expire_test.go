@@ -16,7 +16,9 @@ import (
 // nothing else: not a later generation's records, not a token that a later
 // generation of the run ID took over, not the records of a run whose
 // identity is live again (a first generation started anew under the run
-// ID, with another token). A repeat removes nothing more. Due as an
+// ID, with another token). A run whose token is not known (its record had
+// expired when its end was read) loses its records and token too. A
+// repeat removes nothing more. Due as an
 // expiry timer, the same is done by the worker that takes the timer.
 func TestExpireRemovesOnlyTheEndedGenerationsRecords(t *testing.T) {
 	t.Parallel()
@@ -54,6 +56,10 @@ func TestExpireRemovesOnlyTheEndedGenerationsRecords(t *testing.T) {
 	// Run ID "x": started anew as a first generation, by another token.
 	run("x", 0, "t-new", state.StatusRunning)
 	put(r.a.Steps, "x.a.0", map[string]string{"k": "x"})
+	// Run ID "m": its record expired before its end was read (the token
+	// is not known), its records outlived it.
+	put(r.a.Steps, "m.a.0", map[string]string{"k": "m"})
+	hookWait("m.hook=ok.0", "m", 0, "t-m", "tok-m", true)
 
 	keys := func(kv *jetstream.KV) []string {
 		t.Helper()
@@ -66,7 +72,7 @@ func TestExpireRemovesOnlyTheEndedGenerationsRecords(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	ended := []state.EndedRun{{RunID: "r", Token: "t0"}, {RunID: "x", Token: "t-old"}}
+	ended := []state.EndedRun{{RunID: "r", Token: "t0"}, {RunID: "x", Token: "t-old"}, {RunID: "m"}}
 	for range 2 {
 		require.NoError(t, Expire(r.ctx(), r.a, ended))
 		require.Equal(t, []string{"r/5.a.0", "rx.a.0", "x.a.0"}, keys(r.a.Steps))
