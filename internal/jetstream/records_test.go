@@ -122,12 +122,13 @@ func TestPurgeRemovesOneGenerationsKeys(t *testing.T) {
 
 // An expiry stored with a due time in the past fires at once, one due
 // later not before its (whole) second; both keep their body and due time.
-// An expiry is not a run's timer: no run's timer filters match it.
+// An expiry is not a run's timer: no run's timer filters match it, and the
+// consumer of due timers, which a worker of the version before shares,
+// does not take it.
 func TestScheduleExpiryFiresWhenDue(t *testing.T) {
 	t.Parallel()
 	a := setup(t, Topology{})
-	cons, err := a.Timers.CreateOrUpdateConsumer(ctx(t), natsjs.ConsumerConfig{
-		Durable: "expiries", FilterSubject: firePrefix + expirePrefix + ">", AckPolicy: natsjs.AckExplicitPolicy})
+	cons, err := a.EnsureExpiryConsumer(ctx(t), ConsumerConfig{AckWait: time.Second})
 	require.NoError(t, err)
 
 	past := time.Now().Add(-time.Hour)
@@ -138,6 +139,13 @@ func TestScheduleExpiryFiresWhenDue(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, has, "an expiry matches a run's timer filters")
 
+	due, err := a.EnsureDueConsumer(ctx(t), ConsumerConfig{AckWait: time.Second})
+	require.NoError(t, err)
+	defer func() {
+		info, err := due.Info(ctx(t))
+		require.NoError(t, err)
+		require.Zero(t, info.NumPending+uint64(info.NumAckPending), "the consumer of due timers got an expiry")
+	}()
 	for _, want := range []struct {
 		body string
 		due  time.Time
@@ -150,7 +158,7 @@ func TestScheduleExpiryFiresWhenDue(t *testing.T) {
 		}
 		require.Len(t, got, 1, "%s never fired", want.body)
 		m := got[0]
-		require.True(t, IsDueExpiry(m.Subject()), m.Subject())
+		require.True(t, IsExpiry(m.Subject()), m.Subject())
 		require.Equal(t, want.body, string(m.Data()))
 		due, err := time.Parse(time.RFC3339Nano, m.Headers().Get(DueHeader))
 		require.NoError(t, err)

@@ -137,10 +137,20 @@ func storeTimer(ctx context.Context, js natsjs.JetStream, t Timer, taskID string
 // Expiry timers: a batch of ended runs whose records are due to be
 // removed (state.Expiry) is stored on jetflow.sched.expire.<due>.<id>
 // (<due> in Unix seconds, <id> the batch's own) and fired to
-// jetflow.fire.expire.<due>.<id>, where the consumer of due timers takes
-// it like any other. Its subject has five tokens, so it never matches a
-// run's timer filters (RunTimersFilters), which have six or more.
-const expirePrefix = "expire."
+// jetflow.sched.expired.<due>.<id>, where the consumer of due expiries
+// (ExpiryConsumer) takes it. Both subjects are under jetflow.sched.>, which
+// every version's provisioning keeps in the stream, and outside
+// jetflow.fire.>, so that a worker of the version before, which shares the
+// consumer of due timers and knows no expiry, never takes one. They have
+// five tokens, so no run's timer filter (RunTimersFilters, HasTimer: six
+// or more) matches them.
+const (
+	expirePrefix  = timerPrefix + "expire."
+	expiredPrefix = timerPrefix + "expired."
+	// ExpiryConsumer is the durable consumer of due expiries, shared by
+	// every worker.
+	ExpiryConsumer = "jetflow_expire"
+)
 
 // ScheduleExpiry stores data, an expiry batch, as a timer of its own
 // (id, a unique token) due at due, rounded up to the next whole second:
@@ -151,26 +161,28 @@ func ScheduleExpiry(ctx context.Context, js natsjs.JetStream, id string, data []
 	if at.Before(due) {
 		at = at.Add(time.Second)
 	}
-	rest := expirePrefix + strconv.FormatInt(at.Unix(), 10) + "." + id
-	msg := &nats.Msg{Subject: timerPrefix + rest, Data: data, Header: nats.Header{}}
+	rest := strconv.FormatInt(at.Unix(), 10) + "." + id
+	msg := &nats.Msg{Subject: expirePrefix + rest, Data: data, Header: nats.Header{}}
 	msg.Header.Set(DueHeader, due.UTC().Format(time.RFC3339Nano))
 	_, err := js.PublishMsg(ctx, msg, natsjs.WithMsgID("expire."+id), natsjs.WithExpectStream(TimersStream),
-		natsjs.WithScheduleAt(at.UTC()), natsjs.WithScheduleTarget(firePrefix+rest))
+		natsjs.WithScheduleAt(at.UTC()), natsjs.WithScheduleTarget(expiredPrefix+rest))
 	if err != nil {
 		return fmt.Errorf("jetflow: schedule expiry %s: %w", rest, err)
 	}
 	return nil
 }
 
-// IsDueExpiry reports whether subject is a fired expiry timer's.
-func IsDueExpiry(subject string) bool {
-	return strings.HasPrefix(subject, firePrefix+expirePrefix)
-}
-
 // IsExpiry reports whether subject is an expiry timer's, stored or fired:
 // no task's.
 func IsExpiry(subject string) bool {
-	return IsDueExpiry(subject) || strings.HasPrefix(subject, timerPrefix+expirePrefix)
+	return strings.HasPrefix(subject, expirePrefix) || strings.HasPrefix(subject, expiredPrefix)
+}
+
+// EnsureExpiryConsumer creates the consumer of due expiries, or binds to
+// it.
+func (a *Assets) EnsureExpiryConsumer(ctx context.Context, cc ConsumerConfig) (natsjs.Consumer, error) {
+	return a.ensureConsumer(ctx, TimersStream, ExpiryConsumer, expiredPrefix+">",
+		"jetflow due expiries: the records of ended runs to remove", cc)
 }
 
 // ErrTimerExists: a timer with the same message ID was stored within the

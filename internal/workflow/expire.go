@@ -6,7 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/jetflow/jetflow/internal/consume"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
 )
@@ -166,4 +171,43 @@ func expireHooks(ctx context.Context, assets *jetstream.Assets, runs []state.End
 		}
 	}
 	return nil
+}
+
+// Expirer carries out due expiries (jetstream.ScheduleExpiry; a
+// consume.Handler of the consumer jetstream.ExpiryConsumer): it removes
+// the records of the expiry's runs (Expire), then acknowledges it. On a
+// NATS error it hands the expiry back, to be tried again a second later.
+type Expirer struct {
+	Assets *jetstream.Assets
+	Log    zerolog.Logger
+}
+
+// Handle carries out one due expiry.
+func (x *Expirer) Handle(ctx context.Context, d *consume.Delivery) {
+	msg := d.Msg
+	e, err := state.DecodeExpiry(msg.Data())
+	if err != nil {
+		x.Log.Error().Err(err).Str("subject", msg.Subject()).Msg("malformed due expiry terminated")
+		x.settle(msg.TermWithReason("malformed due expiry"))
+		return
+	}
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := Expire(ectx, x.Assets, e.Runs); err != nil {
+		x.Log.Warn().Err(err).Int("runs", len(e.Runs)).Msg("cannot remove the records of ended runs; retrying")
+		x.settle(msg.NakWithDelay(time.Second))
+		return
+	}
+	x.settle(msg.Ack())
+}
+
+// Release hands a due expiry back.
+func (x *Expirer) Release(msg natsjs.Msg, delay time.Duration) error {
+	return consume.NakAfter(msg, delay)
+}
+
+func (x *Expirer) settle(err error) {
+	if err != nil {
+		x.Log.Warn().Err(err).Msg("cannot settle due expiry")
+	}
 }

@@ -89,7 +89,7 @@ func TestExpireRemovesOnlyTheEndedGenerationsRecords(t *testing.T) {
 	b, err = state.Encode(state.Expiry{V: state.Version, Due: now, Runs: []state.EndedRun{{RunID: "r", Generation: 5, Token: "t5"}}})
 	require.NoError(t, err)
 	require.NoError(t, jetstream.ScheduleExpiry(r.ctx(), r.a.JS, "e1", b, now))
-	r.serveTimers()
+	r.serveExpiries()
 	require.Eventually(t, func() bool {
 		return slices.Equal(keys(r.a.Steps), []string{"rx.a.0", "x.a.0"}) && len(keys(r.a.Attempts)) == 0 && len(keys(r.a.Hooks)) == 0
 	}, r.within(), 20*time.Millisecond)

@@ -50,23 +50,14 @@ func (e *Executor) storeTimer(d *delivery, t jetstream.Timer, msgID string, task
 // timer is tried again a second later: a run has one run task at a time,
 // and the holder at work sees what the timer is about, or parks and takes
 // it next.
-//
-// A due expiry (jetstream.ScheduleExpiry) is no task: the records of the
-// ended runs it names are removed (Expire) before it is acknowledged.
 type DueForwarder struct {
 	JS  natsjs.JetStream
 	Log zerolog.Logger
-	// Assets are the engine's resources, for the due expiries.
-	Assets *jetstream.Assets
 }
 
 // Handle publishes one due timer as a task and acknowledges it.
 func (f *DueForwarder) Handle(ctx context.Context, d *consume.Delivery) {
 	msg := d.Msg
-	if jetstream.IsDueExpiry(msg.Subject()) {
-		f.expire(ctx, msg)
-		return
-	}
 	timer, ok := jetstream.DueTimer(msg.Subject())
 	t, err := state.DecodeTask(msg.Data())
 	if !ok || err != nil {
@@ -90,31 +81,6 @@ func (f *DueForwarder) Handle(ctx context.Context, d *consume.Delivery) {
 	}
 	if dedup == jetstream.PendingSubject {
 		log.Debug().Str("subject", subject).Msg("due timer waits: a task for it is pending")
-		f.settle(msg.NakWithDelay(time.Second))
-		return
-	}
-	f.settle(msg.Ack())
-}
-
-// expire removes the records of the runs of a due expiry, then
-// acknowledges it; on a NATS error it hands the expiry back, to be tried
-// again a second later.
-func (f *DueForwarder) expire(ctx context.Context, msg natsjs.Msg) {
-	e, err := state.DecodeExpiry(msg.Data())
-	if err != nil {
-		f.Log.Error().Err(err).Str("subject", msg.Subject()).Msg("malformed due expiry terminated")
-		f.settle(msg.TermWithReason("malformed due expiry"))
-		return
-	}
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
-	if f.Assets == nil {
-		err = errors.New("no assets to remove records from")
-	} else {
-		err = Expire(ectx, f.Assets, e.Runs)
-	}
-	if err != nil {
-		f.Log.Warn().Err(err).Int("runs", len(e.Runs)).Msg("cannot remove the records of ended runs; retrying")
 		f.settle(msg.NakWithDelay(time.Second))
 		return
 	}
