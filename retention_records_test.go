@@ -167,22 +167,38 @@ func keysOf(entries []jetstream.Entry, err error) ([]string, error) {
 	return keys, err
 }
 
+// waitPastRetention starts a longWait run runID with input in, waits
+// until twice the deployment's retention has passed since its first step
+// (outliveRetention), resumes it with resume (nil: it wakes by itself),
+// and checks that it returns want with every step run once and that its
+// records then expire with its retention (token: its hook's, or "").
+func waitPastRetention(t *testing.T, runID string, in longWaitIn, resume func(ctx context.Context, c *Client) (EventResult, error), want int) *Client {
+	t.Helper()
+	effects := newCounter()
+	_, c := recordsEnv(t, effects)
+	ctx := ctxT(t, 60*time.Second)
+	h, err := Start(ctx, c, longWait(effects), in, WithRunID(runID))
+	require.NoError(t, err)
+	outliveRetention(t, c, runID)
+	if resume != nil {
+		res, err := resume(ctx, c)
+		require.NoError(t, err)
+		require.Equal(t, EventDelivered, res.Outcome)
+	}
+	out, err := h.Result(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, out)
+	require.Equal(t, map[string]int{runID + ".first.0": 1, runID + ".second.0": 1}, effects.snapshot())
+	requireRecordsExpire(t, c, runID, in.Token)
+	return c
+}
+
 // A run that sleeps for longer than the deployment's retention keeps its
 // committed step: it completes without running it again, and its records
 // go with the run's retention after its end.
 func TestCommittedStepOutlivesALongSleep(t *testing.T) {
 	t.Parallel()
-	effects := newCounter()
-	_, c := recordsEnv(t, effects)
-	ctx := ctxT(t, 60*time.Second)
-	h, err := Start(ctx, c, longWait(effects), longWaitIn{Kind: "sleep", Nap: 2*recordsRetention + 2*time.Second}, WithRunID("nap-1"))
-	require.NoError(t, err)
-	outliveRetention(t, c, "nap-1")
-	out, err := h.Result(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 2, out)
-	require.Equal(t, map[string]int{"nap-1.first.0": 1, "nap-1.second.0": 1}, effects.snapshot())
-	requireRecordsExpire(t, c, "nap-1", "")
+	waitPastRetention(t, "nap-1", longWaitIn{Kind: "sleep", Nap: 2*recordsRetention + 2*time.Second}, nil, 2)
 }
 
 // A run parked on an event wait for longer than the deployment's retention
@@ -190,20 +206,9 @@ func TestCommittedStepOutlivesALongSleep(t *testing.T) {
 // running the step again.
 func TestCommittedStepOutlivesALongEventWait(t *testing.T) {
 	t.Parallel()
-	effects := newCounter()
-	_, c := recordsEnv(t, effects)
-	ctx := ctxT(t, 60*time.Second)
-	h, err := Start(ctx, c, longWait(effects), longWaitIn{Kind: "event"}, WithRunID("ev-1"))
-	require.NoError(t, err)
-	outliveRetention(t, c, "ev-1")
-	res, err := c.SendEvent(ctx, "ev-1", "go", "e-1", json.RawMessage(`10`))
-	require.NoError(t, err)
-	require.Equal(t, EventDelivered, res.Outcome)
-	out, err := h.Result(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 12, out)
-	require.Equal(t, map[string]int{"ev-1.first.0": 1, "ev-1.second.0": 1}, effects.snapshot())
-	requireRecordsExpire(t, c, "ev-1", "")
+	waitPastRetention(t, "ev-1", longWaitIn{Kind: "event"}, func(ctx context.Context, c *Client) (EventResult, error) {
+		return c.SendEvent(ctx, "ev-1", "go", "e-1", json.RawMessage(`10`))
+	}, 12)
 }
 
 // A run parked on a hook wait for longer than the deployment's retention
@@ -212,20 +217,9 @@ func TestCommittedStepOutlivesALongEventWait(t *testing.T) {
 // token goes with the run's records.
 func TestHookTokenOutlivesALongWait(t *testing.T) {
 	t.Parallel()
-	effects := newCounter()
-	_, c := recordsEnv(t, effects)
-	ctx := ctxT(t, 60*time.Second)
-	h, err := Start(ctx, c, longWait(effects), longWaitIn{Kind: "hook", Token: "tok-hook-1"}, WithRunID("hk-1"))
-	require.NoError(t, err)
-	outliveRetention(t, c, "hk-1")
-	res, err := c.Resume(ctx, "tok-hook-1", "e-1", json.RawMessage(`20`))
-	require.NoError(t, err)
-	require.Equal(t, EventDelivered, res.Outcome)
-	out, err := h.Result(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 22, out)
-	require.Equal(t, map[string]int{"hk-1.first.0": 1, "hk-1.second.0": 1}, effects.snapshot())
-	requireRecordsExpire(t, c, "hk-1", "tok-hook-1")
-	_, err = c.Resume(ctx, "tok-hook-1", "e-2", json.RawMessage(`1`))
+	c := waitPastRetention(t, "hk-1", longWaitIn{Kind: "hook", Token: "tok-hook-1"}, func(ctx context.Context, c *Client) (EventResult, error) {
+		return c.Resume(ctx, "tok-hook-1", "e-1", json.RawMessage(`20`))
+	}, 22)
+	_, err := c.Resume(ctxT(t, 10*time.Second), "tok-hook-1", "e-2", json.RawMessage(`1`))
 	require.ErrorIs(t, err, ErrHookNotFound, "the token of an expired run")
 }

@@ -35,25 +35,25 @@ func guardSubjects(assets *jetstream.Assets, every time.Duration, log zerolog.Lo
 				return
 			case <-tick.C:
 			}
-			cctx, ccancel := context.WithTimeout(ctx, every)
-			added, err := assets.RestoreSubjects(cctx)
-			ccancel()
-			if len(added) > 0 {
-				log.Warn().Strs("subjects", added).
-					Msg("an earlier version's worker removed this version's subjects from the streams; added them back")
-			}
-			if err != nil && ctx.Err() == nil {
-				log.Debug().Err(err).Msg("cannot check the streams' subjects; trying again")
-			}
-			cctx, ccancel = context.WithTimeout(ctx, every)
-			restored, err := assets.RestoreBuckets(cctx)
-			ccancel()
-			if len(restored) > 0 {
-				log.Warn().Strs("buckets", restored).
-					Msg("an earlier version's worker put an age limit on the buckets of runs' records; took it off")
-			}
-			if err != nil && ctx.Err() == nil {
-				log.Debug().Err(err).Msg("cannot check the buckets' age limits; trying again")
+			for _, g := range []struct {
+				restore     func(context.Context) ([]string, error)
+				field, what string
+				failed      string
+			}{
+				{assets.RestoreSubjects, "subjects", "an earlier version's worker removed this version's subjects from the streams; added them back",
+					"cannot check the streams' subjects; trying again"},
+				{assets.RestoreBuckets, "buckets", "an earlier version's worker put an age limit on the buckets of runs' records; took it off",
+					"cannot check the buckets' age limits; trying again"},
+			} {
+				cctx, ccancel := context.WithTimeout(ctx, every)
+				changed, err := g.restore(cctx)
+				ccancel()
+				if len(changed) > 0 {
+					log.Warn().Strs(g.field, changed).Msg(g.what)
+				}
+				if err != nil && ctx.Err() == nil {
+					log.Debug().Err(err).Msg(g.failed)
+				}
 			}
 		}
 	}()

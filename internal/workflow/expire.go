@@ -206,8 +206,4 @@ func (x *Expirer) Release(msg natsjs.Msg, delay time.Duration) error {
 	return consume.NakAfter(msg, delay)
 }
 
-func (x *Expirer) settle(err error) {
-	if err != nil {
-		x.Log.Warn().Err(err).Msg("cannot settle due expiry")
-	}
-}
+func (x *Expirer) settle(err error) { logSettle(x.Log, "due expiry", err) }
