@@ -210,7 +210,7 @@ func TestMetricsCountOneRun(t *testing.T) {
 	// Backlog gauges are sampled from the worker's consumers; in-flight
 	// returns to zero once nothing runs.
 	// Backlogs cover the run and branch task consumers, the durable
-	// start consumer and the due-timer consumer.
+	// start consumer, the due-timer consumer and the due-expiry consumer.
 	var consumers []string
 	require.Eventually(t, func() bool {
 		f := scrape(t, url)
@@ -220,9 +220,9 @@ func TestMetricsCountOneRun(t *testing.T) {
 				consumers = append(consumers, l.GetValue())
 			}
 		}
-		return len(consumers) == 4 && sample(f, "jetflow_steps_in_flight", nil) == 0
+		return len(consumers) == 5 && sample(f, "jetflow_steps_in_flight", nil) == 0
 	}, 10*time.Second, 20*time.Millisecond)
-	require.ElementsMatch(t, []string{"jetflow_run_metered", "jetflow_branch_metered", "jetflow_admit_metered", "jetflow_fire"}, consumers)
+	require.ElementsMatch(t, []string{"jetflow_run_metered", "jetflow_branch_metered", "jetflow_admit_metered", "jetflow_fire", "jetflow_expire"}, consumers)
 
 	resp, err := http.Get(srv.URL + "/readyz")
 	require.NoError(t, err)

@@ -123,10 +123,15 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	signalWF := NewWorkflow("secure-signal", func(ctx *Context, _ int) (string, error) {
 		return WaitEvent[string](ctx, "go")
 	}, WithEvent[string]("go"))
+	// secure-brief waits on a hook too, and its runs are kept for a
+	// second after they end: the worker removes their records then.
+	brief := NewWorkflow("secure-brief", func(ctx *Context, in string) (string, error) {
+		return WaitEvent[string](ctx, "approval", WithHookToken(in+"-brief"))
+	}, WithEvent[string]("approval"), WithRetention(time.Second))
 	// The sweeper makes a pass every 20ms, so that its reads are
 	// exercised under the worker's permissions too.
 	sweeps := &passLog{}
-	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed, kid, parent, hookWF, signalWF)
+	w := startWorker(t, wnc, WorkerConfig{SweepInterval: 20 * time.Millisecond, sweepHook: sweeps.add}, wf, gated, flaky, keyed, kid, parent, hookWF, signalWF, brief)
 	stopAtEnd(t, w, 10*time.Second)
 	// Worker.Start returns before the server has necessarily registered the
 	// start-request subscription; another connection's request could get
@@ -306,6 +311,35 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 
 	wjs, err := natsjs.New(wnc)
 	require.NoError(t, err)
+
+	// The retention of a run's records: the sweeper stores the expiry of
+	// the ended run, and the worker that takes it when it is due reads
+	// the run's records and removes its steps, its wait record and its
+	// hook token.
+	t.Run("worker removes an ended run's records", func(t *testing.T) {
+		_, err := pc.StartByName(ctx, "secure-brief", json.RawMessage(`"sec-b1"`), WithRunID("sec-brief"))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			_, err = pc.Resume(ctx, "sec-b1-brief", "sec-e3", json.RawMessage(`"ok"`))
+			return !errors.Is(err, ErrHookNotFound)
+		}, 20*time.Second, 5*time.Millisecond)
+		require.NoError(t, err)
+		run, err := pc.WaitRun(ctx, "sec-brief")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		for bucket, key := range map[string]string{
+			"jetflow_steps": "sec-brief.hook=approval.0", "jetflow_attempts": "sec-brief.hook=approval.0.wait",
+			"jetflow_hooks": "sec-b1-brief",
+		} {
+			kv, err := wjs.KeyValue(ctx, bucket)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				_, err := kv.Get(ctx, key)
+				return errors.Is(err, natsjs.ErrKeyNotFound)
+			}, 20*time.Second, 20*time.Millisecond, "%s/%s outlived its run's retention", bucket, key)
+		}
+		workerPerms.requireNone(t)
+	})
 
 	// The operator user: the producer's rights plus task-key reset.
 	onc, operatorPerms := securedConn(t, url, operatorUser)

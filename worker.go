@@ -342,7 +342,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("jetflow: consume due timers: %w", err))
 	}
-	consumers = append(consumers, dueCons)
+	// Due expiries (the records of ended runs to remove) share those
+	// slots, one at a time.
+	expCons, err := assets.EnsureExpiryConsumer(ctx, cc)
+	if err == nil {
+		err = duePool.Consume(expCons, 1, &workflow.Expirer{Assets: assets, Log: w.log})
+	}
+	if err != nil {
+		return fail(fmt.Errorf("jetflow: consume due expiries: %w", err))
+	}
+	consumers = append(consumers, dueCons, expCons)
 	notices, err := w.nc.Subscribe(jetstream.CancelSubjectPrefix+"*", func(m *nats.Msg) {
 		exec.MarkCancelled(strings.TrimPrefix(m.Subject, jetstream.CancelSubjectPrefix), string(m.Data))
 	})

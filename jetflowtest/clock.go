@@ -207,6 +207,9 @@ func (e *Env) waitTimer(ctx context.Context, runID string) (Timer, error) {
 		if err != nil {
 			return Timer{}, err
 		}
+		if jetstream.IsExpiry(m.Subject) {
+			continue // the records of ended runs, due after their retention
+		}
 		due, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.DueHeader))
 		if err != nil {
 			return Timer{}, fmt.Errorf("timer on %s: %w", m.Subject, err)

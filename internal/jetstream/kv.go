@@ -42,7 +42,7 @@ type KV struct {
 	direct *directMux
 
 	mu     sync.Mutex
-	stream natsjs.Stream // bound on first use by Latest
+	stream natsjs.Stream // bound on first use (bind)
 }
 
 func newKV(js natsjs.JetStream, kv natsjs.KeyValue, replicas int, direct *directMux) *KV {
@@ -219,17 +219,10 @@ func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
 	if k.replicated {
 		return k.leaderGet(ctx, key)
 	}
-	k.mu.Lock()
-	if k.stream == nil {
-		st, err := k.js.Stream(ctx, "KV_"+k.Bucket())
-		if err != nil {
-			k.mu.Unlock()
-			return KeyState{}, fmt.Errorf("jetflow: bind bucket %s: %w", k.Bucket(), err)
-		}
-		k.stream = st
+	st, err := k.bind(ctx)
+	if err != nil {
+		return KeyState{}, err
 	}
-	st := k.stream
-	k.mu.Unlock()
 	m, err := st.GetLastMsgForSubject(ctx, k.prefix+key)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return KeyState{}, nil
@@ -239,6 +232,60 @@ func (k *KV) Latest(ctx context.Context, key string) (KeyState, error) {
 	}
 	live := m.Header.Get("KV-Operation") == "" && m.Header.Get(natsjs.MarkerReasonHeader) == ""
 	return KeyState{Value: m.Data, Rev: m.Sequence, Live: live, Time: m.Time}, nil
+}
+
+// Purge removes the keys filter matches (a key, or a filter with
+// wildcards such as "run-1.>"), every message of each: a stream purge,
+// which leaves no marker, so a create-if-absent of such a key succeeds
+// again. upTo > 0 removes only the messages at or before that revision:
+// a key written again after it keeps its newer value. It returns how many
+// messages it removed; a filter that matches none is not an error.
+func (k *KV) Purge(ctx context.Context, filter string, upTo uint64) (uint64, error) {
+	req := struct {
+		Filter string `json:"filter"`
+		Seq    uint64 `json:"seq,omitempty"`
+	}{Filter: k.prefix + filter}
+	if upTo > 0 {
+		req.Seq = upTo + 1 // the server purges below Seq
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	m, err := k.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.PURGE.KV_"+k.Bucket(), b)
+	if err != nil {
+		return 0, fmt.Errorf("jetflow: purge %s/%s: %w", k.Bucket(), filter, err)
+	}
+	var resp struct {
+		Error  *natsjs.APIError `json:"error,omitempty"`
+		Purged uint64           `json:"purged"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return 0, fmt.Errorf("jetflow: purge %s/%s: %w", k.Bucket(), filter, err)
+	}
+	if resp.Error != nil {
+		return 0, fmt.Errorf("jetflow: purge %s/%s: %w", k.Bucket(), filter, resp.Error)
+	}
+	return resp.Purged, nil
+}
+
+// bind returns the bucket's stream, bound on first use.
+func (k *KV) bind(ctx context.Context) (natsjs.Stream, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stream == nil {
+		st, err := k.js.Stream(ctx, "KV_"+k.Bucket())
+		if err != nil {
+			return nil, fmt.Errorf("jetflow: bind bucket %s: %w", k.Bucket(), err)
+		}
+		k.stream = st
+	}
+	return k.stream, nil
 }
 
 // leaderGet reads the last message of key from the bucket stream's leader

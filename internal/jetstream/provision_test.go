@@ -74,7 +74,8 @@ func TestProvisionLogsWhatItChanges(t *testing.T) {
 	require.Equal(t, []string{"Duplicates: 2m0s → 30s"}, byName[TasksStream])
 	require.Equal(t, []string{"Duplicates: 2m0s → 30s"}, byName[StartsStream])
 	require.Equal(t, []string{"TTL: 720h0m0s → 48h0m0s", "LimitMarkerTTL: 720h0m0s → 48h0m0s"}, byName[RunsBucket])
-	require.Equal(t, []string{"TTL: 720h0m0s → 48h0m0s"}, byName[StepsBucket])
+	require.Equal(t, []string{"TTL: 720h0m0s → 48h0m0s"}, byName[AuditBucket])
+	require.NotContains(t, byName, StepsBucket, "a run's records have no age limit")
 
 	// Ensure mode (clients) never changes anything, so never logs.
 	_, err = Provision(ctx(t), nc, Topology{}, Ensure, LogChanges(changes.log))

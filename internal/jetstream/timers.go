@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -133,6 +134,57 @@ func storeTimer(ctx context.Context, js natsjs.JetStream, t Timer, taskID string
 	return js.PublishMsg(ctx, msg, opts...)
 }
 
+// Expiry timers: a batch of ended runs whose records are due to be
+// removed (state.Expiry) is stored on jetflow.sched.expire.<due>.<id>
+// (<due> in Unix seconds, <id> the batch's own) and fired to
+// jetflow.sched.expired.<due>.<id>, where the consumer of due expiries
+// (ExpiryConsumer) takes it. Both subjects are under jetflow.sched.>, which
+// every version's provisioning keeps in the stream, and outside
+// jetflow.fire.>, so that a worker of the version before, which shares the
+// consumer of due timers and knows no expiry, never takes one. They have
+// five tokens, so no run's timer filter (RunTimersFilters, HasTimer: six
+// or more) matches them.
+const (
+	expirePrefix  = timerPrefix + "expire."
+	expiredPrefix = timerPrefix + "expired."
+	// ExpiryConsumer is the durable consumer of due expiries, shared by
+	// every worker.
+	ExpiryConsumer = "jetflow_expire"
+)
+
+// ScheduleExpiry stores data, an expiry batch, as a timer of its own
+// (id, a unique token) due at due, rounded up to the next whole second:
+// a due time in the past fires at once. A repeat call with the same id
+// within the broker's duplicate window stores nothing more.
+func ScheduleExpiry(ctx context.Context, js natsjs.JetStream, id string, data []byte, due time.Time) error {
+	at := due.Truncate(time.Second)
+	if at.Before(due) {
+		at = at.Add(time.Second)
+	}
+	rest := strconv.FormatInt(at.Unix(), 10) + "." + id
+	msg := &nats.Msg{Subject: expirePrefix + rest, Data: data, Header: nats.Header{}}
+	msg.Header.Set(DueHeader, due.UTC().Format(time.RFC3339Nano))
+	_, err := js.PublishMsg(ctx, msg, natsjs.WithMsgID("expire."+id), natsjs.WithExpectStream(TimersStream),
+		natsjs.WithScheduleAt(at.UTC()), natsjs.WithScheduleTarget(expiredPrefix+rest))
+	if err != nil {
+		return fmt.Errorf("jetflow: schedule expiry %s: %w", rest, err)
+	}
+	return nil
+}
+
+// IsExpiry reports whether subject is an expiry timer's, stored or fired:
+// no task's.
+func IsExpiry(subject string) bool {
+	return strings.HasPrefix(subject, expirePrefix) || strings.HasPrefix(subject, expiredPrefix)
+}
+
+// EnsureExpiryConsumer creates the consumer of due expiries, or binds to
+// it.
+func (a *Assets) EnsureExpiryConsumer(ctx context.Context, cc ConsumerConfig) (natsjs.Consumer, error) {
+	return a.ensureConsumer(ctx, TimersStream, ExpiryConsumer, expiredPrefix+">",
+		"jetflow due expiries: the records of ended runs to remove", cc)
+}
+
 // ErrTimerExists: a timer with the same message ID was stored within the
 // broker's duplicate window.
 var ErrTimerExists = errors.New("jetflow: timer already stored")
@@ -223,7 +275,7 @@ func StoredTimers(ctx context.Context, timers natsjs.Stream) ([]StoredTimer, err
 	}
 	var out []StoredTimer
 	for subject, n := range info.State.Subjects {
-		if n == 0 {
+		if n == 0 || IsExpiry(subject) {
 			continue
 		}
 		st, ok, err := storedTimer(ctx, timers, subject)

@@ -295,22 +295,26 @@ func Provision(ctx context.Context, nc *nats.Conn, topo Topology, mode Mode, opt
 		name    string
 		desc    string
 		dst     **KV
+		ttl     time.Duration
 		markers time.Duration
 	}{
 		// An expired run record leaves a marker for another retention
 		// period, so that a start of its run ID is told the run expired
 		// (and run records can carry a per-workflow TTL).
-		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs, topo.Retention},
-		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps, 0},
-		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, 0},
-		{AttemptsBucket, "jetflow attempt logs of retried steps and the waits runs began, keyed by step ID", &a.Attempts, 0},
-		{HooksBucket, "jetflow hook tokens, keyed by token: the wait each resumes", &a.Hooks, 0},
+		{RunsBucket, "jetflow run records, keyed by run ID", &a.Runs, topo.Retention, topo.Retention},
+		{AuditBucket, "jetflow duplicate-start audit, keyed by run ID", &a.Audit, topo.Retention, 0},
+		// A run generation's records have no age limit: they are kept
+		// as long as the run runs, and removed the run's retention after
+		// its end (RunRecordBuckets).
+		{StepsBucket, "jetflow committed step results, keyed by step ID", &a.Steps, 0, 0},
+		{AttemptsBucket, "jetflow attempt logs of retried steps and the waits runs began, keyed by step ID", &a.Attempts, 0, 0},
+		{HooksBucket, "jetflow hook tokens, keyed by token: the wait each resumes", &a.Hooks, 0, 0},
 	} {
 		kv, err := p.ensureBucket(ctx, natsjs.KeyValueConfig{
 			Bucket:         b.name,
 			Description:    b.desc,
 			History:        1,
-			TTL:            topo.Retention,
+			TTL:            b.ttl,
 			LimitMarkerTTL: b.markers,
 			Storage:        storage,
 			Replicas:       topo.Replicas,
@@ -490,7 +494,7 @@ func (p provisioner) ensureBucketOnce(ctx context.Context, cfg natsjs.KeyValueCo
 		}
 		changes := []string{"(configuration unreadable: set as a whole)"}
 		if bs, ok := st.(*natsjs.KeyValueBucketStatus); ok {
-			changes = diff(cfg, bs.Config())
+			changes = bucketDiff(cfg, bs.Config())
 		}
 		if len(changes) > 0 {
 			kv, err = p.js.UpdateKeyValue(ctx, cfg)
@@ -532,6 +536,51 @@ func diff[C any](want, have C) []string {
 		out = append(out, fmt.Sprintf("%s: %v → %v", w.Type().Field(i).Name, hf.Interface(), wf.Interface()))
 	}
 	return out
+}
+
+// bucketDiff is diff for a bucket, whose TTL is always jetflow's: a
+// bucket without one (its keys are removed by jetflow, or expire with
+// their own TTL) is put back to none when it has one.
+func bucketDiff(want, have natsjs.KeyValueConfig) []string {
+	changes := diff(want, have)
+	if want.TTL == 0 && have.TTL != 0 {
+		changes = append(changes, fmt.Sprintf("TTL: %v → none", have.TTL))
+	}
+	return changes
+}
+
+// RunRecordBuckets are the buckets whose keys belong to one run
+// generation (state.RunIdentity): its steps and lease, its attempt and
+// wait records, its hook tokens. They have no age limit: a run's records
+// are kept however long the run runs, and removed the run's retention
+// after its end (internal/workflow, Expire). A worker of the version
+// before provisions them with the deployment's retention as their TTL,
+// which would expire the records of a run older than that: RestoreBuckets
+// takes it off again.
+var RunRecordBuckets = []string{StepsBucket, AttemptsBucket, HooksBucket}
+
+// RestoreBuckets takes off the age limit (MaxAge) an earlier version's
+// worker put on RunRecordBuckets when it started, and returns the buckets
+// it changed. A repeat call changes nothing. A worker of this version
+// calls it periodically, with RestoreSubjects.
+func (a *Assets) RestoreBuckets(ctx context.Context) ([]string, error) {
+	var changed []string
+	for _, name := range RunRecordBuckets {
+		s, err := a.JS.Stream(ctx, "KV_"+name)
+		if err != nil {
+			return changed, fmt.Errorf("jetflow: read bucket %s: %w", name, err)
+		}
+		cfg := s.CachedInfo().Config
+		if cfg.MaxAge == 0 {
+			continue
+		}
+		cfg.MaxAge = 0
+		if _, err := a.JS.UpdateStream(ctx, cfg); err != nil {
+			return changed, fmt.Errorf("jetflow: take the age limit off bucket %s: %w", name, err)
+		}
+		changed = append(changed, name)
+	}
+	return changed, nil
 }
 
 // ConsumerConfig is the per-workflow task consumer setting.

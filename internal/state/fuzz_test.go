@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -170,6 +171,43 @@ func FuzzDecodeAudit(f *testing.F) {
 			t.Fatalf("audit changed in a round trip:\n%#v\n%#v", a, a2)
 		}
 		fixedPoint(t, b2, a2)
+	})
+}
+
+func FuzzDecodeExpiry(f *testing.F) {
+	for _, s := range []string{
+		`{"v":1,"runs":[{"run_id":"order-42","token":"T0k3n"},{"run_id":"order-7","generation":3,"token":"t"}],"due":"2024-05-31T10:00:00Z"}`,
+		`{"v":1,"runs":[],"due":"2024-05-31T10:00:00.5+02:00"}`,
+		`{"runs":[{"run_id":"a b"}]}`,
+		`{"runs":[{"run_id":"r","generation":-1}]}`,
+		`{"runs":[{"run_id":""}]}`,
+		`{"runs":{"run_id":"r"}}`,
+		`{"due":"10000-01-01T00:00:00Z"}`,
+		`{}`, `null`, `[`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := DecodeExpiry(b)
+		if err != nil {
+			requireCorrupt(t, err)
+			return
+		}
+		for _, r := range e.Runs {
+			checkRunID(t, r.RunID)
+			if r.Generation < 0 {
+				t.Fatalf("negative generation accepted: %#v", r)
+			}
+		}
+		b2 := mustEncode(t, e)
+		e2, err := DecodeExpiry(b2)
+		if err != nil {
+			t.Fatalf("re-encoded expiry %s does not decode: %v", b2, err)
+		}
+		if e.V != e2.V || !sameTime(e.Due, e2.Due) || !slices.Equal(e.Runs, e2.Runs) {
+			t.Fatalf("expiry changed in a round trip:\n%#v\n%#v", e, e2)
+		}
+		fixedPoint(t, b2, e2)
 	})
 }
 

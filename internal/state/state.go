@@ -146,6 +146,9 @@ type Predecessor struct {
 	Generation int    `json:"g"`
 	Token      string `json:"t"`
 	Status     Status `json:"s"`
+	// Ended is when it ended (its record's UpdatedAt), from which its
+	// records' retention counts; zero in records of earlier versions.
+	Ended time.Time `json:"e,omitzero"`
 }
 
 // MaxPredecessors bounds Run.Predecessors. A start that looks for its
@@ -157,7 +160,7 @@ const MaxPredecessors = 32
 // own, then r itself, the oldest dropped beyond MaxPredecessors.
 func (r Run) Successors() []Predecessor {
 	ps := append(r.Predecessors[:len(r.Predecessors):len(r.Predecessors)],
-		Predecessor{Generation: r.Generation, Token: r.Token, Status: r.Status})
+		Predecessor{Generation: r.Generation, Token: r.Token, Status: r.Status, Ended: r.UpdatedAt})
 	return ps[max(0, len(ps)-MaxPredecessors):]
 }
 

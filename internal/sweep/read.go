@@ -18,7 +18,11 @@ import (
 // and the memory the number of running runs. Issue 15's index of running
 // runs will replace this read.
 func (s *Sweeper) read(ctx context.Context) (int, error) {
-	if err := s.checkBucket(ctx); err != nil {
+	lastSeq, err := s.checkBucket(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if s.endsAfter, s.endsRev, err = s.readCursor(ctx, lastSeq); err != nil {
 		return 0, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -58,7 +62,12 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 			}
 			n++
 			s.seen = max(s.seen, e.Revision())
-			s.apply(e)
+			run := s.decodeRun(e)
+			s.apply(e, run)
+			s.noteEnds(e, run)
+			if len(s.ends) >= maxPendingEnds {
+				s.endsPass.add(s.scheduleEnds(ctx))
+			}
 		}
 	}
 }
@@ -68,35 +77,44 @@ func (s *Sweeper) read(ctx context.Context) (int, error) {
 // or restored from a snapshot older than what was read (its last sequence
 // below the highest revision read). Resuming after the old revision would
 // skip its records.
-func (s *Sweeper) checkBucket(ctx context.Context) error {
+// It returns the bucket's last revision.
+func (s *Sweeper) checkBucket(ctx context.Context) (uint64, error) {
 	b, err := s.store.Bucket(ctx)
 	if err != nil {
-		return fmt.Errorf("sweep: bucket %s: %w", s.store.Name(), err)
+		return 0, fmt.Errorf("sweep: bucket %s: %w", s.store.Name(), err)
 	}
 	if s.seen > 0 && (!b.Created.Equal(s.created) || b.LastSeq < s.seen) {
 		s.log.Warn().Uint64("read_up_to", s.seen).Uint64("last_seq", b.LastSeq).
 			Msg("the runs bucket was recreated or restored; reading every run record again")
 		s.seen = 0
 		clear(s.runs)
+		s.ends = nil
 	}
 	s.created = b.Created
-	return nil
+	return b.LastSeq, nil
 }
 
-// apply keeps or forgets the run of one record (or marker).
-func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
-	id := e.Key()
+// decodeRun is the run record e holds: nil for a marker (deleted, purged
+// or expired) or a record that does not decode.
+func (s *Sweeper) decodeRun(e natsjs.KeyValueEntry) *state.Run {
 	if e.Operation() != natsjs.KeyValuePut {
-		delete(s.runs, id) // deleted, purged or expired
-		return
+		return nil
 	}
 	run, err := state.DecodeRun(e.Value())
+	if err != nil {
+		s.log.Debug().Err(err).Str("run_id", e.Key()).Msg("undecodable run record ignored")
+		return nil
+	}
+	return &run
+}
+
+// apply keeps or forgets the run of one record (or marker), decoded as
+// run (nil: a marker, or a record that does not decode).
+func (s *Sweeper) apply(e natsjs.KeyValueEntry, run *state.Run) {
+	id := e.Key()
 	// A run of an earlier version's executor (no Exec) is its workers'
 	// to look after: this version's wakes would not move it.
-	if err != nil || !run.Status.Active() || !s.served[run.Workflow] || run.Exec != state.ExecLease {
-		if err != nil {
-			s.log.Debug().Err(err).Str("run_id", id).Msg("undecodable run record ignored")
-		}
+	if run == nil || !run.Status.Active() || !s.served[run.Workflow] || run.Exec != state.ExecLease {
 		delete(s.runs, id)
 		return
 	}
@@ -107,7 +125,7 @@ func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
 		// Blocked again (another replay, maybe another build's): its
 		// checks go on as they were; it is offered to this worker's build
 		// once per revision.
-		t.Revision, t.BlockedBy = e.Revision(), blockedBy(run)
+		t.Revision, t.BlockedBy = e.Revision(), blockedBy(*run)
 		return
 	}
 	since := run.UpdatedAt
@@ -116,7 +134,7 @@ func (s *Sweeper) apply(e natsjs.KeyValueEntry) {
 	}
 	s.runs[id] = &tracked{
 		Run: Run{RunID: run.RunID, Workflow: run.Workflow, Generation: run.Generation, Revision: e.Revision(),
-			Blocked: run.Status == state.StatusBlocked, BlockedBy: blockedBy(run)},
+			Blocked: run.Status == state.StatusBlocked, BlockedBy: blockedBy(*run)},
 		next: since.Add(s.cfg.StuckAfter),
 	}
 }

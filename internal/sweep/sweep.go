@@ -125,6 +125,9 @@ type Pass struct {
 	Offered []string
 	// Indexed lists the runs whose missing run index entry the pass wrote.
 	Indexed []string
+	// Expiring is how many ended run generations the pass stored the
+	// expiry of: their records go their retention after their end.
+	Expiring int
 	// IndexRebuilt: the pass found the run index incomplete (its build
 	// marker gone: the stream deleted or purged) and rebuilt it.
 	IndexRebuilt bool
@@ -235,6 +238,14 @@ type Sweeper struct {
 	runs map[string]*tracked
 	// timers is JETFLOW_TIMERS once bound.
 	timers natsjs.Stream
+	// ends are the run generations read ended whose expiry is still to
+	// be stored (ends.go); endsAfter is the ends cursor read at the
+	// start of the pass, endsRev its revision (0: none).
+	ends      []ending
+	endsAfter uint64
+	endsRev   uint64
+	// endsPass counts what the current pass scheduled.
+	endsPass endsReport
 }
 
 // New returns a sweeper; it touches NATS only in passes.
@@ -301,11 +312,14 @@ func (s *Sweeper) Pass(ctx context.Context) Pass {
 	var p Pass
 	p.IndexRebuilt, p.Err = s.ensureIndex(ctx)
 	var err error
+	s.endsPass = endsReport{}
 	p.Read, err = s.read(ctx)
 	p.Err = firstErr(p.Err, err)
 	if err == nil {
 		s.countRunning()
+		s.endsPass.add(s.scheduleEnds(ctx))
 	}
+	p.Expiring, p.Err = s.endsPass.scheduled, firstErr(p.Err, s.endsPass.err)
 	now := s.cfg.Now()
 	timers := s.bindTimers(ctx)
 	for id, t := range s.runs {

@@ -452,3 +452,97 @@ func TestPassIndexesRunsMissingFromTheIndex(t *testing.T) {
 	require.True(t, p.IndexRebuilt)
 	require.ElementsMatch(t, []string{"unlisted", "listed"}, entries())
 }
+
+// expiries are the identities of the runs in the expiries stored in
+// JETFLOW_TIMERS, and whether each is due within the hour (sorted).
+func (b *bundle) expiries() []string {
+	b.t.Helper()
+	info, err := b.assets.Timers.Info(ctx(b.t), natsjs.WithSubjectFilter("jetflow.sched.expire.>"))
+	require.NoError(b.t, err)
+	var out []string
+	for subject := range info.State.Subjects {
+		m, err := b.assets.Timers.GetLastMsgForSubject(ctx(b.t), subject)
+		require.NoError(b.t, err)
+		e, err := state.DecodeExpiry(m.Data)
+		require.NoError(b.t, err)
+		for _, r := range e.Runs {
+			out = append(out, r.Identity())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestEndsAreScheduledOnceAcrossSweepers: the sweepers of several workers
+// read every run record, and the ends among them — a record written
+// ended, of any workflow, and the generations a new one replaced — get
+// their expiry stored once: by the first sweeper to read them, which
+// moves the shared cursor past them. A sweeper that starts later reads
+// every record again and schedules nothing the cursor has passed. An
+// expiry that cannot be stored is kept, the cursor stays below it, and
+// the next pass stores it. Before the deployment has a cursor, an expiry
+// marker is an end too.
+func TestEndsAreScheduledOnceAcrossSweepers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.t0.Add(-time.Hour)
+	b.run("done-1", "w", 0, state.StatusCompleted, old)
+	b.run("done-2", "other", 0, state.StatusFailed, old)
+	b.run("running", "w", 0, state.StatusRunning, old)
+	rec, err := state.Encode(state.Run{
+		V: state.Version, RunID: "again", Workflow: "w", Status: state.StatusRunning, Token: "t2", Generation: 2,
+		CreatedAt: old, UpdatedAt: old, Exec: state.ExecLease,
+		Predecessors: []state.Predecessor{
+			{Generation: 0, Token: "t0", Status: state.StatusCompleted},
+			{Generation: 1, Token: "t1", Status: state.StatusCancelled, Ended: old},
+		},
+	})
+	require.NoError(t, err)
+	_, err = b.assets.Runs.Create(ctx(t), "again", rec)
+	require.NoError(t, err)
+	// A run whose record expired under the version before (a marker):
+	// its records are due at once, on the deployment's first pass.
+	b.run("gone", "w", 0, state.StatusCompleted, old)
+	require.NoError(t, b.assets.Runs.Raw().Delete(ctx(t), "gone"))
+
+	s1, s2 := b.sweeper(), b.sweeper()
+	p := s1.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 5, p.Expiring)
+	require.Equal(t, []string{"again", "again/1", "done-1", "done-2", "gone"}, b.expiries())
+	p = s2.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Zero(t, p.Expiring, "the cursor had passed every end")
+
+	b.run("done-3", "w", 0, state.StatusCancelled, old)
+	b.run("gone-2", "w", 0, state.StatusCompleted, old)
+	p = s2.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 2, p.Expiring)
+	// Once there is a cursor, a marker's end was read before it.
+	require.NoError(t, b.assets.Runs.Raw().Delete(ctx(t), "gone-2"))
+	p = s1.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Zero(t, p.Expiring)
+	p = b.sweeper().Pass(ctx(t)) // a worker that starts now
+	require.NoError(t, p.Err)
+	require.Zero(t, p.Expiring)
+	require.Len(t, b.expiries(), 7) // gone-2's record, ended, too
+
+	// The timers stream is gone for a while (deleted by hand): the expiry
+	// waits in the sweeper that read the end, and the cursor for it.
+	require.NoError(t, b.assets.JS.DeleteStream(ctx(t), jetstream.TimersStream))
+	b.run("done-4", "w", 0, state.StatusCompleted, old)
+	p = s1.Pass(ctx(t))
+	require.Error(t, p.Err)
+	require.Zero(t, p.Expiring)
+	_, err = jetstream.Provision(ctx(t), b.assets.JS.Conn(), jetstream.Topology{}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	p = s1.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Equal(t, 1, p.Expiring)
+	require.Equal(t, []string{"done-4"}, b.expiries())
+	p = s2.Pass(ctx(t))
+	require.NoError(t, p.Err)
+	require.Zero(t, p.Expiring)
+}

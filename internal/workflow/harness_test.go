@@ -92,6 +92,7 @@ func newRig(t *testing.T, ackWait time.Duration) *rig {
 			{jetstream.TasksStream, jetstream.ConsumerName(wf, jetstream.RunTasks)},
 			{jetstream.TasksStream, jetstream.ConsumerName(wf, jetstream.BranchTasks)},
 			{jetstream.TimersStream, jetstream.DueConsumer},
+			{jetstream.TimersStream, jetstream.ExpiryConsumer},
 		} {
 			_ = a.JS.DeleteConsumer(ctx, c.stream, c.name)
 		}
@@ -188,6 +189,15 @@ func (r *rig) serveTimers() {
 	c, err := r.a.EnsureDueConsumer(r.ctx(), jetstream.ConsumerConfig{AckWait: r.ackWait})
 	require.NoError(r.t, err)
 	require.NoError(r.t, pool.Consume(c, 2, &DueForwarder{JS: r.a.JS, Log: testenv.Logger(r.t)}))
+}
+
+// serveExpiries carries out due expiries (Expirer).
+func (r *rig) serveExpiries() {
+	r.t.Helper()
+	pool := r.newPool(1, false)
+	c, err := r.a.EnsureExpiryConsumer(r.ctx(), jetstream.ConsumerConfig{AckWait: r.ackWait})
+	require.NoError(r.t, err)
+	require.NoError(r.t, pool.Consume(c, 1, &Expirer{Assets: r.a, Log: testenv.Logger(r.t)}))
 }
 
 // fireDue advances the timer clock by d and makes every timer due by it

@@ -92,8 +92,12 @@ func (f *DueForwarder) Release(msg natsjs.Msg, delay time.Duration) error {
 	return consume.NakAfter(msg, delay)
 }
 
-func (f *DueForwarder) settle(err error) {
+func (f *DueForwarder) settle(err error) { logSettle(f.Log, "due timer", err) }
+
+// logSettle logs at warn a settlement (ack, nak, term) of a message of
+// JETFLOW_TIMERS, a what, that failed: its redelivery settles it again.
+func logSettle(log zerolog.Logger, what string, err error) {
 	if err != nil {
-		f.Log.Warn().Err(err).Msg("cannot settle due timer")
+		log.Warn().Err(err).Msg("cannot settle " + what)
 	}
 }

@@ -122,6 +122,12 @@ func (h *holder) beginWait(c *Context, p *Pending) *settlement {
 		}
 		return h.end(c, p, expired(d, p.call, due))
 	}
+	// The wait's record comes before its hook token's: it is how the
+	// token is found when the run's records expire (Expire).
+	mark, err := h.markWait(p, state.Wait{Kind: w.Kind, Event: w.Event, Token: w.Token, Since: now, Until: w.deadline(now)})
+	if err != nil {
+		return &settlement{kind: settleRelease, err: err}
+	}
 	if w.Kind == state.StepHook {
 		taken, err := h.e.registerHook(d, p.call)
 		if err != nil {
@@ -130,10 +136,6 @@ func (h *holder) beginWait(c *Context, p *Pending) *settlement {
 		if taken != nil {
 			return h.end(c, p, taken)
 		}
-	}
-	mark, err := h.markWait(p, state.Wait{Kind: w.Kind, Event: w.Event, Token: w.Token, Since: now, Until: w.deadline(now)})
-	if err != nil {
-		return &settlement{kind: settleRelease, err: err}
 	}
 	deadline := mark.Until
 	if !deadline.IsZero() && !deadline.After(now) {
