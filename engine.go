@@ -28,6 +28,11 @@ type EngineStatus struct {
 	LegacyRuns     int    `json:"legacy_runs"`
 	LegacyMessages uint64 `json:"legacy_messages"`
 	Undecodable    int    `json:"undecodable_records"`
+	// Builds counts the runs of this version that have not ended (running
+	// or blocked) by workflow and the build that started them (Run.Build;
+	// "" while none is recorded): the runs each build holds, which a
+	// pinned workflow's workers of that build must stay up for.
+	Builds map[string]map[string]int `json:"builds"`
 }
 
 // OldWorkDone reports whether nothing is left for workers of an earlier
@@ -41,7 +46,8 @@ func (s EngineStatus) Ready() bool { return len(s.Foreign) == 0 }
 
 // EngineStatus reads the deployment's engine status: the roster's
 // liveness records, the protocol-1 subjects of the task and timer streams,
-// and every kept run record (one pass; seconds for a million runs).
+// and every kept run record (one pass; seconds for a million runs), whose
+// runs under way it counts by build.
 func (c *Client) EngineStatus(ctx context.Context) (_ EngineStatus, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	out := EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{}, Foreign: []ForeignWorker{}}
@@ -70,6 +76,7 @@ func (c *Client) EngineStatus(ctx context.Context) (_ EngineStatus, err error) {
 		return out, err
 	}
 	out.LegacyMessages = tasks + timers
-	out.LegacyRuns, out.Undecodable, err = c.runs.Legacy(ctx)
+	census, err := c.runs.Census(ctx)
+	out.LegacyRuns, out.Undecodable, out.Builds = census.Legacy, census.Undecodable, census.ByBuild
 	return out, err
 }

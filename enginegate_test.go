@@ -88,7 +88,8 @@ func TestEngineStatus(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 	s, err := c.EngineStatus(ctx)
 	require.NoError(t, err)
-	require.Equal(t, EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{"3": 1}, Foreign: []ForeignWorker{}}, s)
+	require.Equal(t, EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{"3": 1}, Foreign: []ForeignWorker{},
+		Builds: map[string]map[string]int{}}, s)
 	require.True(t, s.Ready())
 	require.True(t, s.OldWorkDone())
 
@@ -108,6 +109,7 @@ func TestEngineStatus(t *testing.T) {
 	require.Len(t, s.Foreign, 1)
 	require.Equal(t, "old", s.Foreign[0].Name)
 	require.Equal(t, 1, s.LegacyRuns)
+	require.Empty(t, s.Builds, "the legacy run is not counted by build")
 	require.Equal(t, uint64(1), s.LegacyMessages)
 	require.False(t, s.Ready())
 	require.False(t, s.OldWorkDone())

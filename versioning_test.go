@@ -183,7 +183,16 @@ func TestPinnedRunsStayOnTheirBuild(t *testing.T) {
 			waits, err := c.OpenWaits(ctx, id)
 			return err == nil && len(waits) == 1
 		}, 30*time.Second, 10*time.Millisecond, id)
-		_, err := c.SendEvent(ctx, id, "confirmed", "c", json.RawMessage(`"yes"`))
+	}
+	// The runs each build holds, as an operator reads them.
+	status, err := c.EngineStatus(ctx)
+	require.NoError(t, err)
+	held := status.Builds["signup"]
+	require.Equal(t, n, held["v1"]+held["v2"], "%v", held)
+	require.NotZero(t, held["v1"], "%v", held)
+	require.NotZero(t, held["v2"], "%v", held)
+	for i := range n {
+		_, err := c.SendEvent(ctx, fmt.Sprintf("p-%d", i), "confirmed", "c", json.RawMessage(`"yes"`))
 		require.NoError(t, err)
 	}
 	for i := range n {

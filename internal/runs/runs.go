@@ -793,14 +793,27 @@ func (s *Store) EnsureIndex(ctx context.Context) (bool, error) {
 // Index is the run index the store writes.
 func (s *Store) Index() *runindex.Index { return s.index }
 
-// Legacy counts the runs that have not ended and were admitted by the
-// executor before the lease (engine protocol 1: records without Exec),
-// which only that version's workers run; and the records it could not
-// decode. It reads every kept record once (one ordered consumer).
-func (s *Store) Legacy(ctx context.Context) (running, undecodable int, err error) {
+// Census is what the runs that have not ended are, counted over every kept
+// run record (Census).
+type Census struct {
+	// Legacy counts the runs admitted by the executor before the lease
+	// (engine protocol 1: records without Exec), which only that version's
+	// workers run.
+	Legacy int
+	// ByBuild counts the others by workflow and the build that started
+	// them (Run.Build; "" while none is recorded).
+	ByBuild map[string]map[string]int
+	// Undecodable counts the records that could not be decoded.
+	Undecodable int
+}
+
+// Census reads every kept run record once (one ordered consumer) and counts
+// the runs that have not ended.
+func (s *Store) Census(ctx context.Context) (c Census, err error) {
+	c.ByBuild = map[string]map[string]int{}
 	w, err := s.runs.Raw().WatchAll(ctx, natsjs.IgnoreDeletes())
 	if err != nil {
-		return 0, 0, fmt.Errorf("jetflow: list runs: %w", err)
+		return c, fmt.Errorf("jetflow: list runs: %w", err)
 	}
 	defer func() {
 		if serr := w.Stop(); serr != nil && err == nil {
@@ -811,17 +824,23 @@ func (s *Store) Legacy(ctx context.Context) (running, undecodable int, err error
 		select {
 		case e := <-w.Updates():
 			if e == nil {
-				return running, undecodable, nil
+				return c, nil
 			}
 			run, err := state.DecodeRun(e.Value())
 			switch {
 			case err != nil:
-				undecodable++
-			case !run.Status.Terminal() && run.Exec != state.ExecLease:
-				running++
+				c.Undecodable++
+			case run.Status.Terminal():
+			case run.Exec != state.ExecLease:
+				c.Legacy++
+			default:
+				if c.ByBuild[run.Workflow] == nil {
+					c.ByBuild[run.Workflow] = map[string]int{}
+				}
+				c.ByBuild[run.Workflow][run.Build]++
 			}
 		case <-ctx.Done():
-			return 0, 0, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
+			return c, fmt.Errorf("jetflow: list runs: %w", ctx.Err())
 		}
 	}
 }
