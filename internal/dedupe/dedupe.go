@@ -312,8 +312,8 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		if h := a.hooks.BeforeStartPublished; h != nil {
 			h(req.RunID)
 		}
-		if err := a.publishStart(ctx, req.Workflow, req.RunID, task); err != nil {
-			return Result{}, fmt.Errorf("jetflow: start %s: its run record is written, its start task is not (the sweeper starts the run): %w", req.RunID, err)
+		if err := a.publishUntilDone(ctx, req.Workflow, req.RunID, task); err != nil {
+			return Result{}, fmt.Errorf("jetflow: start %s: its run record is written, its start task is not (a retry of the start, or the sweeper, starts the run): %w", req.RunID, err)
 		}
 	}
 	res.Outcome, res.Run, res.Stored = Created, st.mine, st.mine.Token == st.run.Token && st.mine.Generation == st.run.Generation
@@ -404,6 +404,9 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 			entry.Outcome = state.AuditExisting
 		}
 		entry.Generation = res.Run.Generation
+		if err := a.ensureStarted(ctx, res); err != nil {
+			return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
+		}
 		var err error
 		res.Duplicates, err = a.runs.RecordDuplicate(ctx, req.RunID, entry)
 		if err != nil {
@@ -613,6 +616,58 @@ func (a *Admitter) publishStart(ctx context.Context, workflow, identity string, 
 		Str("msg_id", alt).Msg("the start task's message ID is held by another task (an earlier engine's?): start task published again under another message ID")
 	_, _, err = a.publishRetried(ctx, subject, alt, task)
 	return err
+}
+
+// publishUntilDone is publishStart for the call that created the run: a
+// transient failure (NATS restarting, a leader election) is tried again
+// until ctx ends, since a record without its start task waits for a
+// duplicate's repair (ensureStarted) or the sweeper.
+func (a *Admitter) publishUntilDone(ctx context.Context, workflow, identity string, task []byte) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := a.publishStart(ctx, workflow, identity, task)
+		if err == nil || ctx.Err() != nil || jetstream.IsAPIError(err) || !jetstream.IsTransient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// ensureStarted repairs a run whose creator stored its record and then
+// failed to publish its start task (NATS restarted between the two, or the
+// creator died): a duplicate start that finds res.Run running, a run of
+// this engine that no delivery has ever held (its lease key was never
+// written), publishes the run's start task from its record, under the
+// run's identity as message ID. A start task still stored (the run not
+// taken up yet, or held by its first delivery) refuses the copy (one task
+// per run subject); one stored meanwhile by a first holder that parked
+// after the lease read is a stray the worker drops without a replay; one
+// that finds the run ended is dropped. A run that was held costs the one
+// read of its lease key, and no publish (G25).
+func (a *Admitter) ensureStarted(ctx context.Context, res Result) error {
+	run := res.Run
+	if !res.Stored || run.Status != state.StatusRunning || run.Exec != state.ExecLease {
+		return nil
+	}
+	identity := state.RunIdentity(run.RunID, run.Generation)
+	_, _, err := a.assets.Steps.Get(ctx, state.LeaseKey(identity))
+	if !errors.Is(err, jetstream.ErrNotFound) {
+		return err // held once (nil), or the read failed
+	}
+	task, err := state.Encode(state.Task{
+		V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Input: run.Input, Token: run.Token,
+		Source: run.Source, Generation: run.Generation, Retention: run.Retention, AfterExpiry: run.AfterExpiry,
+		Parent: run.Parent, TraceParent: run.TraceParent, Attributes: run.Attributes,
+	})
+	if err != nil {
+		return err
+	}
+	return a.publishStart(ctx, run.Workflow, identity, task)
 }
 
 // publishRetried publishes task on subject under msgID, sending it again

@@ -294,3 +294,43 @@ func TestSupersedingStartNeverGivesUpAfterItsOwnCancel(t *testing.T) {
 	require.Equal(t, state.StatusRunning, run.Status, "the run ID has a running generation")
 	require.JSONEq(t, fmt.Sprint(1000+*rivals), string(run.Input), "the last rival's")
 }
+
+// A run whose creator wrote its record and then could not publish its
+// start task (NATS restarting, the creator dying): the retry of the start,
+// a duplicate, finds the run never held (no lease) and publishes its start
+// task from the record, with the record's token; a duplicate of a run
+// that was held publishes nothing.
+func TestDuplicateStartsARunWhoseStartTaskWasLost(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	rec, err := a.newRecord(Request{RunID: "lost-1", Workflow: "w", Input: json.RawMessage(`{"n":1}`), Retention: time.Hour}, "creator")
+	require.NoError(t, err)
+	st, err := a.createOrRead(ctx(t), rec, starter{began: time.Now()})
+	require.NoError(t, err)
+	require.True(t, st.created)
+	subject := jetstream.RunSubject("w", "lost-1")
+	_, err = a.assets.Tasks.GetLastMsgForSubject(ctx(t), subject)
+	require.Error(t, err, "no start task yet")
+
+	res, err := a.Admit(ctx(t), Request{RunID: "lost-1", Workflow: "w", Input: json.RawMessage(`{"n":1}`), Source: "retry"})
+	require.NoError(t, err)
+	require.Equal(t, Existing, res.Outcome)
+	m, err := a.assets.Tasks.GetLastMsgForSubject(ctx(t), subject)
+	require.NoError(t, err, "the duplicate published the run's start task")
+	task, err := state.DecodeTask(m.Data)
+	require.NoError(t, err)
+	require.Equal(t, "creator", task.Token)
+	require.Equal(t, time.Hour, task.Retention)
+
+	// Once a delivery has held the run (its lease written), a duplicate
+	// publishes nothing: consume the task, write the lease parked.
+	require.NoError(t, a.assets.Tasks.DeleteMsg(ctx(t), m.Sequence))
+	b, err := state.Encode(state.Lease{V: state.Version, State: state.LeaseParked, Seq: m.Sequence, Delivered: 1, At: time.Now().UTC()})
+	require.NoError(t, err)
+	_, err = a.assets.Steps.Put(ctx(t), state.LeaseKey("lost-1"), b)
+	require.NoError(t, err)
+	_, err = a.Admit(ctx(t), Request{RunID: "lost-1", Workflow: "w", Input: json.RawMessage(`{"n":1}`), Source: "retry"})
+	require.NoError(t, err)
+	_, err = a.assets.Tasks.GetLastMsgForSubject(ctx(t), subject)
+	require.Error(t, err, "a duplicate of a held run published a task")
+}
