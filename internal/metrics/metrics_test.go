@@ -37,6 +37,7 @@ func record(t *testing.T, m *metrics.Metrics) {
 	m.Start("carrier-pigeon", "order", "maybe", "") // unknown entry and outcome, unknown state
 	m.Serve("refund")                               // a served workflow: its alerting series at 0
 	m.RunsRunning("order", 3)
+	m.RunBlocked("order", "renamed")
 	m.WatchConn("nc-1", func() bool { return true }, func() uint64 { return 2 })
 	m.WatchConn("nc-1", func() bool { return true }, func() uint64 { return 2 }) // the same connection again
 	m.WatchConn("nc-2", func() bool { return false }, func() uint64 { return 1 })
@@ -143,12 +144,14 @@ func TestExpositionHasExactValues(t *testing.T) {
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "fatal"}, value: 0},
 		{family: metrics.NameSteps, labels: map[string]string{"workflow": "order", "step": "ship", "result": "other"}, value: 1},
 		{family: metrics.NameRunsRunning, labels: map[string]string{"workflow": "order"}, value: 3},
+		{family: metrics.NameRunsBlocked, labels: map[string]string{"workflow": "order", "divergence": "renamed"}, value: 1},
 		{family: metrics.NameNATSConnected, labels: map[string]string{}, value: 0}, // nc-2 is down
 		{family: metrics.NameNATSReconnects, labels: map[string]string{}, value: 3},
 		// Served: every series an alert watches for a first event, at 0.
 		{family: metrics.NameMaxDeliveries, labels: map[string]string{"workflow": "refund"}, value: 0},
 		{family: metrics.NameRedeliveries, labels: map[string]string{"workflow": "refund"}, value: 0},
 		{family: metrics.NameRunsStuck, labels: map[string]string{"workflow": "refund"}, value: 0},
+		{family: metrics.NameRunsBlockedNow, labels: map[string]string{"workflow": "refund"}, value: 0},
 		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "completed"}, value: 0},
 		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "failed"}, value: 0},
 		{family: metrics.NameRunsFinished, labels: map[string]string{"workflow": "refund", "state": "cancelled"}, value: 0},
@@ -365,7 +368,7 @@ func TestClientRoleExportsNoWorkerSeries(t *testing.T) {
 func TestNamesReturnsACopy(t *testing.T) {
 	t.Parallel()
 	names := metrics.Names()
-	require.Len(t, names, 21)
+	require.Len(t, names, 23)
 	names[0] = "changed"
 	require.Equal(t, metrics.NameStarts, metrics.Names()[0])
 }
