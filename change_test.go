@@ -482,7 +482,7 @@ func TestCheckCodeBeforeServing(t *testing.T) {
 		}
 		return WaitEvent[string](ctx, "confirmed")
 	}, WithEvent[string]("confirmed"))
-	check, err := c.CheckCode(ctx, mustRegistry(t, renamed))
+	check, err := c.CheckCode(ctx, mustRegistry(t, renamed), "v2")
 	require.NoError(t, err)
 	require.Equal(t, 2, check.Checked)
 	require.Len(t, check.Blocked, 2)
@@ -490,7 +490,7 @@ func TestCheckCodeBeforeServing(t *testing.T) {
 		require.Equal(t, DivergenceKind("renamed"), b.Divergence.Kind, b.RunID)
 		require.Equal(t, 0, b.Divergence.Position)
 	}
-	same, err := c.CheckCode(ctx, mustRegistry(t, signupVersion(newCounter(), true)))
+	same, err := c.CheckCode(ctx, mustRegistry(t, signupVersion(newCounter(), true)), "v2")
 	require.NoError(t, err)
 	require.True(t, same.Clean(), "the patched code replays both: %+v", same.Blocked)
 	require.Zero(t, effects.get("s-1.send-welcome-email.0"), "the check runs no step")

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -59,10 +60,11 @@ func (e *CodeCheckError) Unwrap() error { return ErrWouldBlock }
 // lists them), running no step, and reports the runs the code would block:
 // what a worker of this build would find on its first replay of each.
 // Run it in CI against a live deployment before a deploy, or let a worker
-// do it before it takes work (WorkerConfig.CheckBeforeServing). It reads
-// each run's record and its steps once; a run that ends meanwhile is not
-// reported.
-func (c *Client) CheckCode(ctx context.Context, ws *Registry) (_ CodeCheck, err error) {
+// do it before it takes work (WorkerConfig.CheckBeforeServing). build is
+// the code's build identity: a run of a pinned workflow pinned to another
+// build is not this code's to run, and not checked. It reads each run's
+// record and its steps once; a run that ends meanwhile is not reported.
+func (c *Client) CheckCode(ctx context.Context, ws *Registry, build string) (_ CodeCheck, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	out := CodeCheck{Blocked: []BlockedRun{}}
 	for _, name := range ws.Names() {
@@ -75,7 +77,7 @@ func (c *Client) CheckCode(ctx context.Context, ws *Registry) (_ CodeCheck, err 
 					return out, err
 				}
 				for _, r := range page.Runs {
-					if err := c.checkRun(ctx, def, r.RunID, &out); err != nil {
+					if err := c.checkRun(ctx, def, build, r.RunID, &out); err != nil {
 						return out, err
 					}
 				}
@@ -90,10 +92,16 @@ func (c *Client) CheckCode(ctx context.Context, ws *Registry) (_ CodeCheck, err 
 }
 
 // checkRun checks one run in flight of def against its stored history.
-func (c *Client) checkRun(ctx context.Context, def workflow.Definition, runID string, out *CodeCheck) error {
+func (c *Client) checkRun(ctx context.Context, def workflow.Definition, build, runID string, out *CodeCheck) error {
 	run, _, err := c.runs.Get(ctx, runID)
-	if err != nil || !run.Status.Active() || run.Exec != state.ExecLease {
-		return nil // gone, ended, or an earlier executor's: not this code's to replay
+	if errors.Is(err, runs.ErrNotFound) {
+		return nil // gone meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("jetflow: check run %s: %w", runID, err)
+	}
+	if !run.Status.Active() || run.Exec != state.ExecLease || def.Pinned && run.Build != "" && run.Build != build {
+		return nil // ended, an earlier executor's, or pinned to another build: not this code's to replay
 	}
 	d, err := workflow.CheckStored(ctx, c.assets, def, run)
 	if err != nil {

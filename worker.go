@@ -435,7 +435,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // some.
 func (w *Worker) checkCode(ctx context.Context, assets *jetstream.Assets, eng engine) error {
 	c := &Client{nc: w.nc, cfg: ClientConfig{Topology: w.cfg.Topology}.WithDefaults(), assets: assets, engine: eng}
-	check, err := c.CheckCode(ctx, w.ws)
+	check, err := c.CheckCode(ctx, w.ws, w.cfg.Build)
 	if err != nil {
 		return fmt.Errorf("jetflow: check the code against the runs in flight: %w", err)
 	}

@@ -97,8 +97,6 @@ type RunBlock struct {
 	// the worker that replayed it, and the worker.
 	Build  string `json:"build,omitempty"`
 	Worker string `json:"worker,omitempty"`
-	// Since is when the run was first blocked at this place; Checks counts
-	// the replays that found it so since.
-	Since  time.Time `json:"since"`
-	Checks int       `json:"checks,omitempty"`
+	// Since is when the run was first blocked at this place.
+	Since time.Time `json:"since"`
 }

@@ -567,8 +567,7 @@ func (s *Store) Finish(ctx context.Context, run state.Run, rev uint64, end func(
 // until compatible code takes it or an operator unblocks it. A run that
 // ended, or whose record holds another run under its ID now (another token
 // or generation), is left as it is, and so is a run already blocked at the
-// same place (Block.Checks counts the replays that found it so, and is
-// not written for each). It returns the record as it ended up and whether
+// same place (not written again for each replay that finds it so). It returns the record as it ended up and whether
 // this call wrote it.
 func (s *Store) Block(ctx context.Context, run state.Run, rev uint64, block jetflowtype.RunBlock) (_ state.Run, written bool, _ error) {
 	token, gen := run.Token, run.Generation
@@ -576,7 +575,7 @@ func (s *Store) Block(ctx context.Context, run state.Run, rev uint64, block jetf
 		if !r.Status.Active() || r.Token != token || r.Generation != gen {
 			return false, nil
 		}
-		if r.Status == state.StatusBlocked && r.Block != nil && sameDivergence(r.Block.Divergence, block.Divergence) {
+		if r.Status == state.StatusBlocked && r.Block != nil && SameDivergence(r.Block.Divergence, block.Divergence) {
 			return false, nil
 		}
 		r.Status, r.UpdatedAt, r.Block = state.StatusBlocked, s.now().UTC(), &block
@@ -600,9 +599,9 @@ func (s *Store) SetBuild(ctx context.Context, run state.Run, rev uint64, build s
 	})
 }
 
-// sameDivergence reports whether a and b are the same report: kind, place
+// SameDivergence reports whether a and b are the same report: kind, place
 // and steps.
-func sameDivergence(a, b *jetflowtype.Divergence) bool {
+func SameDivergence(a, b *jetflowtype.Divergence) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
@@ -612,19 +611,20 @@ func sameDivergence(a, b *jetflowtype.Divergence) bool {
 // Unblock makes the blocked run (read at revision rev, 0: not read)
 // running again, with change applied to it (nil: none): a replay went past
 // the place it was blocked at, or an operator unblocked it. A run that is
-// not blocked, or whose record holds another run now, is left as it is
-// (written false). It returns the record as it ended up and, when it
+// not blocked, or whose record holds another run now, or that change (run
+// on the blocked record before it is written running) refuses, is left as
+// it is (written false). It returns the record as it ended up and, when it
 // wrote it, its new revision.
-func (s *Store) Unblock(ctx context.Context, run state.Run, rev uint64, change func(r *state.Run)) (_ state.Run, newRev uint64, written bool, _ error) {
+func (s *Store) Unblock(ctx context.Context, run state.Run, rev uint64, change func(r *state.Run) bool) (_ state.Run, newRev uint64, written bool, _ error) {
 	token, gen := run.Token, run.Generation
 	return s.updateRev(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
 		if r.Status != state.StatusBlocked || r.Token != token || r.Generation != gen {
 			return false, nil
 		}
-		r.Status, r.UpdatedAt, r.Block = state.StatusRunning, s.now().UTC(), nil
-		if change != nil {
-			change(r)
+		if change != nil && !change(r) {
+			return false, nil
 		}
+		r.Status, r.UpdatedAt, r.Block = state.StatusRunning, s.now().UTC(), nil
 		return true, nil
 	})
 }

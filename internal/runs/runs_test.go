@@ -551,8 +551,17 @@ func TestStoppedWatchIsDrained(t *testing.T) {
 	realLast := s.waiters.lastSeq
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var armed atomic.Bool
+	idle := func() bool {
+		s.waiters.mu.Lock()
+		defer s.waiters.mu.Unlock()
+		return s.waiters.count == 0
+	}
 	s.waiters.lastSeq = func(ctx context.Context) (uint64, error) {
-		if armed.Load() {
+		// The first check once nobody waits is made slow. Armed before the
+		// run ends, so that check cannot have passed before the test looks
+		// (on a loaded machine the hub can stop within two check periods
+		// of the wait's return).
+		if armed.Load() && idle() {
 			select {
 			case entered <- struct{}{}:
 				<-release // a slow check: the hub reads no update meanwhile
@@ -569,11 +578,15 @@ func TestStoppedWatchIsDrained(t *testing.T) {
 		waited <- err
 	}()
 	waitingOn(t, s, 1)
+	armed.Store(true) // once nobody waits, the next checks stop the hub
 	_, _, err = s.Finish(ctx(t), running("r-l", "a"), 0, func(r *state.Run) { r.Status = state.StatusCompleted })
 	require.NoError(t, err)
 	require.NoError(t, <-waited)
-	armed.Store(true) // nobody waits: the next checks stop the hub
-	<-entered
+	select {
+	case <-entered:
+	case <-ctx(t).Done():
+		t.Fatal("the hub made no check once nobody waited")
+	}
 	for i := range 600 { // more than the watch's channel holds
 		_, err := s.runs.Raw().Put(ctx(t), fmt.Sprintf("other-%d", i), []byte(`{}`))
 		require.NoError(t, err)

@@ -43,6 +43,12 @@ type Lease struct {
 	// timer. Records written before they existed have neither.
 	Places []int `json:"places,omitempty"`
 	Began  bool  `json:"began,omitempty"`
+	// Begun and BegunPlaces are the other steps the body had begun as
+	// branches, waits or children when it parked, not committed then, and
+	// not in Waits (a Go not awaited yet): a later holder's body must
+	// start them again at those places, and not run them in place.
+	Begun       []string `json:"begun,omitempty"`
+	BegunPlaces []int    `json:"begun_places,omitempty"`
 	// Passed is the number of awaits of the body that holders of the run
 	// have passed (returned from), as far as the writers of the lease
 	// knew: a holder that passes a later await is the first to, which is

@@ -125,6 +125,11 @@ type Run struct {
 	// report of the replay that found its code departing from its
 	// history. Nil otherwise.
 	Block *jetflowtype.RunBlock `json:"block,omitempty"`
+	// WaivedRev is, for each step of Waived, the revision of the record
+	// that was waived in the steps bucket (0: none was committed, a step
+	// the run waited for): only that record is left out of replays; the
+	// step's record the code commits after it counts.
+	WaivedRev map[string]uint64 `json:"waived_rev,omitempty"`
 	// Waived are the steps of the run's history that an operator told the
 	// run to go on without (ResumeRun accepting a divergence): a replay
 	// neither compares the code with them nor returns their results, so

@@ -80,13 +80,14 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Exec:         ExecLease,
 		Block:        &jetflowtype.RunBlock{Reason: jetflowtype.BlockDivergence},
 		Waived:       []string{"order-42/7.a.0"},
+		WaivedRev:    map[string]uint64{"order-42/7.a.0": 3},
 		Build:        "0123456789ab",
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children and predecessors are not carried (they can be many): the
 	// finish of a run with either reads the record again before it writes.
 	rewritten := map[string]bool{"Status": true, "UpdatedAt": true, "Output": true, "Error": true, "Children": true, "Predecessors": true,
-		"Block": true, "Waived": true}
+		"Block": true, "Waived": true, "WaivedRev": true}
 	v := reflect.ValueOf(run)
 	for i := range v.NumField() {
 		require.False(t, v.Field(i).IsZero(), "set Run.%s in this test", v.Type().Field(i).Name)
@@ -98,7 +99,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 	require.Zero(t, StepTask(withoutChildren, 9, "order-42/7.a.0").Rev, "a run with predecessors: the finish must read the record")
 	withoutChildren.Predecessors = nil
 	require.Zero(t, StepTask(withoutChildren, 9, "order-42/7.a.0").Rev, "a blocked run: the finish must read the record")
-	withoutChildren.Block, withoutChildren.Waived = nil, nil
+	withoutChildren.Block, withoutChildren.Waived, withoutChildren.WaivedRev = nil, nil, nil
 	require.Equal(t, uint64(9), StepTask(withoutChildren, 9, "order-42/7.a.0").Rev)
 	b, err := Encode(task)
 	require.NoError(t, err)

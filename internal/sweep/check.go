@@ -87,8 +87,6 @@ const (
 	dispatchAbsorbed
 )
 
-// redispatch reads t's record again and, if it is still the same running
-// revision, wakes the run (workflow.Wake).
 // offerBlocked wakes t, a run that another build's code blocked, once for
 // this worker's build: the holder that takes the wake replays the run with
 // whatever code it has, and the run goes on if that code replays its
@@ -100,8 +98,8 @@ func (s *Sweeper) offerBlocked(ctx context.Context, t *tracked) error {
 	if err != nil {
 		return err
 	}
-	t.offered = t.Revision
 	if run.Status != state.StatusBlocked {
+		t.offered = t.Revision
 		return nil
 	}
 	build := s.cfg.Build
@@ -112,11 +110,14 @@ func (s *Sweeper) offerBlocked(ctx context.Context, t *tracked) error {
 	if _, err := workflow.Wake(ctx, s.cfg.Assets, run, rev, "", msgID); err != nil {
 		return fmt.Errorf("sweep: wake blocked run %s: %w", run.RunID, err)
 	}
+	t.offered = t.Revision // offered: not again at this revision
 	s.log.Info().Str("run_id", run.RunID).Str("workflow", run.Workflow).Str("blocked_by", t.BlockedBy).
 		Msg("blocked run offered to this worker's build")
 	return nil
 }
 
+// redispatch reads t's record again and, if it is still the same running
+// revision, wakes the run (workflow.Wake).
 func (s *Sweeper) redispatch(ctx context.Context, t *tracked, now time.Time) (dispatch, error) {
 	run, rev, err := s.store.Get(ctx, t.RunID)
 	if errors.Is(err, runs.ErrNotFound) {

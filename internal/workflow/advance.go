@@ -80,7 +80,8 @@ func (h *holder) advance(c *Context, ps []*Pending, first bool) (int, *settlemen
 		h.passed(c, ps, first, won)
 		return won, nil
 	}
-	return -1, &settlement{kind: settlePark, epoch: c.epoch, waits: unresolved(ps), first: first, began: true}
+	waits := unresolved(ps)
+	return -1, &settlement{kind: settlePark, epoch: c.epoch, waits: waits, begun: c.begunBesides(waits), first: first, began: true}
 }
 
 // classify decides what each step opened since the last await is: the one
@@ -108,6 +109,19 @@ func classify(opened, ps []*Pending) {
 	}
 }
 
+// begunBesides are the steps the body began as branches, waits or
+// children (classified by an await), not known to be committed, other than
+// waits: what a park records beside what it waits for (state.Lease.Begun).
+func (c *Context) begunBesides(waits []*Pending) []*Pending {
+	var out []*Pending
+	for _, p := range c.started {
+		if p.rec == nil && (p.class == classBranch || p.class == classWait || p.class == classChild) && !slices.Contains(waits, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // unresolved are the steps of ps not known to be committed.
 func unresolved(ps []*Pending) []*Pending {
 	var out []*Pending
@@ -128,6 +142,7 @@ func (h *holder) refresh(c *Context, ps []*Pending) *settlement {
 	if err != nil {
 		return &settlement{kind: settleRelease, err: fmt.Errorf("cannot read the run's history: %w", err)}
 	}
+	hist.waive(h.d.run.Waived, h.d.run.WaivedRev)
 	for _, p := range ps {
 		if rec := hist.get(p.id); rec != nil {
 			p.rec = rec

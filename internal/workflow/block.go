@@ -131,8 +131,14 @@ func (e *Executor) resumeBlocked(d *delivery, why string) *settlement {
 // errBlocked is the cause of a settlement that blocked the run.
 var errBlocked = errors.New("jetflow: the run's code diverges from its history: run blocked")
 
-// settleBlocked blocks d's run (block) and acknowledges its task, or
-// releases the task when the block could not be written.
+// settleBlocked blocks d's run (block) and settles its task: a run task
+// is acknowledged (the run's recheck timer, and whoever unblocks it, wake
+// it); a branch task is handed back as unstarted, after BlockRecheck, so
+// that the branch stays stored for code that replays the run (a holder
+// that begins the branch again meanwhile is absorbed by it, where a
+// branch task published anew under its step ID within the broker's
+// duplicate window would be dropped). A block that could not be written
+// releases the task: its redelivery blocks again.
 func (e *Executor) settleBlocked(ctx context.Context, d *delivery, h *holder, s *settlement) {
 	if err := e.block(d, h, s); err != nil {
 		if h != nil {
@@ -143,6 +149,10 @@ func (e *Executor) settleBlocked(ctx context.Context, d *delivery, h *holder, s 
 		return
 	}
 	d.msg.Stop()
+	if h == nil {
+		settleErr(d.log, e.release(d.msg.Msg, e.cfg.BlockRecheck), "nak")
+		return
+	}
 	settleErr(d.log, d.msg.Msg.Ack(), "ack")
 }
 
@@ -173,41 +183,64 @@ var ErrNothingToWaive = errors.New("jetflow: the divergence names no step of the
 // after a successful one gets it, as the run is running again), an unknown
 // one ErrRunNotFound.
 func Unblock(ctx context.Context, assets *jetstream.Assets, store *runs.Store, runID string, accept bool) (state.Run, string, error) {
-	run, rev, err := store.Get(ctx, runID)
-	if errors.Is(err, runs.ErrNotFound) {
-		return state.Run{}, "", fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-	}
-	if err != nil {
-		return state.Run{}, "", err
-	}
-	waive := ""
-	if accept && run.Block != nil && run.Block.Divergence != nil {
-		waive = waivable(run.Block.Divergence)
-	}
-	if run.Status == state.StatusBlocked && accept && waive == "" {
-		return run, "", fmt.Errorf("%w: %s", ErrNothingToWaive, run.Block.Divergence)
-	}
-	run, rev, written, err := store.Unblock(ctx, run, rev, func(r *state.Run) {
-		if waive != "" && !slices.Contains(r.Waived, waive) {
-			r.Waived = append(r.Waived, waive)
+	for round := 0; ; round++ {
+		run, rev, err := store.Get(ctx, runID)
+		if errors.Is(err, runs.ErrNotFound) {
+			return state.Run{}, "", fmt.Errorf("%w: %s", ErrRunNotFound, runID)
 		}
-	})
-	switch {
-	case err != nil:
-		return run, "", err
-	case !written:
-		return run, "", fmt.Errorf("%w: %s is %s", ErrRunNotBlocked, runID, run.Status)
+		if err != nil {
+			return state.Run{}, "", err
+		}
+		if run.Status != state.StatusBlocked || run.Block == nil {
+			return run, "", fmt.Errorf("%w: %s is %s", ErrRunNotBlocked, runID, run.Status)
+		}
+		seen := run.Block.Divergence
+		waive, waiveRev := "", uint64(0)
+		if accept {
+			if waive = waivable(seen); waive == "" {
+				return run, "", fmt.Errorf("%w: %s", ErrNothingToWaive, seen)
+			}
+			// Only the record the report is about is waived, at the
+			// revision it has now: a record the code commits under that
+			// step ID afterwards counts (none: a step the run waits for).
+			if _, waiveRev, err = assets.Steps.Get(ctx, waive); err != nil && !errors.Is(err, jetstream.ErrNotFound) {
+				return run, "", err
+			}
+		}
+		run, rev, written, err := store.Unblock(ctx, run, rev, func(r *state.Run) bool {
+			if r.Block == nil || !runs.SameDivergence(r.Block.Divergence, seen) {
+				return false // blocked again elsewhere meanwhile: decide on the new report
+			}
+			if waive != "" {
+				if !slices.Contains(r.Waived, waive) {
+					r.Waived = append(r.Waived, waive)
+				}
+				if r.WaivedRev == nil {
+					r.WaivedRev = map[string]uint64{}
+				}
+				r.WaivedRev[waive] = waiveRev
+			}
+			return true
+		})
+		switch {
+		case err != nil:
+			return run, "", err
+		case !written && run.Status == state.StatusBlocked && round < 3:
+			continue // the report changed under the call
+		case !written:
+			return run, "", fmt.Errorf("%w: %s is %s", ErrRunNotBlocked, runID, run.Status)
+		}
+		id := state.StepID(state.RunIdentity(run.RunID, run.Generation), blockStep, 0)
+		b, err := state.Encode(state.StepTask(run, rev, id))
+		if err == nil {
+			_, err = jetstream.PublishTask(ctx, assets.JS, jetstream.BranchSubject(run.Workflow, id), id+".unblock."+strconv.FormatUint(rev, 10), b)
+		}
+		if err != nil {
+			// The run is running again; its recheck timer wakes it.
+			return run, waive, fmt.Errorf("jetflow: unblocked run %s, but could not wake it (its recheck timer will): %w", runID, err)
+		}
+		return run, waive, nil
 	}
-	id := state.StepID(state.RunIdentity(run.RunID, run.Generation), blockStep, 0)
-	b, err := state.Encode(state.StepTask(run, rev, id))
-	if err == nil {
-		_, err = jetstream.PublishTask(ctx, assets.JS, jetstream.BranchSubject(run.Workflow, id), id+".unblock."+strconv.FormatUint(rev, 10), b)
-	}
-	if err != nil {
-		// The run is running again; its recheck timer wakes it.
-		return run, waive, fmt.Errorf("jetflow: unblocked run %s, but could not wake it (its recheck timer will): %w", runID, err)
-	}
-	return run, waive, nil
 }
 
 // waivable is the step of the history that d's report says the code
@@ -246,25 +279,52 @@ func (e *Executor) wakeUnblocked(d *delivery) {
 // newer one superseded (Config.NewRuns): the run is pinned to the build of
 // whoever takes it first, which must be the newest.
 func (e *Executor) notNewHere(d *delivery, def Definition) bool {
-	if !def.Pinned || d.run.Build != "" || e.cfg.NewRuns == nil || e.cfg.NewRuns(def.Name) {
-		return false
+	if !def.Pinned || d.run.Build != "" || d.task.Wake || d.delivered > 1 || e.cfg.NewRuns == nil || e.cfg.NewRuns(def.Name) {
+		return false // not the first delivery of a start: the run may be under way here
 	}
 	return e.elsewhere(d, def, "(a newer build)")
+}
+
+// pinnedElsewhere reports the build a run of the pinned workflow def that
+// names no build yet (it has not parked) was started on, when the history
+// h says it is another than this worker's: the build of its first
+// committed step. Such a run was taken up again before its first park (a
+// drain's hand-over, a crash), and goes back to its build. "" otherwise.
+func (e *Executor) pinnedElsewhere(def Definition, d *delivery, h *history) string {
+	if !def.Pinned || d.run.Build != "" {
+		return ""
+	}
+	first := -1
+	build := ""
+	for _, rec := range h.steps {
+		if placed(rec) && rec.Build != "" && (first < 0 || rec.Seq < first) {
+			first, build = rec.Seq, rec.Build
+		}
+	}
+	if build == e.cfg.Build {
+		return ""
+	}
+	return build
+}
+
+// bounceDelay is how long a task handed back to another build waits:
+// 100ms doubled with each delivery, at most 5s, so that a task of a build
+// no worker runs now costs a delivery every 5s, not a loop.
+func bounceDelay(d *delivery) time.Duration {
+	return min(100*time.Millisecond<<min(max(d.delivered-1, 0), 6), 5*time.Second)
 }
 
 // elsewhere hands d's task back, untouched, when it belongs to a run of a
 // pinned workflow (def) that another build than this worker's started
 // (build: the run's, or the branch task's): a worker of that build takes
-// it. The redelivery comes after a delay that grows with the delivery
-// count (100ms doubled, at most 5s), so that a task of a build no worker
-// runs now costs a delivery every 5s, not a loop. It reports whether it
-// handed the task back.
+// it, after bounceDelay. It reports whether it handed the task back.
 func (e *Executor) elsewhere(d *delivery, def Definition, build string) bool {
 	if !def.Pinned || build == "" || build == e.cfg.Build {
 		return false
 	}
-	delay := 100 * time.Millisecond << min(max(d.delivered-1, 0), 6)
 	d.log.Debug().Str("build", build).Str("this_build", e.cfg.Build).Msg("task of a run pinned to another build: handed back")
-	settleErr(d.log, d.msg.Msg.NakWithDelay(min(delay, 5*time.Second)), "nak")
+	// Handed back as a delivery that started nothing (release): the
+	// delivery of the right build counts no attempt for this one.
+	settleErr(d.log, e.release(d.msg.Msg, bounceDelay(d)), "nak")
 	return true
 }

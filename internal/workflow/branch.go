@@ -108,10 +108,10 @@ func (e *Executor) branchHistory(d *delivery) (*history, *settlement) {
 	case !run.Status.Active() || hist.lease != nil && hist.lease.State == state.LeaseCancelled:
 		return nil, &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s", errRunNotRunning, run.Status)}
 	}
-	if rec := hist.get(d.task.StepID); rec != nil && !slices.Contains(run.Waived, rec.StepID) {
+	if rec := hist.get(d.task.StepID); rec != nil && !(slices.Contains(run.Waived, rec.StepID) && run.WaivedRev[rec.StepID] == rec.Rev) {
 		return nil, &settlement{kind: settleDone, rec: rec}
 	}
-	d.run.Waived = run.Waived
+	d.run.Waived, d.run.WaivedRev = run.Waived, run.WaivedRev
 	return hist, nil
 }
 
@@ -152,7 +152,7 @@ func (e *Executor) runBranch(c *Context, p *Pending) *settlement {
 		return &settlement{kind: settleRelease, err: err}
 	}
 	a := &stepAttempt{stepCall: p.call, attempt: attempt, key: key, start: e.cfg.Now()}
-	rec, s := e.runAttempt(d, a, func(id string, b []byte) (uint64, error) { return e.create(d.nctx, id, b) })
+	rec, s := e.runAttempt(d, a, func(id string, b []byte) (uint64, error) { return e.createOver(d, id, b) })
 	if s != nil {
 		return s
 	}

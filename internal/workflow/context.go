@@ -87,7 +87,7 @@ func (c *Context) Workflow() string { return c.run.Workflow }
 // (state.Run.Waived) are left out of h.
 func (e *Executor) newContext(d *delivery, m mode, h *history) *Context {
 	if h != nil && len(d.run.Waived) > 0 {
-		h.waive(d.run.Waived)
+		h.waive(d.run.Waived, d.run.WaivedRev)
 	}
 	return &Context{delivery: d, exec: e, mode: m, hist: h, occ: make(map[string]int), done: make(chan *settlement, 1)}
 }

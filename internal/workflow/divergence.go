@@ -191,6 +191,6 @@ func CheckStored(ctx context.Context, assets *jetstream.Assets, def Definition, 
 	if err != nil {
 		return nil, err
 	}
-	hist.waive(run.Waived)
+	hist.waive(run.Waived, run.WaivedRev)
 	return checkHistory(def, hist, run), nil
 }

@@ -325,6 +325,7 @@ func (e *Executor) handBack(ctx context.Context, t state.Task, seq uint64, deliv
 		}
 		rec.Passed = found.PassedAwaits()
 		rec.Waits, rec.Places, rec.All, rec.Began = found.Waits, found.Places, found.All, found.Began
+		rec.Begun, rec.BegunPlaces = found.Begun, found.BegunPlaces
 		switch {
 		case found.Unstarted && found.Seq == seq:
 			rec.Clean, rec.Inherited, rec.Epoch = found.Clean, found.Inherited, found.Epoch

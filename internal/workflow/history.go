@@ -125,40 +125,66 @@ type awaitedStep struct {
 // awaiting adds to h what the lease record l (the one the delivery took
 // the run from) says the body waited for at its last park: the steps of
 // its Waits not committed, at their places (a record written after the
-// park, by a holder or a delivery handed back, keeps them). A record
+// park, by a holder or a delivery handed back, keeps them), and gives an
+// event committed into one of them the place of its wait. A record
 // without places (written by an earlier version) adds nothing.
 func (h *history) awaiting(l state.Lease) {
+	if len(l.BegunPlaces) == len(l.Begun) {
+		for i, id := range l.Begun {
+			h.await(id, l.BegunPlaces[i], false)
+		}
+	}
 	if len(l.Places) != len(l.Waits) {
 		return
 	}
 	for i, id := range l.Waits {
-		if h.steps[id] != nil {
+		if rec := h.steps[id]; rec != nil {
+			if rec.EventID != "" && h.places[l.Places[i]] == nil {
+				// An event its sender committed into a wait the run
+				// waited for: its place is the wait's, which the record
+				// does not carry.
+				h.places[l.Places[i]] = rec
+				h.last = max(h.last, l.Places[i])
+			}
 			continue
 		}
-		if h.awaited == nil {
-			h.awaited, h.awaitedAt = make(map[int]awaitedStep), make(map[string]int)
-		}
-		h.awaited[l.Places[i]] = awaitedStep{id: id, inline: !l.Began}
-		h.awaitedAt[id] = l.Places[i]
-		h.last = max(h.last, l.Places[i])
+		h.await(id, l.Places[i], !l.Began)
 	}
 }
 
-// waive forgets the records of ids, steps an operator told the run to go
-// on without (state.Run.Waived): a replay neither returns their results
-// nor compares the body with them.
-func (h *history) waive(ids []string) {
+// await records step id, not committed, as one the run waits for at place
+// seq (inline: a sequential step's retry).
+func (h *history) await(id string, seq int, inline bool) {
+	if h.steps[id] != nil {
+		return
+	}
+	if h.awaited == nil {
+		h.awaited, h.awaitedAt = make(map[int]awaitedStep), make(map[string]int)
+	}
+	h.awaited[seq] = awaitedStep{id: id, inline: inline}
+	h.awaitedAt[id] = seq
+	h.last = max(h.last, seq)
+}
+
+// waive forgets what an operator told the run to go on without
+// (state.Run.Waived): the record of each step at the revision it had then
+// (revs; 0: none was committed) and the step's place among what the run
+// waits for. A replay neither returns nor compares them; a record the code
+// committed under the step's ID after the waiver counts.
+func (h *history) waive(ids []string, revs map[string]uint64) {
 	for _, id := range ids {
 		if seq, ok := h.awaitedAt[id]; ok {
 			delete(h.awaited, seq)
 			delete(h.awaitedAt, id)
 		}
-		if old := h.steps[id]; old != nil {
-			if h.places[old.Seq] == old {
-				delete(h.places, old.Seq)
-			}
-			delete(h.steps, id)
+		old := h.steps[id]
+		if old == nil || revs[id] == 0 || old.Rev != revs[id] {
+			continue
 		}
+		if h.places[old.Seq] == old {
+			delete(h.places, old.Seq)
+		}
+		delete(h.steps, id)
 	}
 }
 

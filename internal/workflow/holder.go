@@ -78,6 +78,11 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 		e.settleRun(d, h.holder, s)
 		return
 	}
+	if b := e.pinnedElsewhere(def, d, h.history); b != "" {
+		d.log.Debug().Str("build", b).Msg("run pinned to another build before its first park: handed over")
+		e.settleRun(d, h.holder, &settlement{kind: settleRelease, handOver: true, delay: bounceDelay(d)})
+		return
+	}
 	m.OnBeat(h.lease.beat)
 	h.history.awaiting(h.lease.found)
 	c := e.newContext(d, modeHolder, h.history)

@@ -90,7 +90,7 @@ func (h *holder) retryLater(c *Context, p *Pending, s *settlement) *settlement {
 	if err := h.storeRetryTimer(c, p, s.attempt+1, due); err != nil {
 		return &settlement{kind: settleRelease, err: err}
 	}
-	return &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}}
+	return &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}, begun: c.begunBesides([]*Pending{p})}
 }
 
 // retryOf reports whether the holder's task is the retry timer of p.
@@ -155,7 +155,7 @@ func (h *holder) attemptFor(c *Context, p *Pending) (int, *settlement) {
 		if err := h.storeRetryTimer(c, p, attempt, waitTill); err != nil {
 			return 0, &settlement{kind: settleRelease, err: err}
 		}
-		return 0, &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}}
+		return 0, &settlement{kind: settlePark, epoch: c.epoch, waits: []*Pending{p}, begun: c.begunBesides([]*Pending{p})}
 	}
 	return attempt, nil
 }

@@ -59,6 +59,9 @@ type lease struct {
 	// places: the waits' places (state.Lease.Places).
 	all, began bool
 	places     []int
+	// begun, begunPlaces: the park's state.Lease.Begun.
+	begun       []string
+	begunPlaces []int
 	// settled: the holder parked, released or handed the run over; a
 	// heartbeat that comes after (its task is being settled) writes
 	// nothing over that.
@@ -128,7 +131,7 @@ func (l *lease) beat() {
 // waits (every one of them when all, else any), and returns the record's
 // revision once it is written: the holder's last write. A lost lease is
 // its cause.
-func (l *lease) park(epoch int, waits []*Pending, all, began bool) (uint64, error) {
+func (l *lease) park(epoch int, waits, begun []*Pending, all, began bool) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost != nil {
@@ -137,6 +140,10 @@ func (l *lease) park(epoch int, waits []*Pending, all, began bool) (uint64, erro
 	l.all, l.began, l.places = all, began, make([]int, len(waits))
 	for i, p := range waits {
 		l.places[i] = p.seq
+	}
+	l.begun, l.begunPlaces = stepIDs(begun), make([]int, len(begun))
+	for i, p := range begun {
+		l.begunPlaces[i] = p.seq
 	}
 	err := l.writeLocked(state.LeaseParked, epoch, stepIDs(waits))
 	l.settled = true
@@ -174,7 +181,8 @@ func (l *lease) leave() {
 	}
 	f := l.found
 	rec := state.Lease{V: state.Version, State: state.LeaseReleased, Worker: l.e.cfg.WorkerID, Seq: l.d.seq, Delivered: l.d.delivered,
-		Epoch: f.Epoch, Waits: f.Waits, Places: f.Places, All: f.All, Began: f.Began, Inherited: true, At: l.e.cfg.Now().UTC(),
+		Epoch: f.Epoch, Waits: f.Waits, Places: f.Places, All: f.All, Began: f.Began, Begun: f.Begun, BegunPlaces: f.BegunPlaces,
+		Inherited: true, At: l.e.cfg.Now().UTC(),
 		Passed: max(l.passedBefore(), int(l.passed.Load()))}
 	b, err := state.Encode(rec)
 	if err == nil {
@@ -214,7 +222,7 @@ func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) erro
 	}
 	switch st {
 	case state.LeaseParked:
-		rec.Places = l.places
+		rec.Places, rec.Begun, rec.BegunPlaces = l.places, l.begun, l.begunPlaces
 	case state.LeaseHeld:
 		rec.Epoch = l.found.Epoch // a renewal keeps what the park before it recorded
 	}
@@ -224,6 +232,7 @@ func (l *lease) writeLocked(st state.LeaseState, epoch int, waits []string) erro
 		// body must start again where they were (history.awaiting).
 		f := l.found
 		rec.Waits, rec.Places, rec.All, rec.Began = f.Waits, f.Places, f.All, f.Began
+		rec.Begun, rec.BegunPlaces = f.Begun, f.BegunPlaces
 	}
 	b, err := state.Encode(rec)
 	if err != nil {

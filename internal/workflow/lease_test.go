@@ -588,7 +588,7 @@ func TestLeaseCommitIsFenced(t *testing.T) {
 				require.Nil(t, r.step("r.b.0"), "a commit past the fence was stored")
 				require.ErrorIs(t, context.Cause(o.d.ctx), tc.cause, "the delivery's context is not cancelled")
 				require.ErrorIs(t, l.live(), tc.err, "a lost lease lets the holder start a step")
-				_, err = l.park(1, []*Pending{{id: "r.c.0"}}, true, true)
+				_, err = l.park(1, []*Pending{{id: "r.c.0"}}, nil, true, true)
 				require.ErrorIs(t, err, tc.err, "a lost lease parks")
 				require.NotNil(t, r.step("r.a.0"))
 				return true // lost or cancelled: the message is not the holder's to settle
@@ -659,11 +659,11 @@ func TestLeaseSettlementRecords(t *testing.T) {
 		want   *state.Lease // nil: no record
 	}{
 		{"park on all of two steps", func(l *lease) {
-			_, err := l.park(2, []*Pending{{id: "r.a.0"}, {id: "r.b.0", seq: 1}}, true, true)
+			_, err := l.park(2, []*Pending{{id: "r.a.0"}, {id: "r.b.0", seq: 1}}, nil, true, true)
 			require.NoError(t, err)
 		}, &state.Lease{State: state.LeaseParked, Epoch: 2, Waits: []string{"r.a.0", "r.b.0"}, All: true}},
 		{"park on the first of two steps", func(l *lease) {
-			_, err := l.park(1, []*Pending{{id: "r.a.0"}, {id: "r.b.0", seq: 1}}, false, true)
+			_, err := l.park(1, []*Pending{{id: "r.a.0"}, {id: "r.b.0", seq: 1}}, nil, false, true)
 			require.NoError(t, err)
 		}, &state.Lease{State: state.LeaseParked, Epoch: 1, Waits: []string{"r.a.0", "r.b.0"}}},
 		{"release without a record", func(l *lease) { l.release() }, nil},

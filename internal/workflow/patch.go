@@ -29,8 +29,14 @@ var ErrUndeclaredPatch = errors.New("jetflow: patch not declared by the workflow
 // passed the point without it is in flight: its markers take no place,
 // and a replay that does not ask about them ignores them.
 func (c *Context) Patched(id string) bool {
-	if c.onBody() != nil {
-		return false // a goroutine of the body's own: refused (recorded for a replay check)
+	if err := c.onBody(); err != nil {
+		// A goroutine of the body's own: refused (a panic there would
+		// crash the worker). It answers the old way, commits nothing, and
+		// a replay check reports the call (ErrWrongGoroutine).
+		if c.delivery != nil {
+			c.log.Error().Err(err).Str("patch", id).Msg("Patched called from a goroutine of the body's own: answered false")
+		}
+		return false
 	}
 	if c.parked {
 		c.park(nil)
@@ -49,6 +55,12 @@ func (c *Context) Patched(id string) bool {
 	default:
 		v = c.hist.get(stepID) != nil || c.hist.last < c.seq
 		if v && c.mode == modeHolder && c.hist.get(stepID) == nil {
+			// The steps started since the last await are compared
+			// first: code that departs from the history commits no
+			// marker (a later build would read it as its own answer).
+			if d := c.divergent(c.open, false); d != nil {
+				c.park(c.blocked(d))
+			}
 			rec := &state.Step{V: state.Version, StepID: stepID, RunID: c.run.RunID, Name: state.PatchStepName(id),
 				Attempt: 1, Kind: state.StepPatch, Output: json.RawMessage("true"), Worker: c.exec.cfg.WorkerID, Build: c.exec.cfg.Build}
 			stored, s := c.exec.commitRecord(c.delivery, rec)

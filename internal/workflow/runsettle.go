@@ -105,7 +105,7 @@ func (e *Executor) park(d *delivery, h *holder, s *settlement) {
 		return
 	}
 	waits := stepIDs(s.waits)
-	parked, err := h.lease.park(s.epoch, s.waits, !s.first, s.began)
+	parked, err := h.lease.park(s.epoch, s.waits, s.begun, !s.first, s.began)
 	if err != nil {
 		if errors.Is(err, errLeaseLost) || errors.Is(err, errLeaseCancelled) {
 			e.settleRun(d, h, lostOr(err))
@@ -189,6 +189,7 @@ func (e *Executor) lookAgain(d *delivery, s *settlement, parked uint64) (bool, e
 		if err != nil {
 			return false, err
 		}
+		hist.waive(d.run.Waived, d.run.WaivedRev)
 		committed = func(p *Pending) (bool, error) { return hist.get(p.id) != nil, nil }
 	}
 	for _, p := range s.waits {

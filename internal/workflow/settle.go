@@ -79,8 +79,10 @@ type settlement struct {
 	waits []*Pending
 	first bool
 	// park: the await began what it waits for (not a sequential step's
-	// retry): state.Lease.Began.
+	// retry): state.Lease.Began; begun: the other steps begun and not
+	// committed (state.Lease.Begun).
 	began bool
+	begun []*Pending
 	// done: the branch's committed record.
 	rec *state.Step
 	// block: the divergence report.

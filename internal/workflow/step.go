@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
@@ -232,6 +233,22 @@ func (e *Executor) create(ctx context.Context, id string, b []byte) (rev uint64,
 	return 0, err
 }
 
+// createOver is create for d's run, except over a waived record
+// (state.Run.WaivedRev): the commit replaces that record, by
+// compare-and-set on its revision, as if it were not there. A record
+// written meanwhile is ErrExists, as for create.
+func (e *Executor) createOver(d *delivery, id string, b []byte) (uint64, error) {
+	rev := d.run.WaivedRev[id]
+	if rev == 0 || !slices.Contains(d.run.Waived, id) {
+		return e.create(d.nctx, id, b)
+	}
+	n, err := e.cfg.Assets.Steps.Update(d.nctx, id, b, rev)
+	if errors.Is(err, jetstream.ErrRevisionMismatch) {
+		return 0, jetstream.ErrExists
+	}
+	return n, err
+}
+
 // commitRecord commits rec with create-if-absent, running nothing (a
 // wait's end, a child's result), and returns the committed record:
 // another writer's when it came first.
@@ -241,7 +258,7 @@ func (e *Executor) commitRecord(d *delivery, rec *state.Step) (*state.Step, *set
 	if err != nil {
 		return nil, &settlement{kind: settleRelease, err: err}
 	}
-	rev, err := e.create(d.nctx, rec.StepID, b)
+	rev, err := e.createOver(d, rec.StepID, b)
 	if errors.Is(err, jetstream.ErrExists) {
 		stored, err := e.committed(d.nctx, rec.StepID)
 		if err != nil {

@@ -3,6 +3,7 @@ package workflow
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -289,5 +290,15 @@ func (e *Executor) lookup(d *delivery, stepID string) (*state.Step, error) {
 		return nil, err
 	}
 	rec.Rev = rev
+	if d.waived(&rec) {
+		return nil, nil
+	}
 	return &rec, nil
+}
+
+// waived reports whether rec is a record an operator told d's run to go
+// on without (history.waive): as if not committed.
+func (d *delivery) waived(rec *state.Step) bool {
+	rev := d.run.WaivedRev[rec.StepID]
+	return rev != 0 && rec.Rev == rev && slices.Contains(d.run.Waived, rec.StepID)
 }

@@ -197,12 +197,8 @@ func writeBlock(b *strings.Builder, run jetflow.Run) {
 		fields = append(fields, field{"kind", Clean(string(d.Kind))}, field{"place", strconv.Itoa(d.Position)},
 			field{"history step", divergedStep(d.History)}, field{"code step", divergedStep(d.Code)}, field{"detail", Clean(d.Detail)})
 	}
-	checks := ""
-	if blk.Checks > 0 {
-		checks = strconv.Itoa(blk.Checks)
-	}
 	fields = append(fields, field{"build", Clean(blk.Build)}, field{"worker", Clean(blk.Worker)},
-		field{"since", stamp(blk.Since)}, field{"checks", checks})
+		field{"since", stamp(blk.Since)})
 	writeFields(b, "  ", fields)
 }
 

@@ -87,7 +87,7 @@ func blocked() jetflow.RunDescription {
 	return jetflow.RunDescription{
 		Run: jetflow.Run{RunID: "s-7", Workflow: "signup", Status: jetflow.StatusBlocked, CreatedAt: t0, UpdatedAt: at(2 * time.Second),
 			Input: json.RawMessage(`"ann"`), Waived: []string{"s-7.send-sms.0"},
-			Block: &jetflow.RunBlock{Reason: "divergence", Build: "4be1c2a9d0f3", Worker: "w-2", Since: at(2 * time.Second), Checks: 3,
+			Block: &jetflow.RunBlock{Reason: "divergence", Build: "4be1c2a9d0f3", Worker: "w-2", Since: at(2 * time.Second),
 				Divergence: &jetflow.Divergence{Kind: "renamed", Position: 1,
 					History: &jetflow.DivergedStep{StepID: "s-7.send-welcome.0", Name: "send-welcome", Kind: "step"},
 					Code:    &jetflow.DivergedStep{StepID: "s-7.send-welcome-email.0", Name: "send-welcome-email", Kind: "step"},

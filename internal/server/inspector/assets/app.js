@@ -610,8 +610,7 @@ function renderBlock(run) {
         fact("Code's step", stepText(d.code), "block-code"),
         fact("Build", b.build || "—", "block-build"),
         fact("Worker", b.worker || "—", "block-worker"),
-        fact("Since", timeEl(b.since), "block-since"),
-        fact("Checks", String(b.checks || 0), "block-checks")),
+        fact("Since", timeEl(b.since), "block-since")),
       d.detail ? el("p", { class: "block-detail", id: "block-detail", text: d.detail }) : null,
       waivable(b) ? null : el("p", { class: "muted", id: "block-nothing", text: "Nothing to waive: only code that replays the run moves it on, or cancel it." })));
 }
