@@ -10,9 +10,9 @@ import (
 )
 
 // EngineStatus is what an upgrade of the engine waits for
-// (docs/operations.md, "Upgrading"): the engine protocols of the workers
-// running now, and what the executor before the lease (protocol 1) still
-// has to do, which workers of this version never run.
+// (docs/operations.md, "Upgrading the engine"): the engine protocols of the
+// workers running now, and the runs of the executor before the lease
+// (protocol 1) that workers of this version have not taken over yet.
 type EngineStatus struct {
 	// Protocol is this version's engine protocol (EngineProtocol).
 	Protocol int `json:"protocol"`
@@ -23,8 +23,11 @@ type EngineStatus struct {
 	// version's: while one is, no worker of this version executes anything.
 	Foreign []ForeignWorker `json:"foreign"`
 	// LegacyRuns counts the runs admitted by protocol 1 that have not
-	// ended, LegacyMessages the tasks and timers of protocol 1 still
-	// stored; Undecodable the run records this version could not read.
+	// ended and that no worker of this version has taken over yet (each is
+	// taken over when its next message of protocol 1 is delivered: a run
+	// asleep when its timer comes due), LegacyMessages the tasks and
+	// timers of protocol 1 still stored; Undecodable the run records this
+	// version could not read.
 	LegacyRuns     int    `json:"legacy_runs"`
 	LegacyMessages uint64 `json:"legacy_messages"`
 	Undecodable    int    `json:"undecodable_records"`
@@ -35,9 +38,10 @@ type EngineStatus struct {
 	Builds map[string]map[string]int `json:"builds"`
 }
 
-// OldWorkDone reports whether nothing is left for workers of an earlier
-// version to do: no runs or messages of protocol 1. (Runs of protocol 2
-// need no worker of theirs: this version runs them.)
+// OldWorkDone reports whether every run of protocol 1 has been taken over
+// and none of its messages is left. It need not be true for an upgrade to
+// be done: no run of an earlier protocol needs a worker of its version
+// once one of this version serves (Ready), only its next message.
 func (s EngineStatus) OldWorkDone() bool { return s.LegacyRuns == 0 && s.LegacyMessages == 0 }
 
 // Ready reports whether workers of this version may execute: no live worker

@@ -21,7 +21,7 @@ import (
 // deployment (an earlier version's, during an upgrade), and a worker of
 // this version executes nothing beside them: the two would run one run's
 // steps each their own way. Stop them first (docs/operations.md,
-// "Upgrading"). The worker command waits, unready, until they are gone;
+// "Upgrading the engine"). The worker command waits, unready, until they are gone;
 // Start returns it as an *EngineMismatchError.
 var ErrEngineMismatch = errors.New("jetflow: workers of another engine protocol are running")
 
@@ -57,7 +57,7 @@ func (e *EngineMismatchError) Error() string {
 		}
 		names[i] = fmt.Sprintf("%s (%s)", w.Name, p)
 	}
-	return fmt.Sprintf("%s: %s; this worker speaks protocol %d and executes nothing beside them: stop them (docs/operations.md, Upgrading)",
+	return fmt.Sprintf("%s: %s; this worker speaks protocol %d and executes nothing beside them: stop them (docs/operations.md, Upgrading the engine)",
 		ErrEngineMismatch, strings.Join(names, ", "), EngineProtocol)
 }
 

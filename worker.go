@@ -330,7 +330,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			consumers = append(consumers, c)
 		}
 	}
-	w.warnLegacy(ctx, assets)
+	if err := w.consumeLegacy(ctx, assets, pool, exec.Legacy()); err != nil {
+		return fail(err)
+	}
 	// Due timers (retries after a long backoff) are moved into the task
 	// stream by a few slots of their own, never waiting behind steps.
 	duePool := consume.New(w.nc, dueSlots, false, w.log)
@@ -483,24 +485,40 @@ func (w *Worker) eventChecks() map[string]eventproto.Check {
 	return checks
 }
 
-// warnLegacy logs what waits for an earlier version's workers: tasks on
-// the task consumers of versions before the lease executor, which this
-// worker neither runs nor touches (docs/operations.md, "Upgrading").
-func (w *Worker) warnLegacy(ctx context.Context, assets *jetstream.Assets) {
+// consumeLegacy binds the consumers of the executor before the lease that
+// exist (its task consumers of w's workflows, its due-timer consumer) to
+// the executor's adoption of their runs (workflow.Executor.Legacy), one
+// delivery at a time each, logging at warn what waits on them. It creates
+// and changes no consumer: they are that version's.
+func (w *Worker) consumeLegacy(ctx context.Context, assets *jetstream.Assets, pool *consume.Pool, h consume.Handler) error {
+	type named struct{ stream, name string }
+	var legacy []named
 	for name := range w.ws.defs {
-		for _, legacy := range jetstream.LegacyConsumerNames(name) {
-			c, err := assets.JS.Consumer(ctx, jetstream.TasksStream, legacy)
-			if err != nil {
-				continue // none: nothing waits
-			}
-			info, err := c.Info(ctx)
-			if err != nil || info.NumPending+uint64(info.NumAckPending) == 0 {
-				continue
-			}
-			w.log.Warn().Str("consumer", legacy).Uint64("pending", info.NumPending).Int("ack_pending", info.NumAckPending).
-				Msg("tasks of runs started by an earlier jetflow version wait on this consumer; this worker does not run them: keep a worker of that version until they are done")
+		for _, c := range jetstream.LegacyConsumerNames(name) {
+			legacy = append(legacy, named{jetstream.TasksStream, c})
 		}
 	}
+	legacy = append(legacy, named{jetstream.TimersStream, jetstream.LegacyDueConsumer})
+	for _, l := range legacy {
+		c, err := assets.JS.Consumer(ctx, l.stream, l.name)
+		if errors.Is(err, natsjs.ErrConsumerNotFound) || errors.Is(err, natsjs.ErrStreamNotFound) {
+			continue // none: nothing of that version waits
+		}
+		if err != nil {
+			// Not fatal: a deployment that never ran that executor may not
+			// grant the look-up; one that did is told what is not read.
+			w.log.Warn().Err(err).Str("consumer", l.name).Msg("cannot look up a consumer of the executor before the lease: runs it holds are not taken over by this worker")
+			continue
+		}
+		if info := c.CachedInfo(); info.NumPending+uint64(info.NumAckPending) > 0 {
+			w.log.Warn().Str("consumer", l.name).Uint64("pending", info.NumPending).Int("ack_pending", info.NumAckPending).
+				Msg("runs of the executor before the lease have work waiting on this consumer: this worker takes them over as their messages come")
+		}
+		if err := pool.Consume(c, 1, h); err != nil {
+			return fmt.Errorf("jetflow: consume %s: %w", l.name, err)
+		}
+	}
+	return nil
 }
 
 // dueSlots is how many due timers a worker moves into the task stream at

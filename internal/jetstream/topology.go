@@ -31,9 +31,10 @@ const (
 	BranchSubjects = "jetflow.branch.>"
 	// LegacyTaskSubjects are the task subjects of versions before the
 	// lease executor (jetflow.task.<workflow>.<run-id>[.<step>.<n>]).
-	// They stay in the stream, so that such a version's workers finish
-	// their runs beside this one's (docs/operations.md, "Upgrading"); this
-	// version neither publishes nor consumes them.
+	// They stay in the stream until such a version's runs have been taken
+	// over (docs/operations.md, "Upgrading the engine"): this version
+	// publishes on them only the resume of a run not taken over yet, and
+	// reads them only through that version's consumers (LegacyConsumerNames).
 	LegacyTaskSubjects = "jetflow.task.>"
 	// StartsStream holds start envelopes published by any NATS client on
 	// jetflow.start.<workflow> (the durable way in; docs/protocol.md).
@@ -121,9 +122,14 @@ func consumerFilter(workflow string, kind TaskKind) string {
 	return "jetflow.branch." + workflow + ".>"
 }
 
-// LegacyConsumerNames are the task consumers an earlier version made for
-// workflow (start tasks, step tasks): a worker of this version reports
-// what waits on them and consumes nothing from them.
+// LegacyDueConsumer is the due-timer consumer on TimersStream of the
+// executor before the lease (see LegacyConsumerNames).
+const LegacyDueConsumer = "jetflow_due"
+
+// LegacyConsumerNames are the task consumers the executor before the lease
+// made for workflow (start tasks, step tasks): a worker of this version
+// takes over the runs of what they and LegacyDueConsumer deliver
+// (workflow.Executor.Legacy), and never creates or changes them.
 func LegacyConsumerNames(workflow string) []string {
 	return []string{"jetflow_start_" + workflow, "jetflow_step_" + workflow}
 }

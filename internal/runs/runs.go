@@ -599,6 +599,28 @@ func (s *Store) SetBuild(ctx context.Context, run state.Run, rev uint64, build s
 	})
 }
 
+// Adopt makes run (read at revision rev) a run of the lease executor
+// (state.ExecLease): a run of the executor before the lease, taken over once
+// no worker of that executor is live. A run that ended, that holds another
+// run now, or that is adopted already, is left as it is. It returns the
+// record as it ended up and its revision (read again when another writer
+// came first).
+func (s *Store) Adopt(ctx context.Context, run state.Run, rev uint64) (state.Run, uint64, error) {
+	token, gen := run.Token, run.Generation
+	out, newRev, written, err := s.updateRev(ctx, run, rev, s.GetExisting, func(r *state.Run) (bool, error) {
+		if !r.Status.Active() || r.Token != token || r.Generation != gen || r.Exec == state.ExecLease {
+			return false, nil
+		}
+		r.Exec = state.ExecLease
+		r.UpdatedAt = time.Now().UTC()
+		return true, nil
+	})
+	if err != nil || written {
+		return out, newRev, err
+	}
+	return s.Get(ctx, run.RunID)
+}
+
 // SameDivergence reports whether a and b are the same report: kind, place
 // and steps.
 func SameDivergence(a, b *jetflowtype.Divergence) bool {

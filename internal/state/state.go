@@ -47,7 +47,7 @@ const Version = 1
 // blocked, pinned or patched; this version is 3. A worker records it in
 // its liveness records (roster.Live.Protocol: none before 3), and executes
 // nothing while a worker of another protocol is live (docs/operations.md,
-// "Upgrading").
+// "Upgrading the engine").
 const EngineProtocol = 3
 
 // ErrorInfo is an error as it is stored: its message and whether it was
@@ -116,10 +116,11 @@ type Run struct {
 	// generation already replaced its own (MadeBy).
 	Predecessors []Predecessor `json:"predecessors,omitempty"`
 	// Exec is the executor the run was started for: ExecLease for every
-	// run this version admits. A record without it was admitted by an
-	// earlier version, whose workers run it step task by step task; this
-	// version's workers leave such a run to them (see docs/operations.md,
-	// "Upgrading").
+	// run this version admits. A record without it was admitted by the
+	// executor before the lease, which ran it step task by step task; a
+	// worker of this version takes such a run over (writes ExecLease) when
+	// the run's next message of that executor is delivered (see
+	// docs/operations.md, "Upgrading the engine").
 	Exec int `json:"exec,omitempty"`
 	// Block says why the run is blocked (Status blocked): the divergence
 	// report of the replay that found its code departing from its

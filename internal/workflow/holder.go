@@ -146,9 +146,11 @@ func (e *Executor) loadRun(d *delivery) *settlement {
 		}
 		return &settlement{kind: settleDrop, err: fmt.Errorf("%w: it is %s (generation %d)", errRunNotRunning, d.run.Status, d.run.Generation)}
 	case d.run.Exec != state.ExecLease:
-		// Work this worker does not do: said at warn, with what to do.
+		// A run of the executor before the lease is taken over through
+		// that executor's own messages (adopt.go), once they are out of
+		// the broker's duplicate window; no task of this executor does.
 		return &settlement{kind: settleDrop, warn: true,
-			err: errors.New("a run of the executor before the lease (engine protocol 1): left to workers of that version, none of which may run beside this one (docs/operations.md, Upgrading)")}
+			err: errors.New("a run of the executor before the lease: taken over by its own next message, not by this task (docs/operations.md, Upgrading the engine)")}
 	}
 	return nil
 }

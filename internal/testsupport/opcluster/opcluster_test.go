@@ -42,7 +42,9 @@ const (
 type scenario struct {
 	t        *testing.T
 	dir      string
-	bins     Binaries
+	bins     Binaries // this version's
+	first    Binaries // the binaries the deployment starts with: bins, or an earlier version's
+	extra    []string // flags every worker gets besides the scenario's own
 	cluster  *Cluster
 	env      []string // the account passwords of the shipped accounts.conf
 	pw       map[string]string
@@ -75,7 +77,7 @@ type PhaseResult struct {
 // committed; the consumer's AckWait is the new one after the deploy.
 func TestOperatedClusterNodeLossAndRollingDeploys(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
+	s := newScenario(t, nil)
 	n := scale(45, 1000)
 	every := time.Duration(scale(40, 10)) * time.Millisecond
 
@@ -107,13 +109,20 @@ func TestOperatedClusterNodeLossAndRollingDeploys(t *testing.T) {
 }
 
 // newScenario builds the binaries, starts the cluster on the shipped
-// configuration, the payment service, two workers and the producer.
-func newScenario(t *testing.T) *scenario {
+// configuration, the payment service, two workers and the producer. The
+// workers and the producer are first's (nil: this version's); every worker
+// gets the flags extra too.
+func newScenario(t *testing.T, first *Binaries, extra ...string) *scenario {
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	require.NoError(t, err)
-	s := &scenario{t: t, dir: t.TempDir(), pw: map[string]string{}}
+	s := &scenario{t: t, dir: t.TempDir(), pw: map[string]string{}, extra: extra}
+	t.Cleanup(func() { keepLogs(t, s.dir) })
 	s.bins, err = Build(s.ctx(5*time.Minute), root, filepath.Join(s.dir, "bin"))
 	require.NoError(t, err)
+	s.first = s.bins
+	if first != nil {
+		s.first = *first
+	}
 
 	for _, user := range []string{"WORKER", "OPERATOR", "PRODUCER"} {
 		s.pw[user] = "pw-" + strings.ToLower(user) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -130,18 +139,12 @@ func newScenario(t *testing.T) *scenario {
 
 	// The first worker creates the R3 streams and buckets; the producer
 	// and the reader only look them up.
-	s.workers = []*Proc{s.startWorker(ackWait, false)}
-	s.workers = append(s.workers, s.startWorker(ackWait, false))
-
-	port, err := FreePorts(1)
-	require.NoError(t, err)
-	addr := "127.0.0.1:" + strconv.Itoa(port[0])
-	prod, err := StartProc(s.dir, "producer", append(s.env, "JETFLOW_NATS_PASSWORD="+s.pw["PRODUCER"]), s.bins.Producer, "serve",
-		"--http-addr", addr, "--nats-url", s.cluster.URLs(), "--nats-user", "jetflow_producer", "--replicas", "3")
-	require.NoError(t, err)
-	t.Cleanup(prod.Kill)
-	require.NoError(t, prod.WaitHTTP(s.ctx(30*ackWait), "http://"+addr+"/readyz"))
-	s.prod = Producer{BaseURL: "http://" + addr, HTTP: &http.Client{}}
+	for range 2 {
+		w, ready := s.spawnWorker(s.first.Worker, ackWait, false)
+		require.NoError(t, w.WaitHTTP(s.ctx(30*ackWait), ready))
+		s.workers = append(s.workers, w)
+	}
+	_, s.prod = s.startProducer(s.first.Producer, "producer")
 
 	// The reader reads runs and steps as a producer does; leaders and the
 	// consumer's AckWait are asked as a worker (the producer user may not
@@ -170,9 +173,33 @@ func (s *scenario) ctx(d time.Duration) context.Context {
 	return ctx
 }
 
-// startWorker starts a worker process on the cluster and waits until its
-// /readyz answers 200. apply makes its --ack-wait the deployment's.
+// startProducer starts bin's `producer serve` on the cluster as name and
+// waits until its /readyz answers 200.
+func (s *scenario) startProducer(bin, name string) (*Proc, Producer) {
+	t := s.t
+	port, err := FreePorts(1)
+	require.NoError(t, err)
+	addr := "127.0.0.1:" + strconv.Itoa(port[0])
+	prod, err := StartProc(s.dir, name, append(s.env, "JETFLOW_NATS_PASSWORD="+s.pw["PRODUCER"]), bin, "serve",
+		"--http-addr", addr, "--nats-url", s.cluster.URLs(), "--nats-user", "jetflow_producer", "--replicas", "3")
+	require.NoError(t, err)
+	t.Cleanup(prod.Kill)
+	require.NoError(t, prod.WaitHTTP(s.ctx(30*ackWait), "http://"+addr+"/readyz"))
+	return prod, Producer{BaseURL: "http://" + addr, HTTP: &http.Client{}}
+}
+
+// startWorker starts a worker process of this version on the cluster and
+// waits until its /readyz answers 200. apply makes its --ack-wait the
+// deployment's.
 func (s *scenario) startWorker(ack time.Duration, apply bool) *Proc {
+	w, ready := s.spawnWorker(s.bins.Worker, ack, apply)
+	require.NoError(s.t, w.WaitHTTP(s.ctx(30*ack), ready))
+	return w
+}
+
+// spawnWorker starts bin's worker on the cluster and returns it with the
+// URL of its /readyz.
+func (s *scenario) spawnWorker(bin string, ack time.Duration, apply bool) (*Proc, string) {
 	t := s.t
 	port, err := FreePorts(1)
 	require.NoError(t, err)
@@ -183,11 +210,11 @@ func (s *scenario) startWorker(ack time.Duration, apply bool) *Proc {
 	if apply {
 		args = append(args, "--apply-ack-wait")
 	}
-	w, err := StartProc(s.dir, "worker-"+strconv.Itoa(s.nworkers), append(s.env, "JETFLOW_NATS_PASSWORD="+s.pw["WORKER"]), s.bins.Worker, args...)
+	args = append(args, s.extra...)
+	w, err := StartProc(s.dir, "worker-"+strconv.Itoa(s.nworkers), append(s.env, "JETFLOW_NATS_PASSWORD="+s.pw["WORKER"]), bin, args...)
 	require.NoError(t, err)
 	t.Cleanup(w.Kill)
-	require.NoError(t, w.WaitHTTP(s.ctx(30*ack), "http://127.0.0.1:"+strconv.Itoa(port[0])+"/readyz"))
-	return w
+	return w, "http://127.0.0.1:" + strconv.Itoa(port[0]) + "/readyz"
 }
 
 // fault disrupts the deployment. It calls hit at the moment of the
@@ -356,4 +383,27 @@ func (s *scenario) rollWorkers(hit func()) (func(), time.Duration) {
 		}
 	}
 	return nil, 0
+}
+
+// keepLogs copies the processes' logs out of dir, which the test removes,
+// when the test failed, and says where.
+func keepLogs(t *testing.T, dir string) {
+	if !t.Failed() {
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) == 0 {
+		return
+	}
+	keep, err := os.MkdirTemp("", "jetflow-"+t.Name()+"-logs-")
+	if err != nil {
+		t.Logf("keep the logs: %v", err)
+		return
+	}
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil {
+			_ = os.WriteFile(filepath.Join(keep, filepath.Base(l)), b, 0o600)
+		}
+	}
+	t.Logf("the processes' logs are kept in %s", keep)
 }
