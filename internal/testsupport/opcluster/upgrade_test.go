@@ -26,10 +26,13 @@ import (
 	"github.com/jetflow/jetflow/internal/testsupport/faultcheck"
 )
 
-// previousEngine is the commit of the engine before protocols were
-// recorded (the lease executor as it was released before wave 4): the
-// version an upgrade starts from.
-const previousEngine = "da13377"
+// The earlier engines an upgrade starts from, as commits of this
+// repository: the executor before the lease (protocol 1), and the lease
+// executor before engine protocols were recorded (protocol 2).
+const (
+	executorBeforeLease = "da13377"
+	leaseBeforeProtocol = "1719aa8"
+)
 
 // dupWindow is the upgrade scenario's duplicate window.
 const dupWindow = 5 * time.Second
@@ -62,7 +65,7 @@ func buildPrevious(t *testing.T, ctx context.Context, root, rev, dir string) Bin
 	return b
 }
 
-// An upgrade from the previous engine, as docs/operations.md ("Upgrading the engine")
+// An upgrade from each earlier engine, as docs/operations.md ("Upgrading the engine")
 // tells it, under a steady load of order starts through the HTTP API of
 // both versions' producers, with duplicate starts of one order sent to both
 // versions at once and the carrier's events sent during the overlap:
@@ -72,7 +75,8 @@ func buildPrevious(t *testing.T, ctx context.Context, root, rev, dir string) Bin
 //     which refuse to take work (readyz 503, an error line naming the
 //     earlier workers) while the earlier ones are live;
 //  3. the earlier workers drain (SIGTERM); this version's become ready and
-//     take the runs under way, parked ones included;
+//     take the runs under way, parked ones included (those of the
+//     executor before the lease are taken over);
 //  4. `EngineStatus` says the earlier version's work is done.
 //
 // Every order has exactly one run, completed with all its steps, and
@@ -80,11 +84,20 @@ func buildPrevious(t *testing.T, ctx context.Context, root, rev, dir string) Bin
 // request was sent twice: nothing was lost or doubled.
 func TestUpgradeFromThePreviousEngine(t *testing.T) {
 	t.Parallel()
+	for _, rev := range []string{executorBeforeLease, leaseBeforeProtocol} {
+		t.Run(rev, func(t *testing.T) {
+			t.Parallel()
+			upgradeFrom(t, rev)
+		})
+	}
+}
+
+func upgradeFrom(t *testing.T, rev string) {
 	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	require.NoError(t, err)
 	buildCtx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	prev := buildPrevious(t, buildCtx, root, previousEngine, t.TempDir())
+	prev := buildPrevious(t, buildCtx, root, rev, t.TempDir())
 	// A run in flight at the upgrade is taken over once its last message
 	// of the earlier version is older than the broker's duplicate window:
 	// a short one keeps the test short.
@@ -173,7 +186,7 @@ func TestUpgradeFromThePreviousEngine(t *testing.T) {
 		t.Fatalf("%d runs did not end; the first ones:\n%s", len(left), strings.Join(left[:min(len(left), 5)], "\n"))
 	}
 	v := Check(s.ctx(60*ackWait), s.client, s.pay, ledger)
-	t.Logf("upgrade from %s: %s; events sent %d (answered 2xx %d, 409 %d)", previousEngine, v, events.sent.Load(), events.ok.Load(), events.conflict.Load())
+	t.Logf("upgrade from %s: %s; events sent %d (answered 2xx %d, 409 %d)", rev, v, events.sent.Load(), events.ok.Load(), events.conflict.Load())
 	require.True(t, v.OK(), "%s", v)
 	require.Equal(t, v.Runs, v.Completed)
 	require.Equal(t, v.Runs, v.Charges, "one charge per order")
@@ -186,10 +199,18 @@ func TestUpgradeFromThePreviousEngine(t *testing.T) {
 	for _, w := range nextWorkers {
 		adopted += logCount(w.Log, `"outcome":"adopted"`)
 	}
-	t.Logf("runs of the previous engine adopted by this version's workers: %d", adopted)
-	require.Positive(t, adopted, "runs under way at the upgrade were taken over")
+	t.Logf("runs of the executor before the lease taken over by this version's workers: %d", adopted)
+	if rev != executorBeforeLease {
+		require.Zero(t, adopted, "runs of the lease executor run as they are")
+	} else {
+		require.Positive(t, adopted, "runs under way at the upgrade were taken over")
+	}
 	for _, name := range jetstream.LegacyConsumerNames(orders.WorkflowName) {
 		c, err := s.js.Consumer(s.ctx(10*ackWait), jetstream.TasksStream, name)
+		if rev != executorBeforeLease {
+			require.ErrorIs(t, err, natsjs.ErrConsumerNotFound)
+			continue
+		}
 		require.NoError(t, err)
 		info, err := c.Info(s.ctx(10 * ackWait))
 		require.NoError(t, err)
