@@ -8,9 +8,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${JETFLOW_STRESS_RUNS:-5}
-root='^(TestFault|TestParallelThousandBranches|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper)'
+root='^(TestFault|TestParallelThousandBranches|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper|TestLegacyRunsTakenOver)'
 testenv='^TestClusterStopRestartKeepsStreams$'
-opcluster='^TestOperatedCluster'
+opcluster='^(TestOperatedCluster|TestUpgrade)'
 
 hog=$(mktemp)
 go build -o "$hog" ./internal/testsupport/testenv/cpuhog || exit 1
