@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -239,6 +240,75 @@ func workers(ctx context.Context, c *jetflow.Client, out *printer) error {
 	return out.roster(r, time.Now())
 }
 
+// engineTimeout bounds engine's reading: EngineStatus reads every kept run
+// record once (seconds for a million runs).
+const engineTimeout = time.Minute
+
+// engine prints where an upgrade of the engine stands
+// (Client.EngineStatus). It returns an *upgradeWait while a worker of
+// another engine protocol is live or work of protocol 1 is left, nil once
+// neither is: the old version's work is done and this version may run.
+func engine(ctx context.Context, c *jetflow.Client, out *printer) error {
+	ctx, cancel := context.WithTimeout(ctx, engineTimeout)
+	defer cancel()
+	s, err := c.EngineStatus(ctx)
+	if err != nil {
+		return err
+	}
+	if err := out.engine(s, time.Now()); err != nil {
+		return err
+	}
+	return waitFor(s)
+}
+
+// upgradeWait is what an upgrade of the engine still waits for, and
+// engine's exit code for it.
+type upgradeWait struct {
+	code int
+	what string
+}
+
+func (u *upgradeWait) Error() string { return "waiting for: " + u.what }
+
+// waitFor says what s still waits for: the live workers of another
+// protocol (exitForeignWorkers: this version's workers execute nothing
+// beside them), else the runs and messages of protocol 1 left
+// (exitOldWork); nil when s is Ready and OldWorkDone.
+func waitFor(s jetflow.EngineStatus) error {
+	var what []string
+	code := exitOldWork
+	if !s.Ready() {
+		code = exitForeignWorkers
+		names := make([]string, 0, len(s.Foreign))
+		for i, w := range s.Foreign {
+			if i == 5 {
+				names = append(names, fmt.Sprintf("and %d more", len(s.Foreign)-i))
+				break
+			}
+			names = append(names, fmt.Sprintf("%s (%s)", w.Name, protocolName(w.Protocol)))
+		}
+		what = append(what, fmt.Sprintf("%d live worker(s) of another engine protocol to stop: %s; workers of protocol %d execute nothing beside them",
+			len(s.Foreign), strings.Join(names, ", "), s.Protocol))
+	}
+	if !s.OldWorkDone() {
+		what = append(what, fmt.Sprintf("protocol 1 (the executor before the lease): %d run(s) not taken over yet, %d task(s) or timer(s) left",
+			s.LegacyRuns, s.LegacyMessages))
+	}
+	if len(what) == 0 {
+		return nil
+	}
+	return &upgradeWait{code: code, what: strings.Join(what, "; ")}
+}
+
+// protocolName is how engine names an engine protocol: 0 is a version
+// before protocols were recorded.
+func protocolName(p int) string {
+	if p == 0 {
+		return "protocol 0, an earlier version"
+	}
+	return fmt.Sprintf("protocol %d", p)
+}
+
 // printer writes results as text or JSON.
 type printer struct {
 	w    io.Writer
@@ -432,6 +502,72 @@ func (p *printer) roster(r jetflow.Roster, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%s\n", wf.Workflow, by)
 	}
 	return tw.Flush()
+}
+
+// engine prints an EngineStatus: GET /v1/engine's body as JSON; as text,
+// its counts, a table of the live
+// workers of another protocol (the last heartbeat as an age at now), a
+// table of the runs under way by workflow and build, and, when nothing is
+// left to wait for, a line that says so (what is left goes to stderr).
+func (p *printer) engine(s jetflow.EngineStatus, now time.Time) error {
+	if p.json {
+		return p.encode(s)
+	}
+	protocols := slices.SortedFunc(maps.Keys(s.Workers), func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return y - x
+	})
+	live := make([]string, len(protocols))
+	for i, k := range protocols {
+		n, _ := strconv.Atoi(k)
+		live[i] = fmt.Sprintf("%d of %s", s.Workers[k], protocolName(n))
+	}
+	if len(live) == 0 {
+		live = []string{"none"}
+	}
+	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "engine protocol:\t%d (this version)\n", s.Protocol)
+	fmt.Fprintf(tw, "live workers:\t%s\n", strings.Join(live, ", "))
+	fmt.Fprintf(tw, "protocol 1 runs:\t%d (runs of the executor before the lease not taken over yet)\n", s.LegacyRuns)
+	fmt.Fprintf(tw, "protocol 1 messages:\t%d (its tasks and timers left)\n", s.LegacyMessages)
+	fmt.Fprintf(tw, "undecodable records:\t%d (run records this version cannot read)\n", s.Undecodable)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(tw, "\nFOREIGN WORKER\tPROTOCOL\tBUILD\tLAST BEAT")
+	for _, w := range s.Foreign {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s ago\n", timeline.Clean(w.Name), w.Protocol, orDash(timeline.Clean(w.Build)), now.Sub(w.Beat).Round(time.Second))
+	}
+	if len(s.Foreign) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	fmt.Fprintln(tw, "\nWORKFLOW\tBUILD\tRUNS UNDER WAY")
+	for _, wf := range slices.Sorted(maps.Keys(s.Builds)) {
+		for _, build := range slices.Sorted(maps.Keys(s.Builds[wf])) {
+			fmt.Fprintf(tw, "%s\t%s\t%d\n", wf, orDash(timeline.Clean(build)), s.Builds[wf][build])
+		}
+	}
+	if len(s.Builds) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if waitFor(s) != nil {
+		return nil
+	}
+	_, err := fmt.Fprintf(p.w, "\ndone: no worker of another engine protocol is live and nothing of protocol 1 is left\n")
+	return err
+}
+
+// orDash is s, or "-" for nothing.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // reset prints a key reset: the HTTP API's body as JSON.

@@ -88,6 +88,7 @@ var arity = map[string]struct {
 	"send":    {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
 	"resume":  {1, "resume takes one hook token: producer resume <token> --event-id ID [--data JSON]"},
 	"workers": {0, "workers takes no arguments: producer workers"},
+	"engine":  {0, "engine takes no arguments: producer engine"},
 	"serve":   {0, "serve takes no arguments: producer serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]"},
 }
 
@@ -199,7 +200,7 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	a, ok := arity[c.command]
 	switch {
 	case !ok:
-		return cli{}, fmt.Errorf("unknown command %q: want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers or serve", c.command)
+		return cli{}, fmt.Errorf("unknown command %q: want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers, engine or serve", c.command)
 	case len(c.args) != a.n:
 		return cli{}, errors.New(a.synopsis)
 	}

@@ -228,7 +228,7 @@ func TestUsageNamesEveryFlag(t *testing.T) {
 	for _, name := range names {
 		require.Contains(t, usage, "--"+name+" ", "usage text lacks --%s", name)
 	}
-	for _, code := range []string{"0  success", "1  usage", "2  wait", "3  not found", "4  conflict"} {
+	for _, code := range []string{"0  success", "1  usage", "2  wait", "3  not found", "4  conflict", "5  unavailable", "6  engine", "7  engine"} {
 		require.Contains(t, usage, code)
 	}
 }

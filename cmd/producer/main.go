@@ -13,6 +13,7 @@
 //	producer list --counts [--workflow W]
 //	producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]
 //	producer workers
+//	producer engine
 //	producer serve [--http-addr 127.0.0.1:8080] [--api-token T] [--webhooks FILE]
 //
 // Flags may come anywhere on the line; --output json prints the JSON shapes of
@@ -42,7 +43,18 @@
 // many runs are in each state. workers prints the workers running now
 // (name, ID, the workflows each serves, since when, its last heartbeat)
 // and every workflow the deployment knows with the workers serving it:
-// "no worker running" marks one whose starts wait.
+// "no worker running" marks one whose starts wait. engine prints where an
+// upgrade of the engine stands (jetflow.Client.EngineStatus): this
+// version's engine protocol, the live workers by protocol, each live worker
+// of another protocol (name, protocol, build, last heartbeat), the runs
+// and the tasks and timers of protocol 1 (the executor before the lease)
+// left, the run records this version cannot read, and the runs under way
+// by workflow and the build that started them. It exits 0 once no worker
+// of another protocol is live and nothing of protocol 1 is left, so that a
+// script can wait for it; otherwise it prints what is still to wait for on
+// stderr ("waiting for: ...") and exits 6 while a worker of another
+// protocol is live (this version's workers execute nothing meanwhile), 7
+// while only runs or messages of protocol 1 are left.
 //
 // # NATS unavailable
 //
@@ -135,6 +147,9 @@
 //	   deployment runs at all (none has reported yet) (or, send and resume,
 //	   none answered); retry later, start with the same run ID, send with
 //	   the same event ID (jetflow.ErrUnavailable)
+//	6  engine: a worker of another engine protocol is live
+//	7  engine: no worker of another protocol is live, but runs or messages
+//	   of protocol 1 are left
 package main
 
 import (
@@ -166,6 +181,10 @@ const (
 	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
 	// retrying later is safe, a start with the same run ID.
 	exitUnavailable = 5
+	// exitForeignWorkers, exitOldWork: engine's answers that the upgrade
+	// is not done (upgradeWait).
+	exitForeignWorkers = 6
+	exitOldWork        = 7
 )
 
 const usage = `Usage: producer [flags] <command> [arguments]
@@ -196,6 +215,10 @@ Commands:
         forget a task idempotency key; prints how many entries were deleted
   workers
         the workers running now, and each known workflow with the workers serving it
+  engine
+        where an upgrade of the engine stands: the live workers by engine protocol, those
+        of another protocol, what protocol 1 has left, the runs under way by build; exit 0
+        once no worker of another protocol is live and nothing of protocol 1 is left
   serve [--http-addr ADDR] [--api-token T] [--webhooks FILE]
         serve the HTTP API on /v1/, plus /metrics, /healthz and /readyz
 
@@ -270,6 +293,9 @@ Exit codes:
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
      time; wait and watch retry it within --timeout first), or no worker is running for a known workflow, or none has reported yet;
      retry later, start with the same run ID, send with the same event ID
+  6  engine: a worker of another engine protocol is live (stderr names it)
+  7  engine: no worker of another protocol is live, but runs or messages of protocol 1
+     are left
 `
 
 func main() {
@@ -351,6 +377,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = reset(ctx, client, out, c.args[0], c.scope, c.scopeID())
 	case "workers":
 		err = workers(ctx, client, out)
+	case "engine":
+		err = engine(ctx, client, out)
+	}
+	var wait *upgradeWait
+	if errors.As(err, &wait) {
+		fmt.Fprintf(stderr, "waiting for: %s\n", timeline.Clean(wait.what))
+		return wait.code
 	}
 	if err != nil {
 		// A run's error holds what its workflow wrote (inputs and all):

@@ -340,7 +340,7 @@ func TestErrors(t *testing.T) {
 		{"UnblockNoRunID", []string{"unblock"}, 1, "error: unblock takes one run ID: producer unblock <run-id> [--accept-divergence]"},
 		{"AcceptOnCancel", []string{"cancel", "evt_1", "--accept-divergence"}, 1, "error: --accept-divergence is a flag of unblock, not cancel"},
 		{"NoCommand", nil, 1, "error: no command given"},
-		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers or serve`},
+		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers, engine or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
 		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},
