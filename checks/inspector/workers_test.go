@@ -57,6 +57,29 @@ func TestBrowserWorkers(t *testing.T) {
 	}
 	require.Equal(t, []string{"nightly-report", "reporter-1", "reporter-1"}, served["nightly-report"])
 	require.Equal(t, []string{"echo", e.WorkerName, e.WorkerName}, served["echo"])
+	// Each worker's build; the runs under way by build, counted when asked.
+	var builds []string
+	b.eval(`[...document.querySelectorAll("#workers-body .w-build")].map(c => c.textContent)`, &builds)
+	require.Len(t, builds, 2)
+	for i, w := range roster.Workers {
+		want := w.Build
+		if want == "" {
+			want = "—"
+		}
+		require.Equal(t, want, builds[i], "a worker of this engine protocol shows its build alone")
+	}
+	e.Start("waiter", "engine-w-1", inspectortest.EchoIn{})
+	require.Eventually(t, func() bool {
+		st, err := e.Client.EngineStatus(ctxT(t, 10*time.Second))
+		return err == nil && st.Builds["waiter"] != nil
+	}, 10*time.Second, 20*time.Millisecond, "the parked run counted by build")
+	b.run("count the runs by build", chromedp.Click("#engine-count", chromedp.ByQuery))
+	b.waitFor("the runs by build", `document.querySelector('#engine-builds tr[data-workflow="waiter"]') !== null`)
+	var count string
+	b.eval(`document.querySelector('#engine-builds tr[data-workflow="waiter"] .num').textContent`, &count)
+	require.Equal(t, "1", count)
+	b.eval(`document.querySelector("#engine-foreign") === null ? "" : "foreign"`, &count)
+	require.Empty(t, count, "no worker of another engine protocol")
 	b.screenshot("inspector-workers")
 
 	// The reporter stops: it is gone, its workflow served by nobody.

@@ -182,3 +182,11 @@ func (p *pendingClient) Roster(ctx context.Context) (jetflow.Roster, error) {
 	}
 	return c.Roster(ctx)
 }
+
+func (p *pendingClient) EngineStatus(ctx context.Context) (jetflow.EngineStatus, error) {
+	c, err := p.get()
+	if err != nil {
+		return jetflow.EngineStatus{}, err
+	}
+	return c.EngineStatus(ctx)
+}

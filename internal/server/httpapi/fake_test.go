@@ -70,6 +70,11 @@ func (f *fakeBackend) Roster(context.Context) (jetflow.Roster, error) {
 	return jetflow.Roster{Workers: []jetflow.LiveWorker{}, Workflows: []jetflow.KnownWorkflow{}}, f.err
 }
 
+func (f *fakeBackend) EngineStatus(context.Context) (jetflow.EngineStatus, error) {
+	return jetflow.EngineStatus{Protocol: jetflow.EngineProtocol, Workers: map[string]int{}, Foreign: []jetflow.ForeignWorker{},
+		Builds: map[string]map[string]int{}}, f.err
+}
+
 func (f *fakeBackend) ResetTaskKey(context.Context, string, jetflow.KeyScope, string) (int, error) {
 	return 0, f.err
 }

@@ -108,6 +108,7 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"POST /v1/runs/{id}/events/{name}":  append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"POST /v1/hooks/{token}":            append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"GET /v1/workers":                   append([]int{200}, common...),
+		"GET /v1/engine":                    append([]int{200}, common...),
 		"DELETE /v1/task-keys/{key}":        append([]int{200, 400}, common...),
 		"DELETE /v1/idempotency-keys/{key}": append([]int{200, 400}, common...),
 		"POST /v1/webhooks/{source}":        {200, 202, 400, 401, 404, 405, 409, 413, 422, 500, 503},

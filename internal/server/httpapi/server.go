@@ -39,6 +39,7 @@ type Backend interface {
 	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 	Resume(ctx context.Context, token, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 	Roster(ctx context.Context) (jetflow.Roster, error)
+	EngineStatus(ctx context.Context) (jetflow.EngineStatus, error)
 }
 
 // Limits of the API.
@@ -129,6 +130,7 @@ var routes = []route{
 	{method: http.MethodPost, path: pathSendEvent, handle: (*Server).sendEvent},
 	{method: http.MethodPost, path: pathResumeHook, handle: (*Server).resumeHook},
 	{method: http.MethodGet, path: "/v1/workers", handle: (*Server).workers},
+	{method: http.MethodGet, path: "/v1/engine", handle: (*Server).engine},
 	{method: http.MethodDelete, path: "/v1/task-keys/{key}", handle: (*Server).resetKey},
 	// The task-key reset's first name, before HTTP's Idempotency-Key (a
 	// run ID) and task keys had separate words.

@@ -949,10 +949,11 @@ function workersView() {
   $("#view").replaceChildren(
     el("h1", { class: "page-title", text: "Workers" }), error,
     el("section", { class: "section" }, el("h2", { text: "Running now" }),
-      el("div", { class: "panel" }, el("table", { class: "grid-table roster", id: "workers" }, head("Worker", "ID", "Serves", "Since", "Latest heartbeat"), workers)), noWorkers),
+      el("div", { class: "panel" }, el("table", { class: "grid-table roster", id: "workers" }, head("Worker", "ID", "Serves", "Build", "Since", "Latest heartbeat"), workers)), noWorkers),
     el("section", { class: "section" }, el("h2", { text: "Workflows" }),
       el("div", { class: "panel" }, el("table", { class: "grid-table roster", id: "workflows" }, head("Workflow", "Served now by", "First served by", "First served"), workflows))),
-    el("p", { class: "muted", text: "A running worker keeps a liveness record per workflow it serves, rewritten by its heartbeat; a stopped worker withdraws them, a dead one's expire within its liveness TTL. A workflow stays known once a worker has served it." }));
+    el("p", { class: "muted", text: "A running worker keeps a liveness record per workflow it serves, rewritten by its heartbeat; a stopped worker withdraws them, a dead one's expire within its liveness TTL. A workflow stays known once a worker has served it." }),
+    engineSection());
 
   async function load() {
     const r = await api("GET", "/v1/workers");
@@ -969,6 +970,7 @@ function workersView() {
       el("td", { class: "w-name", text: w.name }),
       el("td", { class: "w-id mono", text: w.id }),
       el("td", { class: "w-serves" }, (w.workflows || []).map((name, i) => [i ? ", " : "", el("a", { href: "#/?" + listQuery({ workflow: name }), title: "runs of " + name, text: name })])),
+      el("td", { class: "w-build mono", text: (w.build || "—") + (w.protocol === 3 ? "" : ` (engine protocol ${w.protocol || "before 3"})`) }),
       el("td", {}, timeEl(w.since)),
       el("td", {}, timeEl(w.beat)))));
     noWorkers.hidden = (d.workers || []).length > 0;
@@ -984,6 +986,43 @@ function workersView() {
     live: () => true,
     stop: () => { stopped = true; },
   };
+}
+
+// engineSection counts, when asked (GET /v1/engine reads every kept run
+// record), the runs under way by workflow and the build that started
+// them, and names the live workers of another engine protocol, beside
+// which no worker of this version executes anything.
+function engineSection() {
+  const out = el("div", { id: "engine-result" });
+  const button = el("button", { type: "button", id: "engine-count", text: "Count runs by build" });
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    const r = await api("GET", "/v1/engine");
+    button.disabled = false;
+    if (!r.ok) {
+      out.replaceChildren(el("div", { class: "result err", role: "alert", text: problemText(r) }));
+      return;
+    }
+    const d = r.data || {};
+    const rows = [];
+    for (const [wf, builds] of Object.entries(d.builds || {}).sort()) {
+      for (const [build, n] of Object.entries(builds).sort()) {
+        rows.push(el("tr", { "data-workflow": wf, "data-build": build },
+          el("td", { text: wf }), el("td", { class: "mono", text: build || "(not recorded yet)" }), el("td", { class: "num", text: String(n) })));
+      }
+    }
+    const foreign = (d.foreign || []).map((f) => `${f.name} (engine protocol ${f.protocol || "before 3"})`);
+    out.replaceChildren(
+      foreign.length ? el("div", { class: "result err", id: "engine-foreign", role: "alert", text: `Workers of another engine protocol are live: ${foreign.join(", ")}. No worker of this version executes anything until they stop.` }) : "",
+      d.legacy_runs ? el("p", { id: "engine-legacy", text: `${d.legacy_runs} runs of the executor before the lease are not taken over yet (each is when its next message comes due).` }) : "",
+      rows.length
+        ? el("div", { class: "panel" }, el("table", { class: "grid-table", id: "engine-builds" },
+          el("thead", {}, el("tr", {}, ["Workflow", "Build", "Runs under way"].map((h) => el("th", { scope: "col", text: h })))), el("tbody", {}, rows)))
+        : el("p", { class: "muted", id: "engine-none", text: "No run is under way." }));
+  });
+  return el("section", { class: "section" }, el("h2", { text: "Engine" }),
+    el("p", { class: "muted", text: "The runs under way by the build that started them: the runs a build's workers hold (a pinned workflow's stay on their build). Counting reads every kept run." }),
+    button, out);
 }
 
 // ---- start -----------------------------------------------------------------
