@@ -44,9 +44,14 @@ type config struct {
 	// (jetflow.WorkerConfig).
 	SweepInterval time.Duration
 	StuckAfter    time.Duration
-	OpsAddr       string
-	LogFormat     string
-	LogLevel      zerolog.Level
+	// Build is the worker's build identity (jetflow.WorkerConfig.Build;
+	// empty: the binary's VCS revision), checked by jetflow.NewWorker.
+	Build string
+	// CheckBeforeServing: jetflow.WorkerConfig.CheckBeforeServing.
+	CheckBeforeServing bool
+	OpsAddr            string
+	LogFormat          string
+	LogLevel           zerolog.Level
 }
 
 // embedded reports whether the worker runs its own NATS server.
@@ -68,8 +73,8 @@ redacted.
 Exit codes:
   0  stopped after SIGINT/SIGTERM, having drained; or -h, --print-config
   1  failed to start (NATS unreachable, credentials refused, the embedded
-     server's --port or the --ops-addr taken), the operations server failed,
-     or the drain ran out of --drain-timeout
+     server's --port or the --ops-addr taken, an invalid --build), the
+     operations server failed, or the drain ran out of --drain-timeout
   2  a bad flag, argument or setting (command line, environment or file)
 
 Flags:
@@ -104,6 +109,10 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	fs.BoolVar(&c.ApplyAckWait, "apply-ack-wait", false, "make --ack-wait the deployment's AckWait on existing consumers too (a shorter one is announced to running workers first)")
 	fs.DurationVar(&c.SweepInterval, "sweep-interval", time.Minute, "how often to look for stuck runs (running, no pending task or timer); negative disables")
 	fs.DurationVar(&c.StuckAfter, "stuck-after", 0, "how long a run is left alone before the sweeper checks it (0: 5m, or 3 × --ack-wait when that is more)")
+	fs.StringVar(&c.Build, "build", "", "this worker's build identity, 1..64 characters of [A-Za-z0-9._+-] (a version, a release name), "+
+		"recorded on the runs it starts and blocks (empty: the binary's VCS revision)")
+	fs.BoolVar(&c.CheckBeforeServing, "check-before-serving", false, "before taking any work, replay this code against the runs in flight "+
+		"and wait, unready, while it would block some (docs/changing-workflows.md)")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running steps may take to finish")
 	fs.StringVar(&c.OpsAddr, "ops-addr", "127.0.0.1:8081", "`address` serving /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&c.LogFormat, "log-format", "", "json or console (default console on a terminal, json otherwise)")

@@ -82,23 +82,25 @@ func TestParseConfigEnvFallback(t *testing.T) {
 	t.Parallel()
 	ca := testenv.GenerateCerts(t).CAFile
 	vars := map[string]string{
-		"JETFLOW_NATS_URL":         "nats://nats-1:4222",
-		"JETFLOW_NATS_USER":        "app",
-		"JETFLOW_NATS_PASSWORD":    "pw",
-		"JETFLOW_NATS_TLS_CA":      ca,
-		"JETFLOW_DATA_DIR":         "/var/lib/jetflow",
-		"JETFLOW_PORT":             "4333",
-		"JETFLOW_REPLICAS":         "3",
-		"JETFLOW_DUPLICATE_WINDOW": "30s",
-		"JETFLOW_CONCURRENCY":      "8",
-		"JETFLOW_ACK_WAIT":         "10s",
-		"JETFLOW_DRAIN_TIMEOUT":    "1m",
-		"JETFLOW_SWEEP_INTERVAL":   "-1s",
-		"JETFLOW_STUCK_AFTER":      "2m",
-		"JETFLOW_OPS_ADDR":         ":9090",
-		"JETFLOW_SYNC_ALWAYS":      "true",
-		"JETFLOW_LOG_FORMAT":       "console",
-		"JETFLOW_LOG_LEVEL":        "debug",
+		"JETFLOW_NATS_URL":             "nats://nats-1:4222",
+		"JETFLOW_NATS_USER":            "app",
+		"JETFLOW_NATS_PASSWORD":        "pw",
+		"JETFLOW_NATS_TLS_CA":          ca,
+		"JETFLOW_DATA_DIR":             "/var/lib/jetflow",
+		"JETFLOW_PORT":                 "4333",
+		"JETFLOW_REPLICAS":             "3",
+		"JETFLOW_DUPLICATE_WINDOW":     "30s",
+		"JETFLOW_CONCURRENCY":          "8",
+		"JETFLOW_ACK_WAIT":             "10s",
+		"JETFLOW_DRAIN_TIMEOUT":        "1m",
+		"JETFLOW_SWEEP_INTERVAL":       "-1s",
+		"JETFLOW_STUCK_AFTER":          "2m",
+		"JETFLOW_BUILD":                "v2.1+rc1",
+		"JETFLOW_CHECK_BEFORE_SERVING": "true",
+		"JETFLOW_OPS_ADDR":             ":9090",
+		"JETFLOW_SYNC_ALWAYS":          "true",
+		"JETFLOW_LOG_FORMAT":           "console",
+		"JETFLOW_LOG_LEVEL":            "debug",
 	}
 	c, err := parseConfig(nil, env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
@@ -106,15 +108,18 @@ func TestParseConfigEnvFallback(t *testing.T) {
 		NATS:    natsconn.Options{URL: "nats://nats-1:4222", User: "app", Password: "pw", TLSCA: ca},
 		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
 		DuplicateWindow: 30 * time.Second, Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
-		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute,
+		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute, Build: "v2.1+rc1", CheckBeforeServing: true,
 		LogFormat: "console", LogLevel: zerolog.DebugLevel,
 	}, c)
 	require.False(t, c.embedded())
 
 	// A flag wins over the environment.
-	c, err = parseConfig([]string{"--concurrency", "3", "--nats-url", "nats://other:4222", "--sync-always=false", "--ops-addr="},
+	c, err = parseConfig([]string{"--concurrency", "3", "--nats-url", "nats://other:4222", "--sync-always=false", "--ops-addr=",
+		"--build", "v3", "--check-before-serving=false"},
 		env(vars), false, io.Discard, io.Discard)
 	require.NoError(t, err)
+	require.Equal(t, "v3", c.Build)
+	require.False(t, c.CheckBeforeServing)
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "nats://other:4222", c.NATS.URL)
 	require.False(t, c.SyncAlways)
@@ -132,6 +137,8 @@ concurrency: 16
 ack-wait: 5s
 drain-timeout: 7s
 log-level: warn
+build: release-7
+check-before-serving: true
 `)
 	vars := map[string]string{"JETFLOW_ACK_WAIT": "9s", "JETFLOW_DRAIN_TIMEOUT": "8s"}
 	c, err := parseConfig([]string{"--config", path, "--drain-timeout", "1s"}, env(vars), false, io.Discard, io.Discard)
@@ -142,6 +149,8 @@ log-level: warn
 	require.Equal(t, 9*time.Second, c.AckWait, "environment over file")
 	require.Equal(t, time.Second, c.DrainTimeout, "flag over environment and file")
 	require.Equal(t, "./jetflow-data", c.DataDir, "default when nothing sets it")
+	require.Equal(t, "release-7", c.Build, "file over default")
+	require.True(t, c.CheckBeforeServing, "file over default")
 
 	vars["JETFLOW_CONFIG"] = path
 	c, err = parseConfig(nil, env(vars), false, io.Discard, io.Discard)
@@ -208,6 +217,7 @@ func TestParseConfigHelp(t *testing.T) {
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	for _, want := range []string{"JETFLOW_<FLAG>", "\n  --config file\n", "\n  --print-config\n", "\n  --nats-password password\n",
 		"\n  --nats-tls-ca file\n", "\n  --replicas int\n", "\n  --ops-addr address\n", "\n  --duplicate-window duration\n",
+		"\n  --build string\n", "the binary's VCS revision", "\n  --check-before-serving\n",
 		"Exit codes:\n  0  ", "\n  1  failed to start", "\n  2  a bad flag"} {
 		require.Contains(t, usage.String(), want)
 	}
@@ -247,12 +257,14 @@ func TestPrintConfig(t *testing.T) {
 		"ops-addr: 127.0.0.1:8081 # default\n",
 		"replicas: 1 # default\n",
 		"duplicate-window: 2m0s # default\n",
+		"build: \"\" # default\n",
+		"check-before-serving: false # default\n",
 	} {
 		require.Contains(t, printed, line)
 	}
 	require.NotContains(t, printed, "print-config")
 	require.NotContains(t, printed, "\nconfig:")
-	require.Equal(t, 24, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 26, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	// Round trip: the printed file gives the same configuration.
 	again := writeConfig(t, printed)

@@ -41,6 +41,18 @@
 // each came from, secrets redacted, and exits. WithFlags adds flags of the
 // program's own, read the same way. -h lists them all.
 //
+// # Builds and the check before serving
+//
+// --build (JETFLOW_BUILD) is the worker's build identity
+// (jetflow.WorkerConfig.Build; empty: the binary's VCS revision), recorded
+// on the runs it starts and blocks; an invalid one fails the start
+// (ExitError, jetflow.ErrInvalidBuild). --check-before-serving
+// (jetflow.WorkerConfig.CheckBeforeServing) replays the worker's code
+// against every run in flight of its workflows before it takes any work:
+// while it would block some, the worker waits, unready, /readyz and a warn
+// line each attempt naming the runs and their divergences, and tries again,
+// as it does while workers of another engine protocol are live.
+//
 // # Operations
 //
 // --ops-addr (default 127.0.0.1:8081, empty disables) serves Prometheus

@@ -151,6 +151,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		Concurrency: cfg.Concurrency, AckWait: cfg.AckWait, ApplyAckWait: cfg.ApplyAckWait, Logger: log, Metrics: metrics,
 		Tracing:       jetflow.WithTracerProvider(tp),
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
+		Build: cfg.Build, CheckBeforeServing: cfg.CheckBeforeServing,
 		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
 	})
 	if err != nil {
@@ -173,10 +174,14 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		err := w.Start(startCtx)
 		// Workers of an earlier engine version are running, or this code
 		// would block runs in flight (--check-before-serving): wait
-		// (unready) until they are stopped, or the runs have ended, as
-		// for NATS itself.
-		if err != nil && !errors.Is(err, jetflow.ErrEngineMismatch) && !errors.Is(err, jetflow.ErrWouldBlock) &&
-			(!jetstream.IsTransient(err) || nc.IsClosed()) {
+		// (unready, saying so) until they are stopped, or the runs have
+		// ended, as for NATS itself.
+		switch {
+		case errors.Is(err, jetflow.ErrEngineMismatch):
+			err = natsconn.WaitingFor("workers of another engine protocol to stop", err)
+		case errors.Is(err, jetflow.ErrWouldBlock):
+			err = natsconn.WaitingFor("the runs in flight this build would block to end (--check-before-serving)", err)
+		case err != nil && (!jetstream.IsTransient(err) || nc.IsClosed()):
 			err = natsconn.Permanent(err) // a closed connection does not come back
 		}
 		return struct{}{}, err

@@ -151,7 +151,7 @@ func TestDemoFlags(t *testing.T) {
 	require.False(t, d.flakyCharge)
 	require.Contains(t, printed, "payments-addr: 127.0.0.1:0 # default\n")
 	require.Contains(t, printed, "flaky-charge: false # default\n")
-	require.Equal(t, 27, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
+	require.Equal(t, 29, strings.Count(printed, "\n"), "one line per setting:\n%s", printed)
 
 	d, code, printed = run([]string{"--print-config", "--payments-addr", "127.0.0.1:8099"}, map[string]string{"JETFLOW_FLAKY_CHARGE": "1"})
 	require.Equal(t, 0, code)

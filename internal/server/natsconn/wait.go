@@ -54,8 +54,8 @@ func (w *Waiting) set(s string) {
 
 // Wait calls dial until it succeeds, and returns its result. Each failed
 // attempt is logged at warn ("waiting for NATS at <url>", with the
-// attempt's number, the time waited so far and the error) and recorded in
-// w; the next one follows after a backoff (RetryFirst doubling to
+// attempt's number, the time waited so far and the error; "waiting for
+// <what>" for an error of WaitingFor) and recorded in w; the next one follows after a backoff (RetryFirst doubling to
 // RetryMax). A success after failures is logged at info. Wait gives up
 // only on an error that trying again cannot fix (IsPermanent), returned
 // as it is, or when ctx ends (ctx's error). Serving a readiness check that
@@ -89,9 +89,14 @@ func Wait[T any](ctx context.Context, url string, log zerolog.Logger, w *Waiting
 			return zero, err
 		}
 		waited := time.Since(begin)
-		w.set(fmt.Sprintf("waiting for NATS at %s for %s, attempt %d: %v", url, logging.Duration(waited), attempt, err))
+		what := "NATS at " + url
+		var other *waitingForError
+		if errors.As(err, &other) {
+			what = other.what
+		}
+		w.set(fmt.Sprintf("waiting for %s for %s, attempt %d: %v", what, logging.Duration(waited), attempt, err))
 		log.Warn().Err(err).Str("url", url).Int("attempt", attempt).Str("waited", logging.Duration(waited)).
-			Str("next_attempt_in", logging.Duration(delay)).Msg("waiting for NATS at " + url)
+			Str("next_attempt_in", logging.Duration(delay)).Msg("waiting for " + what)
 		timer.Reset(delay)
 		delay = min(2*delay, RetryMax)
 	}
@@ -154,3 +159,23 @@ type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
+
+// WaitingFor marks err, from an attempt of Wait, as a wait for something
+// other than NATS, which what names ("workers of another version to
+// stop"): Wait logs and records the attempt as "waiting for <what>"
+// instead of "waiting for NATS at <url>". errors.Is and errors.As see err
+// through it; nil stays nil.
+func WaitingFor(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &waitingForError{what: what, err: err}
+}
+
+type waitingForError struct {
+	what string
+	err  error
+}
+
+func (e *waitingForError) Error() string { return e.err.Error() }
+func (e *waitingForError) Unwrap() error { return e.err }

@@ -38,6 +38,25 @@ func TestWait(t *testing.T) {
 	require.Equal(t, 2, strings.Count(logs.String(), `"message":"waiting for NATS at nats://x:4222"`), logs.String())
 	require.Contains(t, logs.String(), `"attempts":3`)
 
+	// A wait for something else says what it waits for.
+	logs.Reset()
+	calls = 0
+	blocked := errors.New("runs would be blocked")
+	_, err = Wait(t.Context(), "nats://x:4222", log, &w, func(context.Context) (int, error) {
+		if calls++; calls < 2 {
+			return 0, WaitingFor("runs in flight to end", fmt.Errorf("start: %w", blocked))
+		}
+		return 1, nil
+	})
+	require.NoError(t, err)
+	require.Contains(t, w.String(), "waiting for runs in flight to end for ")
+	require.Contains(t, w.String(), "attempt 1: start: runs would be blocked")
+	require.Contains(t, logs.String(), `"error":"start: runs would be blocked"`)
+	require.Contains(t, logs.String(), `"message":"waiting for runs in flight to end"`)
+	require.NotContains(t, logs.String(), "waiting for NATS")
+	require.ErrorIs(t, WaitingFor("x", blocked), blocked)
+	require.Nil(t, WaitingFor("x", nil))
+
 	cause := errors.New("consumer exists with another filter")
 	for _, fail := range []error{Permanent(cause), fmt.Errorf("connect: %w", nats.ErrAuthorization)} {
 		calls = 0

@@ -32,16 +32,27 @@ const (
 const Build = "build-2"
 
 // Code is the code of "signup" as its worker runs it: for a run the test
-// renamed (Block), the first step is Renamed, else First. It counts each
-// step's side effects by step ID. Safe for concurrent use.
+// renamed (Block), or for every run in NewRenamed's code, the first step
+// is Renamed, else First. It counts each step's side effects by step ID.
+// Safe for concurrent use.
 type Code struct {
 	mu      sync.Mutex
+	all     bool
 	renamed map[string]bool
 	effects map[string]int
 }
 
 // New returns the code of "signup", with no run renamed.
 func New() *Code { return &Code{renamed: map[string]bool{}, effects: map[string]int{}} }
+
+// NewRenamed returns the code of "signup" after a deploy that renamed its
+// first step: Renamed in every run. Its replay of a run that committed
+// First (Park) diverges at place 0.
+func NewRenamed() *Code {
+	c := New()
+	c.all = true
+	return c
+}
 
 // Workflow is "signup" over c, to register with the test's worker (whose
 // WorkerConfig.Build should be Build).
@@ -71,11 +82,12 @@ func (c *Code) Workflow() *jetflow.Workflow[string, string] {
 func (c *Code) isRenamed(runID string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.renamed[runID]
+	return c.all || c.renamed[runID]
 }
 
 // Restore gives runID's run the code it ran first (a rollback): its
-// replay then passes the place it was blocked at.
+// replay then passes the place it was blocked at. (Not for NewRenamed's
+// code, which renames every run.)
 func (c *Code) Restore(runID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,13 +101,10 @@ func (c *Code) Effects(stepID string) int {
 	return c.effects[stepID]
 }
 
-// Block starts a run of "signup" under runID through client, waits until
-// it has committed its first step and waits for its event, renames the
-// first step for it (a deploy that renamed the step), and sends the event:
-// the worker's replay meets the renamed step where the history has First,
-// and blocks the run. It returns the blocked run, whose block is a rename
-// at place 0 (History: First, Code: Renamed).
-func (c *Code) Block(t testing.TB, client *jetflow.Client, runID string) jetflow.Run {
+// Park starts a run of "signup" under runID through client and waits until
+// it has committed its first step and waits for its event: a run in
+// flight whose history has First at place 0, parked (no worker holds it).
+func (c *Code) Park(t testing.TB, client *jetflow.Client, runID string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -105,10 +114,22 @@ func (c *Code) Block(t testing.TB, client *jetflow.Client, runID string) jetflow
 		d, err := client.Describe(ctx, runID)
 		return err == nil && len(d.Steps) == 1 && len(d.Waits) == 1
 	}, 30*time.Second, 10*time.Millisecond, "run %s did not reach its wait", runID)
+}
+
+// Block parks a run of "signup" under runID (Park), renames the first
+// step for it (a deploy that renamed the step), and sends the event: the
+// worker's replay meets the renamed step where the history has First, and
+// blocks the run. It returns the blocked run, whose block is a rename at
+// place 0 (History: First, Code: Renamed).
+func (c *Code) Block(t testing.TB, client *jetflow.Client, runID string) jetflow.Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c.Park(t, client, runID)
 	c.mu.Lock()
 	c.renamed[runID] = true
 	c.mu.Unlock()
-	_, err = client.SendEvent(ctx, runID, Event, runID+"-confirmed", json.RawMessage(`"yes"`))
+	_, err := client.SendEvent(ctx, runID, Event, runID+"-confirmed", json.RawMessage(`"yes"`))
 	require.NoError(t, err)
 	var run jetflow.Run
 	require.Eventually(t, func() bool {
