@@ -93,9 +93,17 @@ func (e *Executor) handleLegacy(ctx context.Context, d *consume.Delivery) {
 		logSettle(log, "legacy task", consume.NakAfter(msg, time.Second))
 		return
 	}
-	log.Info().Str("subject", msg.Subject()).Str("step_id", t.StepID).Str("outcome", how).Msg("task of the executor before the lease taken over")
+	ev := log.Info()
+	if how == outcomeNoRecord {
+		ev = log.Warn() // nothing to take over: said where it shows
+	}
+	ev.Str("subject", msg.Subject()).Str("step_id", t.StepID).Str("outcome", how).Msg("task of the executor before the lease taken over")
 	logSettle(log, "legacy task", msg.Ack())
 }
+
+// outcomeNoRecord is adopt's answer for a step task whose run has no
+// record: nothing to take over.
+const outcomeNoRecord = "dropped: the run has no record"
 
 // adopt makes t's run a run of this executor and wakes it, or, for a start
 // task whose record was never written, publishes the start as this
@@ -106,7 +114,7 @@ func (e *Executor) adopt(ctx context.Context, t state.Task, seq uint64) (string,
 	run, rev, err := e.runs.Get(ctx, t.RunID)
 	if errors.Is(err, runs.ErrNotFound) {
 		if t.StepID != "" {
-			return "dropped: the run has no record", nil
+			return outcomeNoRecord, nil
 		}
 		b, err := state.Encode(t)
 		if err != nil {
