@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/jetflow/jetflow"
 	"github.com/jetflow/jetflow/internal/logging"
 	conf "github.com/jetflow/jetflow/internal/server/config"
 	"github.com/jetflow/jetflow/internal/server/natsconn"
@@ -52,6 +53,14 @@ type config struct {
 	OpsAddr            string
 	LogFormat          string
 	LogLevel           zerolog.Level
+	// Output is check's: text or json (command line only).
+	Output string
+}
+
+// topology is the engine's topology the settings give
+// (jetflow.WorkerConfig.Topology).
+func (c config) topology() jetflow.Topology {
+	return jetflow.Topology{Replicas: c.Replicas, DuplicateWindow: c.DuplicateWindow}
 }
 
 // embedded reports whether the worker runs its own NATS server.
@@ -59,10 +68,18 @@ func (c config) embedded() bool { return c.NATS.URL == "" }
 
 // usageHead is the top of the usage text: the program's name, then its
 // description.
-const usageHead = `Usage: %s [flags]
+const usageHead = `Usage: %[1]s [flags]
+       %[1]s check --nats-url URL [--build BUILD] [--output json] [flags]
 
-%s With no --nats-url it starts an embedded
+%[2]s With no --nats-url it starts an embedded
 NATS server with JetStream; with --nats-url it joins an existing deployment.
+
+check (first on the line) replays this worker's code, its workflows as
+built for the --build given (empty: the binary's VCS revision), against
+every run in flight of the deployment at --nats-url, running no step and
+taking no work, and lists each run the code would block with its
+divergence: for CI, before a deploy. It reads the worker's settings as
+the worker does and ignores those of serving.
 
 Each flag is taken from, in order: the command line; the environment variable
 JETFLOW_<FLAG> (e.g. JETFLOW_NATS_URL, JETFLOW_ACK_WAIT); the YAML file named
@@ -76,6 +93,7 @@ Exit codes:
      server's --port or the --ops-addr taken, an invalid --build), the
      operations server failed, or the drain ran out of --drain-timeout
   2  a bad flag, argument or setting (command line, environment or file)
+  3  check: the code would block runs in flight (listed on stdout)
 
 Flags:
 `
@@ -118,7 +136,8 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	fs.StringVar(&c.LogFormat, "log-format", "", "json or console (default console on a terminal, json otherwise)")
 	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets redacted) and exit")
-	conf.CommandLineOnly(fs, "print-config")
+	fs.StringVar(&c.Output, "output", "text", "check only: text or json")
+	conf.CommandLineOnly(fs, "print-config", "output")
 	if p.flags != nil {
 		p.flags(fs)
 	}
@@ -131,8 +150,14 @@ func (p *program) parseConfig(args []string, getenv func(string) string, stderrI
 	if err != nil {
 		return config{}, err
 	}
+	if fs.NArg() > 0 && fs.Arg(0) == checkCommand {
+		return config{}, fmt.Errorf("%s comes first: %s %s [flags]", checkCommand, p.name, checkCommand)
+	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := p.checkFlags(c, origins); err != nil {
+		return config{}, err
 	}
 	c.LogFormat = logging.ChooseFormat(c.LogFormat, stderrIsTerminal)
 	lvl, err := zerolog.ParseLevel(logLevel)
@@ -199,6 +224,20 @@ func checkAddr(addr string) error {
 	}
 	if err := opshttp.CheckAddr(addr); err != nil {
 		return fmt.Errorf("%w, or empty to disable", err)
+	}
+	return nil
+}
+
+// checkFlags checks what only check takes (--output) and what it needs
+// (--nats-url: the deployment it checks against).
+func (p *program) checkFlags(c config, o conf.Origins) error {
+	switch {
+	case !p.check && o["output"].Source == conf.FromFlag:
+		return fmt.Errorf("--output is a flag of %s %s", p.name, checkCommand)
+	case c.Output != "text" && c.Output != "json":
+		return fmt.Errorf("invalid value %q for --output: want text or json", c.Output)
+	case p.check && c.embedded():
+		return fmt.Errorf("%s needs --nats-url (JETFLOW_NATS_URL, nats-url: in the config file): the deployment whose runs in flight it replays", checkCommand)
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		DataDir: "./jetflow-data", Host: "127.0.0.1", Port: 4222, Replicas: 1, DuplicateWindow: 2 * time.Minute, Concurrency: 64,
 		AckWait: 30 * time.Second, DrainTimeout: 30 * time.Second, SweepInterval: time.Minute,
 		OpsAddr: "127.0.0.1:8081", LogFormat: "json",
-		LogLevel: zerolog.InfoLevel,
+		LogLevel: zerolog.InfoLevel, Output: "text",
 	}, c)
 	require.True(t, c.embedded())
 
@@ -109,7 +109,7 @@ func TestParseConfigEnvFallback(t *testing.T) {
 		DataDir: "/var/lib/jetflow", Host: "127.0.0.1", Port: 4333, SyncAlways: true, Replicas: 3,
 		DuplicateWindow: 30 * time.Second, Concurrency: 8, AckWait: 10 * time.Second, DrainTimeout: time.Minute, OpsAddr: ":9090",
 		SweepInterval: -time.Second, StuckAfter: 2 * time.Minute, Build: "v2.1+rc1", CheckBeforeServing: true,
-		LogFormat: "console", LogLevel: zerolog.DebugLevel,
+		LogFormat: "console", LogLevel: zerolog.DebugLevel, Output: "text",
 	}, c)
 	require.False(t, c.embedded())
 
@@ -218,6 +218,7 @@ func TestParseConfigHelp(t *testing.T) {
 	for _, want := range []string{"JETFLOW_<FLAG>", "\n  --config file\n", "\n  --print-config\n", "\n  --nats-password password\n",
 		"\n  --nats-tls-ca file\n", "\n  --replicas int\n", "\n  --ops-addr address\n", "\n  --duplicate-window duration\n",
 		"\n  --build string\n", "the binary's VCS revision", "\n  --check-before-serving\n",
+		"worker check --nats-url URL [--build BUILD] [--output json] [flags]", "\n  --output string\n", "\n  3  check: the code would block",
 		"Exit codes:\n  0  ", "\n  1  failed to start", "\n  2  a bad flag"} {
 		require.Contains(t, usage.String(), want)
 	}

@@ -30,7 +30,8 @@
 // It serves until SIGINT or SIGTERM, then stops taking work, lets running
 // steps finish for up to --drain-timeout, and exits; a second signal exits
 // at once. Exit codes: ExitOK, ExitError, and ExitUsage (2) for a bad flag,
-// argument or setting, as Go's flag package exits; -h lists them.
+// argument or setting, as Go's flag package exits (and ExitWouldBlock, of
+// check); -h lists them.
 //
 // # Configuration
 //
@@ -52,6 +53,21 @@
 // while it would block some, the worker waits, unready, /readyz and a warn
 // line each attempt naming the runs and their divergences, and tries again,
 // as it does while workers of another engine protocol are live.
+//
+// # Checking the code in CI
+//
+// "<worker> check" (check first on the line) serves nothing: it connects
+// to the deployment at --nats-url as the worker would (the same flags,
+// environment and config file), runs the WithSetup function, and replays
+// the worker's workflows, as the build --build names (or the binary's VCS
+// revision), against every run in flight (jetflow.Client.CheckCode),
+// running no step, creating no consumer and announcing no worker. It
+// prints each run the code would block with its divergence (--output
+// json: {"build", "checked", "blocked"}), and exits ExitOK when none
+// would be blocked, ExitWouldBlock (3) when some would, ExitError when it
+// could not check:
+//
+//	signup-worker check --nats-url nats://nats-1:4222 --build "$GIT_SHA"
 //
 // # Operations
 //

@@ -152,7 +152,7 @@ func (p *program) serve(ctx context.Context, ws *jetflow.Registry, cfg config, l
 		Tracing:       jetflow.WithTracerProvider(tp),
 		SweepInterval: cfg.SweepInterval, StuckAfter: cfg.StuckAfter,
 		Build: cfg.Build, CheckBeforeServing: cfg.CheckBeforeServing,
-		Topology: jetflow.Topology{Replicas: cfg.Replicas, DuplicateWindow: cfg.DuplicateWindow},
+		Topology: cfg.topology(),
 	})
 	if err != nil {
 		return errors.Join(err, srv.Stop())

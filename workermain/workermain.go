@@ -31,6 +31,9 @@ const (
 	// a flag rejects, from the command line, JETFLOW_<FLAG> or the config
 	// file), as Go's flag package exits.
 	ExitUsage = 2
+	// ExitWouldBlock: check found runs in flight that the code would block
+	// (it lists them).
+	ExitWouldBlock = 3
 )
 
 // Main runs the worker command over the workflows of ws with the process's
@@ -57,8 +60,16 @@ func Main(ws *jetflow.Registry, opts ...Option) int {
 // name), serves until ctx is done, drains, and returns the exit code. The
 // environment, stdout and stderr are the process's unless WithEnv and
 // WithOutput say otherwise.
+//
+// With "check" first in args it serves nothing: it checks the code of ws
+// against the runs in flight of the deployment (see check) and returns
+// ExitOK when it would block none, ExitWouldBlock when it would block
+// some.
 func Run(ctx context.Context, ws *jetflow.Registry, args []string, opts ...Option) int {
 	p := newProgram(opts)
+	if len(args) > 0 && args[0] == checkCommand {
+		p.check, args = true, args[1:]
+	}
 	cfg, err := p.parseConfig(args, p.getenv, logging.IsTerminal(p.stderr), p.stdout, p.stderr)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errConfigPrinted) {
 		return ExitOK
@@ -68,6 +79,9 @@ func Run(ctx context.Context, ws *jetflow.Registry, args []string, opts ...Optio
 		return ExitUsage
 	}
 	log := logging.New(p.stderr, cfg.LogFormat, cfg.LogLevel)
+	if p.check {
+		return p.runCheck(ctx, ws, cfg, log)
+	}
 	if err := p.serve(ctx, ws, cfg, log); err != nil {
 		log.Error().Err(err).Msg("worker failed")
 		return ExitError
@@ -88,7 +102,7 @@ func WithName(name string) Option { return func(p *program) { p.name = name } }
 func WithDescription(text string) Option { return func(p *program) { p.description = text } }
 
 // WithFlags defines flags of the program's own on the worker's flag set,
-// next to the worker's (do not redefine those). They are read like the
+// next to the worker's (do not redefine those, nor --output, check's). They are read like the
 // others: command line, JETFLOW_<FLAG>, config file, default; --print-config
 // prints them. Read their values in the WithSetup function.
 func WithFlags(define func(fs *flag.FlagSet)) Option { return func(p *program) { p.flags = define } }
@@ -103,7 +117,8 @@ type Setup struct {
 // WithSetup runs setup once the configuration is read and NATS is
 // connected, before the worker is created: it may start what the workflows
 // need (a client of another service, a local test server) and add
-// workflows to the registry given to Main. An error stops the command
+// workflows to the registry given to Main. check runs it too, for the
+// workflows it adds, and closes it when done. An error stops the command
 // (ExitError). The returned close function, if not nil, runs after the
 // worker has drained, before NATS is disconnected.
 func WithSetup(setup func(ctx context.Context, s Setup) (close func(), err error)) Option {
@@ -137,6 +152,8 @@ func WithOutput(stdout, stderr io.Writer) Option {
 
 // program is one worker command, as its options make it.
 type program struct {
+	// check: the command line starts with "check" (Run).
+	check       bool
 	name        string
 	description string
 	flags       func(*flag.FlagSet)

@@ -228,3 +228,18 @@ func runOrder(t *testing.T, natsURL, runID string) {
 	require.NoError(t, err)
 	require.Equal(t, jetflow.StatusCompleted, run.Status)
 }
+
+// "worker check" runs the command's setup, which registers the order
+// workflow (without it the check would have no workflow and fail), and
+// checks that code against the deployment's runs in flight: none here.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ep, _ := startWorker(t, []string{"--data-dir", t.TempDir(), "--port", "-1", "--ops-addr="}, nil)
+	ws := jetflow.NewRegistry()
+	var stdout bytes.Buffer
+	code := workermain.Run(t.Context(), ws, []string{"check", "--nats-url", ep.NatsURL, "--build", "v1"},
+		append((&demo{ws: ws}).options(), workermain.WithEnv(env(nil)), workermain.WithOutput(&stdout, zerolog.NewTestWriter(t)))...)
+	require.Equal(t, workermain.ExitOK, code)
+	require.Equal(t, "build v1 replays every run in flight of its workflows: 0 checked, none would be blocked\n", stdout.String())
+	require.Equal(t, []string{"order"}, ws.Names())
+}
