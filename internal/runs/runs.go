@@ -611,7 +611,7 @@ func (s *Store) Adopt(ctx context.Context, run state.Run, rev uint64) (state.Run
 		if !r.Status.Active() || r.Token != token || r.Generation != gen || r.Exec == state.ExecLease {
 			return false, nil
 		}
-		r.Exec = state.ExecLease
+		r.Exec, r.Adopted = state.ExecLease, true
 		r.UpdatedAt = time.Now().UTC()
 		return true, nil
 	})

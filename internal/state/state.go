@@ -122,6 +122,10 @@ type Run struct {
 	// the run's next message of that executor is delivered (see
 	// docs/operations.md, "Upgrading the engine").
 	Exec int `json:"exec,omitempty"`
+	// Adopted marks a run that the executor before the lease admitted and
+	// a worker of this version took over: its history began without a
+	// lease, so no task of it is ever its fresh start (startRole).
+	Adopted bool `json:"adopted,omitempty"`
 	// Block says why the run is blocked (Status blocked): the divergence
 	// report of the replay that found its code departing from its
 	// history. Nil otherwise.

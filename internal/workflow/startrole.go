@@ -56,7 +56,9 @@ const (
 //   - The run's own start task (its token), at its first delivery, finding
 //     no lease record, is the run's fresh start (roleFresh): nothing can
 //     have been started yet, since any holder that stopped holding the run
-//     wrote the lease (parked, released) or ended the run.
+//     wrote the lease (parked, released) or ended the run. A run taken over
+//     from the executor before the lease (Run.Adopted) has none: its
+//     steps were committed without a lease.
 //   - Anything else (roleHold) may be the one task that moves the run: a
 //     start task with another token finding no lease is the task of a
 //     publisher that died before the record, whose start another call
@@ -74,7 +76,7 @@ func startRole(t state.Task, run state.Run, seq uint64, delivered int, lease *st
 		return roleWake
 	case lease != nil && lease.State == state.LeaseParked && lease.Seq != seq:
 		return roleStray
-	case lease == nil && delivered == 1 && t.Token == run.Token:
+	case lease == nil && delivered == 1 && t.Token == run.Token && !run.Adopted:
 		return roleFresh
 	}
 	return roleHold

@@ -55,6 +55,12 @@ func TestStartRole(t *testing.T) {
 			require.Equal(t, tc.want, startRole(tc.task, run, seq, tc.delivered, tc.lease))
 		})
 	}
+	// A run taken over from the executor before the lease committed its
+	// steps without one: its own start task (a duplicate start's repair)
+	// reads the history.
+	adopted := run
+	adopted.Adopted = true
+	require.Equal(t, roleHold, startRole(start, adopted, seq, 1, nil), "an adopted run's start task is never its fresh start")
 }
 
 // A stray start task stored while the run is parked is acknowledged
