@@ -75,6 +75,7 @@ func TestLegacyRunsTakenOver(t *testing.T) {
 		stored, _, err := runs.New(assets).Get(ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, state.ExecLease, stored.Exec, "%s is a run of this executor now", id)
+		require.Equal(t, id == "legacy-1", stored.Adopted, "%s: taken over (legacy-2 was started from its task)", id)
 	}
 	require.Equal(t, map[string]int{"legacy-1.b.0": 1, "legacy-1.c.0": 1, "legacy-2.a.0": 1, "legacy-2.b.0": 1, "legacy-2.c.0": 1},
 		effects.snapshot(), "the committed step ran not again, every other step once")
