@@ -68,6 +68,11 @@ func TestLegacyRunsTakenOver(t *testing.T) {
 	env.worker(WorkerConfig{}, threeSteps("old", effects))
 	c := env.client()
 	for id, want := range map[string]string{"legacy-1": "4", "legacy-2": "13"} {
+		// legacy-2's record is written once its start task is taken over.
+		require.Eventually(t, func() bool {
+			_, err := c.GetRun(ctx, id)
+			return err == nil
+		}, 10*time.Second, 10*time.Millisecond, "%s has a record", id)
 		r, err := c.WaitRun(ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, StatusCompleted, r.Status, "%s: %+v", id, r.Error)
