@@ -22,9 +22,7 @@ import (
 // the same with that version's own binaries.)
 func TestLegacyRunsTakenOver(t *testing.T) {
 	t.Parallel()
-	// Messages of the earlier executor are taken once they are older than
-	// the duplicate window.
-	env := newEnv(t, Topology{DuplicateWindow: 500 * time.Millisecond})
+	env := newEnv(t, Topology{})
 	ctx := ctxT(t, time.Minute)
 	assets, err := jetstream.Provision(ctx, env.conn(), env.topo, jetstream.CreateOrUpdate)
 	require.NoError(t, err)
@@ -53,10 +51,16 @@ func TestLegacyRunsTakenOver(t *testing.T) {
 	require.NoError(t, err)
 	_, err = assets.Steps.Create(ctx, "legacy-1.a.0", a)
 	require.NoError(t, err)
+	// Under the message IDs that executor gave them: a step task its step
+	// ID, a start task its run ID (this executor's start task's).
 	publish := func(subject string, task state.Task) {
 		b, err := state.Encode(task)
 		require.NoError(t, err)
-		_, err = assets.JS.Publish(ctx, subject, b)
+		id := task.StepID
+		if id == "" {
+			id = task.RunID
+		}
+		_, err = assets.JS.Publish(ctx, subject, b, natsjs.WithMsgID(id))
 		require.NoError(t, err)
 	}
 	publish("jetflow.task.old.legacy-1.b.0", state.Task{V: state.Version, RunID: "legacy-1", Workflow: "old",

@@ -124,7 +124,9 @@ type Run struct {
 	Exec int `json:"exec,omitempty"`
 	// Adopted marks a run that the executor before the lease admitted and
 	// a worker of this version took over: its history began without a
-	// lease, so no task of it is ever its fresh start (startRole).
+	// lease, so no task of it is ever its fresh start (startRole), and the
+	// message IDs of its branch tasks and timers differ from the ones that
+	// executor gave its step tasks and timers (TaskMsgID).
 	Adopted bool `json:"adopted,omitempty"`
 	// Block says why the run is blocked (Status blocked): the divergence
 	// report of the replay that found its code departing from its
@@ -144,6 +146,21 @@ type Run struct {
 	// first to park it or to end it records it. A workflow registered
 	// pinned runs only on workers of this build.
 	Build string `json:"build,omitempty"`
+}
+
+// TaskMsgID is the message ID of a branch task or a timer of run r whose
+// own ID is id (a step ID, or a step ID with a #suffix). The executor
+// before the lease gave its step tasks and timers the same IDs (a step's
+// task its step ID, a wait's timer <step-id>#wake, a retry
+// <step-id>#<attempt>), and the broker drops a message whose ID it saw
+// within its duplicate window: a run taken over from it (Adopted) has
+// its IDs under ".adopted", so that none of its messages is taken for
+// one of that executor's.
+func TaskMsgID(r Run, id string) string {
+	if r.Adopted {
+		return id + ".adopted"
+	}
+	return id
 }
 
 // ExecLease is Run.Exec of a run whose body one lease holder executes at a
@@ -463,8 +480,9 @@ type Task struct {
 	// Attributes are the start's (a start task) or the run record's (a
 	// step task).
 	Attributes map[string]string `json:"attributes,omitempty"`
-	// Exec is the run record's (Run.Exec).
-	Exec int `json:"exec,omitempty"`
+	// Exec and Adopted are the run record's (Run.Exec, Run.Adopted).
+	Exec    int  `json:"exec,omitempty"`
+	Adopted bool `json:"adopted,omitempty"`
 	// Build is the run record's (Run.Build); for a branch task of a
 	// pinned workflow's run, the build of the holder that published it:
 	// only a worker of that build runs it.
@@ -485,7 +503,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		V: Version, RunID: r.RunID, Workflow: r.Workflow, StepID: stepID, Input: r.Input,
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
-		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec, Build: r.Build,
+		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec, Adopted: r.Adopted, Build: r.Build,
 	}
 }
 
@@ -496,7 +514,7 @@ func RunFromTask(t Task) Run {
 		V: Version, RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Status: StatusRunning,
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec, Build: t.Build,
+		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec, Adopted: t.Adopted, Build: t.Build,
 	}
 }
 

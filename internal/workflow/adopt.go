@@ -73,18 +73,6 @@ func (e *Executor) handleLegacy(ctx context.Context, d *consume.Delivery) {
 		logSettle(log, "legacy task", consume.NakAfter(msg, time.Second))
 		return
 	}
-	// The earlier executor's message IDs (a step's task under its step
-	// ID, a wait's timer under <step-id>#wake) are the ones this
-	// executor gives a branch task or a wait's timer: within the broker's
-	// duplicate window of the run's last message, a publish of this
-	// executor could be taken for that message and dropped. The run's
-	// messages were published one after another, this one last or with
-	// others at once, so once it is older than the window, every message
-	// ID of the run is out of it.
-	if wait := e.cfg.Assets.Topology.DuplicateWindow - time.Since(meta.Timestamp); wait > 0 {
-		logSettle(log, "legacy task", consume.NakAfter(msg, wait))
-		return
-	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	how, err := e.adopt(actx, t, meta.Sequence.Stream)

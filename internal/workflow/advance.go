@@ -178,7 +178,7 @@ func (h *holder) dispatch(c *Context, opened []*Pending) *settlement {
 		}
 		b, err := state.Encode(t)
 		if err == nil {
-			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), p.id, b)
+			_, err = jetstream.PublishTask(h.d.nctx, h.e.cfg.Assets.JS, jetstream.BranchSubject(c.run.Workflow, p.id), state.TaskMsgID(c.run, p.id), b)
 		}
 		if err != nil {
 			return &settlement{kind: settleRelease, err: fmt.Errorf("publish the task of branch %s: %w", p.id, err)}

@@ -261,7 +261,7 @@ func (e *Executor) retryBranch(d *delivery, s *settlement) {
 	t := d.task
 	t.Attempt, t.Redispatched = s.attempt+1, false
 	if err == nil {
-		err = e.storeTimer(d, jetstream.BranchTimer(d.run.Workflow, t.StepID), t.StepID+"#"+strconv.Itoa(t.Attempt), t, e.cfg.TimerNow().Add(s.delay))
+		err = e.storeTimer(d, jetstream.BranchTimer(d.run.Workflow, t.StepID), state.TaskMsgID(d.run, t.StepID+"#"+strconv.Itoa(t.Attempt)), t, e.cfg.TimerNow().Add(s.delay))
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Msg("cannot store the retry timer; the task waits ack-pending instead")

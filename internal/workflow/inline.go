@@ -165,7 +165,7 @@ func (h *holder) attemptFor(c *Context, p *Pending) (int, *settlement) {
 func (h *holder) storeRetryTimer(c *Context, p *Pending, attempt int, due time.Time) error {
 	t := state.StepTask(c.run, c.rev, p.id)
 	t.Wake, t.Attempt = true, attempt
-	if err := h.e.storeTimer(h.d, jetstream.RunTimer(c.run.Workflow, p.id), p.id+"#"+strconv.Itoa(attempt), t, due); err != nil {
+	if err := h.e.storeTimer(h.d, jetstream.RunTimer(c.run.Workflow, p.id), state.TaskMsgID(c.run, p.id+"#"+strconv.Itoa(attempt)), t, due); err != nil {
 		return fmt.Errorf("cannot store the retry timer: %w", err)
 	}
 	return nil

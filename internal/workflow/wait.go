@@ -220,7 +220,7 @@ func (h *holder) scheduleWake(c *Context, p *Pending, deadline, now time.Time) e
 	}
 	t := state.StepTask(c.run, c.rev, p.id)
 	t.Wake = true
-	msgID := p.id + "#wake"
+	msgID := state.TaskMsgID(c.run, p.id+"#wake")
 	if deadline.IsZero() {
 		deadline, t.Recheck = now.Add(WaitRecheck), true
 		msgID = p.id + "#recheck." + strconv.FormatInt(deadline.Unix(), 10)

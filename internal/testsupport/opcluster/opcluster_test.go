@@ -140,9 +140,7 @@ func newScenario(t *testing.T, first *Binaries, extra ...string) *scenario {
 	// The first worker creates the R3 streams and buckets; the producer
 	// and the reader only look them up.
 	for range 2 {
-		w, ready := s.spawnWorker(s.first.Worker, ackWait, false)
-		require.NoError(t, w.WaitHTTP(s.ctx(30*ackWait), ready))
-		s.workers = append(s.workers, w)
+		s.workers = append(s.workers, s.startFirstWorker())
 	}
 	_, s.prod = s.startProducer(s.first.Producer, "producer")
 
@@ -186,6 +184,27 @@ func (s *scenario) startProducer(bin, name string) (*Proc, Producer) {
 	t.Cleanup(prod.Kill)
 	require.NoError(t, prod.WaitHTTP(s.ctx(30*ackWait), "http://"+addr+"/readyz"))
 	return prod, Producer{BaseURL: "http://" + addr, HTTP: &http.Client{}}
+}
+
+// startFirstWorker starts one of the deployment's first workers (first's)
+// and waits until it is ready. One that exits first is started again, up
+// to three times: an earlier version's worker gives up when provisioning
+// the new cluster's streams outlasts its own deadline (30 s) on a loaded
+// machine, where this version's retries.
+func (s *scenario) startFirstWorker() *Proc {
+	var err error
+	for range 3 {
+		w, ready := s.spawnWorker(s.first.Worker, ackWait, false)
+		if err = w.WaitHTTP(s.ctx(30*ackWait), ready); err == nil {
+			return w
+		}
+		if w.Running() {
+			break
+		}
+		s.t.Logf("started again: %v", err)
+	}
+	require.NoError(s.t, err)
+	return nil
 }
 
 // startWorker starts a worker process of this version on the cluster and
@@ -395,7 +414,7 @@ func keepLogs(t *testing.T, dir string) {
 	if len(logs) == 0 {
 		return
 	}
-	keep, err := os.MkdirTemp("", "jetflow-"+t.Name()+"-logs-")
+	keep, err := os.MkdirTemp("", "jetflow-"+strings.ReplaceAll(t.Name(), "/", "_")+"-logs-")
 	if err != nil {
 		t.Logf("keep the logs: %v", err)
 		return

@@ -34,9 +34,6 @@ const (
 	leaseBeforeProtocol = "1719aa8"
 )
 
-// dupWindow is the upgrade scenario's duplicate window.
-const dupWindow = 5 * time.Second
-
 // buildPrevious builds the worker and producer of commit rev of the
 // repository at root into dir. It skips the test when the clone does not
 // hold rev (a shallow clone).
@@ -98,10 +95,7 @@ func upgradeFrom(t *testing.T, rev string) {
 	buildCtx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	prev := buildPrevious(t, buildCtx, root, rev, t.TempDir())
-	// A run in flight at the upgrade is taken over once its last message
-	// of the earlier version is older than the broker's duplicate window:
-	// a short one keeps the test short.
-	s := newScenario(t, &prev, "--duplicate-window", dupWindow.String())
+	s := newScenario(t, &prev)
 
 	ledger := faultcheck.NewLedger()
 	newProd := make(chan Producer, 1)
