@@ -78,6 +78,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Attributes:   map[string]string{"order_id": "42"},
 		Predecessors: []Predecessor{{Generation: 6, Token: "tok6", Status: StatusCancelled}},
 		Exec:         ExecLease,
+		Adopted:      true,
 		Block:        &jetflowtype.RunBlock{Reason: jetflowtype.BlockDivergence},
 		Waived:       []string{"order-42/7.a.0"},
 		WaivedRev:    map[string]uint64{"order-42/7.a.0": 3},
