@@ -101,11 +101,13 @@ func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWo
 	if err != nil {
 		return nil, err
 	}
+	newer := map[string]bool{}
 	var out []ForeignWorker
-	var builds []roster.Presented
 	for _, l := range live {
 		if l.Protocol == EngineProtocol {
-			builds = append(builds, l)
+			if l.Build != w.cfg.Build && l.Since.After(w.since) {
+				newer[l.Workflow] = true
+			}
 			continue
 		}
 		fw := ForeignWorker{Name: l.Worker, Protocol: l.Protocol, Build: l.Build, Beat: l.Beat}
@@ -113,45 +115,12 @@ func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWo
 			out = append(out, fw)
 		}
 	}
-	newer := newerBuilds(builds, w.cfg.Build, w.since)
 	g.newer.Store(&newer)
 	return out, nil
 }
 
-// newerBuilds reports, per workflow, whether another build than build
-// came after it: a build's arrival is the earliest start (Since) among its
-// live workers serving the workflow, with since, this worker's own start,
-// counted for build. So a worker of an old build restarted in the middle of
-// a deploy does not make its build the newest while other workers of it
-// are still live, and it is superseded as they are.
-func newerBuilds(live []roster.Presented, build string, since time.Time) map[string]bool {
-	type key struct{ workflow, build string }
-	arrived := map[key]time.Time{}
-	for _, l := range live {
-		k := key{l.Workflow, l.Build}
-		if t, ok := arrived[k]; !ok || l.Since.Before(t) {
-			arrived[k] = l.Since
-		}
-	}
-	newer := map[string]bool{}
-	for k, t := range arrived {
-		if k.build == build {
-			continue
-		}
-		mine, ok := arrived[key{k.workflow, build}]
-		if !ok || since.Before(mine) {
-			mine = since
-		}
-		if t.After(mine) {
-			newer[k.workflow] = true
-		}
-	}
-	return newer
-}
-
-// superseded reports whether another build started serving workflow after
-// this worker's build did (newerBuilds), as the roster said at its last
-// read: this
+// superseded reports whether a worker of another build started serving
+// workflow after this one, as the roster said at its last read: this
 // worker then starts no new run of a pinned workflow (a run pinned to the
 // newest build is taken by its workers) and serves the runs pinned to its
 // own build until they end.

@@ -114,22 +114,3 @@ func TestEngineStatus(t *testing.T) {
 	require.False(t, s.Ready())
 	require.False(t, s.OldWorkDone())
 }
-
-// A build's arrival is the earliest start among its live workers: a worker
-// of the old build restarted during a deploy does not make the old build
-// the newest while another of its workers is live.
-func TestNewerBuilds(t *testing.T) {
-	t.Parallel()
-	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
-	live := func(wf, build string, since int) roster.Presented {
-		return roster.Presented{Live: roster.Live{Workflow: wf, Build: build, Since: at(since), Protocol: EngineProtocol}}
-	}
-	old := []roster.Presented{live("order", "v1", 1), live("order", "v1", 2), live("order", "v2", 10)}
-	require.Equal(t, map[string]bool{"order": true}, newerBuilds(old, "v1", at(1)), "v2 came after v1")
-	require.Empty(t, newerBuilds(old, "v2", at(10)), "nothing came after v2")
-	restarted := append(old, live("order", "v1", 15))
-	require.Equal(t, map[string]bool{"order": true}, newerBuilds(restarted, "v1", at(15)), "a restarted v1 worker is still superseded")
-	require.Empty(t, newerBuilds(restarted, "v2", at(10)), "and does not supersede v2")
-	require.Empty(t, newerBuilds([]roster.Presented{live("refund", "v3", 20)}, "v2", at(10))["order"], "other workflows are their own")
-	require.Equal(t, map[string]bool{"refund": true}, newerBuilds([]roster.Presented{live("refund", "v3", 20)}, "v2", at(10)))
-}
