@@ -175,10 +175,13 @@ func TestFaultWorkerKilledBetweenEventAndNextCommit(t *testing.T) {
 	require.Equal(t, "pay-1", steps["event=paid.0"].EventID)
 	require.Equal(t, []int{1}, effects.Attempts("evk-1.use.0"))
 
-	startChild(t, env, "", url)
+	survivor := startChild(t, env, "", url)
 	out, err := h.Result(ctxT(t, 30*childAckWait))
 	require.NoError(t, err)
 	require.Equal(t, "A-17", out)
+	// The run can end before the worker answers events (its Start returns
+	// after its consumers run): the repeat below needs it to answer.
+	require.NoError(t, waitReady(survivor, 30*childAckWait))
 	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0"), "the step after the event ran again under its step ID, next attempt")
 	require.Equal(t, []int{1, 2}, effects.Attempts("evk-1.use.0|A-17"), "both attempts saw the event's payload")
 	require.Equal(t, []int{1}, effects.Attempts("evk-1.prep.0"))
