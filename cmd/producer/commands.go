@@ -485,9 +485,9 @@ func (p *printer) roster(r jetflow.Roster, now time.Time) error {
 		return p.encode(r)
 	}
 	tw := tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tID\tWORKFLOWS\tSINCE\tLAST BEAT")
+	fmt.Fprintln(tw, "WORKER\tID\tWORKFLOWS\tBUILD\tSINCE\tLAST BEAT")
 	for _, w := range r.Workers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\n", timeline.Clean(w.Name), w.ID, strings.Join(w.Workflows, ","),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s ago\n", timeline.Clean(w.Name), w.ID, strings.Join(w.Workflows, ","), buildOf(w),
 			w.Since.UTC().Format(time.DateTime), now.Sub(w.Beat).Round(time.Second))
 	}
 	if len(r.Workers) == 0 {
@@ -568,6 +568,20 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// buildOf is a worker's build as the roster table shows it: "-" for none,
+// and its engine protocol when it is not this version's (the runs each
+// build holds: producer engine).
+func buildOf(w jetflow.LiveWorker) string {
+	b := w.Build
+	if b == "" {
+		b = "-"
+	}
+	if w.Protocol != jetflow.EngineProtocol {
+		b += fmt.Sprintf(" (engine protocol %d)", w.Protocol)
+	}
+	return timeline.Clean(b)
 }
 
 // reset prints a key reset: the HTTP API's body as JSON.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +39,12 @@ func TestWorkers(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 4+len(served), out)
-	require.Regexp(t, `^WORKER\s+ID\s+WORKFLOWS\s+SINCE\s+LAST BEAT$`, lines[0])
-	require.Regexp(t, `^`+w.Name+`\s+`+w.ID+`\s+`+strings.Join(served, ",")+`\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d+s ago$`, lines[1])
+	require.Regexp(t, `^WORKER\s+ID\s+WORKFLOWS\s+BUILD\s+SINCE\s+LAST BEAT$`, lines[0])
+	build := w.Build
+	if build == "" {
+		build = "-"
+	}
+	require.Regexp(t, `^`+w.Name+`\s+`+w.ID+`\s+`+strings.Join(served, ",")+`\s+`+regexp.QuoteMeta(build)+`\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d+s ago$`, lines[1])
 	require.Regexp(t, `^WORKFLOW\s+SERVED BY$`, lines[3])
 	require.Regexp(t, `^exclusive\s+`+w.Name+`$`, lines[4])
 
@@ -56,16 +61,18 @@ func TestWorkersText(t *testing.T) {
 	var b bytes.Buffer
 	p := &printer{w: &b}
 	require.NoError(t, p.roster(jetflow.Roster{Workflows: []jetflow.KnownWorkflow{{Workflow: "order"}}}, now))
-	require.Equal(t, "WORKER  ID  WORKFLOWS  SINCE  LAST BEAT\n(no worker running)\n\nWORKFLOW  SERVED BY\norder  no worker running\n",
+	require.Equal(t, "WORKER  ID  WORKFLOWS  BUILD  SINCE  LAST BEAT\n(no worker running)\n\nWORKFLOW  SERVED BY\norder  no worker running\n",
 		collapse(b.String()))
 
 	b.Reset()
 	since := time.Date(2026, 11, 27, 13, 0, 0, 0, time.FixedZone("CET", 3600))
 	require.NoError(t, p.roster(jetflow.Roster{
-		Workers:   []jetflow.LiveWorker{{ID: "w1", Name: "a\x1b[31m", Workflows: []string{"order", "refund"}, Since: since, Beat: now.Add(-3 * time.Second)}},
+		Workers: []jetflow.LiveWorker{{ID: "w1", Name: "a\x1b[31m", Workflows: []string{"order", "refund"}, Since: since, Beat: now.Add(-3 * time.Second),
+			Protocol: jetflow.EngineProtocol, Build: "abc123"}, {ID: "w2", Name: "old", Workflows: []string{"order"}, Since: since, Beat: now}},
 		Workflows: []jetflow.KnownWorkflow{{Workflow: "order", Workers: []string{"a"}}, {Workflow: "refund", Workers: []string{"a"}}},
 	}, now))
-	require.Contains(t, collapse(b.String()), `a\x1b[31m  w1  order,refund  2026-11-27 12:00:00  3s ago`)
+	require.Contains(t, collapse(b.String()), `a\x1b[31m  w1  order,refund  abc123  2026-11-27 12:00:00  3s ago`)
+	require.Contains(t, collapse(b.String()), `old  w2  order  - (engine protocol 0)  2026-11-27 12:00:00  0s ago`, "a worker of an earlier engine says so")
 }
 
 // collapse makes each run of spaces one (tabwriter's padding).
