@@ -31,7 +31,8 @@ import (
 // Every message the earlier executor left for a run — its start task, a
 // step task, a resume task after an event or a child's end, a due timer —
 // adopts the run when it is delivered, so a run asleep is adopted when its
-// timer comes due, keeping its wake-up time. A message of a run already
+// timer comes due (and then sleeps again: that executor kept no record of
+// when a sleep or wait began, so the holder begins it anew). A message of a run already
 // adopted wakes it (it may be the resume of a commit the holder has not
 // seen); one of a run that ended or was replaced is acknowledged.
 
