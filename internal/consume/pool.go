@@ -162,6 +162,8 @@ type source struct {
 	ackWait atomic.Int64
 	// freed tells the pull loop that a slot was freed.
 	freed chan struct{}
+	// turns counts the pull loop's waits (the tests' check that it parks).
+	turns atomic.Int64
 }
 
 // free gives back a settled message's slot and tells the pull loop.

@@ -66,6 +66,14 @@ func (p *Pool) pull(s *source) {
 	resume.Stop()
 	defer resume.Stop()
 	paused, backoff := false, time.Duration(0)
+	// quit is the pool's quit until the loop saw it, then nil: a closed
+	// channel in the select would make it spin while the last requests
+	// expire.
+	quit := p.quit
+	stop := func() {
+		stopping, quit = true, nil
+		quiet.Reset(2 * fetchWait)
+	}
 	for {
 		if free := cap(s.own) - len(s.own); !stopping && !paused && free > 0 { // only this loop adds tokens
 			switch {
@@ -86,9 +94,8 @@ func (p *Pool) pull(s *source) {
 					p.log.Warn().Err(jetstream.Unavailable(err)).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
 					select {
 					case <-time.After(fetchWait):
-					case <-p.quit:
-						stopping = true
-						quiet.Reset(2 * fetchWait)
+					case <-quit:
+						stop()
 					}
 					continue
 				}
@@ -102,6 +109,7 @@ func (p *Pool) pull(s *source) {
 		if stopping && outstanding == 0 {
 			return
 		}
+		s.turns.Add(1)
 		select {
 		case m := <-msgs:
 			if outstanding > 0 {
@@ -156,11 +164,8 @@ func (p *Pool) pull(s *source) {
 			if stopping {
 				return
 			}
-		case <-p.quit:
-			if !stopping {
-				stopping = true
-				quiet.Reset(2 * fetchWait)
-			}
+		case <-quit:
+			stop()
 		}
 	}
 }

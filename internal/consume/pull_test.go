@@ -182,3 +182,34 @@ func TestStoppingPoolHandsBackPastItsOpenRequests(t *testing.T) {
 	close(stopping.release)
 	require.NoError(t, <-stopped)
 }
+
+// The pull loop parks while it has nothing to do: idle, it wakes about
+// once per request it sends; stopping, while its open request runs out, it
+// waits for that request's end instead of turning in a loop.
+func TestPullLoopParksWhileIdleAndStopping(t *testing.T) {
+	t.Parallel()
+	srv := testenv.Server(t)
+	nc := testenv.Conn(t, srv)
+	_, c := workQueue(t, nc, "I", "ic")
+	pool := consume.New(nc, 4, false, testenv.Logger(t))
+	require.NoError(t, pool.Consume(c, 4, &holder{release: make(chan struct{})}))
+	// Idle for as long as a request stays open, then stopped: the loop
+	// sees its request expire and waits for the last one after Stop (at
+	// most a request's life each), a few turns in all. A busy loop turns
+	// millions of times in that time.
+	idle := time.Now()
+	require.Eventually(t, func() bool { return pool.Turns() > 0 }, 10*time.Second, time.Millisecond)
+	for time.Since(idle) < time.Second {
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	require.NoError(t, pool.Stop(t.Context()))
+	elapsed := time.Since(idle)
+	// One turn per request's end (each within fetchWait) and a handful for
+	// the stop itself.
+	limit := 10 + 2*int64(elapsed/time.Second)
+	require.LessOrEqual(t, pool.Turns(), limit, "pull loop turns in %v", elapsed)
+}
