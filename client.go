@@ -602,7 +602,7 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 // ctx.
 func (c *Client) unanswered(ctx context.Context, name string) error {
 	rctx, stop := c.denials.watch(ctx, c.nc, rosterRead)
-	st, err := roster.Read(rctx, c.assets.Workflows, name)
+	st, err := roster.Read(rctx, c.assets.Workflows, name, time.Now())
 	stop()
 	if cause := context.Cause(rctx); err != nil && errors.Is(cause, ErrPermissionDenied) {
 		err = fmt.Errorf("%v (it needs %s; the known record alone tells nothing while no worker runs)", cause, rosterRead)

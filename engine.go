@@ -55,14 +55,13 @@ func (s EngineStatus) Ready() bool { return len(s.Foreign) == 0 }
 func (c *Client) EngineStatus(ctx context.Context) (_ EngineStatus, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	out := EngineStatus{Protocol: EngineProtocol, Workers: map[string]int{}, Foreign: []ForeignWorker{}}
-	_, live, err := roster.List(ctx, c.assets.Workflows)
+	live, err := roster.Current(ctx, c.assets.Workflows, time.Now())
 	if err != nil {
 		return out, err
 	}
-	now := time.Now()
 	seen := map[string]bool{}
 	for _, l := range live {
-		if !l.Alive(now) || seen[l.ID] {
+		if seen[l.ID] {
 			continue
 		}
 		seen[l.ID] = true

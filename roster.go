@@ -64,7 +64,7 @@ type KnownWorkflow struct {
 // read, as the inspector's workers view and GET /v1/workers make it.
 func (c *Client) Roster(ctx context.Context) (_ Roster, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
-	known, live, err := roster.List(ctx, c.assets.Workflows)
+	known, live, err := roster.List(ctx, c.assets.Workflows, time.Now())
 	if err != nil {
 		return Roster{}, err
 	}

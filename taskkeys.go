@@ -6,6 +6,7 @@ import (
 
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/internal/workflow"
 	"github.com/jetflow/jetflow/jetflowtype"
 )
 
@@ -114,5 +115,5 @@ func (c *Client) ResetTaskKey(ctx context.Context, key string, scope KeyScope, s
 	if err != nil {
 		return 0, err
 	}
-	return c.assets.TaskKeys.Reset(ctx, filter)
+	return workflow.ResetTaskKeys(ctx, c.assets.TaskKeys, filter, time.Now)
 }

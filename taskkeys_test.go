@@ -674,3 +674,65 @@ func TestRunScopedTaskKeyIsPerGeneration(t *testing.T) {
 		require.Equal(t, 2, n, "the reset covers both generations' entries")
 	}
 }
+
+// G7 after an unclean stop of the server: a key it removed (a result past
+// its TTL, a reset) may come back with its last value and no TTL. A result
+// present past its own ExpiresAt is as good as gone, and a reset is written
+// over the key (not purged) for longer than the result it forgets would
+// have lived, so that the result comes back, if at all, past its time.
+func TestTaskKeyRevivedPastItsTimeIsGone(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	const ttl = 2 * time.Second
+	var runs atomic.Int64
+	wf := NewWorkflow("revived", func(ctx *Context, key string) (string, error) {
+		return Step(ctx, "lookup", counted(&runs), WithTaskKey(key, ttl), WithKeyScope(ScopeWorkflow))
+	})
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, 60*time.Second)
+	bkey, err := state.TaskKeyName(state.ScopeWorkflow, "revived", "lookup", "k")
+	require.NoError(t, err)
+	latest := func() jetstream.KeyState {
+		st, err := c.assets.TaskKeys.Latest(ctx, bkey)
+		require.NoError(t, err)
+		return st
+	}
+	// revive writes value back over the key's marker as the server does
+	// after an unclean stop: the last value, never to expire (an hour).
+	revive := func(value []byte) {
+		require.Eventually(t, func() bool { return !latest().Live }, 30*time.Second, 20*time.Millisecond, "the key never went")
+		_, err := c.assets.TaskKeys.Replace(ctx, bkey, value, latest().Rev, time.Hour)
+		require.NoError(t, err)
+	}
+
+	out, err := runKeyed(t, c, wf, "rv-1", "k")
+	require.NoError(t, err)
+	require.Equal(t, "run-1", out)
+	result := latest().Value
+	revive(result)
+	out, err = runKeyed(t, c, wf, "rv-2", "k")
+	require.NoError(t, err)
+	require.Equal(t, "run-2", out, "a result present past its ExpiresAt was served")
+	require.False(t, served(t, c, "rv-2"))
+
+	// Reset, then the result comes back once the reset entry has gone.
+	result = latest().Value
+	done, err := state.DecodeTaskKeyEntry(result)
+	require.NoError(t, err)
+	n, err := c.ResetTaskKey(ctx, "k", ScopeWorkflow, "revived")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	reset, err := state.DecodeTaskKeyEntry(latest().Value)
+	require.NoError(t, err)
+	require.Equal(t, state.TaskKeyReset, reset.State)
+	require.False(t, reset.ExpiresAt.Before(done.ExpiresAt), "the reset entry ends before the result it forgets")
+	n, err = c.ResetTaskKey(ctx, "k", ScopeWorkflow, "revived")
+	require.NoError(t, err)
+	require.Zero(t, n, "a reset key reset again")
+	revive(result)
+	out, err = runKeyed(t, c, wf, "rv-3", "k")
+	require.NoError(t, err)
+	require.Equal(t, "run-3", out, "a reset undone served the old result")
+	require.EqualValues(t, 3, runs.Load())
+}

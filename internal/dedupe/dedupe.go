@@ -649,6 +649,14 @@ func (a *Admitter) publishUntilDone(ctx context.Context, workflow, identity stri
 // after the lease read is a stray the worker drops without a replay; one
 // that finds the run ended is dropped. A run that was held costs the one
 // read of its lease key, and no publish (G25).
+//
+// A copy answered "duplicate" is not checked the way the creator's first
+// publish is (publishStart): the run's creator published under the same
+// message ID and checked whether an earlier engine's task held it, so the
+// ID is held by the run's own start task, stored or already taken up by a
+// worker (which writes the lease key the read above found missing).
+// Republishing then would store a second task and a warning for every
+// duplicate that races the first holder's lease write.
 func (a *Admitter) ensureStarted(ctx context.Context, res Result) error {
 	run := res.Run
 	if !res.Stored || run.Status != state.StatusRunning || run.Exec != state.ExecLease {
@@ -667,7 +675,8 @@ func (a *Admitter) ensureStarted(ctx context.Context, res Result) error {
 	if err != nil {
 		return err
 	}
-	return a.publishStart(ctx, run.Workflow, identity, task)
+	_, _, err = a.publishRetried(ctx, jetstream.RunSubject(run.Workflow, identity), identity, task)
+	return err
 }
 
 // publishRetried publishes task on subject under msgID, sending it again

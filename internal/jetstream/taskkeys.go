@@ -142,40 +142,35 @@ func (t *TaskKeys) Release(ctx context.Context, key string, rev uint64) error {
 	return nil
 }
 
-// Reset removes every key matching filter, whatever it holds, and returns
-// how many it removed. Before the bucket exists (no keyed step ever ran)
-// there is nothing to remove: it returns 0 without creating the bucket, so
-// a user that may not create it can still reset.
-func (t *TaskKeys) Reset(ctx context.Context, filter string) (int, error) {
+// Keys lists the keys matching filter that hold a value (not a marker).
+// Before the bucket exists (no keyed step ever ran) there are none: it
+// returns nil without creating the bucket, so a user that may not create
+// it can still reset keys.
+func (t *TaskKeys) Keys(ctx context.Context, filter string) ([]string, error) {
 	t.mu.Lock()
 	bound := t.kv != nil
 	t.mu.Unlock()
 	if !bound {
 		if _, err := t.js.Stream(ctx, "KV_"+TaskKeysBucket); errors.Is(err, natsjs.ErrStreamNotFound) {
-			return 0, nil
+			return nil, nil
 		}
 	}
 	kv, _, err := t.bind(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	lister, err := kv.kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
-		return 0, fmt.Errorf("jetflow: list %s/%s: %w", TaskKeysBucket, filter, err)
+		return nil, fmt.Errorf("jetflow: list %s/%s: %w", TaskKeysBucket, filter, err)
 	}
 	var keys []string
 	for k := range lister.Keys() {
 		keys = append(keys, k)
 	}
 	if err := ctx.Err(); err != nil { // the listing stops early when ctx ends
-		return 0, err
+		return nil, err
 	}
-	for i, k := range keys {
-		if err := kv.kv.Purge(ctx, k, natsjs.PurgeTTL(TaskKeyMarkerTTL)); err != nil {
-			return i, fmt.Errorf("jetflow: reset %s/%s: %w", TaskKeysBucket, k, err)
-		}
-	}
-	return len(keys), nil
+	return keys, nil
 }
 
 // Watch delivers the changes of key from now on (values and markers).

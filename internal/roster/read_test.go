@@ -1,6 +1,7 @@
 package roster
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -20,26 +21,26 @@ func TestReadTellsNoWorkerYetFromUnknown(t *testing.T) {
 	kv := bucket(t, testenv.Server(t))
 	ctx := ctxT(t, 10*time.Second)
 
-	s, err := Read(ctx, kv, "order")
+	s, err := Read(ctx, kv, "order", time.Now())
 	require.NoError(t, err)
 	require.Equal(t, Status{}, s, "a fresh deployment: nothing known, no worker live")
 
 	p, err := Announce(ctx, kv, []string{"order", "refund"}, "w-1", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	s, err = Read(ctx, kv, "ordr")
+	s, err = Read(ctx, kv, "ordr", time.Now())
 	require.NoError(t, err)
 	require.False(t, s.Found)
 	require.Equal(t, 2, s.Live, "w-1's two liveness records")
-	s, err = Read(ctx, kv, "order")
+	s, err = Read(ctx, kv, "order", time.Now())
 	require.NoError(t, err)
 	require.True(t, s.Found)
 	require.Equal(t, "w-1", s.Known.FirstWorker)
 
 	require.NoError(t, p.Stop(ctx))
-	s, err = Read(ctx, kv, "ordr")
+	s, err = Read(ctx, kv, "ordr", time.Now())
 	require.NoError(t, err)
 	require.Equal(t, Status{}, s, "withdrawn: no worker live")
-	s, err = Read(ctx, kv, "refund")
+	s, err = Read(ctx, kv, "refund", time.Now())
 	require.NoError(t, err)
 	require.True(t, s.Found, "known for good")
 	require.Zero(t, s.Live)
@@ -52,21 +53,23 @@ func TestReadManyLiveRecords(t *testing.T) {
 	kv := bucket(t, testenv.Server(t))
 	ctx := ctxT(t, 60*time.Second)
 	const n = 1100
+	beat, err := json.Marshal(Live{Beat: time.Now(), TTL: time.Hour})
+	require.NoError(t, err)
 	for i := range n {
-		_, err := kv.Put(ctx, LiveKey(fmt.Sprintf("wf-%d", i), "id"), []byte(`{}`))
+		_, err := kv.Put(ctx, LiveKey(fmt.Sprintf("wf-%d", i), "id"), beat)
 		require.NoError(t, err)
 	}
-	_, err := kv.Last(ctx, KnownKey("wf-7"), "live.>")
+	_, err = kv.Last(ctx, KnownKey("wf-7"), "live.>")
 	require.ErrorIs(t, err, jetstream.ErrTooManyKeys, "one direct get does not hold them")
 	_, err = kv.Create(ctx, KnownKey("wf-7"), []byte(`{"workflow":"wf-7","first_worker":"w-7"}`))
 	require.NoError(t, err)
 
-	s, err := Read(ctx, kv, "wf-7")
+	s, err := Read(ctx, kv, "wf-7", time.Now())
 	require.NoError(t, err)
 	require.Equal(t, n, s.Live)
 	require.True(t, s.Found)
 	require.Equal(t, "w-7", s.Known.FirstWorker)
-	s, err = Read(ctx, kv, "typo")
+	s, err = Read(ctx, kv, "typo", time.Now())
 	require.NoError(t, err)
 	require.Equal(t, Status{Live: n}, s)
 }
@@ -79,7 +82,7 @@ func TestListKnownAndLive(t *testing.T) {
 	kv := bucket(t, testenv.Server(t))
 	ctx := ctxT(t, 10*time.Second)
 
-	known, live, err := List(ctx, kv)
+	known, live, err := List(ctx, kv, time.Now())
 	require.NoError(t, err)
 	require.Empty(t, known)
 	require.Empty(t, live)
@@ -88,7 +91,7 @@ func TestListKnownAndLive(t *testing.T) {
 	require.NoError(t, err)
 	p2, err := Announce(ctx, kv, []string{"order"}, "w-2", "b1", ttl, testenv.Logger(t))
 	require.NoError(t, err)
-	known, live, err = List(ctx, kv)
+	known, live, err = List(ctx, kv, time.Now())
 	require.NoError(t, err)
 	require.Len(t, known, 2)
 	for _, k := range known {
@@ -111,10 +114,45 @@ func TestListKnownAndLive(t *testing.T) {
 	require.NotEqual(t, ids["w-1"], ids["w-2"])
 
 	require.NoError(t, p1.Stop(ctx))
-	known, live, err = List(ctx, kv)
+	known, live, err = List(ctx, kv, time.Now())
 	require.NoError(t, err)
 	require.Len(t, known, 2, "known for good")
 	require.Len(t, live, 1, "w-1 withdrawn")
 	require.Equal(t, "w-2", live[0].Worker)
 	require.NoError(t, p2.Stop(ctx))
+}
+
+// A liveness record the bucket still holds past its time (its worker gone
+// for longer than two TTLs since its last beat: a removal the server undid
+// after an unclean stop) is no live worker: not counted by Read, so that a
+// start nobody answers is "retry later", not "unknown workflow"; not listed
+// by List or Current.
+func TestLivenessRecordPastItsTimeIsNoWorker(t *testing.T) {
+	t.Parallel()
+	kv := bucket(t, testenv.Server(t))
+	ctx := ctxT(t, 10*time.Second)
+	now := time.Now()
+	for i, beat := range []time.Time{now.Add(-19 * time.Minute), now.Add(-3 * time.Second)} {
+		b, err := json.Marshal(Live{Workflow: "order", Worker: fmt.Sprintf("gone-%d", i), Beat: beat, TTL: time.Second, Protocol: 3})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, LiveKey("order", fmt.Sprintf("id%d", i)), b)
+		require.NoError(t, err)
+	}
+	s, err := Read(ctx, kv, "ordr", now)
+	require.NoError(t, err)
+	require.Equal(t, Status{}, s, "dead workers' records counted as live")
+	_, live, err := List(ctx, kv, now)
+	require.NoError(t, err)
+	require.Empty(t, live)
+
+	p, err := Announce(ctx, kv, []string{"order"}, "w-1", "b1", ttl, testenv.Logger(t))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Stop(ctx)) }()
+	s, err = Read(ctx, kv, "ordr", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Live, "the live worker only")
+	_, live, err = List(ctx, kv, time.Now())
+	require.NoError(t, err)
+	require.Len(t, live, 1)
+	require.Equal(t, "w-1", live[0].Worker)
 }

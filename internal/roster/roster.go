@@ -131,10 +131,10 @@ type Status struct {
 // liveness records than one read returns, they are read in pages. err is
 // set only when the bucket could not be read, and then Status says
 // nothing.
-func Read(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error) {
+func Read(ctx context.Context, kv *jetstream.KV, workflow string, now time.Time) (Status, error) {
 	entries, err := kv.Last(ctx, KnownKey(workflow), "live.>")
 	if errors.Is(err, jetstream.ErrTooManyKeys) {
-		return readPaged(ctx, kv, workflow)
+		return readPaged(ctx, kv, workflow, now)
 	}
 	if err != nil {
 		return Status{}, err
@@ -142,7 +142,13 @@ func Read(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error
 	var s Status
 	for _, e := range entries {
 		if e.Key != KnownKey(workflow) {
-			s.Live++
+			l, err := decodeLive(kv, e)
+			if err != nil {
+				return Status{}, err
+			}
+			if l.Alive(now) {
+				s.Live++
+			}
 			continue
 		}
 		if err := json.Unmarshal(e.Value, &s.Known); err != nil {
@@ -161,16 +167,25 @@ func Read(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error
 
 // readPaged is Read for a deployment with more liveness records (and
 // markers of withdrawn ones) than one direct get returns.
-func readPaged(ctx context.Context, kv *jetstream.KV, workflow string) (Status, error) {
+func readPaged(ctx context.Context, kv *jetstream.KV, workflow string, now time.Time) (Status, error) {
 	k, found, err := Lookup(ctx, kv, workflow)
 	if err != nil {
 		return Status{}, err
 	}
-	live, err := kv.Prefix(ctx, "live", 0)
+	live, err := Current(ctx, kv, now)
 	if err != nil {
 		return Status{}, err
 	}
 	return Status{Known: k, Found: found, Live: len(live)}, nil
+}
+
+// decodeLive decodes the liveness record e.
+func decodeLive(kv *jetstream.KV, e jetstream.Entry) (Live, error) {
+	var l Live
+	if err := json.Unmarshal(e.Value, &l); err != nil {
+		return Live{}, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+	}
+	return l, nil
 }
 
 // Presented is a liveness record as List reads it: the record, and the ID
@@ -181,17 +196,17 @@ type Presented struct {
 	ID string
 }
 
-// List reads every known record and every current liveness record of the
-// deployment: two reads of the bucket, each a snapshot (in pages beyond
-// 1,024 keys); a record withdrawn or expired is not current and is left
-// out. A record that does not decode is an error, as is a bucket that
-// cannot be read.
-func List(ctx context.Context, kv *jetstream.KV) ([]Known, []Presented, error) {
+// List reads every known record and the liveness records of the live
+// workers of the deployment (Current at now): two reads of the bucket, each
+// a snapshot (in pages beyond 1,024 keys); a record withdrawn, expired or
+// past its time is left out. A record that does not decode is an error, as
+// is a bucket that cannot be read.
+func List(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Known, []Presented, error) {
 	known, err := kv.Prefix(ctx, "known", 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	live, err := kv.Prefix(ctx, "live", 0)
+	live, err := Current(ctx, kv, now)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -203,15 +218,7 @@ func List(ctx context.Context, kv *jetstream.KV) ([]Known, []Presented, error) {
 		}
 		ks = append(ks, k)
 	}
-	ps := make([]Presented, 0, len(live))
-	for _, e := range live {
-		var l Live
-		if err := json.Unmarshal(e.Value, &l); err != nil {
-			return nil, nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
-		}
-		ps = append(ps, Presented{Live: l, ID: e.Key[strings.LastIndexByte(e.Key, '.')+1:]})
-	}
-	return ks, ps, nil
+	return ks, live, nil
 }
 
 // Current lists the liveness records of the live workers of the
@@ -222,11 +229,11 @@ func Current(ctx context.Context, kv *jetstream.KV, now time.Time) ([]Presented,
 	if err != nil {
 		return nil, err
 	}
-	var out []Presented
+	out := []Presented{}
 	for _, e := range live {
-		var l Live
-		if err := json.Unmarshal(e.Value, &l); err != nil {
-			return nil, fmt.Errorf("jetflow: record %s/%s: %w", kv.Bucket(), e.Key, err)
+		l, err := decodeLive(kv, e)
+		if err != nil {
+			return nil, err
 		}
 		if l.Alive(now) {
 			out = append(out, Presented{Live: l, ID: e.Key[strings.LastIndexByte(e.Key, '.')+1:]})

@@ -157,6 +157,12 @@ const (
 	TaskKeyClaimed = "claimed"
 	// TaskKeyDone: the result, kept for the key's TTL.
 	TaskKeyDone = "done"
+	// TaskKeyReset: the key was reset (Client.ResetTaskKey). The entry
+	// stands for no entry at all; it is written over the reset one, not
+	// purged, and outlives that one's own time, so that a removal the
+	// server undoes after an unclean stop never brings the reset entry
+	// back as the key's value (see Gone).
+	TaskKeyReset = "reset"
 )
 
 // TaskKeyEntry is the value of a task key in the task-keys bucket.
@@ -185,6 +191,34 @@ type TaskKeyEntry struct {
 // Lease is the claim's lease.
 func (e TaskKeyEntry) Lease() time.Duration { return time.Duration(e.LeaseMS) * time.Millisecond }
 
+// Gone reports whether e, an entry the bucket holds, stands for no entry at
+// now: a reset, or a result past its ExpiresAt. The bucket removes a result
+// when its TTL passes, but a removal can be undone by an unclean stop of
+// the server (the key then comes back with its last value and no TTL), so
+// the time in the entry decides, by the reader's clock (a clock ahead of
+// the writer's ends the result that much early). A claim is never gone by
+// its time: a waiter takes over a claim that is not renewed for a lease.
+func (e TaskKeyEntry) Gone(now time.Time) bool {
+	switch e.State {
+	case TaskKeyReset:
+		return true
+	case TaskKeyDone:
+		return !e.ExpiresAt.IsZero() && !now.Before(e.ExpiresAt)
+	}
+	return false
+}
+
+// Until is how long after now e, an entry that is not Gone, may still be
+// served or waited on: a result until its ExpiresAt, a claim for a lease
+// after its last write (LeaseUntil).
+func (e TaskKeyEntry) Until(now time.Time) time.Duration {
+	end := e.ExpiresAt
+	if e.State == TaskKeyClaimed {
+		end = e.LeaseUntil
+	}
+	return max(end.Sub(now), 0)
+}
+
 // DecodeTaskKeyEntry decodes and validates a task key entry.
 func DecodeTaskKeyEntry(b []byte) (TaskKeyEntry, error) {
 	var e TaskKeyEntry
@@ -197,6 +231,11 @@ func DecodeTaskKeyEntry(b []byte) (TaskKeyEntry, error) {
 			return TaskKeyEntry{}, fmt.Errorf("%w: task key claim with lease %dms", ErrCorrupt, e.LeaseMS)
 		}
 	case TaskKeyDone:
+	case TaskKeyReset:
+		if e.Token == "" {
+			return TaskKeyEntry{}, fmt.Errorf("%w: task key reset without token", ErrCorrupt)
+		}
+		return e, checkTimes("task key entry", e.At, e.ExpiresAt, e.LeaseUntil)
 	default:
 		return TaskKeyEntry{}, fmt.Errorf("%w: task key state %q", ErrCorrupt, clip(e.State))
 	}

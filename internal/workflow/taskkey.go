@@ -187,21 +187,24 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 			return nil, err
 		}
 		if !st.Live {
-			rev, err := store.Create(nctx, k.key, k.claim(), st.Rev, k.lease)
-			if errors.Is(err, jetstream.ErrExists) {
-				continue // another caller claimed it first
-			}
-			if err != nil {
+			if ok, err := k.claimOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
-			k.hold(rev)
-			return nil, nil
+			continue // another caller claimed it first
 		}
 		ent, err := state.DecodeTaskKeyEntry(st.Value)
 		if err != nil {
 			// Never let a bad entry block the key: take it over.
 			k.log.Error().Err(err).Msg("malformed task key entry; claiming over it")
 			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if ent.Gone(k.e.cfg.Now()) {
+			// A reset, or a result past its time that the bucket still
+			// holds (a removal undone): as good as absent.
+			if ok, err := k.claimOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -251,6 +254,21 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 		}
 		timer.Stop()
 	}
+}
+
+// claimOver creates this call's claim on a key that holds no entry, or
+// whose last message, at rev (0: none), is a marker or an entry that is
+// Gone. ok is false when another write came first.
+func (k *keyCall) claimOver(nctx context.Context, rev uint64) (bool, error) {
+	nrev, err := k.e.cfg.Assets.TaskKeys.Create(nctx, k.key, k.claim(), rev, k.lease)
+	if errors.Is(err, jetstream.ErrExists) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	k.hold(nrev)
+	return true, nil
 }
 
 // takeOver replaces the entry at rev with this call's claim. ok is false
@@ -420,4 +438,61 @@ func (k *keyCall) encode(rec state.Step) ([]byte, error) {
 		return state.Encode(rec)
 	}
 	return state.Encode(state.KeyedStep{Step: rec, TaskKey: k.ref})
+}
+
+// ResetTaskKeys forgets every task key of filter (Client.ResetTaskKey) and
+// returns how many held a claim or a result. A key is not purged: a reset
+// entry (state.TaskKeyReset) is written over its value, compare-and-set,
+// with a TTL that outlives what it replaced (the result's time, the claim's
+// lease), so that no removal the server might undo after an unclean stop
+// can bring the old value back as the key's last. The next call claims
+// over the reset entry; a step running under a claim that is reset still
+// commits its record and caches nothing. A repeat call finds nothing left
+// to reset and returns 0.
+func ResetTaskKeys(ctx context.Context, tk *jetstream.TaskKeys, filter string, now func() time.Time) (int, error) {
+	keys, err := tk.Keys(ctx, filter)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range keys {
+		reset, err := resetTaskKey(ctx, tk, key, now)
+		if err != nil {
+			return n, fmt.Errorf("jetflow: reset %s/%s: %w", jetstream.TaskKeysBucket, key, err)
+		}
+		if reset {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// resetTaskKey writes the reset entry over key's value unless it holds
+// none (or one that is Gone); reset says whether it wrote one.
+func resetTaskKey(ctx context.Context, tk *jetstream.TaskKeys, key string, now func() time.Time) (reset bool, _ error) {
+	for {
+		st, err := tk.Latest(ctx, key)
+		if err != nil || !st.Live {
+			return false, err
+		}
+		at := now().UTC()
+		// An entry that does not decode is reset too, for a default lease.
+		keep := DefaultKeyLease
+		if ent, err := state.DecodeTaskKeyEntry(st.Value); err == nil {
+			if ent.Gone(at) {
+				return false, nil
+			}
+			keep = ent.Until(at)
+		}
+		keep = jetstream.WholeSeconds(keep + leaseGrace)
+		b, err := state.Encode(state.TaskKeyEntry{V: state.Version, State: state.TaskKeyReset, Token: nuid.Next(), At: at, ExpiresAt: at.Add(keep)})
+		if err != nil {
+			return false, err
+		}
+		_, err = tk.Replace(ctx, key, b, st.Rev, keep)
+		if errors.Is(err, jetstream.ErrRevisionMismatch) {
+			continue // written meanwhile: reset what it holds now
+		}
+		return err == nil, err
+	}
 }
