@@ -50,7 +50,12 @@ func (h *holder) runInline(c *Context, p *Pending) *settlement {
 		if err != nil {
 			return &settlement{kind: settleRelease, err: err}
 		}
-		a := &stepAttempt{stepCall: p.call, attempt: attempt, key: key, start: h.e.cfg.Now(), failures: failures}
+		// The lease is proved once more right before the call: a process
+		// stopped (SIGSTOP, a VM paused) after the check above and resumed
+		// past its lease renews it first, finds it taken and calls
+		// nothing. What remains is the instant between that proof and
+		// the call.
+		a := &stepAttempt{stepCall: p.call, attempt: attempt, key: key, start: h.e.cfg.Now(), failures: failures, mayCall: h.lease.live}
 		rec, s := h.e.runAttempt(h.d, a, h.lease.commit)
 		if s == nil {
 			p.rec = rec

@@ -40,6 +40,12 @@ type stepAttempt struct {
 	// failures are earlier attempts of this delivery that failed and were
 	// retried in place, for the record (the attempt log has them too).
 	failures []state.AttemptFailure
+	// mayCall, when set, is asked right before the step function is
+	// called (after the task key is acquired, which may wait): an error
+	// says the caller may no longer run the step (a holder's lease lost
+	// while the process was stopped) and is the attempt's settlement
+	// (lostOr).
+	mayCall func() error
 }
 
 // commitFunc writes the encoded record of step id: under the holder's
@@ -95,6 +101,11 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
 		d.log.Warn().Str("step_id", sc.id).Int("attempt", attempt).Msg("step started more often than MaxAttempts; failing it")
 		return rec, metrics.StepFailed, nil
+	}
+	if a.mayCall != nil {
+		if err := a.mayCall(); err != nil {
+			return rec, "", lostOr(err)
+		}
 	}
 	out, err := e.call(d.ctx, info, sc.fn)
 	switch {
