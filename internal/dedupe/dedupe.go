@@ -404,11 +404,14 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 			entry.Outcome = state.AuditExisting
 		}
 		entry.Generation = res.Run.Generation
-		if err := a.ensureStarted(ctx, res); err != nil {
-			return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
-		}
+		// The repair check and the audit side by side: one round trip.
+		started := make(chan error, 1)
+		go func(res Result) { started <- a.ensureStarted(ctx, res) }(res)
 		var err error
 		res.Duplicates, err = a.runs.RecordDuplicate(ctx, req.RunID, entry)
+		if serr := <-started; serr != nil {
+			return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, serr)
+		}
 		if err != nil {
 			return res, fmt.Errorf("jetflow: start %s: audit duplicate: %w", req.RunID, err)
 		}

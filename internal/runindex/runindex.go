@@ -128,11 +128,53 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 // the record which case it is (an earlier run's entry that outlived its
 // record is the other).
 func (x *Index) PutNew(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
-	seq, err := x.put(ctx, run, ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))
-	if jetstream.IsWrongLastSequence(err) {
-		return 0, fmt.Errorf("%w: %s", ErrEntryExists, run.RunID)
+	e, err := x.SendNew(run, ttl)
+	if err != nil {
+		return 0, err
 	}
-	return seq, err
+	return e.Wait(ctx)
+}
+
+// SendNew sends PutNew's write and returns without waiting for its answer
+// (NewEntry.Wait): the caller sends its next request (the record) at once,
+// and the two take one round trip. The entry is sent first on the
+// connection, so the server has it before the next request even when the
+// caller dies before either answer comes.
+func (x *Index) SendNew(run state.Run, ttl time.Duration) (*NewEntry, error) {
+	b, err := json.Marshal(EntryOf(run))
+	if err != nil {
+		return nil, err
+	}
+	msg := &nats.Msg{Subject: entrySubject(run.Status, run.Workflow, run.RunID), Data: b, Header: nats.Header{}}
+	f, err := x.js.PublishMsgAsync(msg, x.putOpts(ttl, natsjs.WithExpectLastSequenceForSubject(0, runFilter(run.RunID)))...)
+	if err != nil {
+		return nil, fmt.Errorf("jetflow: index run %s: %w", run.RunID, err)
+	}
+	return &NewEntry{f: f, runID: run.RunID}, nil
+}
+
+// NewEntry is an entry SendNew sent, whose answer is awaited with Wait.
+type NewEntry struct {
+	f     natsjs.PubAckFuture
+	runID string
+}
+
+// Wait returns the entry's sequence once the server stored it, or an error
+// matching ErrEntryExists when the index holds an entry of the run ID
+// (PutNew). A repeat call returns at once with the same answer only while
+// the first has not consumed it: call it once.
+func (e *NewEntry) Wait(ctx context.Context) (uint64, error) {
+	select {
+	case ack := <-e.f.Ok():
+		return ack.Sequence, nil
+	case err := <-e.f.Err():
+		if jetstream.IsWrongLastSequence(err) {
+			return 0, fmt.Errorf("%w: %s", ErrEntryExists, e.runID)
+		}
+		return 0, fmt.Errorf("jetflow: index run %s: %w", e.runID, err)
+	case <-ctx.Done():
+		return 0, fmt.Errorf("jetflow: index run %s: %w", e.runID, ctx.Err())
+	}
 }
 
 // ErrEntryExists: PutNew found an entry of the run ID in the index.

@@ -136,21 +136,29 @@ func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, e
 // answer a retry finds its own write, which the caller tells by the
 // record's token.
 //
-// The run's index entry is written before the record, each awaited in
-// turn (sending the two together let a retried entry land after a
-// rebuild of a deleted index): a process that dies between the two
-// leaves an entry a reader passes over until its record is there (see Repair), never a running run that no
-// listing shows: the record, once written, is listed. An entry of the run
-// ID already there (a duplicate start's run, or an earlier run's entry
-// that outlived its record) makes the first write refuse; the record's
-// write then says which case it is (indexLate).
+// The run's index entry is sent before the record, and the record right
+// after it without waiting for the entry's answer: one round trip for the
+// two. The entry reaches the server first, so a process that dies between
+// the two leaves an entry a reader passes over until its record is there
+// (see Repair), never a running run that no listing shows: the record,
+// once written, is listed. The entry is written only while the index holds
+// no entry of the run ID (runindex.Index.PutNew), so an entry that lands
+// late (a retry after a rebuild of a deleted index) never joins the one
+// the rebuild wrote. An entry of the run ID already there (a duplicate
+// start's run, or an earlier run's entry that outlived its record) makes
+// the entry's write refuse; the record's write then says which case it is
+// (indexLate).
 func (s *Store) Create(ctx context.Context, run state.Run) (uint64, error) {
 	b, err := state.Encode(run)
 	if err != nil {
 		return 0, err
 	}
-	entered, ierr := s.index.PutNew(ctx, run, s.ttl(run))
+	var entered uint64
+	entry, ierr := s.index.SendNew(run, s.ttl(run))
 	rev, err := s.runs.CreateTTL(ctx, run.RunID, b, s.ttl(run))
+	if ierr == nil {
+		entered, ierr = entry.Wait(ctx)
+	}
 	if err == nil && s.afterCreate != nil {
 		s.afterCreate(run.RunID)
 	}
