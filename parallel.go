@@ -58,9 +58,15 @@ func (f *Future[T]) Get(ctx *Context) (T, error) {
 	if err != nil {
 		return zero, publicStepErr(err)
 	}
+	return decodeResult[T](p.Name(), raw)
+}
+
+// decodeResult decodes the committed result raw of the step called name.
+func decodeResult[T any](name string, raw json.RawMessage) (T, error) {
 	var out T
 	if err := json.Unmarshal(raw, &out); err != nil {
-		return zero, fmt.Errorf("jetflow: step %s: committed result does not decode into %T: %w", p.Name(), out, err)
+		var zero T
+		return zero, fmt.Errorf("jetflow: step %s: committed result does not decode into %T: %w", name, out, err)
 	}
 	return out, nil
 }
@@ -77,15 +83,24 @@ func (f *Future[T]) Get(ctx *Context) (T, error) {
 // before it returns is abandoned with the run. Errors in the call itself
 // (an invalid name or option) are returned by Get.
 func Go[T any](ctx *Context, name string, fn func(ctx context.Context) (T, error), opts ...StepOption) *Future[T] {
+	o, err := stepOpts(name, opts)
+	if err != nil {
+		return &Future[T]{err: err}
+	}
+	p, err := ctx.c.Start(name, o.policy, o.taskKey, encodeStep(name, fn))
+	return &Future[T]{p: p, err: err}
+}
+
+// stepOpts applies opts; an invalid one is the call's error.
+func stepOpts(name string, opts []StepOption) (stepOptions, error) {
 	var o stepOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.err != nil {
-		return &Future[T]{err: fmt.Errorf("jetflow: step %s: %w", name, o.err)}
+		return o, fmt.Errorf("jetflow: step %s: %w", name, o.err)
 	}
-	p, err := ctx.c.Start(name, o.policy, o.taskKey, encodeStep(name, fn))
-	return &Future[T]{p: p, err: err}
+	return o, nil
 }
 
 // encodeStep turns a typed step function into the engine's, which returns

@@ -164,7 +164,16 @@ func (c *Context) Context() context.Context { return c.c.Context() }
 // code fn failed with (ErrorWithCode), on every replay. T must round-trip
 // through encoding/json.
 func Step[T any](ctx *Context, name string, fn func(ctx context.Context) (T, error), opts ...StepOption) (T, error) {
-	return Go(ctx, name, fn, opts...).Get(ctx)
+	var zero T
+	o, err := stepOpts(name, opts)
+	if err != nil {
+		return zero, err
+	}
+	raw, err := ctx.c.StepWithKey(name, o.policy, o.taskKey, encodeStep(name, fn))
+	if err != nil {
+		return zero, publicStepErr(err)
+	}
+	return decodeResult[T](name, raw)
 }
 
 // StepOption configures one step call.

@@ -90,11 +90,19 @@ func (p *Pending) Outcome() (json.RawMessage, error) {
 // A step whose final failure is committed returns a *StepError, on every
 // replay. Invalid arguments (name, policy, key) are returned as errors.
 func (c *Context) StepWithKey(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (json.RawMessage, error) {
-	p, err := c.Start(name, policy, key, fn)
+	// One call of the body: its goroutine is checked once (the check
+	// reads the goroutine's stack header, a microsecond or two).
+	if err := c.onBody(); err != nil {
+		return nil, err
+	}
+	p, err := c.start(name, policy, key, fn)
 	if err != nil {
 		return nil, err
 	}
-	return c.Result(p)
+	if _, err := c.await([]*Pending{p}, false); err != nil {
+		return nil, err
+	}
+	return p.Outcome()
 }
 
 // Result waits for p and returns its committed result (Await, then
@@ -139,6 +147,11 @@ func (c *Context) Start(name string, policy RetryPolicy, key TaskKey, fn StepFun
 	if err := c.onBody(); err != nil {
 		return nil, err
 	}
+	return c.start(name, policy, key, fn)
+}
+
+// start is Start once the caller is known to be the body's goroutine.
+func (c *Context) start(name string, policy RetryPolicy, key TaskKey, fn StepFunc) (*Pending, error) {
 	if c.parked {
 		// A Step the body deferred, running while the body unwinds: unwind
 		// on, without touching NATS or settling again.
@@ -269,6 +282,11 @@ func (c *Context) Await(ps []*Pending, first bool) (int, error) {
 	if err := c.onBody(); err != nil {
 		return -1, err
 	}
+	return c.await(ps, first)
+}
+
+// await is Await once the caller is known to be the body's goroutine.
+func (c *Context) await(ps []*Pending, first bool) (int, error) {
 	if c.parked {
 		c.park(nil)
 	}
