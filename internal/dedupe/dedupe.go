@@ -854,17 +854,12 @@ func (a *Admitter) createOrRead(ctx context.Context, rec state.Run, by starter) 
 // after-expiry run itself (see Materialize). Otherwise it creates nothing:
 // Admit gets ErrRetryStart, Materialize ErrStaleStart.
 func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) (admitted, bool, error) {
-	run, rev, err := a.runs.Get(ctx, rec.RunID)
-	if err == nil {
-		return found(run, rev, rec), false, nil
-	}
-	if !errors.Is(err, runs.ErrNotFound) {
-		return admitted{}, false, err
-	}
-	latest, err := a.runs.Latest(ctx, rec.RunID)
+	run, rev, latest, err := a.existing(ctx, rec.RunID)
 	switch {
 	case err != nil:
 		return admitted{}, false, err
+	case rev != 0:
+		return found(run, rev, rec), false, nil
 	case latest.Rev == 0:
 		return admitted{}, true, nil
 	case latest.Live: // a lagging replica missed it on the first read
@@ -922,6 +917,28 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	return found(run, rev, rec), false, nil
 }
 
+// existing reads the record of runID, which a create found there: the
+// record at its revision (not 0), or, when it has expired, its marker as
+// the bucket's last message of the key (not Live; Rev 0 when the marker
+// has gone too; Live when a lagging replica missed the record). A record the bucket still holds
+// past its retention (a removal undone by an unclean stop of the server)
+// counts as expired at the time its retention ended, and its revision as
+// the marker's.
+func (a *Admitter) existing(ctx context.Context, runID string) (state.Run, uint64, jetstream.KeyState, error) {
+	run, rev, err := a.runs.Get(ctx, runID)
+	if err == nil {
+		if at, expired := a.runs.Expired(run, time.Now()); expired {
+			return state.Run{}, 0, jetstream.KeyState{Rev: rev, Time: at}, nil
+		}
+		return run, rev, jetstream.KeyState{}, nil
+	}
+	if !errors.Is(err, runs.ErrNotFound) {
+		return state.Run{}, 0, jetstream.KeyState{}, err
+	}
+	latest, err := a.runs.Latest(ctx, runID)
+	return state.Run{}, 0, latest, err
+}
+
 // readOrCreate reads the stored record and falls back to createOrRead when
 // there is none.
 func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run, by starter) (admitted, error) {
@@ -931,6 +948,11 @@ func (a *Admitter) readOrCreate(ctx context.Context, rec state.Run, by starter) 
 	}
 	if err != nil {
 		return admitted{}, err
+	}
+	if _, expired := a.runs.Expired(run, time.Now()); expired {
+		// Held past its retention: its create fails, and the record is
+		// then taken for its marker (existing).
+		return a.createOrRead(ctx, rec, by)
 	}
 	return found(run, rev, rec), nil
 }

@@ -334,3 +334,45 @@ func TestDuplicateStartsARunWhoseStartTaskWasLost(t *testing.T) {
 	_, err = a.assets.Tasks.GetLastMsgForSubject(ctx(t), subject)
 	require.Error(t, err, "a duplicate of a held run published a task")
 }
+
+// A record the bucket still holds past its retention, as one whose expiry
+// an unclean stop of the server undid (it comes back with no TTL), is an
+// expired run: a start of its run ID creates a new run over it, and says
+// so, as over an expiry marker; a start task of the old run creates
+// nothing.
+func TestRecordPresentPastItsRetentionIsExpired(t *testing.T) {
+	t.Parallel()
+	nc := testenv.Conn(t, testenv.Server(t))
+	const retention = time.Hour
+	assets, err := jetstream.Provision(ctx(t), nc, jetstream.Topology{Retention: retention}, jetstream.CreateOrUpdate)
+	require.NoError(t, err)
+	a := New(assets, Config{})
+	old, err := a.newRecord(Request{RunID: "rv-1", Workflow: "w", Input: json.RawMessage(`1`)}, "old")
+	require.NoError(t, err)
+	old.Status = state.StatusCompleted
+	old.UpdatedAt = time.Now().Add(-2 * retention).UTC()
+	b, err := state.Encode(old)
+	require.NoError(t, err)
+	rev, err := assets.Runs.Create(ctx(t), "rv-1", b) // no TTL: as revived
+	require.NoError(t, err)
+
+	_, _, err = a.Materialize(ctx(t), state.Task{V: state.Version, RunID: "rv-1", Workflow: "w", Input: json.RawMessage(`1`), Token: "old"})
+	require.ErrorIs(t, err, ErrStaleStart, "the expired run's start task")
+	res, err := a.Admit(ctx(t), Request{RunID: "rv-1", Workflow: "w", Input: json.RawMessage(`2`)})
+	require.NoError(t, err)
+	require.Equal(t, Created, res.Outcome)
+	require.True(t, res.AfterExpiry)
+	require.Equal(t, int(rev), res.Run.Generation, "a new identity")
+	require.Equal(t, state.StatusRunning, res.Run.Status)
+
+	// The same record within its retention is the run.
+	old.RunID, old.UpdatedAt = "rv-2", time.Now().UTC()
+	b, err = state.Encode(old)
+	require.NoError(t, err)
+	_, err = assets.Runs.Create(ctx(t), "rv-2", b)
+	require.NoError(t, err)
+	res, err = a.Admit(ctx(t), Request{RunID: "rv-2", Workflow: "w", Input: json.RawMessage(`1`)})
+	require.NoError(t, err)
+	require.Equal(t, Existing, res.Outcome)
+	require.Equal(t, state.StatusCompleted, res.Run.Status)
+}

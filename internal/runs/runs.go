@@ -88,6 +88,19 @@ func (s *Store) Retention(run state.Run) time.Duration {
 	return s.retention
 }
 
+// Expired reports whether run, a record the bucket holds, is past its
+// retention at now, and when it expired: the bucket removes a record once
+// its TTL passes, but a removal can be undone by an unclean stop of the
+// server (the record then comes back with no TTL), so the times in the
+// record decide. A run that has not ended never expires.
+func (s *Store) Expired(run state.Run, now time.Time) (time.Time, bool) {
+	if !run.Status.Terminal() {
+		return time.Time{}, false
+	}
+	at := run.UpdatedAt.Add(s.Retention(run))
+	return at, !now.Before(at)
+}
+
 // ttl is the per-message TTL of a write of run: never while it runs, the
 // retention once it ended.
 func (s *Store) ttl(run state.Run) time.Duration {
