@@ -165,30 +165,18 @@ type held struct {
 // start task (roleFresh) holds it at once, reading nothing more; a stray
 // start task (roleStray) takes nothing and is dropped without a replay.
 // Any other delivery reads the run's records in one batch (its history,
-// with the lease record) and:
-//
-//   - finds the run cancelled: drops the task;
-//   - is the first delivery of its message and finds no lease record, or
-//     one parked or released by another message's delivery: holds the
-//     lease at that revision without writing (no other delivery can be
-//     executing the body: at most one run task is pending at a time, and
-//     the holder of any earlier one parked or finished);
-//   - follows the delivery that handed its message back unstarted: holds
-//     the lease at that revision without writing, as that delivery
-//     would have;
-//   - follows the delivery that parked the run (and then handed the
-//     message back, its last look having found the await decided, or
-//     died or failed to acknowledge): takes the lease over with a write
-//     (below), as a clean holder that inherited nothing: that delivery
-//     started nothing after its park. The write is needed: that delivery
-//     may yet acknowledge the message late, and a wake's first delivery
-//     must then find the lease held, not parked at a revision this one
-//     executes at;
-//   - otherwise (a redelivery, or a lease held by another delivery): takes
-//     the lease over with compare-and-set, after waiting out a lease
-//     still renewed by a live holder (wait), and reads the history again,
-//     so that it holds every commit its predecessor made before the
-//     takeover.
+// with the lease record) and decides by what the lease record says
+// (holdDecision, a table read row by row): drop the task of a cancelled
+// run; leave a message a later delivery holds; hold without a write after
+// an unstarted hand-back or as a message's first delivery; wait out a
+// holder that may be alive; otherwise take the lease over with
+// compare-and-set and read the history again, so that it holds every
+// commit its predecessor made before the takeover. After the park of the
+// delivery just before this one, the taker is a clean holder that
+// inherited nothing: that delivery started nothing after its park. The
+// write is needed there too: that delivery may yet acknowledge the message
+// late, and a wake's first delivery must then find the lease held, not
+// parked at a revision this one executes at.
 func (e *Executor) hold(d *delivery) (held, *settlement) {
 	lease := func(rev uint64, found state.Lease, proved time.Time) *lease {
 		return e.newLease(d, rev, found, proved, func(cause error) { e.inflight.cancelOne(d, cause) })
@@ -210,31 +198,21 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 		if hist.lease != nil {
 			found = *hist.lease
 		}
-		switch {
-		case found.State == state.LeaseCancelled:
+		switch holdDecision(hist.lease != nil, found, hist.leaseRev, stale, d.seq, d.delivered) {
+		case foundCancelled:
 			return held{}, e.cancelledLease(d)
-		case found.Seq == d.seq && found.Delivered > d.delivered:
+		case foundLater:
 			return held{}, &settlement{kind: settleLost, err: fmt.Errorf("%w: a later delivery of this task holds it", errLeaseLost)}
-		case found.Unstarted && found.Seq == d.seq && found.Delivered == d.delivered-1:
-			// The delivery just before this one handed the task back
-			// without starting anything: take the run as it found it,
-			// without a write (it runs nothing, and any holder before it is
-			// fenced). Only the next delivery may: a later one finds the
-			// record of a delivery before the one before it, which may be
-			// executing the body at this very revision (its process
-			// stalled past AckWait before it began), and takes the lease
-			// over with a write below, which fences that one.
+		case foundHandedBack:
 			found.State = ""
 			h := &holder{e: e, d: d, clean: found.Clean, inherited: found.Inherited, lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil
-		case d.delivered == 1 && (hist.lease == nil || found.Seq != d.seq && found.State != state.LeaseHeld):
+		case foundFree:
 			parked := found.State == state.LeaseParked
 			h := &holder{e: e, d: d, clean: parked, inherited: !parked, rebegin: d.task.Wake && d.task.StepID == "",
 				lease: lease(hist.leaseRev, found, d.msg.Received)}
 			return held{holder: h, history: hist}, nil
-		case found.State == state.LeaseHeld && hist.leaseRev != stale && !(found.Seq == d.seq && found.Delivered == d.delivered):
-			// Held by another delivery, which may be alive: wait for it
-			// to end, park, hand back, or stop renewing.
+		case foundHeld:
 			expired, s := e.waitOut(d, hist.leaseRev)
 			if s != nil {
 				return held{}, s
@@ -267,6 +245,70 @@ func (e *Executor) hold(d *delivery) (held, *settlement) {
 		afterPark := found.State == state.LeaseParked && found.Seq == d.seq && found.Delivered == d.delivered-1
 		return held{holder: &holder{e: e, d: d, lease: l, clean: afterPark, inherited: !afterPark}, history: hist}, nil
 	}
+}
+
+// leaseFound is what a delivery that is not a fresh start's first found
+// in its run's lease record: a row of hold's decision table (holdDecision).
+type leaseFound int
+
+const (
+	// foundCancelled: the run was cancelled. The task is dropped.
+	foundCancelled leaseFound = iota
+	// foundLater: a later delivery of this very message holds the run. The
+	// message is its own now: left alone.
+	foundLater
+	// foundHandedBack: the delivery just before this one handed the
+	// message back without starting anything. The run is taken as that
+	// delivery found it, without a write: it ran nothing, and any holder
+	// before it is fenced. Only the very next delivery may; a later one
+	// finds the record of a delivery before the one before it, which may
+	// be executing the body at this revision (stalled past AckWait before
+	// it began), and takes the lease over with a write (foundStale), which
+	// fences that one.
+	foundHandedBack
+	// foundFree: the message's first delivery, and no lease record, or one
+	// another message's delivery parked or released. Held at that revision
+	// without a write: at most one run task is pending at a time, and the
+	// holder of any earlier one parked or finished.
+	foundFree
+	// foundHeld: held by another delivery, which may be alive. It is waited
+	// out (it ends, parks, hands back, or stops renewing), then the table
+	// is read again.
+	foundHeld
+	// foundStale: anything else (a redelivery; a holder waited out that
+	// stopped renewing; the park of the delivery before this one). The
+	// lease is taken over with a compare-and-set write, and the history
+	// read again at that revision.
+	foundStale
+)
+
+// holdDecision is hold's decision table, read top to bottom; the first row
+// that matches decides. has says whether a lease record exists (found is
+// its content, at revision rev); stale is a revision waitOut found not
+// renewed for a whole lease; seq and delivered name this delivery.
+//
+//	row | the lease record                                             | this delivery        | decision
+//	1   | cancelled                                                    | any                  | foundCancelled
+//	2   | written by this message's delivery                           | an earlier one       | foundLater
+//	3   | handed back unstarted by this message's delivery             | the next one         | foundHandedBack
+//	4   | none, or another message's, not held                         | its message's first  | foundFree
+//	5   | held, not found stale, by another delivery than this one     | any                  | foundHeld
+//	6   | anything else                                                | any                  | foundStale
+func holdDecision(has bool, found state.Lease, rev, stale, seq uint64, delivered int) leaseFound {
+	thisMessage := found.Seq == seq
+	switch {
+	case found.State == state.LeaseCancelled:
+		return foundCancelled
+	case thisMessage && found.Delivered > delivered:
+		return foundLater
+	case found.Unstarted && thisMessage && found.Delivered == delivered-1:
+		return foundHandedBack
+	case delivered == 1 && (!has || !thisMessage && found.State != state.LeaseHeld):
+		return foundFree
+	case found.State == state.LeaseHeld && rev != stale && !(thisMessage && found.Delivered == delivered):
+		return foundHeld
+	}
+	return foundStale
 }
 
 // waitOut waits while the lease record at rev is held by a delivery that
