@@ -340,20 +340,17 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 		entry := state.AuditEntry{At: a.now().UTC(), Source: req.Source, Status: run.Status,
 			FingerprintMatch: run.Workflow == req.Workflow && (run.Fingerprint == "" || run.Fingerprint == fp)}
 		var refusal error
-		act := decide(req.Policy, run)
-		switch {
-		case run.Workflow != req.Workflow:
+		switch duplicateDecision(req, run, entry.FingerprintMatch, round, restartOwn) {
+		case dupOtherWorkflow:
 			entry.Outcome = state.AuditConflict
 			refusal = &ConflictError{RunID: req.RunID, Field: "workflow", Stored: run.Workflow, Requested: req.Workflow}
-		case superseding(act, run, entry.FingerprintMatch) && round >= maxSupersedeRounds && !(restartOwn && act == actStartNew):
+		case dupOutraced:
 			// Other starts superseded each generation before this one
 			// could: it started nothing, cancelled nothing it did not
 			// restart, and its input is not running.
 			return res, fmt.Errorf("%w: start %s lost to other superseding starts of its run ID %d times in a row; start it again",
 				jetstream.ErrUnavailable, req.RunID, round)
-		case act == actSupersede && !entry.FingerprintMatch:
-			// Another input than the running generation's: a newer
-			// request, not a retry of the one that started it.
+		case dupSupersede:
 			var err error
 			if cancelled, err = a.supersede(ctx, req, run, res.Revision); err != nil {
 				return res, fmt.Errorf("jetflow: start %s, superseding generation %d: %w", req.RunID, run.Generation, err)
@@ -364,7 +361,7 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 				return res, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
 			}
 			continue
-		case act == actStartNew && (restartOwn || round < maxRounds(act, run)):
+		case dupRestart:
 			if IsSuperseded(run) {
 				// Whoever cancelled it may have died before telling its
 				// workers, parent and children: repeat it.
@@ -385,22 +382,15 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 			if IsSuperseded(run) {
 				res.Outcome, entry.Outcome = Superseded, state.AuditSuperseded
 			}
-		case act == actSupersede:
-			// The same input as the running generation's: a retry of the
-			// start that created it attaches.
-			entry.Outcome = state.AuditExisting
-		case !entry.FingerprintMatch && !req.IgnoreInput:
-			// Before the policy's refusal: a key reused with another
-			// payload is a conflict (HTTP 422) in every state, and only a
-			// repeat of the same request is the policy's to refuse (409).
+		case dupOtherInput:
 			entry.Outcome = state.AuditConflict
 			ce := &ConflictError{RunID: req.RunID, Field: "input", Stored: short(run.Fingerprint), Requested: short(fp)}
 			ce.Fields, ce.MoreFields, _ = DiffFields(run.Input, req.Input)
 			refusal = ce
-		case act == actReject:
+		case dupReject:
 			entry.Outcome = state.AuditRejected
 			refusal = &RejectedError{RunID: req.RunID, Status: run.Status}
-		default:
+		default: // dupAttach
 			entry.Outcome = state.AuditExisting
 		}
 		entry.Generation = res.Run.Generation
@@ -417,6 +407,73 @@ func (a *Admitter) duplicate(ctx context.Context, req Request, rec state.Run, re
 		}
 		return res, refusal
 	}
+}
+
+// dupDecision is what a duplicate start does with the run it found: a row
+// of duplicateDecision's table.
+type dupDecision int
+
+const (
+	// dupAttach: the start gets the run as it is (Existing): the policy
+	// attaches or returns it, a superseding start's same input attaches
+	// to the generation it started, or a start that wants a new run lost
+	// too many rounds to other restarts and gets the newest.
+	dupAttach dupDecision = iota
+	// dupOtherWorkflow: the run ID names a run of another workflow: a
+	// conflict, whatever the policy.
+	dupOtherWorkflow
+	// dupOutraced: a superseding start lost too many rounds in a row to
+	// other superseding starts: a retryable refusal; it started nothing.
+	dupOutraced
+	// dupSupersede: the policy supersedes a running generation with other
+	// input: cancel it, then decide again on what is stored.
+	dupSupersede
+	// dupRestart: the policy starts a new generation after this one ended
+	// (or a superseded one): restart, and decide again if another start
+	// replaced it first.
+	dupRestart
+	// dupOtherInput: the same run ID with other input (and fingerprints
+	// checked): a conflict, before the policy's own refusal.
+	dupOtherInput
+	// dupReject: the policy refuses a repeat of the same request.
+	dupReject
+)
+
+// duplicateDecision is the duplicate start's decision table, read top to
+// bottom; the first row that matches decides. run is the run the start
+// found, match whether its workflow and fingerprint are the start's, round
+// how many times the start has decided already, restartOwn whether the
+// last round cancelled the running generation (which this one restarts,
+// however many rounds it lost).
+//
+//	row | condition                                                             | decision
+//	1   | run of another workflow                                               | dupOtherWorkflow
+//	2   | superseding, and maxSupersedeRounds rounds lost (not restarting own)   | dupOutraced
+//	3   | policy supersedes, other input                                        | dupSupersede
+//	4   | policy starts new, and restarting own or rounds left (maxRounds)      | dupRestart
+//	5   | policy supersedes, same input                                         | dupAttach
+//	6   | other input, fingerprints checked                                     | dupOtherInput
+//	7   | policy rejects                                                        | dupReject
+//	8   | anything else                                                         | dupAttach
+func duplicateDecision(req Request, run state.Run, match bool, round int, restartOwn bool) dupDecision {
+	act := decide(req.Policy, run)
+	switch {
+	case run.Workflow != req.Workflow:
+		return dupOtherWorkflow
+	case superseding(act, run, match) && round >= maxSupersedeRounds && !(restartOwn && act == actStartNew):
+		return dupOutraced
+	case act == actSupersede && !match:
+		return dupSupersede
+	case act == actStartNew && (restartOwn || round < maxRounds(act, run)):
+		return dupRestart
+	case act == actSupersede:
+		return dupAttach
+	case !match && !req.IgnoreInput:
+		return dupOtherInput
+	case act == actReject:
+		return dupReject
+	}
+	return dupAttach
 }
 
 // maxRestartRounds bounds how often a start that wants a new run loses the
