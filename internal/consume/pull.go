@@ -75,36 +75,35 @@ func (p *Pool) pull(s *source) {
 		quiet.Reset(2 * fetchWait)
 	}
 	for {
-		if free := cap(s.own) - len(s.own); !stopping && !paused && free > 0 { // only this loop adds tokens
-			switch {
-			case free >= threshold || outstanding == 0 && (gathered || !p.batches):
-				gathering, gathered = false, false
-				gather.Stop()
-				for range free {
-					s.own <- struct{}{}
-				}
-				if err := p.request(next, inbox, free); err != nil {
-					p.giveBack(s, free)
-					if p.nc.IsClosed() {
-						p.giveBack(s, outstanding)
-						return // nothing will come any more
-					}
-					// Unavailable: a pull while disconnected says so, not
-					// "outbound buffer limit exceeded".
-					p.log.Warn().Err(jetstream.Unavailable(err)).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
-					select {
-					case <-time.After(fetchWait):
-					case <-quit:
-						stop()
-					}
-					continue
-				}
-				outstanding += free
-				quiet.Reset(2 * fetchWait)
-			case outstanding == 0 && !gathering:
-				gathering = true
-				gather.Reset(batchDelay)
+		free := cap(s.own) - len(s.own) // only this loop adds tokens
+		switch pullDecision(free, threshold, outstanding, stopping || paused, p.batches, gathering, gathered) {
+		case pullRequest:
+			gathering, gathered = false, false
+			gather.Stop()
+			for range free {
+				s.own <- struct{}{}
 			}
+			if err := p.request(next, inbox, free); err != nil {
+				p.giveBack(s, free)
+				if p.nc.IsClosed() {
+					p.giveBack(s, outstanding)
+					return // nothing will come any more
+				}
+				// Unavailable: a pull while disconnected says so, not
+				// "outbound buffer limit exceeded".
+				p.log.Warn().Err(jetstream.Unavailable(err)).Str("consumer", info.Name).Msg("cannot pull tasks; retrying")
+				select {
+				case <-time.After(fetchWait):
+				case <-quit:
+					stop()
+				}
+				continue
+			}
+			outstanding += free
+			quiet.Reset(2 * fetchWait)
+		case pullGather:
+			gathering = true
+			gather.Reset(batchDelay)
 		}
 		if stopping && outstanding == 0 {
 			return
@@ -168,6 +167,46 @@ func (p *Pool) pull(s *source) {
 			stop()
 		}
 	}
+}
+
+// pullAction is what the pull loop does before it waits: a row of
+// pullDecision's table.
+type pullAction int
+
+const (
+	// pullWait: send nothing; wait for a message, a freed slot or a timer.
+	pullWait pullAction = iota
+	// pullRequest: reserve every free slot and ask for that many messages.
+	pullRequest
+	// pullGather: start waiting batchDelay for more slots to free up.
+	pullGather
+)
+
+// pullDecision is the pull loop's table, read top to bottom; the first row
+// that matches decides. free is the number of slots neither held nor
+// requested, outstanding the messages requested and not delivered yet;
+// halted is set while the pool stops or the server refuses requests
+// (paused); batches whether the pool gathers free slots; gathering that
+// the gather timer runs, gathered that it has fired.
+//
+//	row | condition                                                   | action
+//	1   | halted, or no free slot                                     | pullWait
+//	2   | at least threshold free (half the slots)                    | pullRequest
+//	3   | nothing outstanding, and gathered or not batching            | pullRequest
+//	4   | nothing outstanding, not gathering yet                      | pullGather
+//	5   | anything else (requests out, or gathering)                  | pullWait
+func pullDecision(free, threshold, outstanding int, halted, batches, gathering, gathered bool) pullAction {
+	switch {
+	case halted || free <= 0:
+		return pullWait
+	case free >= threshold:
+		return pullRequest
+	case outstanding == 0 && (gathered || !batches):
+		return pullRequest
+	case outstanding == 0 && !gathering:
+		return pullGather
+	}
+	return pullWait
 }
 
 // pullBackoff is the first pause after a pull request the server ended
