@@ -17,7 +17,10 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
-require golang.org/x/sync v0.24.0
+require (
+	github.com/petermattis/goid v0.0.0-20261109124353-7cfa343ad0ab
+	golang.org/x/sync v0.24.0
+)
 
 require (
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect

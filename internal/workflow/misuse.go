@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+
+	goidlib "github.com/petermattis/goid"
 )
 
 // Mistakes in a workflow body that the engine refuses where it first can
@@ -28,9 +30,30 @@ var ErrUnawaited = errors.New("jetflow: the body returned before awaiting steps 
 // (RunError.Code).
 const CodeUnawaited = "unawaited_steps"
 
-// goid is the ID of the calling goroutine, read off its stack header
-// ("goroutine 123 [running]:"), about a microsecond.
-func goid() uint64 {
+// goid is the ID of the calling goroutine. Every call of a workflow body
+// checks it (onBody), so it must be cheap: it is the runtime's own field,
+// read by github.com/petermattis/goid in nanoseconds, unless that read
+// disagrees at start-up with the ID in the goroutine's stack header (a
+// runtime whose layout the library does not know): then the stack header's
+// (stackGoid), a microsecond or more on a deep stack.
+var goid, goidFast = pickGoid()
+
+// pickGoid returns the fast read of the goroutine ID (and true) if it
+// agrees with the stack header on this goroutine and on another one, else
+// stackGoid.
+func pickGoid() (func() uint64, bool) {
+	fast := func() uint64 { return uint64(goidlib.Get()) }
+	other := make(chan bool)
+	go func() { other <- fast() == stackGoid() }()
+	if fast() != stackGoid() || !<-other {
+		return stackGoid, false
+	}
+	return fast, true
+}
+
+// stackGoid is the ID of the calling goroutine read off its stack header
+// ("goroutine 123 [running]:").
+func stackGoid() uint64 {
 	var buf [64]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	b = bytes.TrimPrefix(b, []byte("goroutine "))
