@@ -242,16 +242,14 @@ func WithAttributes(attrs map[string]string) StartOption {
 // WithSource overrides the client name recorded in the audit for this start.
 func WithSource(source string) StartOption { return func(o *startOptions) { o.source = source } }
 
+// startOpts applies opts; an option that refused its argument is the
+// error. What the options carry is checked once, where the start is
+// admitted (dedupe.Validate in this process, or in the worker that admits a
+// requested start, which requestStart checks before it sends).
 func (c *Client) startOpts(ctx context.Context, opts []StartOption) (startOptions, error) {
 	o := startOptions{source: c.cfg.Name, entry: entry.From(ctx)}
 	for _, opt := range opts {
 		opt(&o)
-	}
-	if o.err == nil && o.policy != nil {
-		o.err = dedupe.ValidatePolicy(*o.policy)
-	}
-	if o.err == nil {
-		o.err = state.ValidateAttributes(o.attributes)
 	}
 	return o, o.err
 }
@@ -333,9 +331,6 @@ func Start[P, R any](ctx context.Context, c *Client, wf *Workflow[P, R], input P
 	policy := wf.policy
 	if o.policy != nil {
 		policy = *o.policy
-	}
-	if err := dedupe.ValidatePolicy(policy); err != nil {
-		return nil, err
 	}
 	if c.cfg.StartByRequest {
 		return startByRequest[R](ctx, c, wf.Name(), wf.retention, raw, o, policy)
@@ -522,6 +517,15 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 // start (jetflow.admit.<name>) and decodes its reply, errors into their
 // sentinels (replyError). The run ID options o are checked.
 func (c *Client) requestStart(ctx context.Context, name string, input json.RawMessage, o startOptions) (StartResult, error) {
+	// Checked before the request goes out, as the worker will.
+	if o.policy != nil {
+		if err := dedupe.ValidatePolicy(*o.policy); err != nil {
+			return StartResult{}, err
+		}
+	}
+	if err := state.ValidateAttributes(o.attributes); err != nil {
+		return StartResult{}, err
+	}
 	if !json.Valid(input) {
 		return StartResult{}, fmt.Errorf("%w: input is not valid JSON", ErrInvalidInput)
 	}
