@@ -17,16 +17,10 @@ func (c WorkerConfig) validateSweep() error {
 	if c.SweepInterval < 0 {
 		return nil // no sweeper
 	}
-	sc := c.sweepConfig()
-	switch {
-	case sc.Interval < sweep.MinInterval:
-		return fmt.Errorf("jetflow: worker config: SweepInterval must be at least %s (negative: no sweeper), got %s",
-			sweep.MinInterval, c.SweepInterval)
-	case sc.StuckAfter < sweep.AckWaits*c.AckWait:
-		return fmt.Errorf("jetflow: worker config: StuckAfter must be at least %d × AckWait (%s), got %s",
-			sweep.AckWaits, sweep.AckWaits*c.AckWait, c.StuckAfter)
+	if err := c.sweepConfig().Validate(); err != nil {
+		return fmt.Errorf("jetflow: worker config: %w", err)
 	}
-	return sc.Validate()
+	return nil
 }
 
 // newSweeper returns the worker's sweeper over assets, looking after the

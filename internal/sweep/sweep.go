@@ -194,11 +194,11 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.AckWait <= 0:
-		return fmt.Errorf("sweep: AckWait must be positive, got %s", c.AckWait)
+		return fmt.Errorf("AckWait must be positive, got %s", c.AckWait)
 	case c.Interval < MinInterval:
-		return fmt.Errorf("sweep: Interval must be at least %s, got %s", MinInterval, c.Interval)
+		return fmt.Errorf("SweepInterval must be at least %s (negative: no sweeper), got %s", MinInterval, c.Interval)
 	case c.StuckAfter < AckWaits*c.AckWait:
-		return fmt.Errorf("sweep: StuckAfter must be at least %d AckWaits (%s), got %s",
+		return fmt.Errorf("StuckAfter must be at least %d × AckWait (%s), got %s",
 			AckWaits, AckWaits*c.AckWait, c.StuckAfter)
 	}
 	return nil
