@@ -40,17 +40,21 @@ type directMux struct {
 
 	mu      sync.Mutex
 	pending map[string]chan *nats.Msg
+	// closed is closed when the subscription ends (the connection
+	// closed): no answer comes any more.
+	closed chan struct{}
 }
 
 func newDirectMux(nc *nats.Conn) *directMux {
-	return &directMux{nc: nc, pending: make(map[string]chan *nats.Msg)}
+	return &directMux{nc: nc, pending: make(map[string]chan *nats.Msg), closed: make(chan struct{})}
 }
 
 // start subscribes once, on the first request.
 func (m *directMux) start() error {
 	m.once.Do(func() {
 		m.prefix = m.nc.NewInbox() + "."
-		_, m.err = m.nc.Subscribe(m.prefix+"*", func(msg *nats.Msg) {
+		var sub *nats.Subscription
+		sub, m.err = m.nc.Subscribe(m.prefix+"*", func(msg *nats.Msg) {
 			m.mu.Lock()
 			ch := m.pending[msg.Subject]
 			m.mu.Unlock()
@@ -61,6 +65,9 @@ func (m *directMux) start() error {
 				}
 			}
 		})
+		if m.err == nil {
+			sub.SetClosedHandler(func(string) { close(m.closed) })
+		}
 	})
 	return m.err
 }
@@ -102,6 +109,8 @@ func (m *directMux) request(ctx context.Context, stream string, req DirectReques
 		select {
 		case <-ctx.Done():
 			return nil, "", Unavailable(fmt.Errorf("jetflow: direct get %s: %w", stream, ctx.Err()))
+		case <-m.closed:
+			return nil, "", Unavailable(fmt.Errorf("jetflow: direct get %s: %w", stream, nats.ErrConnectionClosed))
 		case msg := <-ch:
 			code := msg.Header.Get("Status")
 			switch code {

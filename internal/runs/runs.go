@@ -62,7 +62,7 @@ type Store struct {
 	waiters *waiters
 	// reads batches the first read of waits started at once.
 	reads *batchReader
-	index   *runindex.Index
+	index *runindex.Index
 	// IndexFailed is told of a run index write that failed after its
 	// record was written (default: a warning on zerolog's global logger).
 	IndexFailed func(runID string, err error)
