@@ -60,9 +60,7 @@ type Store struct {
 	now       func() time.Time
 	// waiters is the watch every Wait shares.
 	waiters *waiters
-	// reads batches the first read of waits started at once.
-	reads *batchReader
-	index *runindex.Index
+	index   *runindex.Index
 	// IndexFailed is told of a run index write that failed after its
 	// record was written (default: a warning on zerolog's global logger).
 	IndexFailed func(runID string, err error)
@@ -78,7 +76,6 @@ func New(assets *jetstream.Assets) *Store {
 		s.IndexFailed = logIndexFailure
 	}
 	s.waiters = newWaiters(s, assets.JS.Conn())
-	s.reads = &batchReader{kv: s.runs}
 	return s
 }
 

@@ -414,39 +414,6 @@ func (s *Store) WaitGeneration(ctx context.Context, runID string, gen int, since
 	return s.waitUntil(ctx, runID, since, true, func(r state.Run) bool { return r.Status.Terminal() || r.Generation > gen })
 }
 
-// waitFailed is the hub's error when it gave a wait up during its first
-// read (the connection closed).
-type waitFailed struct{ err error }
-
-func (e waitFailed) Error() string { return e.err.Error() }
-
-// firstRead reads the record of runID for w, just registered, in the
-// batch of waits started with it. A write the hub tells w of meanwhile is
-// told again once the read returns; a hub that gives w up ends the read
-// (a waitFailed with the hub's error).
-func (s *Store) firstRead(ctx context.Context, runID string, w *waiter) (state.Run, uint64, error) {
-	res := s.reads.read(runID)
-	signalled := false
-	defer func() {
-		if signalled {
-			w.wake()
-		}
-	}()
-	for {
-		select {
-		case r := <-res:
-			return r.run, r.rev, r.err
-		case <-ctx.Done():
-			return state.Run{}, 0, ctx.Err()
-		case <-w.signal:
-			signalled = true
-			if _, _, err := w.newest(); err != nil {
-				return state.Run{}, 0, waitFailed{err}
-			}
-		}
-	}
-}
-
 // waitUntil waits until the record of runID satisfies done; see
 // WaitGeneration for since and outcomes.
 func (s *Store) waitUntil(ctx context.Context, runID string, since uint64, outcomes bool, done func(state.Run) bool) (state.Run, error) {
@@ -458,18 +425,12 @@ func (s *Store) waitUntil(ctx context.Context, runID string, since uint64, outco
 	rev := since
 	if !covered {
 		// The watch is set up: a record stored from now on reaches w,
-		// and this read sees every record stored before. Waits started
-		// together share their reads (batchReader).
-		var (
-			r      state.Run
-			failed waitFailed
-		)
-		r, rev, err = s.firstRead(ctx, runID, w)
+		// and this read sees every record stored before.
+		var r state.Run
+		r, rev, err = s.Get(ctx, runID)
 		switch {
 		case ctx.Err() != nil:
 			return state.Run{}, ctx.Err() // ctx's own error, never a retryable one
-		case errors.As(err, &failed):
-			return state.Run{}, failed.err
 		case errors.Is(err, ErrNotFound):
 			return state.Run{}, err
 		case err != nil:
