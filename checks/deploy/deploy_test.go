@@ -95,6 +95,7 @@ var natsUsers = map[string]string{
 // a server.
 var operatorOnly = []string{
 	"$JS.API.STREAM.INFO.KV_jetflow_taskkeys",
+	"$JS.API.DIRECT.GET.KV_jetflow_taskkeys.$KV.jetflow_taskkeys.>",
 	"$JS.API.CONSUMER.CREATE.KV_jetflow_taskkeys.*.$KV.jetflow_taskkeys.>",
 	"$JS.API.CONSUMER.DELETE.KV_jetflow_taskkeys.*",
 	"$JS.FC.KV_jetflow_taskkeys.>",
