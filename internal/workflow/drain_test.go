@@ -8,6 +8,8 @@ package workflow
 import (
 	"context"
 	"encoding/json"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,11 +37,18 @@ func TestDrainingHolderHandsOverAtAStepBoundary(t *testing.T) {
 		})
 	}
 	hk := newHooked()
-	released := make(chan string, 16)
+	// The draining worker's pool keeps pulling (only Stopping is set, the
+	// pool does not stop), so it hands the run task back with no delay
+	// and gets it again at once, as often as it can until the taker
+	// takes it: a number of releases that grows with the machine's load.
+	// The hook records them without ever blocking (a full channel would
+	// stall the drainer's only slot on the run task, its ack deadline
+	// extended, and the taker would never get it).
+	var released releases
 	drainer := r.executor("drainer", body, func(c *Config) {
 		hk.install(c)
 		c.Stopping = draining.Load
-		c.Hooks.AfterRelease = func(runID string) { released <- runID }
+		c.Hooks.AfterRelease = released.add
 	})
 	hkTaker := newHooked()
 	taker := r.executor("taker", body, hkTaker.install)
@@ -65,14 +74,26 @@ func TestDrainingHolderHandsOverAtAStepBoundary(t *testing.T) {
 	require.Nil(t, r.attempts("r.b.0"))
 	// Whatever the draining worker received after its hand-over went
 	// back unstarted.
-	for {
-		select {
-		case id := <-released:
-			require.Equal(t, "r", id)
-			continue
-		default:
-		}
-		break
+	for _, id := range released.seen() {
+		require.Equal(t, "r", id)
 	}
 	r.acked(jetstream.RunSubject(wf, "r"))
+}
+
+// releases records the run IDs of Hooks.AfterRelease, however many.
+type releases struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (rs *releases) add(runID string) {
+	rs.mu.Lock()
+	rs.ids = append(rs.ids, runID)
+	rs.mu.Unlock()
+}
+
+func (rs *releases) seen() []string {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return slices.Clone(rs.ids)
 }

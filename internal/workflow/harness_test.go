@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetflow/jetflow/internal/consume"
@@ -62,7 +64,7 @@ func newRig(t *testing.T, ackWait time.Duration) *rig {
 	require.NoError(t, err)
 	r := &rig{t: t, nc: nc, a: a, store: runs.New(a), admit: dedupe.New(a, dedupe.Config{}), ackWait: ackWait,
 		clock: &clock{now: time.Now()}}
-	r.tap = newTap(t, nc, testenv.Conn(t, srv))
+	r.tap = newTap(t, a.JS, nc, testenv.Conn(t, srv), r.within())
 	// Before the server and connections go, the pools stop: together, and
 	// with their consumers deleted once they stop pulling, which ends
 	// their open pull requests (a stopping pool waits for them, up to a
@@ -399,23 +401,92 @@ func never[T any](r *rig, ch <-chan T, span time.Duration, what string) {
 	}
 }
 
-// tap records every task and timer publish seen on the server, in order.
+// tap records every task and timer publish seen on the server, in order:
+// a publish the stream refuses (a duplicate, a subject already holding its
+// task) is seen too.
+//
+// It reads them and its sync messages through one subscription, on
+// jetflow.> (filtered here): nats.go runs each subscription's callbacks on
+// a goroutine of its own, so messages the server sent in order on two
+// subscriptions may reach their callbacks in either order, and a sync
+// message seen on a subscription of its own would say nothing about the
+// task and timer publishes before it. Within one subscription the order is
+// the server's. (A consumer's deliveries go to its pull requests' inboxes,
+// which jetflow.> does not match: the tap sees publishes only.)
 type tap struct {
-	*testenv.Tap
-	t   *testing.T
-	pub *nats.Conn // the connection whose publishes published orders
+	t    *testing.T
+	pub  *nats.Conn // the connection whose publishes published orders
+	sub  *nats.Subscription
+	sync string // <sync>.<n>: this tap's sync subjects
+	// within bounds the wait for a sync message (the rig's within).
+	within time.Duration
+
+	mu   sync.Mutex
+	msgs []*nats.Msg
+	// waits are the sync messages published calls wait for: closed when
+	// the subscription handles them.
+	waits map[string]chan struct{}
 }
 
-func newTap(t *testing.T, pub, sub *nats.Conn) *tap {
-	return &tap{Tap: testenv.NewTap(t, sub, "jetflow.run.>", "jetflow.branch.>", "jetflow.sched.>"), t: t, pub: pub}
+// tapped are the subject prefixes the tap records.
+var tapped = []string{"jetflow.run.", "jetflow.branch.", "jetflow.sched."}
+
+// newTap records the task and timer publishes sub (a connection of the
+// tap's own) sees; published orders them after pub's publishes, waiting
+// up to within for them. js checks that no stream stores the tap's sync
+// messages.
+func newTap(t *testing.T, js natsjs.JetStream, pub, sub *nats.Conn, within time.Duration) *tap {
+	t.Helper()
+	tp := &tap{t: t, pub: pub, sync: "jetflow.tapsync." + nuid.Next(), within: within, waits: map[string]chan struct{}{}}
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	_, err := js.StreamNameBySubject(ctx, tp.sync+".x")
+	require.ErrorIs(t, err, natsjs.ErrStreamNotFound, "a stream would store the tap's sync messages")
+	tp.sub, err = sub.Subscribe("jetflow.>", func(m *nats.Msg) {
+		tp.mu.Lock()
+		defer tp.mu.Unlock()
+		switch {
+		case strings.HasPrefix(m.Subject, tp.sync+"."):
+			if w, ok := tp.waits[m.Subject]; ok {
+				close(w)
+				delete(tp.waits, m.Subject)
+			}
+		case slices.ContainsFunc(tapped, func(p string) bool { return strings.HasPrefix(m.Subject, p) }):
+			tp.msgs = append(tp.msgs, m)
+		}
+	})
+	require.NoError(t, err)
+	// Nothing the tap must see may be dropped as a slow consumer's.
+	require.NoError(t, tp.sub.SetPendingLimits(-1, -1))
+	require.NoError(t, sub.Flush())
+	return tp
 }
 
 // published returns the publishes seen so far on subjects with prefix:
-// every publish made on the rig's connection before the call is in it.
+// every publish made on the rig's connection before the call is in it
+// (the server keeps the connection's publishes in order, and the tap
+// waits until its one subscription has handled a message the connection
+// publishes last).
 func (tp *tap) published(prefix string) []*nats.Msg {
 	tp.t.Helper()
+	want, seen := tp.sync+"."+nuid.Next(), make(chan struct{})
+	tp.mu.Lock()
+	tp.waits[want] = seen
+	tp.mu.Unlock()
+	require.NoError(tp.t, tp.pub.Publish(want, nil))
+	require.NoError(tp.t, tp.pub.Flush())
+	select {
+	case <-seen:
+	case <-time.After(tp.within):
+		tp.t.Fatal("the tap did not see its sync message")
+	}
+	dropped, err := tp.sub.Dropped()
+	require.NoError(tp.t, err)
+	require.Zero(tp.t, dropped, "the tap dropped messages")
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
 	var out []*nats.Msg
-	for _, m := range tp.Seen(tp.pub) {
+	for _, m := range tp.msgs {
 		if strings.HasPrefix(m.Subject, prefix) {
 			out = append(out, m)
 		}

@@ -299,7 +299,9 @@ func TestEventWaitParksWithARecheck(t *testing.T) {
 	require.True(t, task.Recheck)
 	require.True(t, task.WakeAt.IsZero())
 	due := began.Add(WaitRecheck)
-	require.Equal(t, id+"#recheck."+jsonInt(due.Unix()), r.tap.published("jetflow.sched.")[0].Header.Get(jetstream.TaskIDHeader))
+	sched := r.tap.published("jetflow.sched.")
+	require.NotEmpty(t, sched, "the tap saw no timer publish")
+	require.Equal(t, id+"#recheck."+jsonInt(due.Unix()), sched[0].Header.Get(jetstream.TaskIDHeader))
 
 	r.commitStep("r", id, `{"ok":true}`)
 	_, rev := r.runRecord("r")
