@@ -196,7 +196,7 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 		if err != nil {
 			// Never let a bad entry block the key: take it over.
 			k.log.Error().Err(err).Msg("malformed task key entry; claiming over it")
-			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
+			if ok, err := k.claimOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -217,7 +217,7 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 			// This step's own claim: its holder died and the task came back,
 			// or a zombie still runs it. The step runs again under the same
 			// step ID, as it would without a key.
-			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
+			if ok, err := k.claimOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -231,7 +231,7 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 			// Not renewed for a whole lease: the holder is gone.
 			k.log.Warn().Str("holder", ent.Owner).Str("holder_worker", ent.Worker).
 				Msg("task key claim not renewed within its lease; taking it over")
-			if ok, err := k.takeOver(nctx, st.Rev); ok || err != nil {
+			if ok, err := k.claimOver(nctx, st.Rev); ok || err != nil {
 				return nil, err
 			}
 			continue
@@ -256,26 +256,12 @@ func (k *keyCall) acquireLoop(ctx, nctx context.Context) (*state.TaskKeyEntry, e
 	}
 }
 
-// claimOver creates this call's claim on a key that holds no entry, or
-// whose last message, at rev (0: none), is a marker or an entry that is
-// Gone. ok is false when another write came first.
+// claimOver writes this call's claim over the key's last message at rev
+// (0: the key has none): a marker, an entry that is Gone, or one taken
+// over. ok is false when another write came first.
 func (k *keyCall) claimOver(nctx context.Context, rev uint64) (bool, error) {
 	nrev, err := k.e.cfg.Assets.TaskKeys.Create(nctx, k.key, k.claim(), rev, k.lease)
 	if errors.Is(err, jetstream.ErrExists) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	k.hold(nrev)
-	return true, nil
-}
-
-// takeOver replaces the entry at rev with this call's claim. ok is false
-// when the key changed meanwhile.
-func (k *keyCall) takeOver(nctx context.Context, rev uint64) (bool, error) {
-	nrev, err := k.e.cfg.Assets.TaskKeys.Replace(nctx, k.key, k.claim(), rev, k.lease)
-	if errors.Is(err, jetstream.ErrRevisionMismatch) {
 		return false, nil
 	}
 	if err != nil {
