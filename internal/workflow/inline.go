@@ -32,10 +32,7 @@ func (h *holder) runInline(c *Context, p *Pending) *settlement {
 		// step starts (the lease says so: another worker takes the run at
 		// once and counts no attempt for it) rather than hold the drain
 		// for the rest of the body.
-		// The hand-back waits bounceDelay (100ms, doubling with each
-		// delivery): a worker paused by the engine gate, whose pool still
-		// pulls, would otherwise take the task back at once, in a loop.
-		return &settlement{kind: settleRelease, handOver: true, delay: bounceDelay(h.d), err: errWorkerStopping}
+		return &settlement{kind: settleRelease, handOver: true, delay: time.Millisecond, err: errWorkerStopping}
 	}
 	attempt, s := h.attemptFor(c, p)
 	if s != nil {
