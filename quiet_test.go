@@ -257,10 +257,14 @@ func TestRepeatedEventsWakeTheRunOnce(t *testing.T) {
 	}
 	awaitParked(t, c, "rep-1", "rep-1.event=never.0")
 
+	// One wake per event. A wake the stream refused while the parked
+	// holder's acknowledged task was still stored is published again
+	// under its own message ID (Wake waits that task out; under load the
+	// removal lags): the same wake, seen twice in a row by the tap.
 	require.Equal(t, []string{
 		"jetflow.run.repeated.rep-1 rep-1.event=go.0.wake",
 		"jetflow.run.repeated.rep-1 rep-1.hook=approval.0.wake",
-	}, subjects(tap.Seen(c.nc, wnc)), "one wake per event")
+	}, slices.Compact(subjects(tap.Seen(c.nc, wnc))), "one wake per event")
 	require.Equal(t, 3, replays.get("rep-1"), "the start and one replay per wake")
 	require.Equal(t, 1, effects.get("rep-1.after.0"))
 }

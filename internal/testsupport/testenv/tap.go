@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,20 +23,44 @@ type Tap struct {
 	ch   chan string
 }
 
-// NewTap subscribes sub (a connection of the tap's own) to subjects.
+// NewTap subscribes sub (a connection of the tap's own) to subjects. All
+// its subscriptions feed one channel from the connection's read loop, in
+// the order the server sent them (separate callbacks would each run on a
+// goroutine of their own, in no order across subscriptions), so that a
+// sync message comes after every message the server sent before it.
 func NewTap(t testing.TB, sub *nats.Conn, subjects ...string) *Tap {
 	t.Helper()
 	tp := &Tap{t: t, sync: "tap.sync." + nuid.Next(), ch: make(chan string, 16)}
-	_, err := sub.Subscribe(tp.sync+".*", func(m *nats.Msg) { tp.ch <- m.Subject })
-	require.NoError(t, err)
-	for _, subject := range subjects {
-		_, err := sub.Subscribe(subject, func(m *nats.Msg) {
-			tp.mu.Lock()
-			tp.msgs = append(tp.msgs, m)
-			tp.mu.Unlock()
-		})
+	all := make(chan *nats.Msg, 1<<16)
+	for _, subject := range append([]string{tp.sync + ".*"}, subjects...) {
+		s, err := sub.ChanSubscribe(subject, all)
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Unsubscribe() })
 	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	t.Cleanup(func() { close(done); <-stopped })
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case m := <-all:
+				if strings.HasPrefix(m.Subject, tp.sync+".") {
+					select {
+					case tp.ch <- m.Subject:
+					case <-done:
+						return
+					}
+					continue
+				}
+				tp.mu.Lock()
+				tp.msgs = append(tp.msgs, m)
+				tp.mu.Unlock()
+			}
+		}
+	}()
 	require.NoError(t, sub.Flush())
 	return tp
 }
