@@ -227,12 +227,7 @@ func spawnRevive(t *testing.T, name, dir string, port int, worker string) *reviv
 // kill SIGKILLs the child and waits for its death.
 func (p *reviveProc) kill(t *testing.T) {
 	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not die within 30s of SIGKILL", p.name)
-	}
+	p.signal(t, syscall.SIGKILL, 30*time.Second)
 	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	require.True(t, ok)
 	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "%s exited with %v, want SIGKILL", p.name, p.cmd.ProcessState)
@@ -241,13 +236,19 @@ func (p *reviveProc) kill(t *testing.T) {
 // stop SIGTERMs the child (a clean stop) and waits for it to exit with 0.
 func (p *reviveProc) stop(t *testing.T) {
 	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.signal(t, syscall.SIGTERM, 60*time.Second)
+	require.Zero(t, p.cmd.ProcessState.ExitCode(), "%s: %v", p.name, p.cmd.ProcessState)
+}
+
+// signal sends sig to the child and waits up to within for it to exit.
+func (p *reviveProc) signal(t *testing.T, sig syscall.Signal, within time.Duration) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
 	select {
 	case <-p.exited:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not stop within 60s of SIGTERM", p.name)
+	case <-time.After(within):
+		t.Fatalf("%s did not exit within %s of %v", p.name, within, sig)
 	}
-	require.Zero(t, p.cmd.ProcessState.ExitCode(), "%s: %v", p.name, p.cmd.ProcessState)
 }
 
 // pollUntil calls cond on the test's goroutine (so it may fail the test)

@@ -118,28 +118,18 @@ func (x *Index) Put(ctx context.Context, run state.Run, ttl time.Duration) (uint
 	return seq, x.RemoveState(ctx, run.Status, run.Workflow, run.RunID, seq)
 }
 
-// PutNew writes the entry of run, which is about to be created, with ttl
-// only if the index holds no entry of its run ID at all (whatever status
-// and workflow), and returns its sequence. It is the creating process's
-// write, just before the record's: an entry already there (a duplicate
+// SendNew sends the entry of run, which is about to be created, with ttl,
+// to be stored only if the index holds no entry of its run ID at all
+// (whatever status and workflow): it is the creating process's write,
+// just before the record's, and an entry already there (a duplicate
 // start's run, or a run another process created and may have ended) must
-// not be joined by a running one. When an entry is there it writes nothing
-// and returns an error matching ErrEntryExists: the caller finds out from
-// the record which case it is (an earlier run's entry that outlived its
-// record is the other).
-func (x *Index) PutNew(ctx context.Context, run state.Run, ttl time.Duration) (uint64, error) {
-	e, err := x.SendNew(run, ttl)
-	if err != nil {
-		return 0, err
-	}
-	return e.Wait(ctx)
-}
-
-// SendNew sends PutNew's write and returns without waiting for its answer
-// (NewEntry.Wait): the caller sends its next request (the record) at once,
-// and the two take one round trip. The entry is sent first on the
-// connection, so the server has it before the next request even when the
-// caller dies before either answer comes.
+// not be joined by a running one. It returns without waiting for the
+// answer (NewEntry.Wait, which says ErrEntryExists when an entry was
+// there: the caller finds out from the record which case it is): the
+// caller sends its next request (the record) at once, and the two take
+// one round trip. The entry is sent first on the connection, so the
+// server has it before the next request even when the caller dies before
+// either answer comes.
 func (x *Index) SendNew(run state.Run, ttl time.Duration) (*NewEntry, error) {
 	b, err := json.Marshal(EntryOf(run))
 	if err != nil {
@@ -160,8 +150,7 @@ type NewEntry struct {
 }
 
 // Wait returns the entry's sequence once the server stored it, or an error
-// matching ErrEntryExists when the index holds an entry of the run ID
-// (PutNew). A repeat call returns at once with the same answer only while
+// matching ErrEntryExists when the index holds an entry of the run ID. A repeat call returns at once with the same answer only while
 // the first has not consumed it: call it once.
 func (e *NewEntry) Wait(ctx context.Context) (uint64, error) {
 	select {
@@ -177,7 +166,7 @@ func (e *NewEntry) Wait(ctx context.Context) (uint64, error) {
 	}
 }
 
-// ErrEntryExists: PutNew found an entry of the run ID in the index.
+// ErrEntryExists: SendNew found an entry of the run ID in the index.
 var ErrEntryExists = errors.New("jetflow: the run index holds an entry of the run ID")
 
 // put publishes run's entry with ttl and opts, and returns its sequence.

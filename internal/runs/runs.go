@@ -155,7 +155,7 @@ func (s *Store) Latest(ctx context.Context, runID string) (jetstream.KeyState, e
 // the two leaves an entry a reader passes over until its record is there
 // (see Repair), never a running run that no listing shows: the record,
 // once written, is listed. The entry is written only while the index holds
-// no entry of the run ID (runindex.Index.PutNew), so an entry that lands
+// no entry of the run ID (runindex.Index.SendNew), so an entry that lands
 // late (a retry after a rebuild of a deleted index) never joins the one
 // the rebuild wrote. An entry of the run ID already there (a duplicate
 // start's run, or an earlier run's entry that outlived its record) makes
