@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -309,9 +310,15 @@ func (e *Executor) pinnedElsewhere(def Definition, d *delivery, h *history) stri
 
 // bounceDelay is how long a task handed back to another build waits:
 // 100ms doubled with each delivery, at most 5s, so that a task of a build
-// no worker runs now costs a delivery every 5s, not a loop.
+// no worker runs now costs a delivery every 5s, not a loop; drawn at
+// random from the upper half of that, so that it finds the right build.
+// The broker hands a due message to the oldest waiting pull request, and
+// an idle worker renews its request once per request life (a second): a
+// fixed delay that is a multiple of it hands the task back at the same
+// phase, to the same worker of the wrong build, every time.
 func bounceDelay(d *delivery) time.Duration {
-	return min(100*time.Millisecond<<min(max(d.delivered-1, 0), 6), 5*time.Second)
+	ceiling := min(100*time.Millisecond<<min(max(d.delivered-1, 0), 6), 5*time.Second)
+	return ceiling/2 + rand.N(ceiling/2+1)
 }
 
 // elsewhere hands d's task back, untouched, when it belongs to a run of a
