@@ -78,12 +78,14 @@ type engineGate struct {
 	// newer: per workflow, a worker of another build started serving it
 	// after this one (superseded).
 	newer atomic.Pointer[map[string]bool]
+	// builds: per workflow, the builds of this protocol's live workers.
+	builds atomic.Pointer[map[string]map[string]bool]
 }
 
 // foreignWorkers reads the roster and returns the live workers of another
 // protocol; none when the deployment has no roster yet. It also notes, for
 // each workflow, whether a worker of another build started serving it
-// after w did (newer).
+// after w did (newer), and the builds its live workers run (builds).
 func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWorker, error) {
 	g.mu.Lock()
 	kv := g.kv
@@ -102,12 +104,17 @@ func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWo
 		return nil, err
 	}
 	newer := map[string]bool{}
+	builds := map[string]map[string]bool{}
 	var out []ForeignWorker
 	for _, l := range live {
 		if l.Protocol == EngineProtocol {
 			if l.Build != w.cfg.Build && l.Since.After(w.since) {
 				newer[l.Workflow] = true
 			}
+			if builds[l.Workflow] == nil {
+				builds[l.Workflow] = map[string]bool{}
+			}
+			builds[l.Workflow][l.Build] = true
 			continue
 		}
 		fw := ForeignWorker{Name: l.Worker, Protocol: l.Protocol, Build: l.Build, Beat: l.Beat}
@@ -116,7 +123,15 @@ func (g *engineGate) foreignWorkers(ctx context.Context, w *Worker) ([]ForeignWo
 		}
 	}
 	g.newer.Store(&newer)
+	g.builds.Store(&builds)
 	return out, nil
+}
+
+// buildLive reports whether a live worker of this protocol and of build
+// served workflow at the roster's last read.
+func (g *engineGate) buildLive(workflow, build string) bool {
+	m := g.builds.Load()
+	return m != nil && (*m)[workflow][build]
 }
 
 // superseded reports whether a worker of another build started serving

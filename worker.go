@@ -310,7 +310,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		WorkerID: w.cfg.Name, Build: w.cfg.Build, BlockRecheck: w.cfg.blockRecheck, Hooks: w.cfg.hooks, Metrics: w.cfg.Metrics.internal(),
 		Tracer: w.cfg.Tracing.internal(), TimerNow: w.cfg.now, Schedule: w.cfg.schedule,
 		Canceller: eng.cancels, Stopping: func() bool { return w.draining.Load() || w.gate.paused.Load() },
-		NewRuns: func(wf string) bool { return !w.gate.superseded(wf) },
+		NewRuns: func(wf string) bool { return !w.gate.superseded(wf) }, BuildLive: w.gate.buildLive,
 	})
 	cc := jetstream.ConsumerConfig{AckWait: w.cfg.AckWait, ApplyAckWait: w.cfg.ApplyAckWait,
 		MaxAckPending: 64 * w.cfg.Concurrency, Log: w.logConsumer}

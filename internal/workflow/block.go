@@ -308,16 +308,22 @@ func (e *Executor) pinnedElsewhere(def Definition, d *delivery, h *history) stri
 	return build
 }
 
-// bounceDelay is how long a task handed back to another build waits:
-// 100ms doubled with each delivery, at most 5s, so that a task of a build
-// no worker runs now costs a delivery every 5s, not a loop; drawn at
-// random from the upper half of that, so that it finds the right build.
-// The broker hands a due message to the oldest waiting pull request, and
-// an idle worker renews its request once per request life (a second): a
-// fixed delay that is a multiple of it hands the task back at the same
-// phase, to the same worker of the wrong build, every time.
-func bounceDelay(d *delivery) time.Duration {
-	ceiling := min(100*time.Millisecond<<min(max(d.delivered-1, 0), 6), 5*time.Second)
+// bounceDelay is how long a task handed back to build waits. The
+// ceiling doubles from 100ms with each delivery, up to 1s while a live
+// worker of build serves the workflow (the broker hands the task to
+// another waiting pull request each time, so a few bounces reach it) and
+// up to 5s otherwise (a build no worker runs now costs a delivery every
+// 5s, not a loop). The delay is drawn from the ceiling's upper half: the
+// broker hands a due message to the oldest waiting pull request, and an
+// idle worker renews its request once per request life (a second), so a
+// fixed delay that is a multiple of it would hand the task back at the
+// same phase, to the same worker of the wrong build, every time.
+func (e *Executor) bounceDelay(d *delivery, build string) time.Duration {
+	limit := 5 * time.Second
+	if e.cfg.BuildLive != nil && e.cfg.BuildLive(d.task.Workflow, build) {
+		limit = time.Second
+	}
+	ceiling := min(100*time.Millisecond<<min(max(d.delivered-1, 0), 6), limit)
 	return ceiling/2 + rand.N(ceiling/2+1)
 }
 
@@ -332,6 +338,6 @@ func (e *Executor) elsewhere(d *delivery, def Definition, build string) bool {
 	d.log.Debug().Str("build", build).Str("this_build", e.cfg.Build).Msg("task of a run pinned to another build: handed back")
 	// Handed back as a delivery that started nothing (release): the
 	// delivery of the right build counts no attempt for this one.
-	settleErr(d.log, e.release(d.msg.Msg, bounceDelay(d)), "nak")
+	settleErr(d.log, e.release(d.msg.Msg, e.bounceDelay(d, build)), "nak")
 	return true
 }

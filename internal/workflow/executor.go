@@ -125,6 +125,10 @@ type Config struct {
 	// superseded serves only the runs pinned to its own, and hands the
 	// start of a new one back for a worker of the newer build.
 	NewRuns func(wf string) bool
+	// BuildLive reports whether a live worker of build serves workflow wf
+	// (nil: never known): a task handed back to such a build is delivered
+	// again soon (bounceDelay), one of a build no worker runs now slowly.
+	BuildLive func(wf, build string) bool
 }
 
 // Executor executes runs: it is the handler of the run tasks and of the

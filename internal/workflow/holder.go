@@ -80,7 +80,7 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 	}
 	if b := e.pinnedElsewhere(def, d, h.history); b != "" {
 		d.log.Debug().Str("build", b).Msg("run pinned to another build before its first park: handed over")
-		e.settleRun(d, h.holder, &settlement{kind: settleRelease, handOver: true, delay: bounceDelay(d)})
+		e.settleRun(d, h.holder, &settlement{kind: settleRelease, handOver: true, delay: e.bounceDelay(d, b)})
 		return
 	}
 	m.OnBeat(h.lease.beat)
