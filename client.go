@@ -712,6 +712,29 @@ type Run struct {
 	// run to go on without (UnblockRun with AcceptDivergence): their
 	// records are kept, and the code's steps at their places ran again.
 	Waived []string `json:"waived,omitempty"`
+	// RerunOf is the run this one reruns (Client.Rerun): its committed
+	// steps before From are this run's too. Nil for any other run.
+	RerunOf *RerunOf `json:"rerun_of,omitempty"`
+	// Reruns are the runs started as reruns of this one, oldest first
+	// (the last ten).
+	Reruns []RerunRef `json:"reruns,omitempty"`
+}
+
+// RerunOf is what a rerun knows of its source run.
+type RerunOf struct {
+	RunID      string `json:"run_id"`
+	Generation int    `json:"generation,omitempty"`
+	// From is the source's step ID of the first step run again.
+	From string `json:"from"`
+}
+
+// RerunRef is one rerun of a run, from the run's audit.
+type RerunRef struct {
+	At         time.Time `json:"at"`
+	RunID      string    `json:"run_id"`
+	Generation int       `json:"generation,omitempty"`
+	From       string    `json:"from"`
+	Source     string    `json:"source,omitempty"`
 }
 
 // RunLink links a parent run and a child run: the other run, and the
@@ -792,6 +815,12 @@ func (c *Client) toRun(ctx context.Context, r state.Run) (Run, error) {
 	}
 	for _, c := range r.Children {
 		run.Children = append(run.Children, RunLink{RunID: c.RunID, Workflow: c.Workflow, StepID: c.StepID, Detached: c.Detached})
+	}
+	if l := r.Rerun; l != nil {
+		run.RerunOf = &RerunOf{RunID: l.RunID, Generation: l.Generation, From: l.From}
+	}
+	for _, e := range audit.Reruns {
+		run.Reruns = append(run.Reruns, RerunRef{At: e.At, RunID: e.RunID, Generation: e.Generation, From: e.From, Source: e.Source})
 	}
 	return run, nil
 }

@@ -85,6 +85,8 @@ type Request struct {
 	// stored on the record the start creates. They are metadata, not part
 	// of the fingerprint: a duplicate's attributes are ignored.
 	Attributes map[string]string
+	// Rerun links a run started by a rerun to its source (state.Run.Rerun).
+	Rerun *state.RerunLink
 }
 
 // Result is the admission decision.
@@ -281,14 +283,6 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 	by := starter{began: time.Now()}
 	token := nuid.Next()
 	traceParent := tracing.TraceParent(ctx)
-	task, err := state.Encode(state.Task{
-		V: state.Version, RunID: req.RunID, Workflow: req.Workflow,
-		Input: req.Input, Token: token, Source: req.Source, Retention: req.Retention, Parent: req.Parent,
-		TraceParent: traceParent, Attributes: req.Attributes,
-	})
-	if err != nil {
-		return Result{}, err
-	}
 	if h := a.hooks.BeforeCreate; h != nil {
 		h(req.RunID)
 	}
@@ -297,6 +291,10 @@ func (a *Admitter) Admit(ctx context.Context, req Request) (res Result, err erro
 		return Result{}, err
 	}
 	rec.TraceParent = traceParent
+	task, err := state.Encode(state.StartTask(rec))
+	if err != nil {
+		return Result{}, err
+	}
 	st, err := a.createOrRead(ctx, rec, by)
 	if err != nil {
 		return Result{}, fmt.Errorf("jetflow: start %s: %w", req.RunID, err)
@@ -561,11 +559,10 @@ func (a *Admitter) finishCancel(ctx context.Context, run state.Run, first bool) 
 func (a *Admitter) restart(ctx context.Context, req Request, token string, old state.Run, oldRev uint64) (admitted, error) {
 	gen := old.Generation + 1
 	traceParent := tracing.TraceParent(ctx)
-	task, err := state.Encode(state.Task{
-		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
-		Token: token, Source: req.Source, Generation: gen, PrevRev: oldRev, Retention: req.Retention,
-		TraceParent: traceParent, Attributes: req.Attributes,
-	})
+	started := state.StartTask(state.Run{RunID: req.RunID, Workflow: req.Workflow, Input: req.Input, Token: token, Source: req.Source,
+		Generation: gen, Retention: req.Retention, TraceParent: traceParent, Attributes: req.Attributes, Rerun: req.Rerun})
+	started.PrevRev = oldRev
+	task, err := state.Encode(started)
 	if err != nil {
 		return admitted{}, err
 	}
@@ -727,11 +724,7 @@ func (a *Admitter) ensureStarted(ctx context.Context, res Result) error {
 	if !errors.Is(err, jetstream.ErrNotFound) {
 		return err // held once (nil), or the read failed
 	}
-	task, err := state.Encode(state.Task{
-		V: state.Version, RunID: run.RunID, Workflow: run.Workflow, Input: run.Input, Token: run.Token,
-		Source: run.Source, Generation: run.Generation, Retention: run.Retention, AfterExpiry: run.AfterExpiry,
-		Parent: run.Parent, TraceParent: run.TraceParent, Attributes: run.Attributes,
-	})
+	task, err := state.Encode(state.StartTask(run))
 	if err != nil {
 		return err
 	}
@@ -784,7 +777,7 @@ type ConflictError = jetflowtype.ConflictError
 // revision) whose publisher died before replacing the marker: it finishes
 // the replacement with compare-and-set on the marker.
 func (a *Admitter) Materialize(ctx context.Context, t state.Task) (state.Run, uint64, error) {
-	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source, Parent: t.Parent, Attributes: t.Attributes}, t.Token)
+	rec, err := a.newRecord(Request{RunID: t.RunID, Workflow: t.Workflow, Input: t.Input, Source: t.Source, Parent: t.Parent, Attributes: t.Attributes, Rerun: t.Rerun}, t.Token)
 	if err != nil {
 		return state.Run{}, 0, err
 	}
@@ -821,7 +814,7 @@ func (a *Admitter) newRecord(req Request, token string) (state.Run, error) {
 		V: state.Version, RunID: req.RunID, Workflow: req.Workflow, Input: req.Input,
 		Status: state.StatusRunning, Token: token, Fingerprint: fp, Source: req.Source,
 		Retention: req.Retention, CreatedAt: now, UpdatedAt: now, Parent: req.Parent,
-		Attributes: req.Attributes, Exec: state.ExecLease,
+		Attributes: req.Attributes, Exec: state.ExecLease, Rerun: req.Rerun,
 	}, nil
 }
 
@@ -955,11 +948,7 @@ func (a *Admitter) readExisting(ctx context.Context, rec state.Run, by starter) 
 	// if this process dies in between (Materialize). A duplicate that finds
 	// the new generation publishes nothing (Admit).
 	rec.Generation, rec.AfterExpiry = int(latest.Rev), true
-	task, err := state.Encode(state.Task{
-		V: state.Version, RunID: rec.RunID, Workflow: rec.Workflow, Input: rec.Input, Token: rec.Token,
-		Source: rec.Source, Generation: rec.Generation, Retention: rec.Retention, AfterExpiry: true,
-		TraceParent: rec.TraceParent, Attributes: rec.Attributes,
-	})
+	task, err := state.Encode(state.StartTask(rec))
 	if err != nil {
 		return admitted{}, false, err
 	}

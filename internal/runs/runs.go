@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -751,15 +752,42 @@ func (s *Store) Audit(ctx context.Context, runID string) (state.Audit, error) {
 // first tries to create the audit (a run's first duplicate writes it
 // without reading it); a refused write reads the audit and tries again.
 func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.AuditEntry) (int64, error) {
+	au, err := s.updateAudit(ctx, runID, func(au *state.Audit) bool { au.Add(entry); return true })
+	return au.Duplicates, err
+}
+
+// RecordRerun adds the rerun entry of runID's run to runID's audit
+// (state.Audit.Reruns), as RecordDuplicate adds a duplicate, unless it
+// lists that run generation already: a repeat call, or one racing it,
+// adds nothing.
+func (s *Store) RecordRerun(ctx context.Context, runID string, entry state.RerunEntry) error {
+	_, err := s.updateAudit(ctx, runID, func(au *state.Audit) bool {
+		if slices.ContainsFunc(au.Reruns, func(e state.RerunEntry) bool { return e.RunID == entry.RunID && e.Generation == entry.Generation }) {
+			return false
+		}
+		au.AddRerun(entry)
+		return true
+	})
+	return err
+}
+
+// updateAudit applies add to the audit of runID with compare-and-set and
+// returns the audit as it stands: it first tries to create the audit
+// (without reading it); a refused write reads the audit and tries again.
+// add reports whether it changed the audit; when it did not, nothing is
+// written.
+func (s *Store) updateAudit(ctx context.Context, runID string, add func(*state.Audit) bool) (state.Audit, error) {
 	var (
 		au  = state.Audit{V: state.Version}
 		rev uint64 // of au; 0: no audit read, create one
 	)
 	for {
-		au.Add(entry)
+		if !add(&au) {
+			return au, nil
+		}
 		b, err := state.Encode(au)
 		if err != nil {
-			return 0, err
+			return state.Audit{}, err
 		}
 		if rev == 0 {
 			_, err = s.audit.Create(ctx, runID, b)
@@ -767,23 +795,23 @@ func (s *Store) RecordDuplicate(ctx context.Context, runID string, entry state.A
 			_, err = s.audit.Update(ctx, runID, b, rev)
 		}
 		if err == nil {
-			return au.Duplicates, nil
+			return au, nil
 		}
 		if !errors.Is(err, jetstream.ErrExists) && !errors.Is(err, jetstream.ErrRevisionMismatch) {
-			return 0, err
+			return state.Audit{}, err
 		}
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return state.Audit{}, err
 		}
 		v, got, err := s.audit.Get(ctx, runID)
 		switch {
 		case errors.Is(err, jetstream.ErrNotFound):
 			au, rev = state.Audit{V: state.Version}, 0 // gone since: create it again
 		case err != nil:
-			return 0, err
+			return state.Audit{}, err
 		default:
 			if au, err = state.DecodeAudit(v); err != nil {
-				return 0, err
+				return state.Audit{}, err
 			}
 			rev = got
 		}

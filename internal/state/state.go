@@ -146,6 +146,39 @@ type Run struct {
 	// first to park it or to end it records it. A workflow registered
 	// pinned runs only on workers of this build.
 	Build string `json:"build,omitempty"`
+	// Rerun links a run started by a rerun (jetflow's Client.Rerun) to
+	// the run whose committed steps before a step it takes as its own;
+	// nil for any other run.
+	Rerun *RerunLink `json:"rerun_of,omitempty"`
+}
+
+// RerunLink is what a run started by a rerun knows of its source: the
+// source run generation, the step it reruns from and the place of that
+// step in the source's history. Every holder of the run makes sure that,
+// before its body replays, the source's records placed before Before
+// (and the source's patch markers) are committed as the run's own, under
+// its own step IDs; Records is how many that is, so that a holder that
+// finds fewer (the source's records expired) fails the run instead of
+// running a step again.
+type RerunLink struct {
+	RunID      string `json:"run_id"`
+	Generation int    `json:"generation,omitempty"`
+	// From is the step ID, in the source, of the first step run again
+	// ("": the step after the source's last committed one).
+	From    string `json:"from,omitempty"`
+	Before  int    `json:"before"`
+	Records int    `json:"records"`
+}
+
+// StartTask is the start task of the run record r: what a worker needs to
+// create the record if its publisher died before it (Materialize), and to
+// run it.
+func StartTask(r Run) Task {
+	return Task{
+		V: Version, RunID: r.RunID, Workflow: r.Workflow, Input: r.Input, Token: r.Token,
+		Source: r.Source, Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry,
+		Parent: r.Parent, TraceParent: r.TraceParent, Attributes: r.Attributes, Rerun: r.Rerun,
+	}
 }
 
 // TaskMsgID is the message ID of a branch task or a timer of run r whose
@@ -386,6 +419,26 @@ type Audit struct {
 	Duplicates int64        `json:"duplicates"`
 	First      *AuditEntry  `json:"first,omitempty"`
 	Recent     []AuditEntry `json:"recent,omitempty"` // oldest first, at most AuditRecent
+	// Reruns are the runs started as reruns of this run (Run.Rerun),
+	// oldest first, at most AuditRecent.
+	Reruns []RerunEntry `json:"reruns,omitempty"`
+}
+
+// RerunEntry is one rerun of a run, in the source run's audit.
+type RerunEntry struct {
+	At         time.Time `json:"at"`
+	RunID      string    `json:"run_id"`
+	Generation int       `json:"generation,omitempty"`
+	From       string    `json:"from"`
+	Source     string    `json:"source,omitempty"`
+}
+
+// AddRerun records one more rerun, keeping the list bounded.
+func (a *Audit) AddRerun(e RerunEntry) {
+	a.Reruns = append(a.Reruns, e)
+	if len(a.Reruns) > AuditRecent {
+		a.Reruns = append(a.Reruns[:0:0], a.Reruns[len(a.Reruns)-AuditRecent:]...)
+	}
 }
 
 // Add records one more attempt, keeping the audit bounded.
@@ -487,6 +540,8 @@ type Task struct {
 	// pinned workflow's run, the build of the holder that published it:
 	// only a worker of that build runs it.
 	Build string `json:"build,omitempty"`
+	// Rerun is the run record's (Run.Rerun).
+	Rerun *RerunLink `json:"rerun_of,omitempty"`
 }
 
 // StepTask is the task of stepID in the running run r, read at revision
@@ -504,6 +559,7 @@ func StepTask(r Run, rev uint64, stepID string) Task {
 		Token: r.Token, Fingerprint: r.Fingerprint, Source: r.Source, CreatedAt: r.CreatedAt, Rev: rev,
 		Generation: r.Generation, Retention: r.Retention, AfterExpiry: r.AfterExpiry, Parent: r.Parent,
 		TraceParent: r.TraceParent, Attributes: r.Attributes, Exec: r.Exec, Adopted: r.Adopted, Build: r.Build,
+		Rerun: r.Rerun,
 	}
 }
 
@@ -515,6 +571,7 @@ func RunFromTask(t Task) Run {
 		Token: t.Token, Fingerprint: t.Fingerprint, Generation: t.Generation, Retention: t.Retention,
 		AfterExpiry: t.AfterExpiry, Source: t.Source, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
 		Parent: t.Parent, TraceParent: t.TraceParent, Attributes: t.Attributes, Exec: t.Exec, Adopted: t.Adopted, Build: t.Build,
+		Rerun: t.Rerun,
 	}
 }
 

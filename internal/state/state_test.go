@@ -83,6 +83,7 @@ func TestStepTaskCarriesEveryRunField(t *testing.T) {
 		Waived:       []string{"order-42/7.a.0"},
 		WaivedRev:    map[string]uint64{"order-42/7.a.0": 3},
 		Build:        "0123456789ab",
+		Rerun:        &RerunLink{RunID: "order-41", From: "order-41.ship.0", Before: 2, Records: 2},
 	}
 	// Fields a running run does not have yet, or that its finish rewrites.
 	// Children and predecessors are not carried (they can be many): the

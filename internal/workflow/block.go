@@ -289,7 +289,7 @@ func (e *Executor) notNewHere(d *delivery, def Definition) bool {
 // pinnedElsewhere reports the build a run of the pinned workflow def that
 // names no build yet (it has not parked) was started on, when the history
 // h says it is another than this worker's: the build of its first
-// committed step. Such a run was taken up again before its first park (a
+// committed step (of a rerun, the first it committed itself). Such a run was taken up again before its first park (a
 // drain's hand-over, a crash), and goes back to its build. "" otherwise.
 func (e *Executor) pinnedElsewhere(def Definition, d *delivery, h *history) string {
 	if !def.Pinned || d.run.Build != "" {
@@ -297,8 +297,12 @@ func (e *Executor) pinnedElsewhere(def Definition, d *delivery, h *history) stri
 	}
 	first := -1
 	build := ""
+	from := 0 // a rerun's records before its source step are the source's, committed by its build
+	if d.run.Rerun != nil {
+		from = d.run.Rerun.Before
+	}
 	for _, rec := range h.steps {
-		if placed(rec) && rec.Build != "" && (first < 0 || rec.Seq < first) {
+		if placed(rec) && rec.Seq >= from && rec.Build != "" && (first < 0 || rec.Seq < first) {
 			first, build = rec.Seq, rec.Build
 		}
 	}

@@ -84,6 +84,14 @@ func (e *Executor) handleRun(ctx context.Context, m *consume.Delivery) {
 		return
 	}
 	m.OnBeat(h.lease.beat)
+	if err := e.takeRerunPrefix(d, h.history); err != nil {
+		s := &settlement{kind: settleRelease, err: fmt.Errorf("cannot take the rerun's source records: %w", err)}
+		if errors.Is(err, ErrRerunSource) {
+			s = &settlement{kind: settleFinish, err: err}
+		}
+		e.settleRun(d, h.holder, s)
+		return
+	}
 	h.history.awaiting(h.lease.found)
 	c := e.newContext(d, modeHolder, h.history)
 	c.hold = h.holder

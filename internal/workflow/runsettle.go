@@ -276,6 +276,8 @@ func errorInfo(s *settlement) *state.ErrorInfo {
 		return &state.ErrorInfo{Message: s.err.Error(), Kind: "panic", Fatal: true}
 	case errors.Is(s.err, ErrInput):
 		return &state.ErrorInfo{Message: s.err.Error(), Kind: "input", Fatal: true}
+	case errors.Is(s.err, ErrRerunSource):
+		return &state.ErrorInfo{Message: s.err.Error(), Kind: "rerun", Fatal: true}
 	case errors.As(s.err, &se):
 		return &state.ErrorInfo{Message: s.err.Error(), Kind: "step", Fatal: se.Fatal, Code: errorCode(s.err)}
 	default:

@@ -1,0 +1,204 @@
+package workflow
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/state"
+)
+
+// A rerun is a new run (its own run ID, admitted as any start) of a run
+// that ended, which takes the source's committed records before one of
+// its steps as committed and runs the rest again, under its own step IDs.
+// The run record says so (state.Run.Rerun); every holder of such a run
+// makes sure, before the body replays, that those records are committed
+// under the run's own step IDs (takeRerunPrefix). The copies are the
+// source's records with the run's step ID and run ID, written
+// create-if-absent: every holder writes the same bytes, so a holder that
+// died half-way leaves nothing that a later one would write differently.
+
+// ErrRerunSource fails a rerun whose source no longer holds the records
+// the rerun was admitted with (its retention passed): the rerun would run
+// them again.
+var ErrRerunSource = errors.New("jetflow: the rerun's source records are gone")
+
+// RerunRecord is one committed record of a rerun's source: the step as
+// decoded, its stored bytes, the bytes of its wait record (nil: none), and
+// its place in call order (-1: none, a patch marker or an event whose wait
+// was never reached).
+type RerunRecord struct {
+	Step  state.KeyedStep
+	Raw   []byte
+	Wait  []byte
+	Place int
+}
+
+// ReadRerunSource reads the committed records of the run generation
+// identity, with their places, in call order (unplaced ones last, in
+// commit order).
+func ReadRerunSource(ctx context.Context, assets *jetstream.Assets, identity string) ([]RerunRecord, error) {
+	entries, err := assets.Steps.Matching(ctx, identity+".>")
+	if err != nil {
+		return nil, fmt.Errorf("read the records of %s: %w", identity, err)
+	}
+	marks, err := assets.Attempts.Matching(ctx, state.WaitKeys(identity))
+	if err != nil {
+		return nil, fmt.Errorf("read the waits of %s: %w", identity, err)
+	}
+	waits := make(map[string]jetstream.Entry, len(marks))
+	for _, m := range marks {
+		waits[m.Key] = m
+	}
+	var out []RerunRecord
+	for _, e := range entries {
+		if state.IsLeaseKey(e.Key) {
+			continue
+		}
+		s, err := state.DecodeKeyedStep(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("record %s: %w", e.Key, err)
+		}
+		s.Rev = e.Rev
+		r := RerunRecord{Step: s, Raw: e.Value, Place: -1}
+		if placed(&s.Step) {
+			r.Place = s.Seq
+		}
+		if m, ok := waits[state.WaitKey(s.StepID)]; ok {
+			w, err := state.DecodeWait(m.Value)
+			if err != nil {
+				return nil, fmt.Errorf("wait %s: %w", m.Key, err)
+			}
+			r.Wait, r.Place = m.Value, w.Seq
+		}
+		out = append(out, r)
+	}
+	slices.SortStableFunc(out, func(a, b RerunRecord) int {
+		if (a.Place < 0) != (b.Place < 0) {
+			return cmp.Compare(b.Place, a.Place) // placed first
+		}
+		if a.Place != b.Place {
+			return cmp.Compare(a.Place, b.Place)
+		}
+		return cmp.Compare(a.Step.Rev, b.Step.Rev)
+	})
+	return out, nil
+}
+
+// RerunKept is what a rerun from the step at place before takes from its
+// source's records recs as committed: every record placed before it with
+// its wait record, every patch marker (the way the source took at each
+// patch point it passed), and every event delivered to the source (the
+// rerun's waits receive them again, as a redelivered event would; the
+// wait's own record is not taken past before, so the wait begins anew).
+// The rest runs again.
+func RerunKept(recs []RerunRecord, before int) []RerunRecord {
+	var out []RerunRecord
+	for _, r := range recs {
+		switch {
+		case r.Place >= 0 && r.Place < before:
+			out = append(out, r)
+		case r.Step.Kind == state.StepPatch, r.Step.EventID != "":
+			r.Wait = nil
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// takeRerunPrefix commits, as the run's own, the records of its rerun
+// source that it takes (RerunKept), unless they are in h already, and adds
+// them to h. It does nothing for a run that is not a rerun. A source that
+// holds fewer of them than the run was admitted with is ErrRerunSource.
+func (e *Executor) takeRerunPrefix(d *delivery, h *history) error {
+	link := d.run.Rerun
+	if link == nil {
+		return nil
+	}
+	src, err := ReadRerunSource(d.nctx, e.cfg.Assets, state.RunIdentity(link.RunID, link.Generation))
+	if err != nil {
+		return err
+	}
+	kept := RerunKept(src, link.Before)
+	identity := d.identity()
+	missing := 0
+	for _, r := range kept {
+		id := state.StepID(identity, r.Step.Name, state.Occurrence(r.Step.StepID))
+		if h.get(id) == nil {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return nil
+	}
+	if len(kept) != link.Records {
+		return fmt.Errorf("%w: run %s (generation %d) holds %d of the %d records this rerun takes from before %s",
+			ErrRerunSource, link.RunID, link.Generation, len(kept), link.Records, link.From)
+	}
+	for _, r := range kept {
+		id := state.StepID(identity, r.Step.Name, state.Occurrence(r.Step.StepID))
+		if h.get(id) != nil {
+			continue
+		}
+		rec, err := e.copyRecord(d, r, id)
+		if err != nil {
+			return err
+		}
+		h.put(rec)
+	}
+	return nil
+}
+
+// copyRecord commits the source record r under step ID id of d's run,
+// with its wait record if it has one, create-if-absent; a record written
+// before (by an earlier holder) is read back. It returns the record as
+// stored.
+func (e *Executor) copyRecord(d *delivery, r RerunRecord, id string) (*state.Step, error) {
+	if r.Wait != nil {
+		b, err := rekey(r.Wait, map[string]string{"step_id": id})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := e.cfg.Assets.Attempts.Create(d.nctx, state.WaitKey(id), b); err != nil && !errors.Is(err, jetstream.ErrExists) {
+			return nil, fmt.Errorf("copy the wait of %s: %w", r.Step.StepID, err)
+		}
+	}
+	b, err := rekey(r.Raw, map[string]string{"step_id": id, "run_id": d.run.RunID})
+	if err != nil {
+		return nil, err
+	}
+	rev, err := e.cfg.Assets.Steps.Create(d.nctx, id, b)
+	if errors.Is(err, jetstream.ErrExists) {
+		b, rev, err = e.cfg.Assets.Steps.Get(d.nctx, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("copy %s as %s: %w", r.Step.StepID, id, err)
+	}
+	rec, err := state.DecodeStep(b)
+	if err != nil {
+		return nil, fmt.Errorf("copy of %s: %w", r.Step.StepID, err)
+	}
+	rec.Rev = rev
+	return &rec, nil
+}
+
+// rekey is the JSON object b with the string fields named in set replaced,
+// every other field kept as it is.
+func rekey(b []byte, set map[string]string) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, fmt.Errorf("%w: %w", state.ErrCorrupt, err)
+	}
+	for k, v := range set {
+		q, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		fields[k] = q
+	}
+	return json.Marshal(fields)
+}

@@ -1,0 +1,188 @@
+package jetflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rerunFlow charges, naps, ships and notifies; ship fails (fatally) while
+// broken is set. Every step function counts its call by step ID. The nap
+// lasts nap: set long before a rerun, a rerun that slept again would not
+// end.
+func rerunFlow(effects *counter, broken *atomic.Bool, nap *atomic.Int64) *Workflow[int, string] {
+	effect := func(name string) func(context.Context) (string, error) {
+		return func(sctx context.Context) (string, error) {
+			info, _ := StepDetailsFrom(sctx)
+			effects.inc(info.StepID)
+			if name == "ship" && broken.Load() {
+				return "", Fatal(errors.New("carrier down"))
+			}
+			return name + " done", nil
+		}
+	}
+	return NewWorkflow("order", func(ctx *Context, in int) (string, error) {
+		if _, err := Step(ctx, "charge", effect("charge")); err != nil {
+			return "", err
+		}
+		if err := Sleep(ctx, "nap", time.Duration(nap.Load())); err != nil {
+			return "", err
+		}
+		if _, err := Step(ctx, "ship", effect("ship")); err != nil {
+			return "", err
+		}
+		return Step(ctx, "notify", effect("notify"))
+	})
+}
+
+// Runs failed at their third step are rerun from where they stopped, by
+// five callers at once each: every run is rerun exactly once, its charge
+// and nap are never repeated, ship and notify run once under the rerun's
+// step IDs, and the two runs link to each other.
+func TestRerunFromTheFailedStep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	var broken atomic.Bool
+	var nap atomic.Int64
+	broken.Store(true)
+	nap.Store(int64(10 * time.Millisecond))
+	wf := rerunFlow(effects, &broken, &nap)
+	env.worker(WorkerConfig{Concurrency: 16}, wf)
+	c := env.client()
+	ctx := ctxT(t, 2*time.Minute)
+
+	const runs = 30
+	for i := range runs {
+		_, err := Start(ctx, c, wf, i, WithRunID(fmt.Sprintf("o-%d", i)))
+		require.NoError(t, err)
+	}
+	for i := range runs {
+		run, err := c.WaitRun(ctx, fmt.Sprintf("o-%d", i))
+		require.NoError(t, err)
+		require.Equal(t, StatusFailed, run.Status)
+	}
+
+	// The plan, before anything is started.
+	plan, err := c.Rerun(ctx, "o-0", RerunOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Nil(t, plan.Start)
+	require.Equal(t, "o-0.ship.0", plan.From)
+	require.Equal(t, "o-0-rerun-ship-0", plan.RunID)
+	require.Equal(t, []string{"charge", "nap"}, stepNames(plan.Kept))
+	require.Equal(t, []string{"ship"}, stepNames(plan.Again))
+	_, err = c.GetRun(ctx, plan.RunID)
+	require.ErrorIs(t, err, ErrRunNotFound, "a dry run started it")
+
+	// Fixed, and the nap made long: a rerun that napped again would hang.
+	broken.Store(false)
+	nap.Store(int64(time.Hour))
+	created := make([]atomic.Int64, runs)
+	var wg sync.WaitGroup
+	for i := range runs {
+		for caller := range 5 {
+			wg.Go(func() {
+				opts := RerunOptions{Source: fmt.Sprintf("operator-%d", caller)}
+				if i%2 == 1 {
+					opts.From = "ship" // by name, the same step
+				}
+				res, err := c.Rerun(ctx, fmt.Sprintf("o-%d", i), opts)
+				if !errors.Is(err, ErrUnavailable) { // a retry would land on the same run
+					require.NoError(t, err)
+				}
+				if err == nil && res.Start.Outcome == OutcomeCreated {
+					created[i].Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i := range runs {
+		src := fmt.Sprintf("o-%d", i)
+		id := src + "-rerun-ship-0"
+		require.EqualValues(t, 1, created[i].Load(), "%s: reruns created", src)
+		run, err := c.WaitRun(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status, "%s: %+v", id, run.Error)
+		require.Equal(t, &RerunOf{RunID: src, From: src + ".ship.0"}, run.RerunOf)
+		source, err := c.GetRun(ctx, src)
+		require.NoError(t, err)
+		require.Len(t, source.Reruns, 1, src)
+		require.Equal(t, id, source.Reruns[0].RunID)
+
+		require.Equal(t, 1, effects.get(src+".charge.0"), "%s: charge", src)
+		require.Equal(t, 0, effects.get(id+".charge.0"), "%s: the rerun charged again", id)
+		require.Equal(t, 1, effects.get(src+".ship.0"), "%s: ship", src)
+		require.Equal(t, 1, effects.get(id+".ship.0"), "%s: ship rerun", id)
+		require.Equal(t, 1, effects.get(id+".notify.0"), "%s: notify", id)
+		steps, err := c.Steps(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, []string{"charge", "nap", "ship", "notify"}, stepNames(steps))
+		require.Equal(t, id+".charge.0", steps[0].StepID)
+	}
+}
+
+// A rerun refuses what it cannot do, with a typed error, and starts
+// nothing.
+func TestRerunBadInput(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	var broken atomic.Bool
+	var nap atomic.Int64
+	broken.Store(true)
+	nap.Store(int64(time.Hour))
+	wf := rerunFlow(effects, &broken, &nap)
+	env.worker(WorkerConfig{}, wf)
+	c := env.client()
+	ctx := ctxT(t, time.Minute)
+	_, err := Start(ctx, c, wf, 1, WithRunID("napping"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return effects.get("napping.charge.0") == 1 }, 30*time.Second, 10*time.Millisecond)
+
+	_, err = c.Rerun(ctx, "napping", RerunOptions{From: "charge"})
+	require.ErrorIs(t, err, ErrRunNotEnded)
+	_, err = c.Rerun(ctx, "nobody", RerunOptions{})
+	require.ErrorIs(t, err, ErrRunNotFound)
+	_, err = c.Rerun(ctx, "bad.id", RerunOptions{})
+	require.ErrorIs(t, err, ErrInvalidRunID)
+
+	_, err = c.CancelRun(ctx, "napping")
+	require.NoError(t, err)
+	_, err = c.WaitRun(ctx, "napping")
+	require.NoError(t, err)
+	for _, from := range []string{"ship", "napping.charge.1", "other.charge.0", "no such step"} {
+		_, err = c.Rerun(ctx, "napping", RerunOptions{From: from})
+		require.ErrorIs(t, err, ErrStepNotReached, from)
+	}
+	_, err = c.Rerun(ctx, "napping", RerunOptions{From: "charge", RunID: "napping"})
+	require.ErrorIs(t, err, ErrInvalidRunID)
+	page, err := c.ListRuns(ctx, ListOptions{Workflow: "order"})
+	require.NoError(t, err)
+	require.Len(t, page.Runs, 1, "a refused rerun started a run")
+
+	// The nap it was cancelled in is where it stopped.
+	plan, err := c.Rerun(ctx, "napping", RerunOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, "napping-rerun", plan.RunID)
+	require.Equal(t, []string{"charge"}, stepNames(plan.Kept))
+	plan, err = c.Rerun(ctx, "napping", RerunOptions{DryRun: true, From: "nap"})
+	require.NoError(t, err)
+	require.Equal(t, "napping.nap.0", plan.From)
+	require.Equal(t, []string{"charge"}, stepNames(plan.Kept))
+}
+
+func stepNames(steps []StepRecord) []string {
+	out := []string{}
+	for _, s := range steps {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
