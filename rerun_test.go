@@ -185,4 +185,3 @@ func stepNames(steps []StepRecord) []string {
 	}
 	return out
 }
-
