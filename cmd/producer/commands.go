@@ -185,6 +185,19 @@ func unblock(ctx context.Context, c *jetflow.Client, out *printer, runID string,
 	return out.unblocked(httpapi.NewUnblocked(res), div)
 }
 
+// rerun starts a rerun of the ended run runID (Client.Rerun), or with
+// opts.DryRun only plans it, and prints the plan: the steps kept and the
+// steps run again, and the new run's start.
+func rerun(ctx context.Context, c *jetflow.Client, out *printer, runID string, opts jetflow.RerunOptions) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	res, err := c.Rerun(ctx, runID, opts)
+	if err != nil {
+		return fmt.Errorf("cannot rerun %s: %w", runID, err)
+	}
+	return out.rerun(res)
+}
+
 // list prints one page of runs, newest first, and the cursor of the next.
 func list(ctx context.Context, c *jetflow.Client, out *printer, opts jetflow.ListOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -340,6 +353,35 @@ func (p *printer) start(res jetflow.StartResult) error {
 	default:
 		_, err = fmt.Fprintf(p.w, "existing run %s (status %s, %d duplicates absorbed)\n", res.RunID, res.Status, res.Duplicates)
 	}
+	return err
+}
+
+// rerun prints a rerun's plan and start: as JSON, the RerunResult.
+func (p *printer) rerun(res jetflow.RerunResult) error {
+	if p.json {
+		return p.encode(res)
+	}
+	from := timeline.Clean(res.From)
+	if from == "" {
+		from = "after its last committed step"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rerun of %s from %s as %s\n", res.SourceRunID, from, res.RunID)
+	for _, s := range res.Kept {
+		fmt.Fprintf(&b, "  kept       %s\n", timeline.Clean(s.StepID))
+	}
+	for _, s := range res.Again {
+		fmt.Fprintf(&b, "  runs again %s (as a new step ID: a new Idempotency-Key)\n", timeline.Clean(s.StepID))
+	}
+	switch {
+	case res.Start == nil:
+		b.WriteString("dry run: nothing started\n")
+	case res.Start.Outcome == jetflow.OutcomeCreated:
+		fmt.Fprintf(&b, "created run %s\n", res.RunID)
+	default:
+		fmt.Fprintf(&b, "existing run %s (status %s): this rerun was started before; --id names another\n", res.RunID, res.Start.Status)
+	}
+	_, err := io.WriteString(p.w, b.String())
 	return err
 }
 

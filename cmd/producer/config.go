@@ -58,6 +58,9 @@ type cli struct {
 	data    string
 	// unblock: waive the history's step the block names.
 	acceptDivergence bool
+	// rerun: the first step to run again, and a plan only.
+	from   string
+	dryRun bool
 }
 
 // serveConfig holds the settings of producer serve.
@@ -83,6 +86,7 @@ var arity = map[string]struct {
 	"watch":   {1, "watch takes one run ID: producer watch <run-id> [--interval 1s] [--timeout 60s]"},
 	"cancel":  {1, "cancel takes one run ID: producer cancel <run-id>"},
 	"unblock": {1, "unblock takes one run ID: producer unblock <run-id> [--accept-divergence]"},
+	"rerun":   {1, "rerun takes one run ID: producer rerun <run-id> [--from STEP] [--id RUNID] [--dry-run]"},
 	"list":    {0, "list takes no arguments: producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C] | --counts [--workflow W]"},
 	"reset":   {1, "reset takes one key: producer reset <key> --scope global|workflow|run [--workflow W | --run-id R]"},
 	"send":    {2, "send takes a run ID and an event name: producer send <run-id> <event-name> --event-id ID [--data JSON]"},
@@ -96,7 +100,7 @@ var arity = map[string]struct {
 // line to another command they are an error; settings among them read from
 // the environment or a config file are ignored by the other commands.
 var commandFlags = map[string][]string{
-	"id":                {"start"},
+	"id":                {"start", "rerun"},
 	"generate-id":       {"start"},
 	"timeout":           {"wait", "watch"},
 	"workflow":          {"list", "reset"},
@@ -114,6 +118,8 @@ var commandFlags = map[string][]string{
 	"event-id":          {"send", "resume"},
 	"data":              {"send", "resume"},
 	"accept-divergence": {"unblock"},
+	"from":              {"rerun"},
+	"dry-run":           {"rerun"},
 	"http-addr":         {"serve"},
 	"ops-addr":          {"serve"},
 	"api-token":         {"serve"},
@@ -126,7 +132,7 @@ var commandFlags = map[string][]string{
 // invocationFlags are read from the command line only: a stray JETFLOW_ID
 // must not make every start reuse one run ID.
 var invocationFlags = []string{"id", "generate-id", "timeout", "workflow", "status", "limit", "cursor",
-	"prefix", "attr", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "accept-divergence", "print-config"}
+	"prefix", "attr", "since", "until", "counts", "interval", "scope", "run-id", "event-id", "data", "accept-divergence", "from", "dry-run", "print-config"}
 
 // parseArgs reads args (without the program name), the environment through
 // getenv and the config file. Flags may come before, between and after the
@@ -168,6 +174,8 @@ func parseArgs(args []string, getenv func(string) string, stderrIsTerminal bool,
 	fs.StringVar(&c.eventID, "event-id", "", "")
 	fs.StringVar(&c.data, "data", "", "")
 	fs.BoolVar(&c.acceptDivergence, "accept-divergence", false, "")
+	fs.StringVar(&c.from, "from", "", "")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "")
 	fs.StringVar(&c.serve.httpAddr, "http-addr", "127.0.0.1:8080", "")
 	fs.StringVar(&c.serve.opsAddr, "ops-addr", "", "")
 	fs.StringVar(&tokens, "api-token", "", "")

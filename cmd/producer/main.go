@@ -7,6 +7,7 @@
 //	producer wait <run-id> [--timeout 60s]
 //	producer cancel <run-id>
 //	producer unblock <run-id> [--accept-divergence]
+//	producer rerun <run-id> [--from STEP] [--id RUNID] [--dry-run]
 //	producer send <run-id> <event-name> --event-id ID [--data JSON]
 //	producer resume <token> --event-id ID [--data JSON]
 //	producer list [--workflow W] [--status S] [--prefix P] [--attr NAME=VALUE]... [--since T] [--until T] [--limit N] [--cursor C]
@@ -87,7 +88,15 @@
 // step at the place the block names is waived and the code's step there
 // runs again, its side effects repeated: unblock prints which. A run that
 // is not blocked, or a block with no step to waive, is an error (exit code
-// 1). send and resume deliver
+// 1). rerun starts a new run (jetflow.Client.Rerun) of an ended run that
+// keeps the run's committed steps before --from (a step name or step ID;
+// default: the step the run failed at, else the one after its last
+// committed step) and runs that step and the rest again under new step
+// IDs; it prints the steps kept and the steps run again, and
+// --dry-run starts nothing. The new run's ID is --id, by default
+// <run-id>-rerun-<step>-<n>: a repeat finds it ("existing run"). A run
+// that has not ended is a conflict (exit code 4), a step it never reached
+// an error (exit code 1). send and resume deliver
 // an event (jetflow.Client.SendEvent, Resume) under --event-id, which is
 // required: the same event ID and payload again is a duplicate ("duplicate
 // ...", exit code 0) and changes nothing; the same ID with another payload,
@@ -103,7 +112,7 @@
 // flags of one invocation (--id, --generate-id, --timeout, --workflow,
 // --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
 // --interval, --scope, --run-id, --event-id, --data, --accept-divergence,
-// --print-config) are read from the command line only. --print-config prints the effective
+// --from, --dry-run, --print-config) are read from the command line only. --print-config prints the effective
 // settings, secrets redacted, and exits.
 //
 // # Serving
@@ -138,6 +147,7 @@
 //	   run and none has ever served a workflow of that name, or (resume) no
 //	   run waits on the hook token
 //	4  conflict: the run ID names a run with another input or workflow, or the
+//	   rerun's run has not ended; or the
 //	   conflict policy rejected the duplicate; send, resume: the event ID was
 //	   delivered with another payload, or the hook's wait has ended
 //	5  unavailable: NATS cannot serve the command now (unreachable,
@@ -177,7 +187,7 @@ const (
 	exitError     = 1 // usage and other errors
 	exitRunFailed = 2 // wait, watch: the run failed or was cancelled
 	exitNotFound  = 3 // no run has that ID, no workflow of that name, no hook of that token
-	exitConflict  = 4 // idempotency conflict, a rejected duplicate, an event conflict
+	exitConflict  = 4 // idempotency conflict, a rejected duplicate, an event conflict, a rerun of a run not ended
 	// exitUnavailable: a transient NATS condition (jetflow.ErrUnavailable);
 	// retrying later is safe, a start with the same run ID.
 	exitUnavailable = 5
@@ -203,6 +213,9 @@ Commands:
   unblock <run-id> [--accept-divergence]
         make a blocked run (its code diverges from its history) go on, replayed with the
         workers' code
+  rerun <run-id> [--from STEP] [--id RUNID] [--dry-run]
+        start a new run of an ended run that keeps its committed steps before STEP and
+        runs STEP and the rest AGAIN under new step IDs (default STEP: where it failed)
   send <run-id> <event-name> --event-id ID [--data JSON]
         deliver an event to a run's wait for it; a repeat says "duplicate"
   resume <token> --event-id ID [--data JSON]
@@ -262,6 +275,11 @@ Flags (anywhere on the line):
   unblock: --accept-divergence  waive the history's step at the place the block names:
                                  the code's step there runs AGAIN, its side effects
                                  repeat (a second email, a second charge)
+  rerun:  --from STEP            the first step to run again: a name (its first call) or a
+                                 step ID (default: the step the run failed at, else the
+                                 one after its last committed step)
+          --id RUNID             the new run's ID (default <run-id>-rerun-<step>-<n>)
+          --dry-run              print what would be kept and run again; start nothing
   send, resume:
           --event-id ID          the event's ID, the same on every retry (required)
           --data JSON            the event's payload (default null)
@@ -278,8 +296,8 @@ Each setting is taken from the command line, else from JETFLOW_<FLAG>
 (JETFLOW_NATS_URL, JETFLOW_API_TOKEN, ...), else from the --config file
 (or JETFLOW_CONFIG), else its default. --id, --generate-id, --timeout,
 --workflow, --status, --prefix, --attr, --since, --until, --limit, --cursor, --counts,
---interval, --scope, --run-id, --event-id, --data, --accept-divergence and
---print-config are read from the command line only. Colour: only on a terminal, never with NO_COLOR set.
+--interval, --scope, --run-id, --event-id, --data, --accept-divergence, --from,
+--dry-run and --print-config are read from the command line only. Colour: only on a terminal, never with NO_COLOR set.
 
 Exit codes:
   0  success (start: the run was created, or it existed: the output says "existing")
@@ -289,7 +307,7 @@ Exit codes:
   3  not found: no run has that ID, no worker ever served that workflow (while workers
      of the deployment run), or no run waits on the hook token
   4  conflict: the run ID has another input or workflow, or the policy rejected the
-     duplicate; the event ID was delivered with another payload, or the hook's wait ended
+     duplicate; rerun: the run has not ended; the event ID was delivered with another payload, or the hook's wait ended
   5  unavailable: NATS cannot serve the command now (down, reconnecting, no answer in
      time; wait and watch retry it within --timeout first), or no worker is running for a known workflow, or none has reported yet;
      retry later, start with the same run ID, send with the same event ID
@@ -363,6 +381,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = cancelRun(ctx, client, out, c.args[0])
 	case "unblock":
 		err = unblock(ctx, client, out, c.args[0], c.acceptDivergence)
+	case "rerun":
+		err = rerun(ctx, client, out, c.args[0], jetflow.RerunOptions{From: c.from, RunID: c.id, DryRun: c.dryRun})
 	case "send":
 		err = sendEvent(ctx, client, out, c.args[0], c.args[1], c.eventID, c.data)
 	case "resume":
@@ -412,7 +432,8 @@ func exitCode(err error) int {
 		return exitNotFound
 	case errors.Is(err, jetflow.ErrRunFailed):
 		return exitRunFailed
-	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected), errors.Is(err, jetflow.ErrEventConflict):
+	case errors.Is(err, jetflow.ErrIdempotencyConflict), errors.Is(err, jetflow.ErrDuplicateRejected), errors.Is(err, jetflow.ErrEventConflict),
+		errors.Is(err, jetflow.ErrRunNotEnded):
 		return exitConflict
 	case jetstream.IsTransient(err):
 		return exitUnavailable

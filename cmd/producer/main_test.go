@@ -343,7 +343,7 @@ func TestErrors(t *testing.T) {
 		{"UnknownCommand", []string{"nope"}, 1, `error: unknown command "nope": want start, get, watch, wait, cancel, unblock, send, resume, list, reset, workers, engine or serve`},
 		{"StartArity", []string{"start", "greet"}, 1, "error: start takes a workflow name and a JSON input"},
 		{"WaitArity", []string{"wait"}, 1, "error: wait takes one run ID"},
-		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start, not get"},
+		{"IDOnGet", []string{"get", "evt_1", "--id", "x"}, 1, "error: --id is a flag of start and rerun, not get"},
 		{"BadOutput", []string{"get", "evt_1", "--output", "yaml"}, 1, `error: invalid value "yaml" for --output`},
 		{"BadFlag", []string{"get", "evt_1", "--verbose"}, 1, "error: flag provided but not defined: -verbose"},
 		{"NoServer", []string{"get", "evt_1", "--nats-url", "nats://127.0.0.1:1"}, 5, "connect to nats://127.0.0.1:1"},
