@@ -244,7 +244,8 @@ type RunError struct {
 	Status RunStatus `json:"-"`
 	// Kind is "workflow" (the workflow returned an error), "step" (a step's
 	// final failure was returned by the workflow), "input" (undecodable
-	// input), "panic" or "cancelled".
+	// input), "panic", "cancelled" or "rerun" (a rerun whose source's
+	// records were gone: ErrRerunSource).
 	Kind string `json:"kind"`
 	// Code is the code of the error the run failed with: that of the
 	// failed step (StepError.Code) or of the workflow's own error

@@ -2,6 +2,7 @@ package jetflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -184,4 +185,73 @@ func stepNames(steps []StepRecord) []string {
 		out = append(out, s.Name)
 	}
 	return out
+}
+
+// A rerun whose first holder died after copying part of the kept records
+// (here: the charge's copy is there, the nap's is not) is completed by the
+// next holder, which runs nothing kept; a rerun whose source's records are
+// gone by the time a worker takes it fails with ErrRerunSource, code
+// kind "rerun", and runs no step.
+func TestRerunPartialCopyAndSourceGone(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, Topology{})
+	effects := newCounter()
+	var broken atomic.Bool
+	var nap atomic.Int64
+	broken.Store(true)
+	nap.Store(int64(10 * time.Millisecond))
+	wf := rerunFlow(effects, &broken, &nap)
+	c := env.client()
+	ctx := ctxT(t, time.Minute)
+	first := startWorker(t, env.conn(), WorkerConfig{}, wf)
+	for _, id := range []string{"p-1", "p-2"} {
+		_, err := Start(ctx, c, wf, 1, WithRunID(id))
+		require.NoError(t, err)
+		run, err := c.WaitRun(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, StatusFailed, run.Status)
+	}
+	require.NoError(t, first.Stop(ctx))
+	broken.Store(false)
+	nap.Store(int64(time.Hour))
+
+	// Both reruns are admitted while no worker runs.
+	for _, id := range []string{"p-1", "p-2"} {
+		res, err := c.Rerun(ctx, id, RerunOptions{})
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, res.Start.Outcome)
+	}
+	// p-1's rerun: the charge copied, as by a holder that died then.
+	v, _, err := c.assets.Steps.Get(ctx, "p-1.charge.0")
+	require.NoError(t, err)
+	var fields map[string]any
+	require.NoError(t, json.Unmarshal(v, &fields))
+	fields["step_id"], fields["run_id"] = "p-1-rerun-ship-0.charge.0", "p-1-rerun-ship-0"
+	b, err := json.Marshal(fields)
+	require.NoError(t, err)
+	_, err = c.assets.Steps.Create(ctx, "p-1-rerun-ship-0.charge.0", b)
+	require.NoError(t, err)
+	// p-2's source records are gone.
+	for _, key := range []string{"p-2.charge.0", "p-2.nap.0", "p-2.ship.0"} {
+		require.NoError(t, c.assets.Steps.Raw().Purge(ctx, key))
+	}
+
+	env.worker(WorkerConfig{}, wf)
+	run, err := c.WaitRun(ctx, "p-1-rerun-ship-0")
+	require.NoError(t, err)
+	require.Equal(t, StatusCompleted, run.Status, "%+v", run.Error)
+	require.Equal(t, 1, effects.get("p-1.charge.0"))
+	require.Zero(t, effects.get("p-1-rerun-ship-0.charge.0"))
+	require.Equal(t, 1, effects.get("p-1-rerun-ship-0.ship.0"))
+	open, err := c.OpenSteps(ctx, "p-1-rerun-ship-0")
+	require.NoError(t, err)
+	require.Empty(t, open, "the rerun's note of its copied records shown as a step")
+
+	run, err = c.WaitRun(ctx, "p-2-rerun-ship-0")
+	require.NoError(t, err)
+	require.Equal(t, StatusFailed, run.Status)
+	require.Contains(t, run.Error.Message, ErrRerunSource.Error())
+	require.Equal(t, "rerun", run.Error.Kind)
+	require.Zero(t, effects.get("p-2-rerun-ship-0.charge.0"))
+	require.Zero(t, effects.get("p-2-rerun-ship-0.ship.0"))
 }

@@ -48,8 +48,8 @@ func (c *Client) openSteps(ctx context.Context, runID, identity string) ([]OpenS
 	}
 	out := []OpenStep{}
 	for key := range lister.Keys() {
-		if state.IsWaitKey(key) {
-			continue // a wait's record (OpenWaits), not an attempt log
+		if state.IsWaitKey(key) || key == state.RerunCopiedKey(identity) {
+			continue // a wait's record (OpenWaits), or a rerun's note: not an attempt log
 		}
 		v, _, err := c.assets.Attempts.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrNotFound) {

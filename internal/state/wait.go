@@ -48,6 +48,11 @@ func WaitKey(stepID string) string { return stepID + waitKeySuffix }
 // of the run whose records are keyed by identity (RunIdentity).
 func WaitKeys(identity string) string { return identity + ".*.*" + waitKeySuffix }
 
+// RerunCopiedKey is the attempts-bucket key that says the run generation
+// identity, a rerun, holds every record it takes from its source
+// (Run.Rerun): its holders read it instead of the source.
+func RerunCopiedKey(identity string) string { return identity + ".rerun" }
+
 // IsWaitKey reports whether an attempts-bucket key is a wait's.
 func IsWaitKey(key string) bool { return strings.HasSuffix(key, waitKeySuffix) }
 

@@ -111,33 +111,30 @@ func RerunKept(recs []RerunRecord, before int) []RerunRecord {
 }
 
 // takeRerunPrefix commits, as the run's own, the records of its rerun
-// source that it takes (RerunKept), unless they are in h already, and adds
-// them to h. It does nothing for a run that is not a rerun. A source that
+// source that it takes (RerunKept), unless they are in h already, adds them
+// to h, and then notes in the attempts bucket that they are all there
+// (RerunCopiedKey): a later holder reads that one key and nothing of the
+// source. It does nothing for a run that is not a rerun. A source that
 // holds fewer of them than the run was admitted with is ErrRerunSource.
 func (e *Executor) takeRerunPrefix(d *delivery, h *history) error {
 	link := d.run.Rerun
 	if link == nil {
 		return nil
 	}
+	identity := d.identity()
+	done := state.RerunCopiedKey(identity)
+	_, _, err := e.cfg.Assets.Attempts.Get(d.nctx, done)
+	if err == nil || !errors.Is(err, jetstream.ErrNotFound) {
+		return err // copied before (nil), or the read failed
+	}
 	src, err := ReadRerunSource(d.nctx, e.cfg.Assets, state.RunIdentity(link.RunID, link.Generation))
 	if err != nil {
 		return err
 	}
 	kept := RerunKept(src, link.Before)
-	identity := d.identity()
-	missing := 0
-	for _, r := range kept {
-		id := state.StepID(identity, r.Step.Name, state.Occurrence(r.Step.StepID))
-		if h.get(id) == nil {
-			missing++
-		}
-	}
-	if missing == 0 {
-		return nil
-	}
 	if len(kept) != link.Records {
 		return fmt.Errorf("%w: run %s (generation %d) holds %d of the %d records this rerun takes from before %s",
-			ErrRerunSource, link.RunID, link.Generation, len(kept), link.Records, link.From)
+			ErrRerunSource, link.RunID, link.Generation, len(kept), link.Records, cmp.Or(link.From, "its end"))
 	}
 	for _, r := range kept {
 		id := state.StepID(identity, r.Step.Name, state.Occurrence(r.Step.StepID))
@@ -149,6 +146,9 @@ func (e *Executor) takeRerunPrefix(d *delivery, h *history) error {
 			return err
 		}
 		h.put(rec)
+	}
+	if _, err := e.cfg.Assets.Attempts.Create(d.nctx, done, []byte(`{"v":1}`)); err != nil && !errors.Is(err, jetstream.ErrExists) {
+		return fmt.Errorf("note the rerun's records copied: %w", err)
 	}
 	return nil
 }
