@@ -87,6 +87,10 @@ func (f *fakeBackend) UnblockRun(context.Context, string, jetflow.UnblockOptions
 	return jetflow.UnblockOutcome{}, f.errOr(jetflow.ErrRunNotFound)
 }
 
+func (f *fakeBackend) Rerun(context.Context, string, jetflow.RerunOptions) (jetflow.RerunResult, error) {
+	return jetflow.RerunResult{}, f.errOr(jetflow.ErrRunNotFound)
+}
+
 func (f *fakeBackend) SendEvent(_ context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
 	return f.event(fakeEvent{runID: runID, name: name, eventID: eventID, payload: payload})
 }

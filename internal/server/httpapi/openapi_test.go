@@ -105,6 +105,7 @@ func TestOpenAPIDocumentsStatusCodes(t *testing.T) {
 		"GET /v1/runs/{id}/result":          append([]int{200, 202, 400, 404}, common...),
 		"POST /v1/runs/{id}/cancel":         append([]int{200, 400, 403, 404, 409}, common...),
 		"POST /v1/runs/{id}/unblock":        append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
+		"POST /v1/runs/{id}/rerun":          append([]int{200, 201, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"POST /v1/runs/{id}/events/{name}":  append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"POST /v1/hooks/{token}":            append([]int{200, 400, 403, 404, 409, 413, 415, 422}, common...),
 		"GET /v1/workers":                   append([]int{200}, common...),

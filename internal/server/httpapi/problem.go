@@ -123,6 +123,10 @@ var errorStatuses = []struct {
 	// status), or that accepts a divergence naming no step to waive.
 	{jetflow.ErrRunNotBlocked, http.StatusConflict},
 	{jetflow.ErrNothingToWaive, http.StatusUnprocessableEntity},
+	// A rerun of a run that has not ended (its handler adds the run's
+	// status), or from a step the run never reached.
+	{jetflow.ErrRunNotEnded, http.StatusConflict},
+	{jetflow.ErrStepNotReached, http.StatusUnprocessableEntity},
 	{jetflow.ErrUnknownEvent, http.StatusUnprocessableEntity},
 	{jetflow.ErrEventPayload, http.StatusBadRequest},
 	{jetflow.ErrInvalidEventID, http.StatusBadRequest},
@@ -186,12 +190,18 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, runID string, err 
 		if errors.As(err, &ce) {
 			p.Fields, p.MoreFields = ce.Fields, ce.MoreFields
 		}
-		if errors.Is(err, jetflow.ErrNothingToWaive) {
+		switch {
+		case errors.Is(err, jetflow.ErrNothingToWaive):
 			p.Type, p.Title = NothingToWaiveType, "Nothing to waive"
+		case errors.Is(err, jetflow.ErrStepNotReached):
+			p.Type, p.Title = RerunType, "Step not reached"
 		}
 	case http.StatusConflict:
-		if errors.Is(err, jetflow.ErrEventConflict) {
+		switch {
+		case errors.Is(err, jetflow.ErrEventConflict):
 			p.Type, p.Title = EventConflictType, "Event conflict"
+		case errors.Is(err, jetflow.ErrRunNotEnded):
+			p.Type, p.Title = RerunType, "Run not ended"
 		}
 	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")

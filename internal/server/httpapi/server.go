@@ -1,7 +1,7 @@
 // Package httpapi is jetflow's HTTP API, served by `producer serve`: it
 // starts runs under an Idempotency-Key (the IETF httpapi draft's semantics,
-// with the key as the run ID), reads, waits for, lists, cancels and
-// unblocks runs, resets task
+// with the key as the run ID), reads, waits for, lists, cancels, unblocks
+// and reruns runs, resets task
 // idempotency keys (DELETE /v1/task-keys/{key}), delivers events to
 // runs and hooks (the event ID in the Idempotency-Key) and takes webhook
 // deliveries. docs/http.md describes it for users and openapi.yaml is its
@@ -36,6 +36,7 @@ type Backend interface {
 	ResetTaskKey(ctx context.Context, key string, scope jetflow.KeyScope, scopeID string) (int, error)
 	CancelRun(ctx context.Context, runID string) (jetflow.CancelOutcome, error)
 	UnblockRun(ctx context.Context, runID string, opts jetflow.UnblockOptions) (jetflow.UnblockOutcome, error)
+	Rerun(ctx context.Context, runID string, opts jetflow.RerunOptions) (jetflow.RerunResult, error)
 	SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 	Resume(ctx context.Context, token, eventID string, payload json.RawMessage) (jetflow.EventResult, error)
 	Roster(ctx context.Context) (jetflow.Roster, error)
@@ -127,6 +128,7 @@ var routes = []route{
 	{method: http.MethodGet, path: "/v1/runs/{id}/result", handle: (*Server).result},
 	{method: http.MethodPost, path: "/v1/runs/{id}/cancel", handle: (*Server).cancelRun},
 	{method: http.MethodPost, path: "/v1/runs/{id}/unblock", handle: (*Server).unblockRun},
+	{method: http.MethodPost, path: "/v1/runs/{id}/rerun", handle: (*Server).rerunRun},
 	{method: http.MethodPost, path: pathSendEvent, handle: (*Server).sendEvent},
 	{method: http.MethodPost, path: pathResumeHook, handle: (*Server).resumeHook},
 	{method: http.MethodGet, path: "/v1/workers", handle: (*Server).workers},
