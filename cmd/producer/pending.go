@@ -151,6 +151,14 @@ func (p *pendingClient) UnblockRun(ctx context.Context, runID string, opts jetfl
 	return c.UnblockRun(ctx, runID, opts)
 }
 
+func (p *pendingClient) Rerun(ctx context.Context, runID string, opts jetflow.RerunOptions) (jetflow.RerunResult, error) {
+	c, err := p.get()
+	if err != nil {
+		return jetflow.RerunResult{}, err
+	}
+	return c.Rerun(ctx, runID, opts)
+}
+
 func (p *pendingClient) SendEvent(ctx context.Context, runID, name, eventID string, payload json.RawMessage) (jetflow.EventResult, error) {
 	c, err := p.get()
 	if err != nil {
