@@ -190,6 +190,9 @@ type startOptions struct {
 	// entry labels the starts metric: the entry point ctx names (a
 	// gateway's; see internal/entry), "" for the default.
 	entry entry.Point
+	// rerunOf makes the request a rerun of that run (Client.Rerun): the
+	// worker takes the input from it.
+	rerunOf *startproto.RerunOf
 	// err is the first option that was invalid.
 	err error
 }
@@ -517,6 +520,9 @@ func (c *Client) StartByName(ctx context.Context, name string, input json.RawMes
 // start (jetflow.admit.<name>) and decodes its reply, errors into their
 // sentinels (replyError). The run ID options o are checked.
 func (c *Client) requestStart(ctx context.Context, name string, input json.RawMessage, o startOptions) (StartResult, error) {
+	if o.rerunOf != nil {
+		input = json.RawMessage("null") // the worker takes the rerun source's
+	}
 	// Checked before the request goes out, as the worker will.
 	if o.policy != nil {
 		if err := dedupe.ValidatePolicy(*o.policy); err != nil {
@@ -535,7 +541,8 @@ func (c *Client) requestStart(ctx context.Context, name string, input json.RawMe
 	if err := state.ValidateSource(o.source); err != nil {
 		return StartResult{}, err
 	}
-	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source, Attributes: o.attributes}
+	sr := startproto.StartRequest{RunID: o.runID, GenerateRunID: o.generateID, Input: input, Source: o.source, Attributes: o.attributes,
+		RerunOf: o.rerunOf}
 	if o.ignoreInput {
 		sr.Fingerprint = "ignore"
 	}
@@ -629,15 +636,18 @@ const rosterRead = "$JS.API.DIRECT.GET.KV_" + jetstream.WorkflowsBucket
 // replyCodes maps the error codes of a start reply to the sentinels they
 // stand for.
 var replyCodes = map[string]error{
-	startproto.CodeInvalidRunID: ErrInvalidRunID,
-	startproto.CodeInvalidInput: ErrInvalidInput,
-	startproto.CodeTooLarge:     ErrInputTooLarge,
-	startproto.CodeMalformed:    ErrMalformed,
-	startproto.CodeConflict:     ErrIdempotencyConflict,
-	startproto.CodeRejected:     ErrDuplicateRejected,
-	startproto.CodeBadPolicy:    ErrInvalidConflictPolicy,
-	startproto.CodeRunIDNeeded:  ErrRunIDRequired,
-	startproto.CodeBadAttrs:     ErrInvalidAttributes,
+	startproto.CodeInvalidRunID:   ErrInvalidRunID,
+	startproto.CodeInvalidInput:   ErrInvalidInput,
+	startproto.CodeTooLarge:       ErrInputTooLarge,
+	startproto.CodeMalformed:      ErrMalformed,
+	startproto.CodeConflict:       ErrIdempotencyConflict,
+	startproto.CodeRejected:       ErrDuplicateRejected,
+	startproto.CodeBadPolicy:      ErrInvalidConflictPolicy,
+	startproto.CodeRunIDNeeded:    ErrRunIDRequired,
+	startproto.CodeBadAttrs:       ErrInvalidAttributes,
+	startproto.CodeRunNotFound:    ErrRunNotFound,
+	startproto.CodeRunNotEnded:    ErrRunNotEnded,
+	startproto.CodeStepNotReached: ErrStepNotReached,
 }
 
 func replyError(e *startproto.ReplyError) error {

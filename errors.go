@@ -128,11 +128,11 @@ var (
 	ErrRunReplaced = errors.New("jetflow: the run's generation was replaced by a newer one")
 	// ErrRunNotEnded: Rerun of a run that has not ended (cancel it
 	// first, or wait for it).
-	ErrRunNotEnded = errors.New("jetflow: the run has not ended")
+	ErrRunNotEnded = jetflowtype.ErrRunNotEnded
 	// ErrStepNotReached: Rerun from a step the run never committed nor
 	// began (a name it never called, an occurrence past its last), or
 	// with no step named.
-	ErrStepNotReached = errors.New("jetflow: the run never reached that step")
+	ErrStepNotReached = jetflowtype.ErrStepNotReached
 	// ErrRerunSource: a rerun failed because its source's records before
 	// the step it reran from were gone (their retention passed) when a
 	// worker took it up; nothing ran (the run's error kind is "rerun").

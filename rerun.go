@@ -3,18 +3,13 @@ package jetflow
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
-	"errors"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jetflow/jetflow/internal/dedupe"
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
+	"github.com/jetflow/jetflow/internal/startproto"
 	"github.com/jetflow/jetflow/internal/state"
 	"github.com/jetflow/jetflow/internal/workflow"
 )
@@ -90,8 +85,12 @@ type RerunResult struct {
 // up (within the source's retention); if they are gone, the rerun fails
 // with ErrRerunSource and runs nothing.
 //
-// It writes the runs bucket and the source's audit, which needs the NATS
-// user jetflow_operator under the least-privilege profile.
+// A client with ClientConfig.StartByRequest has a worker that serves the
+// workflow admit the rerun (it plans it again from the source's records
+// and lists it in the source's audit), which the NATS user
+// jetflow_producer may ask for; otherwise the rerun is admitted in this
+// process, which writes the runs bucket, the run index, the task stream
+// and the source's audit.
 func (c *Client) Rerun(ctx context.Context, runID string, opts RerunOptions) (out RerunResult, err error) {
 	defer func() { err = jetstream.Unavailable(err) }()
 	if err := state.ValidateRunID(runID); err != nil {
@@ -105,124 +104,56 @@ func (c *Client) Rerun(ctx context.Context, runID string, opts RerunOptions) (ou
 	if err := state.ValidateSource(opts.Source); err != nil {
 		return RerunResult{}, err
 	}
-	src, _, err := c.runs.Get(ctx, runID)
-	if errors.Is(err, runs.ErrNotFound) {
-		return RerunResult{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
-	}
+	plan, err := workflow.PlanRerun(ctx, c.assets, c.runs, runID, opts.From, opts.RunID)
 	if err != nil {
 		return RerunResult{}, err
 	}
-	if !src.Status.Terminal() {
-		return RerunResult{}, fmt.Errorf("%w: run %s is %s", ErrRunNotEnded, runID, src.Status)
-	}
-	plan, link, err := c.rerunPlan(ctx, src, opts)
-	if err != nil {
-		return RerunResult{}, err
-	}
-	out.RerunPlan = plan
+	out.RerunPlan = toRerunPlan(plan)
 	if opts.DryRun {
 		return out, nil
 	}
 	source := cmp.Or(opts.Source, c.cfg.Name)
+	if c.cfg.StartByRequest {
+		// A worker plans it again from the run's records and admits it.
+		res, err := c.requestStart(ctx, plan.Source.Workflow, nil, startOptions{runID: plan.RunID, source: source,
+			rerunOf: &startproto.RerunOf{RunID: runID, From: opts.From}})
+		if err != nil {
+			return RerunResult{}, err
+		}
+		out.Start = &res
+		return out, nil
+	}
 	res, err := c.admit.Admit(ctx, dedupe.Request{
-		RunID: plan.RunID, Workflow: src.Workflow, Input: src.Input, Source: source,
-		Retention: src.Retention, Attributes: src.Attributes, Rerun: link,
+		RunID: plan.RunID, Workflow: plan.Source.Workflow, Input: plan.Source.Input, Source: source,
+		Retention: plan.Source.Retention, Attributes: plan.Source.Attributes, Rerun: plan.Link,
 	})
 	if err != nil {
 		return RerunResult{}, err
 	}
-	start := StartResult{RunID: res.Run.RunID, Workflow: res.Run.Workflow, Outcome: outcome(res.Outcome),
+	out.Start = &StartResult{RunID: res.Run.RunID, Workflow: res.Run.Workflow, Outcome: outcome(res.Outcome),
 		Status: RunStatus(res.Run.Status), Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry,
 		Generation: res.Run.Generation, generationKnown: true}
-	out.Start = &start
-	if l := res.Run.Rerun; l != nil && l.RunID == link.RunID && l.Generation == link.Generation {
+	if l := res.Run.Rerun; l != nil && l.RunID == plan.Link.RunID && l.Generation == plan.Link.Generation {
 		// The source lists its rerun: written by the call that created it,
 		// and by a repeat that finds it missing (its creator died first).
-		if err := c.listRerun(ctx, res.Run, source); err != nil {
+		if err := workflow.ListRerun(ctx, c.runs, res.Run, source, time.Now()); err != nil {
 			return out, fmt.Errorf("jetflow: rerun %s started, but the audit of %s does not list it yet (call again): %w", plan.RunID, runID, err)
 		}
 	}
 	return out, nil
 }
 
-// rerunPlan reads the source run src's records and decides what a rerun
-// of it from opts.From takes and runs again.
-func (c *Client) rerunPlan(ctx context.Context, src state.Run, opts RerunOptions) (RerunPlan, *state.RerunLink, error) {
-	identity := state.RunIdentity(src.RunID, src.Generation)
-	recs, err := workflow.ReadRerunSource(ctx, c.assets, identity)
-	if err != nil {
-		return RerunPlan{}, nil, fmt.Errorf("jetflow: %w", err)
+// toRerunPlan is plan as Rerun returns it.
+func toRerunPlan(plan workflow.RerunPlan) RerunPlan {
+	out := RerunPlan{SourceRunID: plan.Source.RunID, SourceGeneration: plan.Source.Generation, From: plan.From,
+		RunID: plan.RunID, Kept: []StepRecord{}, Again: []StepRecord{}}
+	for _, r := range plan.Kept {
+		out.Kept = append(out.Kept, toStepRecord(r.Step))
 	}
-	from, before, err := c.rerunPoint(ctx, recs, identity, opts.From)
-	if err != nil {
-		return RerunPlan{}, nil, err
+	for _, r := range plan.Again {
+		out.Again = append(out.Again, toStepRecord(r.Step))
 	}
-	kept := workflow.RerunKept(recs, before)
-	plan := RerunPlan{SourceRunID: src.RunID, SourceGeneration: src.Generation, From: from,
-		RunID: cmp.Or(opts.RunID, RerunID(src.RunID, from)), Kept: []StepRecord{}, Again: []StepRecord{}}
-	if plan.RunID == src.RunID {
-		return RerunPlan{}, nil, fmt.Errorf("%w: a rerun needs a run ID of its own, not its source's %s", ErrInvalidRunID, src.RunID)
-	}
-	for _, r := range kept {
-		plan.Kept = append(plan.Kept, toStepRecord(r.Step))
-	}
-	for _, r := range recs {
-		if r.Place >= before && r.Step.EventID == "" && r.Step.Kind != state.StepPatch {
-			plan.Again = append(plan.Again, toStepRecord(r.Step))
-		}
-	}
-	link := &state.RerunLink{RunID: src.RunID, Generation: src.Generation, From: from, Before: before, Records: len(kept)}
-	return plan, link, nil
-}
-
-// rerunPoint finds the step a rerun starts from (its step ID) and its
-// place in the source's call order. from is a step name, a step ID of the
-// source generation identity, or empty (where the run stopped).
-func (c *Client) rerunPoint(ctx context.Context, recs []workflow.RerunRecord, identity, from string) (string, int, error) {
-	if from == "" {
-		last := -1
-		for _, r := range recs {
-			if r.Place > last {
-				last = r.Place
-			}
-		}
-		if i := slices.IndexFunc(recs, func(r workflow.RerunRecord) bool { return r.Place == last }); last >= 0 && recs[i].Step.Error != nil {
-			return recs[i].Step.StepID, last, nil
-		}
-		return "", last + 1, nil // the step after the last committed one: not named by any record
-	}
-	stepID := from
-	if !strings.Contains(from, ".") {
-		if err := state.ValidateName(from); err != nil {
-			return "", 0, fmt.Errorf("%w: %w", ErrStepNotReached, err)
-		}
-		stepID = state.StepID(identity, from, 0)
-	}
-	if i := slices.IndexFunc(recs, func(r workflow.RerunRecord) bool { return r.Step.StepID == stepID }); i >= 0 {
-		if recs[i].Place < 0 {
-			return "", 0, fmt.Errorf("%w: %s holds an event the run never waited for", ErrStepNotReached, stepID)
-		}
-		return stepID, recs[i].Place, nil
-	}
-	// Begun and never committed: a wait the run ended in.
-	v, _, err := c.assets.Attempts.Get(ctx, state.WaitKey(stepID))
-	if errors.Is(err, jetstream.ErrNotFound) {
-		return "", 0, fmt.Errorf("%w: run generation %s has no step %s", ErrStepNotReached, identity, stepID)
-	}
-	if err != nil {
-		return "", 0, fmt.Errorf("jetflow: read the wait of %s: %w", stepID, err)
-	}
-	w, err := state.DecodeWait(v)
-	if err != nil {
-		return "", 0, err
-	}
-	return stepID, w.Seq, nil
-}
-
-// listRerun adds the rerun run to its source's audit, unless it lists it.
-func (c *Client) listRerun(ctx context.Context, run state.Run, source string) error {
-	return c.runs.RecordRerun(ctx, run.Rerun.RunID, state.RerunEntry{
-		At: time.Now().UTC(), RunID: run.RunID, Generation: run.Generation, From: run.Rerun.From, Source: source})
+	return out
 }
 
 // RerunID is the run ID Rerun gives by default to the rerun of the run
@@ -230,14 +161,26 @@ func (c *Client) listRerun(ctx context.Context, run state.Run, source string) er
 // for a rerun from after the run's last committed step, stepID ""), or,
 // when that is longer than a run ID may be, the run ID's first 64 bytes,
 // -rerun- and a hash of the whole.
-func RerunID(runID, stepID string) string {
-	id := runID + "-rerun"
-	if stepID != "" {
-		id += "-" + state.StepName(stepID) + "-" + strconv.Itoa(state.Occurrence(stepID))
+func RerunID(runID, stepID string) string { return workflow.DefaultRerunID(runID, stepID) }
+
+// reruns plans and records the reruns a worker admits by request
+// (startproto.Reruns), as Client.Rerun does in process.
+type reruns struct {
+	assets *jetstream.Assets
+	runs   *runs.Store
+}
+
+func (r reruns) Plan(ctx context.Context, wf string, of startproto.RerunOf, rerunID string) (dedupe.Request, error) {
+	plan, err := workflow.PlanRerun(ctx, r.assets, r.runs, of.RunID, of.From, rerunID)
+	if err != nil {
+		return dedupe.Request{}, err
 	}
-	if len(id) <= state.MaxRunIDLen && state.ValidateRunID(id) == nil {
-		return id
+	if plan.Source.Workflow != wf {
+		return dedupe.Request{}, fmt.Errorf("%w: run %s is a run of workflow %s, not %s", state.ErrCorrupt, of.RunID, plan.Source.Workflow, wf)
 	}
-	sum := sha256.Sum256([]byte(runID + "\x00" + stepID))
-	return runID[:min(len(runID), 64)] + "-rerun-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+	return dedupe.Request{RunID: plan.RunID, Workflow: wf, Input: plan.Source.Input, Attributes: plan.Source.Attributes, Rerun: plan.Link}, nil
+}
+
+func (r reruns) Listed(ctx context.Context, run state.Run, source string) error {
+	return workflow.ListRerun(ctx, r.runs, run, source, time.Now())
 }

@@ -58,10 +58,13 @@ func TestRerunFromTheFailedStep(t *testing.T) {
 	env.worker(WorkerConfig{Concurrency: 16}, wf)
 	c := env.client()
 	ctx := ctxT(t, 2*time.Minute)
+	// A client that has a worker admit its reruns, as a producer does.
+	byRequest, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
 
 	const runs = 30
 	for i := range runs {
-		_, err := Start(ctx, c, wf, i, WithRunID(fmt.Sprintf("o-%d", i)))
+		_, err = Start(ctx, c, wf, i, WithRunID(fmt.Sprintf("o-%d", i)))
 		require.NoError(t, err)
 	}
 	for i := range runs {
@@ -93,7 +96,11 @@ func TestRerunFromTheFailedStep(t *testing.T) {
 				if i%2 == 1 {
 					opts.From = "ship" // by name, the same step
 				}
-				res, err := c.Rerun(ctx, fmt.Sprintf("o-%d", i), opts)
+				client := c
+				if caller%2 == 1 {
+					client = byRequest
+				}
+				res, err := client.Rerun(ctx, fmt.Sprintf("o-%d", i), opts)
 				if !errors.Is(err, ErrUnavailable) { // a retry would land on the same run
 					require.NoError(t, err)
 				}
@@ -147,6 +154,8 @@ func TestRerunBadInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return effects.get("napping.charge.0") == 1 }, 30*time.Second, 10*time.Millisecond)
 
+	byRequest, err := NewClient(ctx, env.conn(), ClientConfig{StartByRequest: true})
+	require.NoError(t, err)
 	_, err = c.Rerun(ctx, "napping", RerunOptions{From: "charge"})
 	require.ErrorIs(t, err, ErrRunNotEnded)
 	_, err = c.Rerun(ctx, "nobody", RerunOptions{})
@@ -160,6 +169,8 @@ func TestRerunBadInput(t *testing.T) {
 	require.NoError(t, err)
 	for _, from := range []string{"ship", "napping.charge.1", "other.charge.0", "no such step"} {
 		_, err = c.Rerun(ctx, "napping", RerunOptions{From: from})
+		require.ErrorIs(t, err, ErrStepNotReached, from)
+		_, err = byRequest.Rerun(ctx, "napping", RerunOptions{From: from})
 		require.ErrorIs(t, err, ErrStepNotReached, from)
 	}
 	_, err = c.Rerun(ctx, "napping", RerunOptions{From: "charge", RunID: "napping"})

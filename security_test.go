@@ -789,10 +789,30 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		operatorPerms2.requireNone(t)
 	})
 
+	// A rerun by the producer user: planned from what it may read, admitted
+	// (and listed in the source's audit) by a worker.
+	t.Run("producer reruns a run by request", func(t *testing.T) {
+		rc, err := NewClient(ctxT(t, 10*time.Second), pnc, ClientConfig{Name: "least-privilege", StartByRequest: true})
+		require.NoError(t, err)
+		res, err := rc.Rerun(ctx, "sec-1", RerunOptions{From: "b"})
+		require.NoError(t, err)
+		require.Equal(t, OutcomeCreated, res.Start.Outcome)
+		require.Equal(t, []string{"a"}, stepNames(res.Kept))
+		run, err := rc.WaitRun(ctx, "sec-1-rerun-b-0")
+		require.NoError(t, err)
+		require.Equal(t, StatusCompleted, run.Status)
+		require.JSONEq(t, `4`, string(run.Output))
+		require.Equal(t, &RerunOf{RunID: "sec-1", From: "sec-1.b.0"}, run.RerunOf)
+		source, err := rc.GetRun(ctx, "sec-1")
+		require.NoError(t, err)
+		require.Len(t, source.Reruns, 1)
+	})
+
 	// The worker did all of the above without a single denied operation,
 	// including its drain.
 	require.NoError(t, w.Stop(ctxT(t, 10*time.Second)))
 	workerPerms.requireNone(t)
+
 }
 
 // errCode is the error code of an event reply, which must have no outcome

@@ -371,7 +371,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	stops.push(stopDurable)
 	consumers = append(consumers, startConsumers...)
-	stopStarts, err := startproto.Serve(w.nc, eng.admit, served, 10*time.Second, w.log)
+	stopStarts, err := startproto.Serve(w.nc, eng.admit, served, reruns{assets: assets, runs: eng.runs}, 10*time.Second, w.log)
 	if err != nil {
 		return fail(err)
 	}

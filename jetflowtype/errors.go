@@ -27,6 +27,13 @@ var (
 	// another wait had taken (tokens are single-use). It is also a
 	// *StepError with Code "hook_taken".
 	ErrHookTaken = errors.New("jetflow: hook token taken by another wait")
+	// ErrRunNotFound: the run ID holds no run.
+	ErrRunNotFound = errors.New("jetflow: run not found")
+	// ErrRunNotEnded: a rerun of a run that has not ended.
+	ErrRunNotEnded = errors.New("jetflow: the run has not ended")
+	// ErrStepNotReached: a rerun from a step the run never committed nor
+	// began (a name it never called, an occurrence past its last).
+	ErrStepNotReached = errors.New("jetflow: the run never reached that step")
 )
 
 // The codes of a wait's failures (StepError.Code).

@@ -420,6 +420,9 @@ func newClient(ctx context.Context, nc *nats.Conn, c cli, cfg jetflow.ClientConf
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	cfg.Name, cfg.Topology = "producer", jetflow.Topology{Replicas: c.replicas}
+	// A rerun is admitted by a worker, as a start is: the producer's NATS
+	// user (jetflow_producer, jetflow_operator) may not publish tasks.
+	cfg.StartByRequest = true
 	return jetflow.NewClient(ctx, nc, cfg)
 }
 

@@ -121,6 +121,10 @@ func handleDurableStart(ctx context.Context, a *dedupe.Admitter, workflow string
 		a.ObserveRefusal("nats", workflow)
 		return errorReply(fmt.Errorf("%w: run_id %q differs from Nats-Msg-Id %q", state.ErrInvalidRunID, sr.RunID, msgID))
 	}
+	if sr.RerunOf != nil {
+		a.ObserveRefusal("nats", workflow)
+		return errorReply(fmt.Errorf("%w: rerun_of is for request-reply (jetflow.admit.<workflow>), not a durable start", state.ErrCorrupt))
+	}
 	req, err := sr.request(workflow, wf.Policy)
 	if err != nil {
 		a.ObserveRefusal("nats", workflow)
@@ -131,7 +135,8 @@ func handleDurableStart(ctx context.Context, a *dedupe.Admitter, workflow string
 		return r
 	}
 	req.Entry = "nats"
-	return admitEnvelope(ctx, a, wf, req)
+	reply, _ := admitEnvelope(ctx, a, wf, req)
+	return reply
 }
 
 // ServeDurable consumes the start envelopes of the served workflows from

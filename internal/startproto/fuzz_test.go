@@ -186,7 +186,7 @@ func FuzzHandleStart(f *testing.F) {
 		}
 		_, decErr := DecodeStartRequest(workflow, body, jetflowtype.ConflictPolicy{})
 
-		reply := handleStart(ctx, a, workflow, Served{Check: checkFuzzInput}, body, "nats")
+		reply := handleStart(ctx, a, nil, workflow, Served{Check: checkFuzzInput}, body, "nats")
 
 		if reply.Error != nil {
 			require.Empty(t, reply.Outcome)

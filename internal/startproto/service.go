@@ -67,10 +67,33 @@ type StartRequest struct {
 	// [a-z][a-z0-9_]{0,31}; values 1..64 bytes of printable UTF-8), by
 	// which runs are listed. The first start's are kept.
 	Attributes map[string]string `json:"attributes,omitempty"`
+	// RerunOf asks for a rerun of an ended run of the workflow instead of
+	// a start with Input (request-reply only): the worker plans it from
+	// the run's records (Reruns) and admits it under RunID, by default
+	// the rerun's own default ID.
+	RerunOf *RerunOf `json:"rerun_of,omitempty"`
 
 	// runIDGiven records that the envelope had a run_id field (possibly ""
 	// or null), as opposed to none.
 	runIDGiven bool
+}
+
+// RerunOf names the run a rerun request reruns and its first step to run
+// again ("" for where the run stopped).
+type RerunOf struct {
+	RunID string `json:"run_id"`
+	From  string `json:"from,omitempty"`
+}
+
+// Reruns plans and records reruns for the start service.
+type Reruns interface {
+	// Plan is the admission request of the rerun r of a run of workflow
+	// under run ID rerunID ("": its default), or why it cannot be
+	// (workflow.ErrRunNotFound, ErrRunNotEnded, ErrStepNotReached,
+	// state.ErrInvalidRunID, another workflow's run: ErrCorrupt).
+	Plan(ctx context.Context, workflow string, r RerunOf, rerunID string) (dedupe.Request, error)
+	// Listed adds the rerun run, as admitted, to its source's audit.
+	Listed(ctx context.Context, run state.Run, source string) error
 }
 
 // StartReply answers a StartRequest: an outcome, or an error.
@@ -146,12 +169,18 @@ const (
 	CodeRunIDNeeded  = "run_id_required"
 	CodeBadAttrs     = "invalid_attributes"
 	CodeInternal     = "internal"
+	// Codes of a rerun request (rerun_of): the run is unknown, has not
+	// ended, or never reached the step.
+	CodeRunNotFound    = "run_not_found"
+	CodeRunNotEnded    = "run_not_ended"
+	CodeStepNotReached = "step_not_reached"
 )
 
 // ReplyCodes lists every error code a StartReply can carry (the reply's
 // JSON Schema enumerates the same).
 var ReplyCodes = []string{CodeMalformed, CodeInvalidRunID, CodeInvalidInput, CodeTooLarge,
-	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeBadAttrs, CodeInternal}
+	CodeConflict, CodeRejected, CodeBadPolicy, CodeRunIDNeeded, CodeBadAttrs, CodeInternal,
+	CodeRunNotFound, CodeRunNotEnded, CodeStepNotReached}
 
 // resolveRunID settles the run ID of a request-reply envelope. A run_id
 // that is present must be valid: "" and null are invalid run IDs, never a
@@ -250,7 +279,7 @@ type Served struct {
 // Admit as the Go SDK. A malformed envelope, an invalid run ID or an input
 // the workflow cannot decode is answered with a typed error and stores
 // nothing. The returned function stops serving.
-func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout time.Duration, log zerolog.Logger) (func() error, error) {
+func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, reruns Reruns, timeout time.Duration, log zerolog.Logger) (func() error, error) {
 	subjects := make([]string, 0, len(served))
 	for name := range served {
 		subjects = append(subjects, AdmitSubjectPrefix+name)
@@ -262,7 +291,7 @@ func Serve(nc *nats.Conn, a *dedupe.Admitter, served map[string]Served, timeout 
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		ctx = tracing.FromNATS(ctx, m.Header) // the start's trace context, if any
-		reply := handleStart(ctx, a, name, served[name], m.Data, entryOf(m.Header))
+		reply := handleStart(ctx, a, reruns, name, served[name], m.Data, entryOf(m.Header))
 		logRefusal(log, name, reply)
 		b, err := json.Marshal(reply)
 		if err != nil { // a reply is plain data: never happens
@@ -307,11 +336,14 @@ func entryOf(h nats.Header) string {
 // handleStart answers a request-reply start: decode the envelope and
 // settle its run ID (resolveRunID: generated only on request), then
 // admitEnvelope.
-func handleStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Served, b []byte, entry string) StartReply {
+func handleStart(ctx context.Context, a *dedupe.Admitter, reruns Reruns, workflow string, wf Served, b []byte, entry string) StartReply {
 	sr, err := parseStartRequest(b)
 	if err != nil {
 		a.ObserveRefusal(entry, workflow)
 		return errorReply(err)
+	}
+	if sr.RerunOf != nil {
+		return handleRerun(ctx, a, reruns, workflow, wf, sr, entry)
 	}
 	if err := sr.resolveRunID(workflow, wf.RequireRunID); err != nil {
 		a.ObserveRefusal(entry, workflow)
@@ -323,35 +355,65 @@ func handleStart(ctx context.Context, a *dedupe.Admitter, workflow string, wf Se
 		return errorReply(err)
 	}
 	req.Entry = entry
-	return admitEnvelope(ctx, a, wf, req)
+	reply, _ := admitEnvelope(ctx, a, wf, req)
+	return reply
+}
+
+// handleRerun answers a rerun request (sr.RerunOf): the rerun planned
+// from the run's records (Reruns.Plan), admitted as a start, and, when
+// the admitted run is that rerun, listed in its source's audit.
+func handleRerun(ctx context.Context, a *dedupe.Admitter, reruns Reruns, workflow string, wf Served, sr StartRequest, entry string) StartReply {
+	if reruns == nil {
+		return errorReply(fmt.Errorf("%w: this worker plans no rerun", state.ErrCorrupt))
+	}
+	if sr.runIDGiven {
+		if err := state.ValidateRunID(sr.RunID); err != nil {
+			return errorReply(err)
+		}
+	}
+	req, err := reruns.Plan(ctx, workflow, *sr.RerunOf, sr.RunID)
+	if err != nil {
+		a.ObserveRefusal(entry, workflow)
+		return errorReply(err)
+	}
+	req.Source, req.Entry = sr.Source, entry
+	reply, res := admitEnvelope(ctx, a, wf, req)
+	if l := res.Run.Rerun; reply.Error == nil && l != nil && l.RunID == req.Rerun.RunID && l.Generation == req.Rerun.Generation {
+		if err := reruns.Listed(ctx, res.Run, sr.Source); err != nil {
+			return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal,
+				Message: "the rerun started, but its source's audit does not list it yet (ask again): " + err.Error()}, cause: err}
+		}
+	}
+	return reply
 }
 
 // admitEnvelope is the admission of a decoded start envelope, shared by the
 // request-reply service and the durable start stream: the workflow's input
 // check, then the same Admit as the Go SDK (policy, fingerprint, audit).
-func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedupe.Request) StartReply {
+// It returns the reply and the admission's result (zero on an error).
+func admitEnvelope(ctx context.Context, a *dedupe.Admitter, wf Served, req dedupe.Request) (StartReply, dedupe.Result) {
 	req.Retention = wf.Retention
 	if err := wf.Check(req.Input); err != nil {
 		a.ObserveRefusal(req.Entry, req.Workflow)
-		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInvalidInput, Message: err.Error()}}, dedupe.Result{}
 	}
 	res, err := a.Admit(ctx, req)
 	if errors.Is(err, state.ErrInputTooLarge) {
-		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeTooLarge, Message: err.Error()}}, dedupe.Result{}
 	}
 	if errors.Is(err, jetflowtype.ErrIdempotencyConflict) {
-		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error(), Conflict: ConflictReply(err)}}
+		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeConflict, Message: err.Error(), Conflict: ConflictReply(err)}}, dedupe.Result{}
 	}
 	if errors.Is(err, jetflowtype.ErrDuplicateRejected) {
-		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}
+		return StartReply{RunID: req.RunID, Status: res.Run.Status, Error: &ReplyError{Code: CodeRejected, Message: err.Error()}}, dedupe.Result{}
 	}
 	if err != nil {
-		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}, cause: err}
+		return StartReply{RunID: req.RunID, Error: &ReplyError{Code: CodeInternal, Message: err.Error()}, cause: err}, dedupe.Result{}
 	}
 	return StartReply{
 		Outcome: res.Outcome.String(), RunID: res.Run.RunID, Workflow: res.Run.Workflow,
 		Status: res.Run.Status, Duplicates: res.Duplicates, AfterExpiry: res.AfterExpiry, Generation: &res.Run.Generation,
-	}
+	}, res
 }
 
 func errorReply(err error) StartReply {
@@ -369,6 +431,12 @@ func errorReply(err error) StartReply {
 		code = CodeBadAttrs
 	case errors.Is(err, state.ErrCorrupt), errors.Is(err, state.ErrInvalidName):
 		code = CodeMalformed
+	case errors.Is(err, jetflowtype.ErrRunNotFound):
+		code = CodeRunNotFound
+	case errors.Is(err, jetflowtype.ErrRunNotEnded):
+		code = CodeRunNotEnded
+	case errors.Is(err, jetflowtype.ErrStepNotReached):
+		code = CodeStepNotReached
 	}
 	return StartReply{Error: &ReplyError{Code: code, Message: err.Error()}}
 }

@@ -13,13 +13,14 @@ import (
 	"github.com/jetflow/jetflow/internal/jetstream"
 	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // Errors of an event delivery (Sender). Each is what the sender is told;
 // none of them stores anything.
 var (
 	// ErrRunNotFound: the run ID holds no run.
-	ErrRunNotFound = errors.New("jetflow: run not found")
+	ErrRunNotFound = jetflowtype.ErrRunNotFound
 	// ErrHookNotFound: no run waits, or has waited, on the hook token.
 	ErrHookNotFound = errors.New("jetflow: no run waits on this hook token")
 	// ErrRunEnded: the run has ended; no wait of it will see the event.

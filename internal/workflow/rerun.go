@@ -3,13 +3,20 @@ package workflow
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jetflow/jetflow/internal/jetstream"
+	"github.com/jetflow/jetflow/internal/runs"
 	"github.com/jetflow/jetflow/internal/state"
+	"github.com/jetflow/jetflow/jetflowtype"
 )
 
 // A rerun is a new run (its own run ID, admitted as any start) of a run
@@ -21,6 +28,132 @@ import (
 // source's records with the run's step ID and run ID, written
 // create-if-absent: every holder writes the same bytes, so a holder that
 // died half-way leaves nothing that a later one would write differently.
+
+// Refusals of a rerun: nothing is started.
+var (
+	ErrRunNotEnded    = jetflowtype.ErrRunNotEnded
+	ErrStepNotReached = jetflowtype.ErrStepNotReached
+)
+
+// RerunPlan is what a rerun of Source from its step From (place Before
+// in its call order) takes as committed (Kept) and what of it runs again
+// (Again: the source's records from there on, waits and steps), under run
+// ID RunID; Link is what the rerun's record carries.
+type RerunPlan struct {
+	Source state.Run
+	From   string
+	RunID  string
+	Kept   []RerunRecord
+	Again  []RerunRecord
+	Link   *state.RerunLink
+}
+
+// PlanRerun plans the rerun of the ended run runID from its step from (a
+// step name for its first call, a step ID of the run, or "" for where it
+// stopped: the step it failed at when its last placed record holds a
+// failure, else the place after its last placed record) under run ID
+// rerunID ("": DefaultRerunID). It reads the run's record and records and
+// writes nothing: a repeat call plans the same. A run that is not there is
+// ErrRunNotFound, one not ended ErrRunNotEnded, a step it never reached
+// ErrStepNotReached, a rerun ID that is the run's own state.ErrInvalidRunID.
+func PlanRerun(ctx context.Context, assets *jetstream.Assets, store *runs.Store, runID, from, rerunID string) (RerunPlan, error) {
+	src, _, err := store.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return RerunPlan{}, fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+	}
+	if err != nil {
+		return RerunPlan{}, err
+	}
+	if !src.Status.Terminal() {
+		return RerunPlan{}, fmt.Errorf("%w: run %s is %s", ErrRunNotEnded, runID, src.Status)
+	}
+	identity := state.RunIdentity(src.RunID, src.Generation)
+	recs, err := ReadRerunSource(ctx, assets, identity)
+	if err != nil {
+		return RerunPlan{}, err
+	}
+	fromID, before, err := rerunPoint(ctx, assets, recs, identity, from)
+	if err != nil {
+		return RerunPlan{}, err
+	}
+	plan := RerunPlan{Source: src, From: fromID, RunID: cmp.Or(rerunID, DefaultRerunID(src.RunID, fromID)), Kept: RerunKept(recs, before)}
+	if plan.RunID == src.RunID {
+		return RerunPlan{}, fmt.Errorf("%w: a rerun needs a run ID of its own, not its source's %s", state.ErrInvalidRunID, src.RunID)
+	}
+	for _, r := range recs {
+		if r.Place >= before && r.Step.EventID == "" && r.Step.Kind != state.StepPatch {
+			plan.Again = append(plan.Again, r)
+		}
+	}
+	plan.Link = &state.RerunLink{RunID: src.RunID, Generation: src.Generation, From: fromID, Before: before, Records: len(plan.Kept)}
+	return plan, nil
+}
+
+// rerunPoint finds the step a rerun starts from (its step ID, "" for the
+// place after the last placed record) and its place in the source's call
+// order, among recs, the records of the source generation identity.
+func rerunPoint(ctx context.Context, assets *jetstream.Assets, recs []RerunRecord, identity, from string) (string, int, error) {
+	if from == "" {
+		last := -1
+		for _, r := range recs {
+			last = max(last, r.Place)
+		}
+		if i := slices.IndexFunc(recs, func(r RerunRecord) bool { return r.Place == last }); last >= 0 && recs[i].Step.Error != nil {
+			return recs[i].Step.StepID, last, nil
+		}
+		return "", last + 1, nil
+	}
+	stepID := from
+	if !strings.Contains(from, ".") {
+		if err := state.ValidateName(from); err != nil {
+			return "", 0, fmt.Errorf("%w: %w", ErrStepNotReached, err)
+		}
+		stepID = state.StepID(identity, from, 0)
+	}
+	if i := slices.IndexFunc(recs, func(r RerunRecord) bool { return r.Step.StepID == stepID }); i >= 0 {
+		if recs[i].Place < 0 {
+			return "", 0, fmt.Errorf("%w: %s holds an event the run never waited for", ErrStepNotReached, stepID)
+		}
+		return stepID, recs[i].Place, nil
+	}
+	// Begun and never committed: a wait the run ended in.
+	v, _, err := assets.Attempts.Get(ctx, state.WaitKey(stepID))
+	if errors.Is(err, jetstream.ErrNotFound) {
+		return "", 0, fmt.Errorf("%w: run generation %s has no step %s", ErrStepNotReached, identity, stepID)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("read the wait of %s: %w", stepID, err)
+	}
+	w, err := state.DecodeWait(v)
+	if err != nil {
+		return "", 0, err
+	}
+	return stepID, w.Seq, nil
+}
+
+// DefaultRerunID is the run ID a rerun of the run runID from its step
+// stepID gets unless it is given one: <run-id>-rerun-<name>-<n>
+// (<run-id>-rerun for a rerun from after the run's last committed step,
+// stepID ""), or, when that is longer than a run ID may be, the run ID's
+// first 64 bytes, -rerun- and a hash of the whole.
+func DefaultRerunID(runID, stepID string) string {
+	id := runID + "-rerun"
+	if stepID != "" {
+		id += "-" + state.StepName(stepID) + "-" + strconv.Itoa(state.Occurrence(stepID))
+	}
+	if len(id) <= state.MaxRunIDLen && state.ValidateRunID(id) == nil {
+		return id
+	}
+	sum := sha256.Sum256([]byte(runID + "\x00" + stepID))
+	return runID[:min(len(runID), 64)] + "-rerun-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+}
+
+// ListRerun adds run, a rerun, to its source's audit (state.Audit.Reruns)
+// unless it lists it already: a repeat, or a race, adds nothing.
+func ListRerun(ctx context.Context, store *runs.Store, run state.Run, source string, now time.Time) error {
+	return store.RecordRerun(ctx, run.Rerun.RunID, state.RerunEntry{
+		At: now.UTC(), RunID: run.RunID, Generation: run.Generation, From: run.Rerun.From, Source: source})
+}
 
 // ErrRerunSource fails a rerun whose source no longer holds the records
 // the rerun was admitted with (its retention passed): the rerun would run
