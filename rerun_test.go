@@ -42,6 +42,22 @@ func rerunFlow(effects *counter, broken *atomic.Bool, nap *atomic.Int64) *Workfl
 	})
 }
 
+// rerunRig is a rerunFlow with its effects, ship broken and a 10ms nap.
+type rerunRig struct {
+	effects *counter
+	broken  *atomic.Bool
+	nap     *atomic.Int64
+	wf      *Workflow[int, string]
+}
+
+func newRerunRig() rerunRig {
+	r := rerunRig{effects: newCounter(), broken: new(atomic.Bool), nap: new(atomic.Int64)}
+	r.broken.Store(true)
+	r.nap.Store(int64(10 * time.Millisecond))
+	r.wf = rerunFlow(r.effects, r.broken, r.nap)
+	return r
+}
+
 // Runs failed at their third step are rerun from where they stopped, by
 // five callers at once each: every run is rerun exactly once, its charge
 // and nap are never repeated, ship and notify run once under the rerun's
@@ -49,12 +65,8 @@ func rerunFlow(effects *counter, broken *atomic.Bool, nap *atomic.Int64) *Workfl
 func TestRerunFromTheFailedStep(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	effects := newCounter()
-	var broken atomic.Bool
-	var nap atomic.Int64
-	broken.Store(true)
-	nap.Store(int64(10 * time.Millisecond))
-	wf := rerunFlow(effects, &broken, &nap)
+	rig := newRerunRig()
+	effects, broken, nap, wf := rig.effects, rig.broken, rig.nap, rig.wf
 	env.worker(WorkerConfig{Concurrency: 16}, wf)
 	c := env.client()
 	ctx := ctxT(t, 2*time.Minute)
@@ -141,12 +153,9 @@ func TestRerunFromTheFailedStep(t *testing.T) {
 func TestRerunBadInput(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	effects := newCounter()
-	var broken atomic.Bool
-	var nap atomic.Int64
-	broken.Store(true)
-	nap.Store(int64(time.Hour))
-	wf := rerunFlow(effects, &broken, &nap)
+	rig := newRerunRig()
+	rig.nap.Store(int64(time.Hour))
+	effects, wf := rig.effects, rig.wf
 	env.worker(WorkerConfig{}, wf)
 	c := env.client()
 	ctx := ctxT(t, time.Minute)
@@ -206,12 +215,8 @@ func stepNames(steps []StepRecord) []string {
 func TestRerunPartialCopyAndSourceGone(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Topology{})
-	effects := newCounter()
-	var broken atomic.Bool
-	var nap atomic.Int64
-	broken.Store(true)
-	nap.Store(int64(10 * time.Millisecond))
-	wf := rerunFlow(effects, &broken, &nap)
+	rig := newRerunRig()
+	effects, broken, nap, wf := rig.effects, rig.broken, rig.nap, rig.wf
 	c := env.client()
 	ctx := ctxT(t, time.Minute)
 	first := startWorker(t, env.conn(), WorkerConfig{}, wf)
