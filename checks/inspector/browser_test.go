@@ -148,13 +148,27 @@ func (b *browser) navigate(url string) int64 {
 // test's temp dir) and logs where.
 func (b *browser) screenshot(name string) string {
 	b.t.Helper()
+	var png []byte
+	b.run("screenshot", chromedp.FullScreenshot(&png, 100))
+	return b.writePNG(name, png)
+}
+
+// viewScreenshot writes what the window shows (a modal dialog over the
+// page, whose backdrop covers the window only) as screenshot does.
+func (b *browser) viewScreenshot(name string) string {
+	b.t.Helper()
+	var png []byte
+	b.run("screenshot", chromedp.CaptureScreenshot(&png))
+	return b.writePNG(name, png)
+}
+
+func (b *browser) writePNG(name string, png []byte) string {
+	b.t.Helper()
 	dir := os.Getenv("JETFLOW_ARTIFACTS")
 	if dir == "" {
 		dir = b.t.TempDir()
 	}
 	require.NoError(b.t, os.MkdirAll(dir, 0o755))
-	var png []byte
-	b.run("screenshot", chromedp.FullScreenshot(&png, 100))
 	path := filepath.Join(dir, name+".png")
 	require.NoError(b.t, os.WriteFile(path, png, 0o644))
 	b.t.Logf("screenshot: %s", path)

@@ -167,17 +167,20 @@ $("#confirm").addEventListener("close", settleConfirm);
 $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
 
 // confirmAction shows the dialog and resolves to the extra input's value
-// (or true) on confirm, null on cancel or Esc. While the dialog is open
-// another confirmation resolves to null at once.
-function confirmAction({ title, text, ok, input }) {
+// (or true) on confirm, null on cancel or Esc. body (nodes) is shown
+// under the text, and wide widens the dialog for it. While the dialog is
+// open another confirmation resolves to null at once.
+function confirmAction({ title, text, ok, input, body, wide }) {
   const dlg = $("#confirm");
   if (dlg.open) return Promise.resolve(null);
   settleConfirm(); // the previous opening, whose close event may still be on its way
   $("#confirm-title").textContent = title;
   $("#confirm-text").textContent = text;
   $("#confirm-ok").textContent = ok;
+  dlg.classList.toggle("wide", !!wide);
   const extra = $("#confirm-extra");
   extra.replaceChildren();
+  if (body) append(extra, [body]);
   let field = null;
   if (input) {
     field = el("input", { id: "confirm-input", type: "text", required: true, autocomplete: "off", placeholder: input.placeholder || "" });
@@ -202,7 +205,8 @@ function route() {
   const [path, query] = hash.split("?");
   const m = path.match(/^\/runs\/(.+)$/);
   const workers = path === "/workers";
-  view = m ? runView(decodeURIComponent(m[1])) : workers ? workersView() : listView(new URLSearchParams(query || ""));
+  const params = new URLSearchParams(query || "");
+  view = m ? runView(decodeURIComponent(m[1]), params.get("step") || "") : workers ? workersView() : listView(params);
   $("#nav-runs").setAttribute("aria-current", m || workers ? "false" : "page");
   $("#nav-workers").setAttribute("aria-current", workers ? "page" : "false");
   view.refresh();
@@ -432,8 +436,12 @@ function listView(params) {
 
 // ---- run page ----------------------------------------------------------------
 
-function runView(id) {
+// runView shows the run id; target is a step ID of it (#/runs/<id>?step=
+// <step-id>, as the link to a rerun's from step), marked in the timeline
+// and scrolled to once it is drawn.
+function runView(id, target) {
   let stopped = false;
+  let scrolled = !target;
   let last = "";
   let run = null;
   let asked = 0; // reads of the run asked for
@@ -443,10 +451,12 @@ function runView(id) {
   $("#view").replaceChildren(el("a", { class: "crumb", href: "#/", text: "← All runs" }), body, result);
 
   // say shows an action's state in the result line: "pending" while its
-  // request is on its way, then its answer (ok) or its error.
+  // request is on its way, then its answer (ok) or its error. text is a
+  // string, or strings and nodes (a link to a run).
   function say(ok, text) {
     result.className = "result " + (ok === "pending" ? "pending" : ok ? "ok" : "err");
-    result.textContent = text;
+    result.replaceChildren();
+    append(result, [text]);
     result.hidden = false;
   }
 
@@ -492,7 +502,7 @@ function runView(id) {
     `Unblocking run ${id} past its history's step…`, unblockCall(true), unblocked);
 
   const startAgain = () => act(
-    { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Its steps get new step IDs.`, ok: "Start again" },
+    { title: "Start this run again?", text: `A new run of ${run.workflow} starts under run ID ${id} (generation ${(run.generation || 0) + 1}) with the same input. Every step runs again under new step IDs: charges, emails and other side effects repeat. To keep what succeeded, use Rerun.`, ok: "Start again" },
     `Starting run ${id} again…`,
     () => api("POST", `/ui/api/runs/${encodeURIComponent(id)}/start-again`),
     (d) => `Run ${d.run_id} started again (${d.outcome}); status ${d.status}.`);
@@ -509,10 +519,44 @@ function runView(id) {
       (d) => `Task key reset (scope ${d.scope}): ${d.deleted} stored result(s) removed.`);
   };
 
+  // rerun plans a rerun of the ended run from its step from (a step ID;
+  // "": where it stopped) with POST /v1/runs/{id}/rerun and dry_run, shows
+  // the plan in the dialog (the new run's ID, the steps kept and the steps
+  // run again), and on confirm asks for that rerun: the plan's step and run
+  // ID, so that what starts is what the dialog showed. A plan refused (the
+  // run is not ended: 409; a step never reached: 422) is shown as the
+  // action's error, and nothing is asked.
+  let planning = false;
+  const rerun = async (from) => {
+    if (planning || $("#confirm").open) return;
+    planning = true;
+    let p;
+    try {
+      say("pending", `Planning a rerun of run ${id}…`);
+      p = await api("POST", `/v1/runs/${encodeURIComponent(id)}/rerun`, from ? { from, dry_run: true } : { dry_run: true });
+    } finally {
+      planning = false;
+    }
+    if (stopped) return;
+    if (!p.ok) {
+      say(false, problemText(p));
+      return;
+    }
+    result.hidden = true;
+    const plan = p.data || {};
+    const req = { run_id: plan.run_id };
+    if (plan.from) req.from = plan.from;
+    return act(
+      { title: "Rerun this run?", text: rerunText(run, plan), ok: "Rerun", body: renderRerunPlan(run, plan), wide: true },
+      `Starting rerun ${plan.run_id} of run ${id}…`,
+      () => api("POST", `/v1/runs/${encodeURIComponent(id)}/rerun`, req),
+      rerunDone);
+  };
+
   // expanded holds the values (step outputs, event payloads) shown in
   // full, by their element's ID: a drawing keeps them open.
   const expanded = new Set();
-  const actions = { cancel, unblock, accept, startAgain, resetKey, button, expanded };
+  const actions = { cancel, unblock, accept, startAgain, rerun, resetKey, button, expanded, target };
 
   // load reads the run and draws it (force: even when unchanged). A read
   // answered after a later one was drawn is dropped: the periodic refresh
@@ -544,6 +588,10 @@ function runView(id) {
     last = key;
     run = r.data;
     redraw(() => body.replaceChildren(...renderRun(run, actions)));
+    if (!scrolled) {
+      scrolled = true;
+      document.querySelector(`#timeline .step[data-step-id="${CSS.escape(target)}"]`)?.scrollIntoView({ block: "center" });
+    }
   }
 
   // redraw runs draw, keeping the scroll position and the focused control.
@@ -659,7 +707,8 @@ function renderRun(run, actions) {
       run.status === "blocked" ? actions.button("unblock", { id: "unblock-run", class: "primary", text: "Unblock…", onclick: actions.unblock }) : null,
       run.status === "blocked" && waivable(run.block) ? actions.button("accept", { id: "accept-divergence", class: "danger", text: "Accept divergence…", onclick: actions.accept }) : null,
       active(run.status) ? actions.button("cancel", { id: "cancel-run", class: "danger", text: "Cancel run…", onclick: actions.cancel }) : null,
-      run.status === "failed" || run.status === "cancelled" ? actions.button("start-again", { id: "start-again", class: "primary", text: "Start again…", onclick: actions.startAgain }) : null));
+      rerunnable(run) ? actions.button("rerun", { id: "rerun-run", class: "primary", text: "Rerun…", title: "A new run that keeps the steps that succeeded and runs the rest again", onclick: () => actions.rerun("") }) : null,
+      run.status === "failed" || run.status === "cancelled" ? actions.button("start-again", { id: "start-again", class: "secondary", text: "Start again…", title: "Every step again, under the same run ID", onclick: actions.startAgain }) : null));
 
   const facts = el("dl", { class: "facts panel" },
     fact("Workflow", run.workflow, "run-workflow"),
@@ -673,6 +722,8 @@ function renderRun(run, actions) {
     fact("Children", run.children && run.children.length ? run.children.map((c, i) => [i ? ", " : "", runLink(c.run_id)]) : "—", "run-children"));
 
   if (run.waived && run.waived.length) facts.append(fact("Waived", run.waived.join(", "), "run-waived"));
+  if (run.rerun_of) facts.append(fact("Rerun of", rerunOfView(run.rerun_of), "run-rerun-of"));
+  if (run.reruns && run.reruns.length) facts.append(fact("Reruns", rerunsView(run.reruns), "run-reruns"));
   const out = [head, facts];
   if (run.block) out.push(renderBlock(run));
   if (run.error) {
@@ -688,6 +739,88 @@ function renderRun(run, actions) {
     el("div", {}, el("h2", { text: "Input" }), el("pre", { id: "run-input", tabIndex: 0, text: pretty(run.input) })),
     el("div", {}, el("h2", { text: "Output" }), el("pre", { id: "run-output", tabIndex: 0, text: pretty(run.output) }))));
   return out;
+}
+
+// ---- reruns ------------------------------------------------------------------
+
+// rerunnable reports whether a run can be rerun: it has ended.
+function rerunnable(run) {
+  return run.status === "completed" || run.status === "failed" || run.status === "cancelled";
+}
+
+// stepLabel names a step by its step ID (<run identity>.<name>.<n>): its
+// name, and which call of it when it is not the first.
+function stepLabel(stepID) {
+  const parts = (stepID || "").split(".");
+  if (parts.length < 3) return stepID || "";
+  const n = Number(parts[parts.length - 1]);
+  const name = parts[parts.length - 2];
+  return n > 0 ? `${name} (call ${n + 1})` : name;
+}
+
+// stepLink links to the step stepID on the page of the run runID, where
+// the timeline marks it.
+function stepLink(runID, stepID, attrs) {
+  return el("a", { href: "#/runs/" + encodeURIComponent(runID) + "?step=" + encodeURIComponent(stepID), title: stepID, text: stepLabel(stepID), ...attrs });
+}
+
+// rerunOfView shows a rerun's source: the run (its generation when not the
+// first) and the step it was rerun from.
+function rerunOfView(of) {
+  return [runLink(of.run_id), of.generation ? ` (generation ${of.generation})` : "", " from ",
+    of.from ? stepLink(of.run_id, of.from, { class: "mono rerun-of-step" }) : el("span", { class: "muted", text: "after its last step" })];
+}
+
+// rerunsView lists a run's reruns (the last ten its audit keeps), each a
+// link to the rerun; its tooltip says from which step, when and who asked.
+function rerunsView(reruns) {
+  return reruns.map((r, i) => [i ? ", " : "", el("a", {
+    href: "#/runs/" + encodeURIComponent(r.run_id), class: "mono rerun", "data-from": r.from || "",
+    title: `from ${r.from || "after the last step"} · ${fmtTime(r.at)}` + (r.source ? ` · by ${r.source}` : ""), text: r.run_id,
+  })]);
+}
+
+const stepCount = (n) => (n === 1 ? "1 step" : `${n} steps`);
+
+// rerunText says what a rerun of run starts, by its plan (a dry run).
+function rerunText(run, plan) {
+  const head = `A new run, ${plan.run_id}, of ${run.workflow} starts with this run's input and the code the workers run now. `;
+  if (!plan.from) return head + "It keeps every step this run committed: none of them runs again, only what the code calls after them runs. To run a step again, use \"Rerun from here…\" on it in the timeline.";
+  return head + `It keeps the steps this run committed before ${stepLabel(plan.from)} (${plan.from}), which never run again, and runs ${stepLabel(plan.from)} and every step after it again, under new step IDs: their side effects repeat.`;
+}
+
+// renderRerunPlan lists a rerun's plan in its dialog: the new run's ID,
+// the steps kept (never run again) and the steps run again under the new
+// run's step IDs.
+function renderRerunPlan(run, plan) {
+  const kept = plan.kept || [];
+  const again = plan.again || [];
+  const list = (id, steps, none) => steps.length
+    ? el("ul", { id, class: "plan-steps" }, steps.map((s) => el("li", { "data-step-id": s.step_id },
+      el("span", { class: "step-name", text: s.name }),
+      s.kind ? el("span", { class: "kind", text: s.kind }) : null,
+      s.error && s.code !== "event_timeout" ? el("span", { class: "kind failed", text: "failed" }) : null,
+      el("span", { class: "mono step-id", text: s.step_id }))))
+    : el("p", { id, class: "muted plan-none", text: none });
+  const existing = (run.reruns || []).some((r) => r.run_id === plan.run_id);
+  return [
+    el("p", { class: "plan-run" }, "New run ID: ", el("span", { class: "mono", id: "rerun-id", text: plan.run_id })),
+    existing ? el("p", { class: "plan-existing", id: "rerun-existing", text: `Run ${plan.run_id} exists already: rerunning shows it and starts nothing. To run these steps once more, rerun under another run ID (the API's run_id).` }) : null,
+    el("h3", { class: "plan-head kept" }, "Kept: never run again ", el("span", { class: "muted", text: `(${stepCount(kept.length)})` })),
+    list("rerun-kept", kept, "None: every step of this run runs again."),
+    el("h3", { class: "plan-head again" }, "Run again under new step IDs: their side effects repeat ", el("span", { class: "muted", text: `(${stepCount(again.length)})` })),
+    list("rerun-again", again, "None of this run's steps: only what the code calls after its last one."),
+  ];
+}
+
+// rerunDone says what a rerun did: created, or found existing (a repeat),
+// with a link to the new run.
+function rerunDone(d) {
+  const st = d.start || {};
+  const link = el("a", { id: "rerun-link", class: "mono", href: "#/runs/" + encodeURIComponent(d.run_id), text: d.run_id });
+  if (st.outcome === "created") return ["Rerun ", link, ` created (${st.status}): ${stepCount((d.kept || []).length)} kept, ${stepCount((d.again || []).length)} run again.`];
+  if (st.outcome === "existing") return ["Rerun ", link, ` exists already (${st.status}): nothing new started.`];
+  return ["Rerun ", link, `: ${st.outcome || "?"}, status ${st.status || "?"}.`];
 }
 
 function renderDuplicates(run) {
@@ -794,11 +927,16 @@ function renderTimeline(run, actions) {
 
   return el("div", { class: "panel timeline", id: "timeline" }, axis, items.map(({ s, atts, open: isOpen, wait }) => {
     if (wait) return renderWaitStep(s, now, axisEnd, place);
+    // A committed step of an ended run can be rerun from (a patch marker
+    // is no step to run).
+    const rerunFrom = !isOpen && rerunnable(run) && s.kind !== "patch";
     const head = el("div", { class: "step-head" },
       el("span", { class: "step-name", text: s.name }),
       s.kind ? el("span", { class: "kind", text: s.kind }) : null,
       isOpen ? el("span", { class: "kind open", text: run.status === "running" ? "open" : "not committed" }) : null,
-      el("span", { class: "idem" }, el("b", { text: "Idempotency-Key: " }), el("span", { class: "step-id", text: s.step_id })));
+      el("span", { class: "idem" }, el("b", { text: "Idempotency-Key: " }), el("span", { class: "step-id", text: s.step_id })),
+      rerunFrom ? actions.button("rerun-from " + s.step_id, { class: "link rerun-from", "data-step-id": s.step_id, text: "Rerun from here…",
+        title: "A new run that keeps the steps before this one and runs this one and the rest again", onclick: () => actions.rerun(s.step_id) }) : null);
     const rows = atts.map((a) => {
       const bar = el("div", { class: "bar " + a.cls, title: a.error ? `attempt ${a.n}: ${a.error}` : `attempt ${a.n}` });
       const start = a.start ?? a.end;
@@ -833,7 +971,7 @@ function renderTimeline(run, actions) {
       notes.append(el("div", { class: "note value-note" }, s.event_id ? "payload " : "output ",
         valueView(s.output, "value:" + s.step_id, actions.expanded)));
     }
-    return el("div", { class: "step" + (isOpen ? " open-step" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
+    return el("div", { class: "step" + (isOpen ? " open-step" : "") + (actions.target && s.step_id === actions.target ? " target" : ""), "data-step-id": s.step_id }, head, rows, notes.childNodes.length ? notes : null);
   }), legend);
 }
 
