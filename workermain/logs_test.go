@@ -121,6 +121,9 @@ func TestJSONLogOfFailingRuns(t *testing.T) {
 	require.Equal(t, jetflow.StatusFailed, run.Status)
 	require.Equal(t, ExitOK, stop())
 
+	for _, raw := range strings.Split(logs.String(), "\n") {
+		require.LessOrEqual(t, strings.Count(raw, `"step_id":`), 1, "a line names step_id twice: %s", raw)
+	}
 	lines := jsonLines(t, logs.String())
 	for _, l := range lines {
 		if _, ok := l["run_id"]; ok {

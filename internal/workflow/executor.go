@@ -229,9 +229,28 @@ type delivery struct {
 	// the run's record (nil: never written, or a wake's).
 	role       taskRole
 	startLease *state.Lease
-	// log carries the run's workflow and run_id (RunLogger), and the
-	// task's step ID and delivery count.
-	log zerolog.Logger
+	// log carries the run's workflow and run_id (RunLogger), the task's
+	// delivery count, and its step: a branch task's as step_id (logStep),
+	// a wake's as wake_step_id.
+	log     zerolog.Logger
+	logStep string
+}
+
+// stepLogger is d.log for lines about step id: with its step_id, which a
+// branch task's logger carries already.
+func (d *delivery) stepLogger(id string) zerolog.Logger {
+	if id == d.logStep {
+		return d.log
+	}
+	return d.log.With().Str("step_id", id).Logger()
+}
+
+// stepEvent is ev about step id: with step_id, unless d.log carries it.
+func (d *delivery) stepEvent(ev *zerolog.Event, id string) *zerolog.Event {
+	if id == d.logStep {
+		return ev
+	}
+	return ev.Str("step_id", id)
 }
 
 // newDelivery decodes the task of d and prepares its logger. A message
@@ -251,15 +270,22 @@ func (e *Executor) newDelivery(ctx context.Context, d *consume.Delivery) *delive
 		return nil
 	}
 	lc := RunLogger(e.log, task.Workflow, task.RunID).With()
-	if task.StepID != "" {
-		lc = lc.Str("step_id", task.StepID)
+	logStep := ""
+	switch {
+	case task.StepID == "":
+	case jetstream.IsRunSubject(msg.Subject()):
+		// A wake names the step it is about; the lines of the steps its
+		// holder runs name their own (step_id).
+		lc = lc.Str("wake_step_id", task.StepID)
+	default:
+		lc, logStep = lc.Str("step_id", task.StepID), task.StepID
 	}
 	if meta.NumDelivered > 1 {
 		e.cfg.Metrics.Redelivered(task.Workflow)
 	}
 	return &delivery{
 		ctx: ctx, nctx: context.WithoutCancel(ctx), task: task, msg: d, seq: meta.Sequence.Stream,
-		delivered: int(meta.NumDelivered), log: lc.Uint64("delivered", meta.NumDelivered).Logger(),
+		delivered: int(meta.NumDelivered), log: lc.Uint64("delivered", meta.NumDelivered).Logger(), logStep: logStep,
 	}
 }
 

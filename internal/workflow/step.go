@@ -99,7 +99,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 		// than it may run.
 		rec.Error = &state.ErrorInfo{Message: fmt.Sprintf("attempt %d is more than MaxAttempts %d", attempt, sc.policy.MaxAttempts), Kind: "step"}
 		e.cfg.Metrics.MaxDeliveries(d.run.Workflow)
-		d.log.Warn().Str("step_id", sc.id).Int("attempt", attempt).Msg("step started more often than MaxAttempts; failing it")
+		d.stepEvent(d.log.Warn(), sc.id).Int("attempt", attempt).Msg("step started more often than MaxAttempts; failing it")
 		return rec, metrics.StepFailed, nil
 	}
 	if a.mayCall != nil {
@@ -127,7 +127,7 @@ func (e *Executor) outcome(d *delivery, a *stepAttempt) (*state.Step, metrics.St
 		if !ok {
 			delay = Backoff(sc.policy, attempt)
 		}
-		d.log.Info().Str("step_id", sc.id).Int("attempt", attempt).
+		d.stepEvent(d.log.Info(), sc.id).Int("attempt", attempt).
 			Str("retry_in", logging.Duration(delay)).Err(err).Msg("step failed; retrying")
 		e.observeStep(d.run.Workflow, sc.name, metrics.StepRetried, a.start)
 		return rec, "", &settlement{kind: settleRetry, delay: delay, attempt: attempt, err: err, started: a.start, stepID: sc.id}
@@ -181,7 +181,7 @@ func (e *Executor) record(d *delivery, a *stepAttempt, rec *state.Step, result m
 		}
 		if stored.Worker != rec.Worker || stored.Attempt != rec.Attempt || !stored.Committed.Equal(rec.Committed) {
 			// Another attempt committed first; its result is the result.
-			d.log.Info().Str("step_id", sc.id).Int("attempt", a.attempt).Msg("step was committed by another attempt; keeping its result")
+			d.stepEvent(d.log.Info(), sc.id).Int("attempt", a.attempt).Msg("step was committed by another attempt; keeping its result")
 			won = false
 		}
 		rec = stored
@@ -322,7 +322,7 @@ func (e *Executor) attemptFailures(d *delivery, a *stepAttempt) []state.AttemptF
 		return a.failures
 	}
 	if err != nil {
-		d.log.Warn().Err(err).Str("step_id", a.id).Msg("cannot read the step's earlier attempts; its record leaves them out")
+		d.stepEvent(d.log.Warn().Err(err), a.id).Msg("cannot read the step's earlier attempts; its record leaves them out")
 		return a.failures
 	}
 	var out []state.AttemptFailure

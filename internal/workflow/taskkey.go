@@ -147,7 +147,7 @@ func (e *Executor) keyCall(d *delivery, sc *stepCall) (*keyCall, error) {
 	lease = jetstream.WholeSeconds(lease)
 	return &keyCall{
 		e: e, opts: k, key: bkey, stepID: id, lease: lease, token: nuid.Next(),
-		log: d.log.With().Str("step_id", id).Str("task_key", bkey).Logger(),
+		log: d.stepLogger(id).With().Str("task_key", bkey).Logger(),
 	}, nil
 }
 

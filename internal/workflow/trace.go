@@ -85,7 +85,7 @@ func (h *holder) traceWait(p *Pending) {
 				mark = &w
 			}
 		case !errors.Is(err, jetstream.ErrNotFound):
-			h.d.log.Debug().Err(err).Str("step_id", p.id).Msg("cannot read the wait's record for its span; it starts at its end")
+			h.d.stepEvent(h.d.log.Debug().Err(err), p.id).Msg("cannot read the wait's record for its span; it starts at its end")
 		}
 	}
 	w := tracing.WaitEnd{StepID: p.id, Name: p.name, Ended: rec.Committed, EventID: rec.EventID,
