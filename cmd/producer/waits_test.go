@@ -18,7 +18,7 @@ func TestGetShowsOpenWaits(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 
 	waiting := getUntil(t, producer, "in-w", "waiting for event paid")
-	require.Regexp(t, `(?m)^  \+\S+\s+-\s+event=paid\s+in-w\.event=paid\.0\s+-\s+-\s+-\s+waiting for event paid, no deadline$`, waiting)
+	require.Regexp(t, `(?m)^  \+\S+\s+-\s+event=paid\s+in-w\.event=paid\.0\s+-\s+-\s+-\s+waiting for event paid, no deadline; send it: producer send in-w paid --event-id ID --data JSON$`, waiting)
 
 	code, _, errOut = producer("send", "in-w", "paid", "--event-id", "e-1", "--data", `{"ref":"r1"}`)
 	require.Equal(t, 0, code, errOut)
@@ -27,7 +27,7 @@ func TestGetShowsOpenWaits(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(steps, "\n"), "\n")
 	require.Len(t, lines, 3, steps)
 	require.Regexp(t, `^  \+\S+\s+\S+\s+event=paid\s+in-w\.event=paid\.0\s+1\s+.*event e-1$`, lines[1])
-	require.Regexp(t, `^  \+\S+\s+-\s+event=done\s+in-w\.event=done\.0\s+.*waiting for event done, no deadline$`, lines[2])
+	require.Regexp(t, `^  \+\S+\s+-\s+event=done\s+in-w\.event=done\.0\s+.*waiting for event done, no deadline; send it: producer send in-w done --event-id ID --data JSON$`, lines[2])
 }
 
 // getUntil runs get until its output contains want, and returns it.

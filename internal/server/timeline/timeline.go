@@ -284,15 +284,16 @@ func rowsOf(tl jetflow.RunDescription) []row {
 	}
 	for _, w := range tl.Waits {
 		rows = append(rows, row{key: "wait " + w.StepID, cells: [len(columns)]string{
-			offset(start, w.Since), "-", Clean(w.Name), Clean(w.StepID), "-", "-", "-", waiting(w),
+			offset(start, w.Since), "-", Clean(w.Name), Clean(w.StepID), "-", "-", "-", waiting(tl.Run.RunID, w),
 		}})
 	}
 	return rows
 }
 
-// waiting says what an open wait waits for and until when.
-func waiting(w jetflow.OpenWait) string {
-	var d string
+// waiting says what an open wait of run runID waits for, until when, and
+// for an event the producer command that sends it.
+func waiting(runID string, w jetflow.OpenWait) string {
+	var d, send string
 	switch w.Kind {
 	case "sleep":
 		return "sleeping until " + stamp(w.Until)
@@ -300,13 +301,17 @@ func waiting(w jetflow.OpenWait) string {
 		return "waiting for child run " + Clean(w.ChildRunID)
 	case "hook":
 		d = "waiting for hook " + Clean(w.Event) + " (token " + Clean(w.HookToken) + ")"
+		send = "producer resume " + Clean(w.HookToken)
 	default:
 		d = "waiting for event " + Clean(w.Event)
+		send = "producer send " + Clean(runID) + " " + Clean(w.Event)
 	}
 	if w.Until.IsZero() {
-		return d + ", no deadline"
+		d += ", no deadline"
+	} else {
+		d += " until " + stamp(w.Until)
 	}
-	return d + " until " + stamp(w.Until)
+	return d + "; send it: " + send + " --event-id ID --data JSON"
 }
 
 // attemptRows are the indented lines of a step's failed attempts.

@@ -265,8 +265,8 @@ func TestOpenWaits(t *testing.T) {
 	out := render(t, tl, Options{})
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.Equal(t, []string{
-		"+2s - event=paid w-1.event=paid.0 - - - waiting for event paid until " + stamp(at(time.Hour)),
-		"+2s - hook=ok w-1.hook=ok.1 - - - waiting for hook ok (token tok-1), no deadline",
+		"+2s - event=paid w-1.event=paid.0 - - - waiting for event paid until " + stamp(at(time.Hour)) + "; send it: producer send w-1 paid --event-id ID --data JSON",
+		"+2s - hook=ok w-1.hook=ok.1 - - - waiting for hook ok (token tok-1), no deadline; send it: producer resume tok-1 --event-id ID --data JSON",
 		"+3s - kid w-1.kid.2 - - - waiting for child run w-1=kid=0",
 		"+4s - nap w-1.nap.3 - - - sleeping until " + stamp(at(24*time.Hour)),
 	}, squeeze(lines[len(lines)-4:]))
