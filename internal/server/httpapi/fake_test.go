@@ -170,3 +170,25 @@ func TestAfterExpiryHeader(t *testing.T) {
 		require.Equal(t, tc.want, rec.Header().Get(HeaderAfterExpiry))
 	}
 }
+
+// A query string that does not parse is refused with 400 on every route
+// that reads one, never answered as if its filters were absent.
+func TestMalformedQueryRefused(t *testing.T) {
+	t.Parallel()
+	s, err := New(Config{Backend: &fakeBackend{}})
+	require.NoError(t, err)
+	for _, tc := range []struct{ method, target string }{
+		{http.MethodGet, "/v1/runs?status=failed&workflow=%zz"},
+		{http.MethodGet, "/v1/runs/counts?workflow=%"},
+		{http.MethodGet, "/v1/runs/r-1/result?wait=%zz"},
+		{http.MethodDelete, "/v1/task-keys/k?scope=%zz"},
+		{http.MethodPost, "/v1/workflows/w/runs?attr.x=%zz"},
+	} {
+		req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(`{}`))
+		req.Header.Set(HeaderIdempotencyKey, "k-1")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusBadRequest, rec.Code, "%s %s: %s", tc.method, tc.target, rec.Body.String())
+		require.Contains(t, rec.Body.String(), "malformed query string", tc.target)
+	}
+}

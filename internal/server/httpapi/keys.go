@@ -24,7 +24,11 @@ type KeyReset struct {
 // key so that the next step call with it runs again.
 func (s *Server) resetKey(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
-	q := r.URL.Query()
+	q, err := strictQuery(r)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
 	out := KeyReset{Key: key, Scope: q.Get("scope"), Workflow: q.Get("workflow"), RunID: q.Get("run_id")}
 	scope, scopeID, err := keyScope(out)
 	if err != nil {

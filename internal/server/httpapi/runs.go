@@ -51,7 +51,12 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "", err)
 		return
 	}
-	wait, err := parseWait(r.URL.Query().Get("wait"))
+	q, err := strictQuery(r)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return
+	}
+	wait, err := parseWait(q.Get("wait"))
 	if err != nil {
 		s.fail(w, r, id, err)
 		return
@@ -124,7 +129,12 @@ func parseWait(v string) (time.Duration, error) {
 // /v1/runs?workflow=&status=&prefix=&since=&until=&attr.<name>=&cursor=&limit=:
 // one page of runs, newest first by their last status change.
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
-	opts, err := ParseListQuery(r.URL.Query())
+	q, err := strictQuery(r)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	opts, err := ParseListQuery(q)
 	if err != nil {
 		s.fail(w, r, "", err)
 		return
@@ -224,7 +234,12 @@ func ParseAttributes(q url.Values) (map[string]string, error) {
 // counts is GET /v1/runs/counts?workflow=: how many kept runs are in each
 // state, of one workflow or of all.
 func (s *Server) counts(w http.ResponseWriter, r *http.Request) {
-	workflow := r.URL.Query().Get("workflow")
+	q, err := strictQuery(r)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	workflow := q.Get("workflow")
 	if workflow != "" {
 		if err := state.ValidateName(workflow); err != nil {
 			s.fail(w, r, "", fmt.Errorf("%w: workflow %q: %w", errBadRequest, clip(workflow), err))
@@ -247,4 +262,15 @@ func clip(v string) string {
 		return v[:64] + "..."
 	}
 	return v
+}
+
+// strictQuery is r's query string, or a bad request when it does not
+// parse (a stray %, a bad escape): a filter dropped in silence would
+// answer another question than the one asked.
+func strictQuery(r *http.Request) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("%w: malformed query string: %w", errBadRequest, err)
+	}
+	return q, nil
 }

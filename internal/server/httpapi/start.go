@@ -77,12 +77,17 @@ func (s *Server) start(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "", err)
 		return
 	}
-	generate, err := parseGenerate(r.URL.Query())
+	q, err := strictQuery(r)
 	if err != nil {
 		s.fail(w, r, "", err)
 		return
 	}
-	attrs, err := ParseAttributes(r.URL.Query())
+	generate, err := parseGenerate(q)
+	if err != nil {
+		s.fail(w, r, "", err)
+		return
+	}
+	attrs, err := ParseAttributes(q)
 	switch {
 	case err != nil:
 		s.fail(w, r, key, err)
