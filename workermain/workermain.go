@@ -94,7 +94,9 @@ type Option func(*program)
 
 // WithName sets the program's name, used in its usage text, its error
 // messages and its NATS connection name ("jetflow-" + name); default
-// "worker".
+// "worker". It does not name the worker: each worker process is named
+// <host>-<pid>-<random> (jetflow.WorkerConfig.Name), which is what step
+// records, logs (worker) and producer workers show.
 func WithName(name string) Option { return func(p *program) { p.name = name } }
 
 // WithDescription sets the sentence the usage text (-h) starts with;
