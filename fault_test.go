@@ -197,10 +197,16 @@ type roller struct {
 // update; the victim must then drain and exit 0. stop ends the
 // rolling and returns how many workers were replaced.
 func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval, ackWait time.Duration, sig syscall.Signal) *roller {
+	return rollWorkersAs(t, env, "slow", effectsURL, interval, ackWait, sig)
+}
+
+// rollWorkersAs is rollWorkers with child workers of another mode (the
+// child's crash mode: what it serves and how it fails).
+func rollWorkersAs(t *testing.T, env *testEnv, mode, effectsURL string, interval, ackWait time.Duration, sig syscall.Signal) *roller {
 	r := &roller{halt: make(chan struct{}), done: make(chan struct{})}
 	var children []*exec.Cmd
 	for range 2 {
-		c, err := spawnChildAckWait(t, env, "slow", effectsURL, ackWait)
+		c, err := spawnChildAckWait(t, env, mode, effectsURL, ackWait)
 		require.NoError(t, err)
 		children = append(children, c)
 	}
@@ -223,7 +229,7 @@ func rollWorkers(t *testing.T, env *testEnv, effectsURL string, interval, ackWai
 				_ = victim.Process.Signal(sig)
 				_ = victim.Wait()
 			}
-			next, err := spawnChildAckWait(t, env, "slow", effectsURL, ackWait)
+			next, err := spawnChildAckWait(t, env, mode, effectsURL, ackWait)
 			if err != nil {
 				t.Errorf("start worker process: %v", err)
 				return
