@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs the fault and cluster tests (the in-process cluster and the
 # operated one, internal/testsupport/opcluster), the parallel-step and child-run crash
-# tests among them, N times (default 5) with the race
+# tests among them (and the rolling deploys, reruns and bulk reruns), N times (default 5) with the race
 # detector while a CPU hog keeps every core busy, and prints how many
 # rounds passed. `make stress` runs it; JETFLOW_STRESS_RUNS changes N.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${JETFLOW_STRESS_RUNS:-5}
-root='^(TestFault|TestParallelThousandBranches|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper|TestLegacyRunsTakenOver)'
+root='^(TestFault|TestParallelThousandBranches|TestDrain|TestWorkerKilled|TestCluster|TestZombie|TestStop|TestSaturated|TestWorkerWithAnotherAckWait|TestLoweringAckWait|TestLongBackoff|TestRetryTimer|TestSweeper|TestLegacyRunsTakenOver|TestBulkRerun|TestRerun|TestRollingDeploy)'
 testenv='^TestClusterStopRestartKeepsStreams$'
 opcluster='^(TestOperatedCluster|TestUpgrade)'
 
