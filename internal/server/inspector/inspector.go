@@ -1,7 +1,10 @@
 // Package inspector is jetflow's web inspector, served by producer serve
 // under /ui/: a single page (plain HTML, CSS and JavaScript embedded in
 // the binary, no build step) that lists runs and shows one run's
-// timeline, reading the JSON API under /v1/ from the browser.
+// timeline, reading the JSON API under /v1/ from the browser. Its actions
+// go through that API too (cancel, unblock, rerun: POST
+// /v1/runs/{id}/rerun, after a dry run the dialog shows), except "start
+// again", which this package serves (/ui/api/runs/{id}/start-again).
 //
 // With API tokens configured, the inspector is protected by the same
 // tokens. A browser cannot send a bearer header when it navigates, so a
@@ -46,7 +49,8 @@ type Backend interface {
 
 // Config configures the inspector.
 type Config struct {
-	// Backend serves the start-again action (required).
+	// Backend serves the start-again action (required); the other
+	// actions are the API's.
 	Backend Backend
 	// Tokens are the API tokens (the same as the API's); empty: the
 	// inspector is open, as the API is then.
