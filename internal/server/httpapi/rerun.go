@@ -1,15 +1,11 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/jetflow/jetflow"
-	"github.com/jetflow/jetflow/internal/state"
 )
 
 // RerunType is the problem type of a rerun refused for its source: a run
@@ -40,19 +36,9 @@ const rerunSource = "http"
 // (a repeat); a run that has not ended is 409 with its status, a step it
 // never reached 422.
 func (s *Server) rerunRun(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := state.ValidateRunID(id); err != nil {
-		s.fail(w, r, "", err)
-		return
-	}
-	if !isJSON(r.Header.Get("Content-Type")) {
-		writeProblem(w, Problem{Status: http.StatusUnsupportedMediaType, RunID: id,
-			Detail: `the body is JSON ({"from": "<step>", "run_id": "<id>", "dry_run": true}, or none): send Content-Type application/json (or none)`})
-		return
-	}
-	req, err := s.readRerun(w, r)
-	if err != nil {
-		s.fail(w, r, id, err)
+	const shape = `{"from": "<step>", "run_id": "<id>", "dry_run": true|false}`
+	id, req, ok := runOperation[RerunRequest](s, w, r, shape)
+	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
@@ -84,25 +70,4 @@ func (s *Server) activeStatus(ctx context.Context, runID string) jetflow.RunStat
 		return ""
 	}
 	return run.Status
-}
-
-// readRerun reads a rerun's body: none (or white space) is the zero
-// request; a body that is not that JSON object, or names a field it does
-// not have (a misspelt dry_run must not start the rerun), is a bad
-// request.
-func (s *Server) readRerun(w http.ResponseWriter, r *http.Request) (RerunRequest, error) {
-	var req RerunRequest
-	body, err := s.readBody(w, r)
-	if err != nil || len(bytes.Trim(body, jsonSpace)) == 0 {
-		return req, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, fmt.Errorf(`%w: the body is not {"from": "<step>", "run_id": "<id>", "dry_run": true|false}: %w`, errBadRequest, err)
-	}
-	if dec.More() {
-		return req, fmt.Errorf("%w: the body holds more than one JSON value", errBadRequest)
-	}
-	return req, nil
 }

@@ -50,19 +50,8 @@ func NewUnblocked(out jetflow.UnblockOutcome) Unblocked {
 // is not blocked is 409 with its status, a block with no step to waive
 // 422.
 func (s *Server) unblockRun(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := state.ValidateRunID(id); err != nil {
-		s.fail(w, r, "", err)
-		return
-	}
-	if !isJSON(r.Header.Get("Content-Type")) {
-		writeProblem(w, Problem{Status: http.StatusUnsupportedMediaType, RunID: id,
-			Detail: `the body is JSON ({"accept_divergence": true}, or none): send Content-Type application/json (or none)`})
-		return
-	}
-	req, err := s.readUnblock(w, r)
-	if err != nil {
-		s.fail(w, r, id, err)
+	id, req, ok := runOperation[UnblockRequest](s, w, r, `{"accept_divergence": true|false}`)
+	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
@@ -81,23 +70,36 @@ func (s *Server) unblockRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, "application/json", NewUnblocked(out))
 }
 
-// readUnblock reads an unblock's body: none (or white space) is the zero
-// request; a body that is not that JSON object, or names a field it does
-// not have (a misspelt accept_divergence must not unblock without
-// accepting), is a bad request.
-func (s *Server) readUnblock(w http.ResponseWriter, r *http.Request) (UnblockRequest, error) {
-	var req UnblockRequest
+// runOperation reads the request of an operation on the run named by the
+// path's {id}, with an optional JSON body of options T (shape, for the
+// messages): an invalid run ID is 400; a Content-Type other than JSON
+// (none is accepted) 415; a body that is not one JSON object of T's
+// fields (a misspelt field must not be taken for an absent one) 400; no
+// body (or white space) the zero T. ok is false when it answered.
+func runOperation[T any](s *Server, w http.ResponseWriter, r *http.Request, shape string) (id string, opts T, ok bool) {
+	id = r.PathValue("id")
+	if err := state.ValidateRunID(id); err != nil {
+		s.fail(w, r, "", err)
+		return id, opts, false
+	}
+	if !isJSON(r.Header.Get("Content-Type")) {
+		writeProblem(w, Problem{Status: http.StatusUnsupportedMediaType, RunID: id,
+			Detail: "the body is JSON (" + shape + ", or none): send Content-Type application/json (or none)"})
+		return id, opts, false
+	}
 	body, err := s.readBody(w, r)
-	if err != nil || len(bytes.Trim(body, jsonSpace)) == 0 {
-		return req, err
+	if err == nil && len(bytes.Trim(body, jsonSpace)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err = dec.Decode(&opts); err != nil {
+			err = fmt.Errorf("%w: the body is not %s: %w", errBadRequest, shape, err)
+		} else if dec.More() {
+			err = fmt.Errorf("%w: the body holds more than one JSON value", errBadRequest)
+		}
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, fmt.Errorf(`%w: the body is not {"accept_divergence": true|false}: %w`, errBadRequest, err)
+	if err != nil {
+		s.fail(w, r, id, err)
+		return id, opts, false
 	}
-	if dec.More() {
-		return req, fmt.Errorf("%w: the body holds more than one JSON value", errBadRequest)
-	}
-	return req, nil
+	return id, opts, true
 }
