@@ -79,6 +79,10 @@ type RerunResult struct {
 // called with the step ID as Idempotency-Key sees a new key: that is what
 // a rerun is for. The kept steps never run again.
 //
+// Rerun only once every worker runs this version of jetflow: a worker of
+// an earlier version runs a rerun it takes up as an ordinary run, and the
+// kept steps run again (the engine does not check this yet).
+//
 // A run that has not ended is ErrRunNotEnded (cancel it first), an
 // unknown one ErrRunNotFound, a step it never reached ErrStepNotReached.
 // The source's records must still be kept when a worker takes the new run
